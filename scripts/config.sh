@@ -1,0 +1,28 @@
+# Shared settings of the local stack; every value can be overridden from the
+# environment. Sourced by stack.sh, install.sh and airflow.sh.
+EOS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+: "${EOS_STATE_DIR:=$EOS_ROOT/.local}"
+: "${EOS_BIND_HOST:=127.0.0.1}"
+: "${EOS_KAFKA_PORT:=19092}"
+: "${EOS_KAFKA_CONTROLLER_PORT:=19093}"
+# Broker-side ceiling for a producer's transaction.timeout.ms. A transaction
+# open longer than this is no longer timed out by the coordinator ("hanging").
+: "${EOS_KAFKA_TXN_MAX_TIMEOUT_MS:=900000}"
+# How often the coordinator aborts timed-out transactions (Kafka's default 10s).
+: "${EOS_KAFKA_TXN_ABORT_INTERVAL_MS:=1000}"
+: "${EOS_PG_PORT:=15432}"
+: "${EOS_PG_DB:=eos}"
+: "${EOS_PG_USER:=eos}"
+: "${EOS_PG_MAX_PREPARED:=64}"
+: "${EOS_KAFKA_LIBS:=$EOS_STATE_DIR/kafka-libs}"
+: "${EOS_SPARK_JARS_DIR:=$EOS_STATE_DIR/spark-jars}"
+: "${EOS_VENV:=$EOS_ROOT/.venv}"
+if [ -z "${EOS_PG_PASSWORD:-}" ]; then
+  # A random password per checkout, kept in a git-ignored file.
+  mkdir -p "$EOS_STATE_DIR"
+  [ -s "$EOS_STATE_DIR/pg.password" ] || (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$EOS_STATE_DIR/pg.password")
+  EOS_PG_PASSWORD="$(cat "$EOS_STATE_DIR/pg.password")"
+fi
+export EOS_ROOT EOS_STATE_DIR EOS_BIND_HOST EOS_KAFKA_PORT EOS_KAFKA_CONTROLLER_PORT \
+  EOS_KAFKA_TXN_MAX_TIMEOUT_MS EOS_KAFKA_TXN_ABORT_INTERVAL_MS EOS_PG_PORT EOS_PG_DB EOS_PG_USER \
+  EOS_PG_MAX_PREPARED EOS_KAFKA_LIBS EOS_SPARK_JARS_DIR EOS_VENV EOS_PG_PASSWORD

@@ -1,0 +1,64 @@
+"""Session fixtures: the real local stack (Kafka, PostgreSQL, Spark jars), started
+once by scripts/stack.sh or reused when it already runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
+
+
+def _load_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export ") :].partition("=")
+            env[key] = value.strip("'\"")
+    return env
+
+
+@pytest.fixture(scope="session")
+def stack() -> dict[str, str]:
+    """Starts (or reuses) the local stack and exports its settings to os.environ."""
+    subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True)
+    env = _load_env_file(STATE_DIR / "stack.env")
+    os.environ.update(env)
+    return env
+
+
+@pytest.fixture
+def unique_name() -> str:
+    """A fresh suffix so tests never share topics, pipelines or tables."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def kafka_bootstrap(stack: dict[str, str]) -> str:
+    return stack["EOS_KAFKA_BOOTSTRAP"]
+
+
+@pytest.fixture
+def pg_dsn(stack: dict[str, str]) -> str:
+    """A libpq DSN without the password; libpq reads PGPASSWORD from the environment."""
+    os.environ["PGPASSWORD"] = stack["EOS_PG_PASSWORD"]
+    return (
+        f"host={stack['EOS_PG_HOST']} port={stack['EOS_PG_PORT']} "
+        f"dbname={stack['EOS_PG_DB']} user={stack['EOS_PG_USER']}"
+    )
+
+
+@pytest.fixture
+def pg_conn(pg_dsn: str) -> Iterator:
+    import psycopg2
+
+    conn = psycopg2.connect(pg_dsn)
+    conn.autocommit = True
+    yield conn
+    conn.close()
