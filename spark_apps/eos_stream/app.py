@@ -1,0 +1,192 @@
+"""Entry point run by spark-submit: Kafka (read_committed) -> PostgreSQL.
+
+    spark-submit --jars <spark-sql-kafka...> spark_apps/eos_stream/app.py --config pipeline.json
+
+Exit codes: 0 finished or stopped on request; 1 failed (retryable: a
+supervisor restarts it); 2 configuration error (retrying will not help).
+Lines starting with ``EOS-`` are machine-readable progress for the supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from spark_apps.eos_stream import preflight  # noqa: E402
+from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args  # noqa: E402
+from spark_apps.eos_stream.control import StopSignal  # noqa: E402
+from spark_apps.eos_stream.progress import ProgressRecorder, emit  # noqa: E402
+from spark_apps.eos_stream.sink.batch_sink import BatchSink  # noqa: E402
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition  # noqa: E402
+from spark_apps.eos_stream.sink.postgres import TargetUnavailable, connect  # noqa: E402
+from spark_apps.eos_stream.sink.staging import drop_stages, partition_writer  # noqa: E402
+from spark_apps.eos_stream.spec import SpecError, load_spec  # noqa: E402
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def _offsets_json(offsets: dict[TopicPartition, int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in offsets.items():
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return json.dumps(nested, sort_keys=True)
+
+
+def _parse_offsets(nested: dict[str, dict[str, int]]) -> dict[TopicPartition, int]:
+    return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
+
+
+class OffsetLog:
+    """Reads the offsets Spark wrote ahead of each batch (``<checkpoint>/offsets/<id>``).
+
+    Its end offsets include transaction markers and aborted records that no row
+    shows, so storing them lets the stored offset reach the LSO exactly."""
+
+    def __init__(self, spark: Any, checkpoint: str) -> None:
+        jvm = spark.sparkContext._jvm
+        self._path = jvm.org.apache.hadoop.fs.Path
+        self._root = checkpoint.rstrip("/") + "/offsets/"
+        self._fs = self._path(self._root).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        self._jvm = jvm
+
+    def read(self, batch_id: int) -> dict[TopicPartition, int] | None:
+        path = self._path(self._root + str(batch_id))
+        if not self._fs.exists(path):
+            return None
+        stream = self._fs.open(path)
+        try:
+            text = self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        lines = [line for line in text.splitlines() if line.strip()]
+        # v1, then batch metadata, then one line per source: ours is the only one.
+        return _parse_offsets(json.loads(lines[-1]))
+
+
+def _run_checkpoint(config: PipelineConfig, mode_stores_offsets: bool, run_id: str) -> str:
+    base = f"{config.checkpoint_dir.rstrip('/')}/{config.pipeline}"
+    # exactly_once: the database holds the replay point, so every run starts a
+    # fresh checkpoint from the stored offsets; a lost or stale checkpoint is
+    # harmless. Other modes keep Spark's checkpoint, their only replay point.
+    return f"{base}/run-{run_id}" if mode_stores_offsets else f"{base}/{config.delivery}"
+
+
+def run(config: PipelineConfig) -> int:
+    spec = load_spec(config.spec)
+    mode = preflight.delivery_mode(config, spec)
+    run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted())
+
+    dsn = config.postgres.dsn_kwargs()
+    conn = connect(dsn, describe=config.postgres.describe())
+    guard_conn = connect(dsn, describe=config.postgres.describe())
+    preflight.ensure_meta_tables(conn, config.meta_schema)
+    if config.create_targets:
+        preflight.create_targets(conn, spec, config.target_schema, mode)
+    preflight.check_targets(conn, spec, config.target_schema, mode)
+    partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options())
+    dropped = drop_stages(conn, config.meta_schema, config.pipeline)
+
+    stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
+    conn.rollback()
+    # -2 is Kafka's "earliest" for a partition the pipeline has never applied.
+    starting = {(t, p): stored.get((t, p), -2) for t, ps in partitions.items() for p in ps}
+    emit("resume", stored_offsets=_offsets_json(stored), stale_stages_dropped=dropped)
+
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName(f"eos-{config.pipeline}").getOrCreate()
+    checkpoint = _run_checkpoint(config, mode.stores_offsets, run_id)
+    offset_log = OffsetLog(spark, checkpoint)
+
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", config.kafka_bootstrap)
+        .option("subscribe", ",".join(config.topics))
+        # Only committed records: aborted and still-open transactions never reach the DB.
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+        .option("failOnDataLoss", "true")
+    )
+    reader = reader.option("startingOffsets", _offsets_json(starting) if mode.stores_offsets else "earliest")
+    for key, value in config.kafka_options.items():
+        reader = reader.option(f"kafka.{key}", value)
+    records = reader.load().select("topic", "partition", "offset", "key", "value")
+
+    sink = BatchSink(
+        conn=conn,
+        guard_conn=guard_conn,
+        spec=spec,
+        mode=mode,
+        pipeline=config.pipeline,
+        target_schema=config.target_schema,
+        meta_schema=config.meta_schema,
+        max_batch_attempts=config.max_batch_attempts,
+    )
+
+    def write_batch(batch_df: Any, batch_id: int) -> None:
+        end = offset_log.read(batch_id) or {}
+        start = offset_log.read(batch_id - 1) if batch_id > 0 else None
+        if start is None:
+            start = starting
+
+        def fill_stage(stage_name: str, keep_raw: bool) -> None:
+            batch_df.foreachPartition(partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw))
+
+        result = sink.process(batch_id, start, end, fill_stage)
+        emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
+             record_by_record=result.record_by_record, end_offsets=_offsets_json(end))
+
+    spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id))
+    writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
+    if config.trigger == "availableNow":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=config.trigger_interval)
+    query = writer.queryName(f"eos-{config.pipeline}").start()
+
+    control_conn = connect(dsn, describe=config.postgres.describe())
+    control_conn.autocommit = True  # its own connection: the sink's transaction runs on another thread
+    stop = StopSignal(control_conn, config.meta_schema, config.pipeline, config.run_seconds)
+    while query.isActive:
+        query.awaitTermination(config.stop_poll_seconds)
+        reason = stop.requested()
+        if reason and query.isActive:
+            stop.at_batch_boundary(query)
+            emit("stopped", reason=reason)
+            break
+    if query.exception() is not None:
+        raise RuntimeError(f"streaming query failed: {query.exception()}")
+    spark.stop()
+    emit("finished", pipeline=config.pipeline, run_id=run_id)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_args(argv)
+        return run(config)
+    except (ConfigError, SpecError) as exc:
+        emit("error", kind="config", message=str(exc))
+        print(f"eos-stream: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (TargetUnavailable, preflight.KafkaUnavailable) as exc:
+        emit("error", kind="unavailable", message=str(exc))
+        print(f"eos-stream: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        emit("error", kind="failed", message=message[:2000])
+        print(f"eos-stream: failed: {message}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

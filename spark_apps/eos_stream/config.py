@@ -1,0 +1,169 @@
+"""The app's configuration: a JSON file and/or command-line flags, secrets from env.
+
+Secrets never travel on the command line (where ``ps`` shows them): the
+database password comes from ``EOS_PG_PASSWORD`` (or libpq's ``PGPASSWORD``),
+extra Kafka client settings such as SASL credentials from
+``EOS_KAFKA_OPTIONS_JSON``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once")
+TRIGGERS = ("availableNow", "processingTime")
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; the message says what and how to fix it."""
+
+
+@dataclass
+class PostgresTarget:
+    host: str = "127.0.0.1"
+    port: int = 5432
+    dbname: str = "postgres"
+    user: str = "postgres"
+    # Filled from the environment only; excluded from repr so it never lands in logs.
+    password: str | None = field(default=None, repr=False)
+
+    def dsn_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "dbname": self.dbname, "user": self.user}
+        if self.password:
+            kwargs["password"] = self.password
+        return kwargs
+
+    def describe(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}/{self.dbname}"
+
+
+@dataclass
+class PipelineConfig:
+    """One streaming pipeline.
+
+    :param pipeline: name that keys offsets, progress and dead letters.
+    :param topics: Kafka topics to read.
+    :param kafka_bootstrap: bootstrap servers.
+    :param spec: ``module:ATTRIBUTE`` of the PipelineSpec.
+    :param delivery: at_least_once, idempotent or exactly_once.
+    :param trigger: availableNow (process what is there, exit) or processingTime.
+    :param trigger_interval: processingTime interval, e.g. "2 seconds".
+    :param max_offsets_per_trigger: bound on records per micro-batch.
+    :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
+    :param target_schema: schema of the target tables.
+    :param meta_schema: schema of the bookkeeping tables (offsets, dead letters...).
+    :param max_batch_attempts: failed attempts of one batch before it is
+        processed record by record and failing records are quarantined.
+    :param create_targets: create the spec's target tables if missing.
+    :param run_seconds: continuous mode stops by itself after this long (0: never).
+    :param stop_poll_seconds: how often the driver looks for a stop request.
+    :param kafka_options: extra Kafka client options for Spark (without 'kafka.').
+    """
+
+    pipeline: str = "ledger"
+    topics: list[str] = field(default_factory=lambda: ["ledger.events"])
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    spec: str = "spark_apps.ledger.spec:LEDGER"
+    delivery: str = "exactly_once"
+    trigger: str = "processingTime"
+    trigger_interval: str = "2 seconds"
+    max_offsets_per_trigger: int = 20000
+    checkpoint_dir: str = "/tmp/eos-checkpoints"
+    target_schema: str = "public"
+    meta_schema: str = "eos"
+    max_batch_attempts: int = 3
+    create_targets: bool = False
+    run_seconds: float = 0
+    stop_poll_seconds: float = 1.0
+    kafka_options: dict[str, str] = field(default_factory=dict)
+    postgres: PostgresTarget = field(default_factory=PostgresTarget)
+
+    def validate(self) -> PipelineConfig:
+        if self.delivery not in DELIVERY_MODES:
+            raise ConfigError(f"unknown delivery mode {self.delivery!r}; choose one of {', '.join(DELIVERY_MODES)}")
+        if self.trigger not in TRIGGERS:
+            raise ConfigError(f"unknown trigger {self.trigger!r}; choose one of {', '.join(TRIGGERS)}")
+        if not self.pipeline or not self.topics:
+            raise ConfigError("a pipeline name and at least one topic are required")
+        if self.max_offsets_per_trigger <= 0:
+            raise ConfigError("max_offsets_per_trigger must be positive")
+        if self.max_batch_attempts < 1:
+            raise ConfigError("max_batch_attempts must be at least 1")
+        return self
+
+    def librdkafka_options(self) -> dict[str, str]:
+        """The security settings librdkafka shares with the Java client (for
+        the driver's metadata and audit reads); the rest are Spark-only."""
+        return {k: v for k, v in self.kafka_options.items() if k.startswith(("security.", "sasl.", "ssl."))}
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as a dict for logs: no password, Kafka option values hidden."""
+        data = asdict(self)
+        data["postgres"].pop("password", None)
+        data["kafka_options"] = {k: "***" for k in self.kafka_options}
+        return data
+
+    def to_json(self) -> str:
+        """Serializable form for a config file; never includes secrets."""
+        data = asdict(self)
+        data["postgres"].pop("password", None)
+        data.pop("kafka_options")
+        return json.dumps(data, indent=2, sort_keys=True)
+
+
+def from_dict(data: dict[str, Any]) -> PipelineConfig:
+    known = {f.name for f in fields(PipelineConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
+    data = dict(data)
+    pg = data.pop("postgres", {}) or {}
+    if "password" in pg:
+        raise ConfigError("put the database password in EOS_PG_PASSWORD, not in the config")
+    config = PipelineConfig(**data, postgres=PostgresTarget(**pg))
+    return config
+
+
+def apply_environment(config: PipelineConfig, environ: dict[str, str] | None = None) -> PipelineConfig:
+    env = os.environ if environ is None else environ
+    config.postgres.password = env.get("EOS_PG_PASSWORD") or env.get("PGPASSWORD") or None
+    extra = env.get("EOS_KAFKA_OPTIONS_JSON")
+    if extra:
+        try:
+            config.kafka_options.update(json.loads(extra))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"EOS_KAFKA_OPTIONS_JSON is not valid JSON: {exc}") from exc
+    return config
+
+
+def parse_args(argv: list[str] | None = None) -> PipelineConfig:
+    parser = argparse.ArgumentParser(description="Exactly-once Kafka -> Spark -> PostgreSQL stream")
+    parser.add_argument("--config", help="JSON config file (see PipelineConfig)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one key; VALUE is JSON when it parses as JSON; "
+                        "postgres.host etc. for the database")
+    args = parser.parse_args(argv)
+    data: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config) as handle:
+                data = json.load(handle)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {args.config}: {exc}") from exc
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r} must look like KEY=VALUE")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if key.startswith("postgres."):
+            data.setdefault("postgres", {})[key.split(".", 1)[1]] = value
+        else:
+            data[key] = value
+    return apply_environment(from_dict(data)).validate()

@@ -1,0 +1,108 @@
+"""Checks made before Spark starts, each failing with a message that says what to fix.
+
+A wrong mode, a missing table or an unreachable broker is found here in
+seconds, instead of as a stack trace from inside a micro-batch.
+"""
+
+from __future__ import annotations
+
+from psycopg2 import sql
+from psycopg2.extensions import connection as PgConnection
+
+from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.config import ConfigError, PipelineConfig
+from spark_apps.eos_stream.sink.batch_sink import MODES, DeliveryMode
+from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
+
+
+class KafkaUnavailable(RuntimeError):
+    """The brokers cannot be reached (retryable, unlike a ConfigError)."""
+
+
+def delivery_mode(config: PipelineConfig, spec: PipelineSpec) -> DeliveryMode:
+    mode = MODES[config.delivery]
+    if spec.has_aggregates and not mode.allows_aggregates:
+        aggregates = [t.table for t in spec.targets if isinstance(t, AggregateTarget)]
+        raise ConfigError(
+            f"delivery {mode.name!r} cannot protect aggregate targets {aggregates}: an upsert keyed by "
+            "the Kafka record does not stop an increment from being applied twice. Use 'exactly_once'."
+        )
+    return mode
+
+
+def ensure_meta_tables(conn: PgConnection, meta_schema: str) -> None:
+    with conn.cursor() as cur:
+        # Two apps starting at once must not race on CREATE IF NOT EXISTS.
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('eos:ddl', 0))")
+        for statement in meta_tables.ddl_statements(meta_schema):
+            cur.execute(statement)
+    conn.commit()
+
+
+def create_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, mode: DeliveryMode) -> None:
+    if spec.target_ddl is None:
+        raise ConfigError(f"spec {spec.name!r} has no target_ddl; create its tables yourself")
+    with conn.cursor() as cur:
+        for statement in spec.target_ddl(target_schema, mode.upsert_rows):
+            cur.execute(statement)
+    conn.commit()
+
+
+def _unique_column_sets(conn: PgConnection, schema: str, table: str) -> list[set[str]]:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT array_agg(a.attname::text) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY(i.indkey)"
+            " WHERE n.nspname = %s AND c.relname = %s AND i.indisunique GROUP BY i.indexrelid",
+            (schema, table),
+        )
+        return [set(row[0]) for row in cur.fetchall()]
+
+
+def check_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, mode: DeliveryMode) -> None:
+    """Every target exists, and has the unique keys its writes rely on."""
+    with conn.cursor() as cur:
+        for target in spec.targets:
+            cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.{}").format(
+                sql.Identifier(target_schema), sql.Identifier(target.table)).as_string(cur),))
+            row = cur.fetchone()
+            if row is None or row[0] is None:
+                raise ConfigError(
+                    f"target table {target_schema}.{target.table} does not exist in the target database; "
+                    "create it (the spec's target_ddl) or run with create_targets=true"
+                )
+    conn.rollback()
+    for target in spec.targets:
+        unique_sets = _unique_column_sets(conn, target_schema, target.table)
+        if isinstance(target, AggregateTarget):
+            if set(target.group_by) not in unique_sets:
+                raise ConfigError(
+                    f"aggregate target {target_schema}.{target.table} needs a unique constraint on "
+                    f"{list(target.group_by)} for its upsert"
+                )
+        elif mode.upsert_rows and set(SOURCE_COLUMNS) not in unique_sets:
+            raise ConfigError(
+                f"idempotent delivery needs a unique index on {list(SOURCE_COLUMNS)} of "
+                f"{target_schema}.{target.table}"
+            )
+    conn.rollback()
+
+
+def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str, str], timeout: float = 15.0):
+    """Partitions per topic from the brokers' metadata."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **admin_options})
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {exc}") from exc
+    partitions: dict[str, list[int]] = {}
+    for topic in topics:
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None:
+            raise ConfigError(f"Kafka topic {topic!r} does not exist on {bootstrap}")
+        partitions[topic] = sorted(found.partitions)
+    return partitions

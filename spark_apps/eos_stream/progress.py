@@ -1,0 +1,71 @@
+"""Progress: one row per finished micro-batch, and EOS- lines on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from psycopg2 import sql
+from pyspark.sql.streaming import StreamingQueryListener
+
+from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.sink.postgres import connect
+
+
+def _as_json(offsets: Any) -> str | None:
+    """Spark reports offsets as JSON text, or None/"None" before the first batch."""
+    if offsets in (None, "None", ""):
+        return None
+    return offsets if isinstance(offsets, str) else json.dumps(offsets)
+
+
+def emit(kind: str, **fields: Any) -> None:
+    """One machine-readable line; supervisors parse lines starting with ``EOS-``."""
+    print(f"EOS-{kind.upper()} {json.dumps(fields, default=str, sort_keys=True)}", file=sys.stdout, flush=True)
+
+
+class ProgressRecorder(StreamingQueryListener):
+    """Writes each batch's StreamingQueryProgress into the progress table."""
+
+    def __init__(self, dsn_kwargs: dict[str, Any], describe: str, config: Any, run_id: str) -> None:
+        self.conn = connect(dsn_kwargs, describe=describe, application_name="eos-progress")
+        self.conn.autocommit = True
+        self.pipeline = config.pipeline
+        self.run_id = run_id
+        self.insert = sql.SQL(
+            "INSERT INTO {} (pipeline, run_id, batch_id, input_rows, start_offsets, end_offsets,"
+            " durations_ms, batch_duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING"
+        ).format(meta_tables.table(config.meta_schema, meta_tables.PROGRESS))
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        source = progress.sources[0] if progress.sources else None
+        durations = dict(progress.durationMs or {})
+        with self.conn.cursor() as cur:
+            cur.execute(
+                self.insert,
+                (
+                    self.pipeline,
+                    self.run_id,
+                    progress.batchId,
+                    progress.numInputRows,
+                    _as_json(source.startOffset) if source else None,
+                    _as_json(source.endOffset) if source else None,
+                    json.dumps(durations),
+                    durations.get("triggerExecution"),
+                ),
+            )
+        emit("progress", batch_id=progress.batchId, input_rows=progress.numInputRows,
+             rows_per_second=round(progress.processedRowsPerSecond or 0.0, 1),
+             end_offsets=source.endOffset if source else None)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass

@@ -1,0 +1,127 @@
+"""SQL that applies one staged micro-batch to the targets.
+
+Everything here is built with psycopg2.sql: identifiers are always quoted and
+values always bound, so a table name like ``x"; DROP TABLE y; --`` is just a
+name that does not exist.
+"""
+
+from __future__ import annotations
+
+from psycopg2 import sql
+
+from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec, RowTarget
+
+
+def _qualified(schema: str, table: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+
+
+def _ident_list(names: list[str] | tuple[str, ...]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def apply_batch_statement(
+    spec: PipelineSpec,
+    *,
+    stage: sql.Composed,
+    target_schema: str,
+    meta_schema: str,
+    skip_applied: bool,
+    dedupe: bool,
+    upsert_rows: bool,
+    only_record: bool = False,
+) -> sql.Composed:
+    """One statement that moves a staged batch into every target.
+
+    :param skip_applied: drop records below the pipeline's stored next offset
+        (read under the same transaction), so a replayed batch applies nothing twice.
+    :param dedupe: keep one staged copy per (topic, partition, offset): a
+        retried Spark task may have staged its partition twice.
+    :param upsert_rows: ON CONFLICT DO NOTHING on row targets (idempotent mode).
+    :param only_record: restrict to the record bound as %(topic)s/%(partition)s/%(offset)s
+        (record-by-record processing of a poisoned batch).
+
+    Binds %(pipeline)s; returns (applied, dead_lettered) counts.
+    """
+    offsets = meta_tables.table(meta_schema, meta_tables.OFFSETS)
+    conditions = [sql.SQL("TRUE")]
+    join = sql.SQL("")
+    if skip_applied:
+        join = sql.SQL(
+            " LEFT JOIN {offsets} o ON o.pipeline = %(pipeline)s AND o.topic = s._topic"
+            " AND o.partition = s._partition"
+        ).format(offsets=offsets)
+        conditions.append(sql.SQL("s._offset >= COALESCE(o.next_offset, 0)"))
+    if only_record:
+        conditions.append(
+            sql.SQL("s._topic = %(topic)s AND s._partition = %(partition)s AND s._offset = %(offset)s")
+        )
+    distinct = sql.SQL("DISTINCT ON (s._topic, s._partition, s._offset) ") if dedupe else sql.SQL("")
+    fresh = sql.SQL("SELECT {distinct}s.* FROM {stage} s{join} WHERE {where}").format(
+        distinct=distinct, stage=stage, join=join, where=sql.SQL(" AND ").join(conditions)
+    )
+
+    parts = [sql.SQL("WITH fresh AS MATERIALIZED ({})").format(fresh)]
+    for index, target in enumerate(spec.targets):
+        table = _qualified(target_schema, target.table)
+        if isinstance(target, RowTarget):
+            statement = sql.SQL(
+                "INSERT INTO {table} ({cols}) SELECT _topic, _partition, _offset, {fields}"
+                " FROM fresh WHERE _error IS NULL{conflict}"
+            ).format(
+                table=table,
+                cols=_ident_list([*SOURCE_COLUMNS, *target.columns]),
+                fields=_ident_list(target.columns),
+                conflict=sql.SQL(" ON CONFLICT DO NOTHING") if upsert_rows else sql.SQL(""),
+            )
+        else:
+            statement = _aggregate_upsert(table, target)
+        parts.append(sql.SQL(", {} AS ({})").format(sql.Identifier(f"t{index}"), statement))
+    dead_letters = meta_tables.table(meta_schema, meta_tables.DEAD_LETTERS)
+    parts.append(
+        sql.SQL(
+            ", dlq AS (INSERT INTO {dlq} (pipeline, topic, partition, \"offset\", key, value, error)"
+            " SELECT %(pipeline)s, _topic, _partition, _offset, _key, _value, _error"
+            " FROM fresh WHERE _error IS NOT NULL ON CONFLICT DO NOTHING)"
+            " SELECT count(*) FILTER (WHERE _error IS NULL), count(*) FILTER (WHERE _error IS NOT NULL)"
+            " FROM fresh"
+        ).format(dlq=dead_letters)
+    )
+    return sql.Composed(parts)
+
+
+def _aggregate_upsert(table: sql.Composed, target: AggregateTarget) -> sql.Composed:
+    # Deltas are summed per key first, so each key is written once per batch:
+    # concurrent writers never fight over one row within a batch.
+    columns = list(target.increments)
+    deltas = [
+        sql.SQL("sum({})").format(sql.Identifier(source)) if source else sql.SQL("count(*)")
+        for source in target.increments.values()
+    ]
+    updates = [
+        sql.SQL("{col} = {table}.{col} + EXCLUDED.{col}").format(col=sql.Identifier(c), table=table)
+        for c in columns
+    ]
+    return sql.SQL(
+        "INSERT INTO {table} ({keys}, {cols}) SELECT {keys}, {deltas} FROM fresh WHERE _error IS NULL"
+        " GROUP BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+    ).format(
+        table=table,
+        keys=_ident_list(target.group_by),
+        cols=_ident_list(columns),
+        deltas=sql.SQL(", ").join(deltas),
+        updates=sql.SQL(", ").join(updates),
+    )
+
+
+def quarantine_record_statement(stage: sql.Composed, meta_schema: str) -> sql.Composed:
+    """Dead-letters one staged record with the database error that rejected it.
+
+    Binds %(pipeline)s, %(topic)s, %(partition)s, %(offset)s, %(error)s."""
+    return sql.SQL(
+        "INSERT INTO {dlq} (pipeline, topic, partition, \"offset\", key, value, error)"
+        " SELECT %(pipeline)s, _topic, _partition, _offset, _key, _value, %(error)s FROM {stage}"
+        " WHERE _topic = %(topic)s AND _partition = %(partition)s AND _offset = %(offset)s LIMIT 1"
+        " ON CONFLICT DO NOTHING"
+    ).format(dlq=meta_tables.table(meta_schema, meta_tables.DEAD_LETTERS), stage=stage)

@@ -1,0 +1,237 @@
+"""The sink facade: one call per micro-batch, every delivery mode behind it.
+
+Failure transitions (what a crash at each point leaves behind, and why the
+next run is still exact in ``exactly_once``):
+
+1. before staging: nothing written; the batch is read again from the stored offsets.
+2. while staging: a half-filled UNLOGGED staging table; dropped at the next start.
+3. during apply, before COMMIT: the transaction rolls back; data and offsets
+   are both untouched, so the batch is replayed whole.
+4. after COMMIT, before Spark's checkpoint: data and offsets are committed
+   together; the next run starts from the stored offsets, and any record
+   below them is skipped in SQL (``skip_applied``), so nothing applies twice.
+5. a retried or speculative Spark task stages a partition twice: the apply
+   keeps one copy per (topic, partition, offset) (``dedupe``).
+6. a record the database rejects on every attempt: attempts are counted
+   outside the transaction; past ``max_batch_attempts`` the batch is applied
+   record by record, rejected records go to the dead-letter table in the same
+   transaction as the rest, and the stream moves on.
+
+``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
+replay point), which is what makes it the baseline that shows duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import psycopg2
+from psycopg2 import sql
+from psycopg2.extensions import connection as PgConnection
+
+from spark_apps.eos_stream.sink import apply_sql
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
+from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
+from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix
+from spark_apps.eos_stream.spec import PipelineSpec
+
+
+@dataclass(frozen=True)
+class DeliveryMode:
+    """What a delivery mode guarantees, as switches on the one apply path.
+
+    :param stores_offsets: next offsets commit with the data; the DB is the replay point.
+    :param dedupe: keep one staged copy per Kafka record.
+    :param upsert_rows: row targets ignore a record they already hold.
+    :param allows_aggregates: aggregate targets are safe under this mode.
+    """
+
+    name: str
+    stores_offsets: bool
+    dedupe: bool
+    upsert_rows: bool
+    allows_aggregates: bool
+
+
+MODES = {
+    "at_least_once": DeliveryMode("at_least_once", False, False, False, True),
+    "idempotent": DeliveryMode("idempotent", False, True, True, False),
+    "exactly_once": DeliveryMode("exactly_once", True, True, False, True),
+}
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    applied: int
+    dead_lettered: int
+    record_by_record: bool
+
+
+@dataclass
+class PreparedBatch:
+    """A batch applied inside a still-open transaction on ``conn``."""
+
+    conn: PgConnection
+    batch_id: int
+    applied: int
+    dead_lettered: int
+
+
+class BatchWriter:
+    """Prepares a staged batch: applies it and advances offsets, without committing."""
+
+    def __init__(
+        self,
+        conn: PgConnection,
+        spec: PipelineSpec,
+        mode: DeliveryMode,
+        offsets: OffsetsStore,
+        target_schema: str,
+        meta_schema: str,
+    ) -> None:
+        self.conn = conn
+        self.spec = spec
+        self.mode = mode
+        self.offsets = offsets
+        self.meta_schema = meta_schema
+        self._statement_args = {
+            "spec": spec,
+            "target_schema": target_schema,
+            "meta_schema": meta_schema,
+            "skip_applied": mode.stores_offsets,
+            "dedupe": mode.dedupe,
+            "upsert_rows": mode.upsert_rows,
+        }
+
+    def prepare(
+        self, stage: sql.Composed, batch_id: int, end_offsets: Mapping[TopicPartition, int], record_by_record: bool
+    ) -> PreparedBatch:
+        params = {"pipeline": self.offsets.pipeline}
+        with self.conn.cursor() as cur:
+            self.offsets.lock(cur)
+            if record_by_record:
+                applied, dead = self._apply_each(cur, stage, params)
+            else:
+                cur.execute(apply_sql.apply_batch_statement(stage=stage, **self._statement_args), params)
+                row = cur.fetchone()
+                assert row is not None
+                applied, dead = int(row[0]), int(row[1])
+            if self.mode.stores_offsets:
+                self.offsets.advance(cur, end_offsets, batch_id)
+        return PreparedBatch(self.conn, batch_id, applied, dead)
+
+    def _apply_each(self, cur, stage: sql.Composed, params: dict) -> tuple[int, int]:
+        """Applies records one at a time, each under a savepoint, quarantining
+        the ones the database rejects. Only coordinates come to the driver."""
+        cur.execute(sql.SQL("CREATE INDEX ON {} (_topic, _partition, _offset)").format(stage))
+        cur.execute(sql.SQL("SELECT DISTINCT _topic, _partition, _offset FROM {} ORDER BY 1, 2, 3").format(stage))
+        coordinates = cur.fetchall()
+        one = apply_sql.apply_batch_statement(stage=stage, only_record=True, **self._statement_args)
+        quarantine = apply_sql.quarantine_record_statement(stage, self.meta_schema)
+        applied = dead = 0
+        for topic, partition, offset in coordinates:
+            record = {**params, "topic": topic, "partition": partition, "offset": offset}
+            cur.execute("SAVEPOINT eos_record")
+            try:
+                cur.execute(one, record)
+                row = cur.fetchone()
+                assert row is not None
+                applied += int(row[0])
+                dead += int(row[1])
+                cur.execute("RELEASE SAVEPOINT eos_record")
+            except psycopg2.Error as exc:
+                cur.execute("ROLLBACK TO SAVEPOINT eos_record")
+                error = f"rejected by the database: {(exc.pgerror or str(exc)).strip()}"
+                cur.execute(quarantine, {**record, "error": error})
+                dead += 1
+        return applied, dead
+
+
+class BatchCommitter:
+    """Finishes a prepared batch. Committing is the single point where data and
+    offsets become visible together."""
+
+    def commit(self, prepared: PreparedBatch) -> None:
+        prepared.conn.commit()
+
+
+def _fault_injection() -> Callable[[str, int], None]:
+    """Test-only: EOS_FAULT_POINT=before_commit|after_commit with
+    EOS_FAULT_AT_BATCH=N kills this driver's whole process group (JVM and
+    Python alike) with SIGKILL at that point of the N-th batch of this run."""
+    point = os.environ.get("EOS_FAULT_POINT")
+    at_batch = int(os.environ.get("EOS_FAULT_AT_BATCH", "0") or 0)
+
+    def maybe_crash(where: str, batch_number: int) -> None:
+        if point == where and batch_number == at_batch:
+            print(f"EOS-FAULT killing the driver {where} of batch number {batch_number}", flush=True)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    return maybe_crash
+
+
+class BatchSink:
+    """One micro-batch in, one database transaction out.
+
+    :param conn: driver connection used for the apply transaction.
+    :param guard_conn: a second connection, autocommit, for attempt counting.
+    :param fill_stage: callable(stage_name, keep_raw) that makes the executors
+        COPY the batch into the staging table (Spark-specific, injected).
+    """
+
+    def __init__(
+        self,
+        *,
+        conn: PgConnection,
+        guard_conn: PgConnection,
+        spec: PipelineSpec,
+        mode: DeliveryMode,
+        pipeline: str,
+        target_schema: str,
+        meta_schema: str,
+        max_batch_attempts: int,
+    ) -> None:
+        self.conn = conn
+        self.spec = spec
+        self.mode = mode
+        self.pipeline = pipeline
+        self.meta_schema = meta_schema
+        self.offsets = OffsetsStore(meta_schema, pipeline)
+        self.guard = PoisonGuard(guard_conn, meta_schema, pipeline, max_batch_attempts)
+        self.writer = BatchWriter(conn, spec, mode, self.offsets, target_schema, meta_schema)
+        self.committer = BatchCommitter()
+        self._crash_point = _fault_injection()
+        self._batches_this_run = 0
+
+    def process(
+        self,
+        batch_id: int,
+        start_offsets: Mapping[TopicPartition, int],
+        end_offsets: Mapping[TopicPartition, int],
+        fill_stage: Callable[[str, bool], None],
+    ) -> BatchResult:
+        self._batches_this_run += 1
+        key = batch_key(start_offsets)
+        failed_before = self.guard.begin_attempt(key)
+        record_by_record = self.guard.should_isolate(failed_before)
+        stage_name = f"{stage_prefix(self.pipeline)}{batch_id}"
+        try:
+            stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
+            fill_stage(stage_name, record_by_record)
+            prepared = self.writer.prepare(stage, batch_id, end_offsets, record_by_record)
+            self._crash_point("before_commit", self._batches_this_run)
+            self.committer.commit(prepared)
+            self._crash_point("after_commit", self._batches_this_run)
+        except Exception as exc:
+            self.conn.rollback()
+            self.guard.record_failure(key, f"{type(exc).__name__}: {exc}")
+            raise
+        self.guard.finished(key)
+        with self.conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
+        self.conn.commit()
+        return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record)

@@ -1,0 +1,58 @@
+"""The pipeline's Kafka offsets, kept in the target database."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from psycopg2 import sql
+from psycopg2.extensions import connection as PgConnection
+from psycopg2.extensions import cursor as PgCursor
+from psycopg2.extras import execute_values
+
+from spark_apps.eos_stream import meta_tables
+
+TopicPartition = tuple[str, int]
+
+
+class OffsetsStore:
+    """Reads and advances ``next_offset`` per (pipeline, topic, partition).
+
+    :param meta_schema: schema of the bookkeeping tables.
+    :param pipeline: the pipeline's name.
+    """
+
+    def __init__(self, meta_schema: str, pipeline: str) -> None:
+        self.table = meta_tables.table(meta_schema, meta_tables.OFFSETS)
+        self.pipeline = pipeline
+
+    def load(self, conn: PgConnection) -> dict[TopicPartition, int]:
+        with conn.cursor() as cur:
+            cur.execute(
+                sql.SQL("SELECT topic, partition, next_offset FROM {} WHERE pipeline = %s").format(
+                    self.table
+                ),
+                (self.pipeline,),
+            )
+            return {(topic, partition): offset for topic, partition, offset in cur.fetchall()}
+
+    def lock(self, cur: PgCursor) -> None:
+        """Serializes all writers of this pipeline until the transaction ends.
+
+        A zombie driver (an old attempt still running) then waits, and once it
+        gets the lock its records are already below the stored offsets."""
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("eos:" + self.pipeline,))
+
+    def advance(self, cur: PgCursor, end_offsets: Mapping[TopicPartition, int], batch_id: int) -> None:
+        """Moves stored offsets forward (never back) inside the caller's transaction."""
+        if not end_offsets:
+            return
+        execute_values(
+            cur,
+            sql.SQL(
+                "INSERT INTO {t} (pipeline, topic, partition, next_offset, batch_id) VALUES %s"
+                " ON CONFLICT (pipeline, topic, partition) DO UPDATE SET"
+                " next_offset = GREATEST({t}.next_offset, EXCLUDED.next_offset),"
+                " batch_id = EXCLUDED.batch_id, updated_at = now()"
+            ).format(t=self.table).as_string(cur),
+            [(self.pipeline, topic, partition, offset, batch_id) for (topic, partition), offset in end_offsets.items()],
+        )

@@ -1,0 +1,130 @@
+"""What a pipeline writes: the record fields it expects and the targets it feeds.
+
+A pipeline is pluggable: a user module defines a :class:`PipelineSpec` (fields,
+targets, an optional per-record transform, and the DDL of its targets) and
+names it in the app's config as ``module:attribute``. The ledger in
+``spark_apps.ledger`` is the shipped example.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+# PostgreSQL types the record parser knows how to validate and encode for COPY.
+SUPPORTED_TYPES = ("text", "bigint", "integer", "double precision", "boolean", "timestamptz")
+
+# Target columns that carry each row's Kafka coordinates.
+SOURCE_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
+
+
+class SpecError(ValueError):
+    """A pipeline spec or its use is wrong; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of the JSON record value.
+
+    :param name: JSON key, also the column name in staging and targets.
+    :param pg_type: one of SUPPORTED_TYPES.
+    :param required: a record without it is dead-lettered.
+    """
+
+    name: str
+    pg_type: str
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pg_type not in SUPPORTED_TYPES:
+            raise SpecError(f"field {self.name!r}: type {self.pg_type!r} is not one of {SUPPORTED_TYPES}")
+        if self.name.startswith("_"):
+            raise SpecError(f"field {self.name!r}: names starting with '_' are reserved for staging")
+
+
+@dataclass(frozen=True)
+class RowTarget:
+    """One row per record, with its Kafka coordinates in SOURCE_COLUMNS.
+
+    :param table: target table name (in the pipeline's target schema).
+    :param columns: record fields copied into same-named columns.
+    """
+
+    table: str
+    columns: tuple[str, ...]
+
+    aggregate = False
+
+
+@dataclass(frozen=True)
+class AggregateTarget:
+    """Per-key running totals: ``column += value`` for every record of the key.
+
+    Not idempotent: applying a record twice shows in the sums, which is why it
+    only takes exactly-once delivery (or the at-least-once baseline).
+
+    :param table: target table; needs a unique constraint on ``group_by``.
+    :param group_by: record fields that form the key.
+    :param increments: target column -> record field to add, or None to add 1.
+    """
+
+    table: str
+    group_by: tuple[str, ...]
+    increments: Mapping[str, str | None]
+
+    aggregate = True
+
+
+Target = RowTarget | AggregateTarget
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Everything the sink needs to know about a pipeline's data.
+
+    :param name: a label for logs.
+    :param fields: the record's fields, validated per record on the executors.
+    :param targets: tables fed in one transaction per micro-batch.
+    :param transform: optional per-record function (dict -> dict) run after
+        validation; an exception from it dead-letters that record.
+    :param target_ddl: optional function(schema) -> list of SQL strings that
+        creates the targets; used only when the app is asked to create them.
+    """
+
+    name: str
+    fields: tuple[Field, ...]
+    targets: tuple[Target, ...]
+    transform: Callable[[dict], dict] | None = None
+    target_ddl: Callable[[str, bool], list] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        names = {f.name for f in self.fields}
+        for target in self.targets:
+            used = (
+                set(target.group_by) | {v for v in target.increments.values() if v}
+                if isinstance(target, AggregateTarget)
+                else set(target.columns)
+            )
+            unknown = used - names
+            if unknown:
+                raise SpecError(f"target {target.table!r} uses unknown fields {sorted(unknown)}")
+
+    @property
+    def has_aggregates(self) -> bool:
+        return any(t.aggregate for t in self.targets)
+
+
+def load_spec(reference: str) -> PipelineSpec:
+    """Imports ``package.module:ATTRIBUTE`` and checks it is a PipelineSpec."""
+    module_name, _, attribute = reference.partition(":")
+    if not attribute:
+        raise SpecError(f"spec {reference!r} must look like 'package.module:ATTRIBUTE'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SpecError(f"cannot import spec module {module_name!r}: {exc}") from exc
+    spec = getattr(module, attribute, None)
+    if not isinstance(spec, PipelineSpec):
+        raise SpecError(f"{reference!r} is not a PipelineSpec (found {type(spec).__name__})")
+    return spec

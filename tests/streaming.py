@@ -1,0 +1,113 @@
+"""Test support: run the streaming app under spark-submit as a real child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "spark_apps" / "eos_stream" / "app.py"
+SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
+
+
+def pipeline_config(stack: dict[str, str], tmp_path: Path, name: str, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "pipeline": name,
+        "topics": [f"ledger.{name}"],
+        "kafka_bootstrap": stack["EOS_KAFKA_BOOTSTRAP"],
+        "delivery": "exactly_once",
+        "trigger": "availableNow",
+        "max_offsets_per_trigger": 5000,
+        "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "target_schema": f"t_{name}",
+        "meta_schema": f"m_{name}",
+        "create_targets": True,
+        "postgres": {"host": stack["EOS_PG_HOST"], "port": int(stack["EOS_PG_PORT"]),
+                     "dbname": stack["EOS_PG_DB"], "user": stack["EOS_PG_USER"]},
+    }
+    config.update(overrides)
+    return config
+
+
+@dataclass
+class AppRun:
+    process: subprocess.Popen
+    log_path: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the whole driver: spark-submit's JVM and the Python app."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        prefix = f"EOS-{kind.upper()} "
+        return [json.loads(line[len(prefix):]) for line in self.log().splitlines() if line.startswith(prefix)]
+
+
+def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
+              label: str = "run") -> AppRun:
+    config_path = tmp_path / f"{config['pipeline']}.json"
+    config_path.write_text(json.dumps(config))
+    log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           **(env_extra or {})}
+    command = [
+        str(SPARK_SUBMIT), "--master", "local[2]",
+        "--jars", os.environ["EOS_SPARK_JARS"],
+        "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.driver.host=127.0.0.1",
+        "--conf", "spark.driver.bindAddress=127.0.0.1",
+        "--conf", "spark.sql.shuffle.partitions=2",
+        "--driver-memory", "1g",
+        str(APP), "--config", str(config_path),
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                   start_new_session=True)
+    return AppRun(process, log_path)
+
+
+def run_app(config: dict[str, Any], tmp_path: Path, timeout: float = 300, **kwargs: Any) -> AppRun:
+    run = start_app(config, tmp_path, **kwargs)
+    try:
+        run.wait(timeout)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        raise AssertionError(f"app did not finish in {timeout}s; log tail:\n{run.log()[-4000:]}") from None
+    return run
+
+
+def pg_connect(stack: dict[str, str]):
+    conn = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], dbname=stack["EOS_PG_DB"],
+                            user=stack["EOS_PG_USER"], password=stack["EOS_PG_PASSWORD"])
+    conn.autocommit = True
+    return conn
+
+
+def audit(config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    config_path = tmp_path / f"{config['pipeline']}-audit.json"
+    config_path.write_text(json.dumps(config))
+    result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.audit", "--config", str(config_path)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+    report = json.loads(result.stdout)
+    report["exit_code"] = result.returncode
+    return report
