@@ -138,11 +138,14 @@ def run(config: PipelineConfig) -> int:
             start = starting
 
         def fill_stage(stage_name: str, keep_raw: bool) -> None:
-            batch_df.foreachPartition(partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw))
+            write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw)
+            # The executors COPY their partitions; only one count per task returns.
+            batch_df.mapInArrow(write, "staged long").agg({"staged": "sum"}).collect()
 
         result = sink.process(batch_id, start, end, fill_stage)
         emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
-             record_by_record=result.record_by_record, end_offsets=_offsets_json(end))
+             record_by_record=result.record_by_record, timings_ms=result.timings_ms,
+             end_offsets=_offsets_json(end))
 
     spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id))
     writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)

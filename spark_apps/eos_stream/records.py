@@ -93,6 +93,15 @@ def _encode(value: Any) -> str:
     return str(value).translate(_ESCAPES)
 
 
+def _encode_number(value: Any) -> str:
+    return NULL if value is None else str(value)
+
+
+def _encoder(pg_type: str):
+    # Numbers never need escaping; only text-like values go through _encode.
+    return _encode_number if pg_type in ("bigint", "integer", "double precision") else _encode
+
+
 def staging_columns(spec: PipelineSpec) -> list[str]:
     """Column order of a staging table and of the COPY lines below."""
     return ["_topic", "_partition", "_offset", "_key", "_value", "_error", *(f.name for f in spec.fields)]
@@ -107,6 +116,7 @@ def staging_lines(
     error and raw bytes. ``keep_raw`` keeps key and value for good records too,
     so a record that later fails in the database can be quarantined whole."""
     nulls = [NULL] * len(spec.fields)
+    encoders = [(f.name, _encoder(f.pg_type)) for f in spec.fields]
     for topic, partition, offset, key, value in records:
         try:
             parsed = parse_record(spec, value)
@@ -116,5 +126,5 @@ def staging_lines(
         else:
             raw_key, raw_value = (key, value) if keep_raw else (None, None)
             cells = [_encode(topic), str(partition), str(offset), _encode(raw_key), _encode(raw_value),
-                     NULL, *(_encode(parsed[f.name]) for f in spec.fields)]
+                     NULL, *[encode(parsed[name]) for name, encode in encoders]]
         yield "\t".join(cells) + "\n"

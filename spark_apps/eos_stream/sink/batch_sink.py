@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ class BatchResult:
     applied: int
     dead_lettered: int
     record_by_record: bool
+    timings_ms: dict[str, int]
 
 
 @dataclass
@@ -219,12 +221,16 @@ class BatchSink:
         failed_before = self.guard.begin_attempt(key)
         record_by_record = self.guard.should_isolate(failed_before)
         stage_name = f"{stage_prefix(self.pipeline)}{batch_id}"
+        clock = _Stopwatch()
         try:
             stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
             fill_stage(stage_name, record_by_record)
+            clock.lap("stage")
             prepared = self.writer.prepare(stage, batch_id, end_offsets, record_by_record)
+            clock.lap("apply")
             self._crash_point("before_commit", self._batches_this_run)
             self.committer.commit(prepared)
+            clock.lap("commit")
             self._crash_point("after_commit", self._batches_this_run)
         except Exception as exc:
             self.conn.rollback()
@@ -234,4 +240,15 @@ class BatchSink:
         with self.conn.cursor() as cur:
             cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
         self.conn.commit()
-        return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record)
+        return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record, clock.laps)
+
+
+class _Stopwatch:
+    def __init__(self) -> None:
+        self.laps: dict[str, int] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round((now - self._last) * 1000)
+        self._last = now

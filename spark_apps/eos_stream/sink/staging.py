@@ -83,26 +83,40 @@ class _LineStream:
 def partition_writer(
     dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool
 ):
-    """Returns the function each Spark task runs on its rows (topic, partition, offset, key, value).
+    """Returns the function each Spark task runs on its Arrow batches of
+    (topic, partition, offset, key, value).
 
     It captures only plain values, so it pickles to any executor."""
 
-    def write(rows: Iterable[Any]) -> None:
-        iterator = iter(rows)
+    def write(batches: Iterable[Any]) -> Iterator[Any]:
+        """Runs under mapInArrow: Arrow batches cross from the JVM far cheaper
+        than pickled rows. Yields one (rows staged) batch for the driver to sum."""
+        import pyarrow as pa
+
+        iterator = iter(batches)
         first = next(iterator, None)
         if first is None:
+            yield pa.RecordBatch.from_pydict({"staged": pa.array([0], pa.int64())})
             return  # an empty task opens no connection
         spec = load_spec(spec_ref)
         columns = sql.SQL(", ").join(sql.Identifier(c) for c in staging_columns(spec))
-        records = ((r[0], r[1], r[2], r[3], r[4]) for r in itertools.chain([first], iterator))
+        staged = 0
+
+        def records():
+            nonlocal staged
+            for batch in itertools.chain([first], iterator):
+                staged += batch.num_rows
+                yield from zip(*(batch.column(i).to_pylist() for i in range(5)), strict=True)
+
         conn = psycopg2.connect(application_name="eos-stage", **dsn_kwargs)
         try:
             with conn, conn.cursor() as cur:
                 copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
                     sql.Identifier(meta_schema), sql.Identifier(stage_name), columns
                 )
-                cur.copy_expert(copy.as_string(cur), _LineStream(staging_lines(spec, records, keep_raw)))
+                cur.copy_expert(copy.as_string(cur), _LineStream(staging_lines(spec, records(), keep_raw)))
         finally:
             conn.close()
+        yield pa.RecordBatch.from_pydict({"staged": pa.array([staged], pa.int64())})
 
     return write
