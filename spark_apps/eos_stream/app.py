@@ -19,15 +19,15 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import preflight  # noqa: E402
-from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args  # noqa: E402
-from spark_apps.eos_stream.control import StopSignal  # noqa: E402
-from spark_apps.eos_stream.progress import ProgressRecorder, emit  # noqa: E402
-from spark_apps.eos_stream.sink.batch_sink import BatchSink  # noqa: E402
-from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition  # noqa: E402
-from spark_apps.eos_stream.sink.postgres import TargetUnavailable, connect  # noqa: E402
-from spark_apps.eos_stream.sink.staging import drop_stages, partition_writer  # noqa: E402
-from spark_apps.eos_stream.spec import SpecError, load_spec  # noqa: E402
+from spark_apps.eos_stream import preflight
+from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
+from spark_apps.eos_stream.control import StopSignal
+from spark_apps.eos_stream.progress import ProgressRecorder, emit
+from spark_apps.eos_stream.sink.batch_sink import BatchSink
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
+from spark_apps.eos_stream.sink.postgres import TargetUnavailable, connect
+from spark_apps.eos_stream.sink.staging import drop_stages, partition_writer
+from spark_apps.eos_stream.spec import SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 

@@ -31,7 +31,8 @@ TopicPartition = tuple[str, int]
 def committed_records(bootstrap: str, topics: list[str], options: dict[str, str] | None = None):
     """Yields (topic, partition, offset, value) of every committed record up to the LSO,
     and returns the LSO per partition through the generator's ``value``."""
-    from confluent_kafka import Consumer, IsolationLevel, TopicPartition as KafkaTP
+    from confluent_kafka import Consumer, IsolationLevel
+    from confluent_kafka import TopicPartition as KafkaTP
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
     config = {"bootstrap.servers": bootstrap, **(options or {})}
