@@ -119,6 +119,13 @@ kafka_ready() {
 
 # ---------------------------------------------------------------- PostgreSQL
 pg_dir="$EOS_STATE_DIR/postgres"
+# As root the server runs as 'postgres', which must be able to reach its data
+# directory. A checkout it cannot enter (e.g. under /root, mode 700) keeps the
+# cluster in the postgres user's home instead, one directory per checkout.
+mkdir -p "$EOS_STATE_DIR"
+if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1 && ! runuser -u postgres -- test -x "$EOS_STATE_DIR"; then
+  pg_dir="$(getent passwd postgres | cut -d: -f6)/eos-$(printf '%s' "$EOS_STATE_DIR" | sha256sum | cut -c1-12)"
+fi
 pg_data="$pg_dir/data"
 
 pg_bin() {
