@@ -79,7 +79,7 @@ class PipelineConfig:
     create_targets: bool = False
     run_seconds: float = 0
     stop_poll_seconds: float = 1.0
-    kafka_options: dict[str, str] = field(default_factory=dict)
+    kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold SASL secrets
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
 
     def validate(self) -> PipelineConfig:

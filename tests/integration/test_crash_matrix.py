@@ -1,0 +1,92 @@
+"""Crash matrix: SIGKILL the Spark driver at random moments, then audit.
+
+exactly_once must end with 0 duplicates, 0 missing and exact balances; the
+same test on at_least_once must report duplicates, which proves the oracle
+can fail.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.streaming import audit, pipeline_config, run_app, start_app
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EVENTS = 50_000
+
+
+def _kill_plan(kills: int, seed: int) -> list[dict]:
+    """Two deterministic crashes at the commit (inside the transaction just
+    before COMMIT, and after COMMIT before Spark's checkpoint), the rest at
+    random moments: after 1-3 batches plus a random delay inside the next one."""
+    rng = random.Random(seed)
+    plan: list[dict] = [
+        {"fault": "after_commit", "at_batch": 2},
+        {"fault": "before_commit", "at_batch": 2},
+    ]
+    plan += [{"after_batches": rng.randint(1, 3), "delay": rng.uniform(0.0, 1.5)} for _ in range(kills - 2)]
+    rng.shuffle(plan)
+    return plan
+
+
+def _crash_once(config: dict, tmp_path: Path, step: dict, label: str) -> bool:
+    """Runs the app until the planned kill; returns whether a kill happened."""
+    if "fault" in step:
+        env = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
+        run = run_app(config, tmp_path, env_extra=env, label=label, timeout=240)
+        # -9: the app SIGKILLed its own process group at the fault point.
+        return run.process.returncode == -9 or "EOS-FAULT" in run.log()
+    run = start_app(config, tmp_path, label=label)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and run.process.poll() is None:
+        if len(run.events("batch")) >= step["after_batches"]:
+            time.sleep(step["delay"])
+            if run.process.poll() is None:
+                run.kill()
+                return True
+        time.sleep(0.05)
+    if run.process.poll() is None:
+        run.kill()
+        return True
+    return False
+
+
+def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: int) -> tuple[dict, int]:
+    config = pipeline_config(stack, tmp_path, name, delivery=delivery, max_offsets_per_trigger=1500)
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=4)
+    produced = produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], EVENTS, topic=config["topics"][0],
+                              batch_size=500, abort_every=7, seed=11)
+    assert produced.committed == EVENTS and produced.aborted > 0
+    done = 0
+    for index, step in enumerate(_kill_plan(kills, seed=hash(name) & 0xFFFF)):
+        done += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
+    final = run_app(config, tmp_path, label=f"{delivery}-final", timeout=400)
+    assert final.process.returncode == 0, final.log()[-3000:]
+    return audit(config, tmp_path), done
+
+
+def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    report, kills = _run_matrix(stack, tmp_path, f"eos{unique_name}", "exactly_once", kills=10)
+    print(f"exactly_once: events={EVENTS} kills={kills} summary={report['summary']} "
+          f"aggregates={report['aggregates']}")
+    assert kills >= 10
+    assert report["summary"]["committed_records"] == EVENTS
+    assert report["summary"]["duplicated"] == 0
+    assert report["summary"]["missing"] == 0
+    assert report["aggregates"]["account_balances"]["keys_wrong"] == 0
+    assert report["ok"] and report["exit_code"] == 0
+
+
+def test_at_least_once_shows_duplicates_under_the_same_crashes(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    # Fewer kills than above to save CI time; the after_commit crash alone must duplicate a batch.
+    report, kills = _run_matrix(stack, tmp_path, f"alo{unique_name}", "at_least_once", kills=4)
+    print(f"at_least_once: events={EVENTS} kills={kills} summary={report['summary']}")
+    assert report["summary"]["duplicated"] > 0
+    assert report["aggregates"]["account_balances"]["keys_wrong"] > 0
+    assert not report["ok"] and report["exit_code"] == 1

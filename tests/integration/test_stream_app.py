@@ -1,0 +1,207 @@
+"""The streaming app against the real stack: upstream transactions, poison
+records, a lost checkpoint, replays, and configuration errors."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from psycopg2 import sql
+
+from spark_apps.eos_stream import app
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.streaming import audit, pg_connect, pipeline_config, run_app, start_app
+
+pytestmark = pytest.mark.integration
+
+OPEN_TXN_CHILD = """
+import sys, time
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[3],
+              "transaction.timeout.ms": 8000})
+p.init_transactions(30)
+p.begin_transaction()
+for i in range(50):
+    p.produce(sys.argv[2], key=b"acct-00001", value=b'{"event_id": "open", "account_id": "acct-00001",'
+              b' "amount_cents": 1000000, "ts": "2026-01-01T00:00:00+00:00", "seq": -5}')
+p.flush(30)
+print("OPEN", flush=True)
+time.sleep(600)
+"""
+
+
+def _count(stack: dict, schema: str, table: str) -> int:
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table)))
+        (count,) = cur.fetchone()
+    conn.close()
+    return count
+
+
+def test_open_transaction_stalls_the_stream_until_it_ends(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config = pipeline_config(stack, tmp_path, f"txn{unique_name}")
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=1)  # one partition: the open transaction blocks what follows it
+    produce_ledger(bootstrap, 1000, topic=topic, abort_every=2, batch_size=250, seed=1,
+                   transactional_id=f"a{unique_name}")
+    child = subprocess.Popen([sys.executable, "-c", OPEN_TXN_CHILD, bootstrap, topic, f"o{unique_name}"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "OPEN"
+        produce_ledger(bootstrap, 500, topic=topic, seed=2, first_seq=10_000, transactional_id=f"b{unique_name}")
+        first = run_app(config, tmp_path, label="stalled")
+        assert first.process.returncode == 0, first.log()[-3000:]
+        # Only what precedes the open transaction is below the LSO.
+        assert _count(stack, config["target_schema"], "ledger_events") == 1000
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 60  # transaction.timeout.ms 8 s + the coordinator's 1 s sweep
+    while True:
+        second = run_app(config, tmp_path, label="resumed")
+        assert second.process.returncode == 0, second.log()[-3000:]
+        if _count(stack, config["target_schema"], "ledger_events") == 1500 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    report = audit(config, tmp_path)
+    assert report["ok"], report
+    assert report["summary"]["committed_records"] == 1500
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM {}.ledger_events WHERE event_id = 'open'").format(
+            sql.Identifier(config["target_schema"])))
+        assert cur.fetchone() == (0,)  # the aborted transaction never reached the DB
+    conn.close()
+
+
+def test_poison_record_is_quarantined_after_n_attempts(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config = pipeline_config(stack, tmp_path, f"poison{unique_name}", max_batch_attempts=2)
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=2)
+    produced = produce_ledger(bootstrap, 3000, topic=topic, poison=1, malformed=2, seed=3)
+    assert produced.poison == 1 and produced.malformed == 2
+    exits = []
+    for attempt in range(5):  # what a supervisor does: restart after each failure
+        run = run_app(config, tmp_path, label=f"poison-{attempt}")
+        exits.append(run.process.returncode)
+        if run.process.returncode == 0:
+            break
+    assert exits == [1, 1, 0], exits  # two failed attempts, then record by record
+    assert any(event["record_by_record"] for event in run.events("batch"))
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL('SELECT topic, partition, "offset", error, value IS NOT NULL FROM {}.dead_letters'
+                            " ORDER BY error").format(sql.Identifier(config["meta_schema"])))
+        rows = cur.fetchall()
+    conn.close()
+    assert len(rows) == 3
+    assert sum("malformed JSON" in r[3] for r in rows) == 2
+    poison = [r for r in rows if "value too long" in r[3]]
+    assert len(poison) == 1 and poison[0][0] == topic and poison[0][4]  # coordinates and raw value kept
+    report = audit(config, tmp_path)
+    assert report["ok"], report
+    assert report["summary"]["dead_lettered"] == 3
+    assert report["aggregates"]["account_balances"]["actual_event_count"] == 3000
+
+
+def test_lost_checkpoint_causes_no_duplicates(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config = pipeline_config(stack, tmp_path, f"ckpt{unique_name}", max_offsets_per_trigger=1000)
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=2)
+    produce_ledger(bootstrap, 8000, topic=topic, seed=4)
+    run = start_app(config, tmp_path, label="ckpt-first")
+    deadline = time.monotonic() + 120
+    while len(run.events("batch")) < 2 and time.monotonic() < deadline and run.process.poll() is None:
+        time.sleep(0.1)
+    shutil.rmtree(config["checkpoint_dir"])  # mid-run
+    run.kill()
+    assert 0 < _count(stack, config["target_schema"], "ledger_events") < 8000
+    final = run_app(config, tmp_path, label="ckpt-final")
+    assert final.process.returncode == 0, final.log()[-3000:]
+    report = audit(config, tmp_path)
+    assert report["ok"] and report["summary"]["duplicated"] == 0, report
+
+
+def test_a_replayed_batch_applies_nothing_twice(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    """Records below the stored offsets are skipped record by record, whatever
+    Spark's checkpoint believes: re-staging every applied row as a new batch
+    applies nothing, while the same statement without the guard applies all."""
+    from spark_apps.eos_stream.sink import apply_sql
+    from spark_apps.ledger.spec import LEDGER
+
+    config = pipeline_config(stack, tmp_path, f"replay{unique_name}")
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=2)
+    produce_ledger(bootstrap, 2000, topic=topic, seed=5)
+    assert run_app(config, tmp_path, label="replay-1").process.returncode == 0
+    schema = sql.Identifier(config["target_schema"])
+    restage = sql.SQL("{}.restage").format(schema)
+
+    def statement(guarded: bool) -> sql.Composed:
+        return apply_sql.apply_batch_statement(
+            LEDGER, stage=restage, target_schema=config["target_schema"], meta_schema=config["meta_schema"],
+            skip_applied=guarded, dedupe=guarded, upsert_rows=False)
+
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL(
+            "CREATE TABLE {s}.restage AS SELECT kafka_topic AS _topic, kafka_partition AS _partition,"
+            " kafka_offset AS _offset, NULL::bytea AS _key, NULL::bytea AS _value, NULL::text AS _error,"
+            " event_id, account_id::text, amount_cents, ts, seq FROM {s}.ledger_events").format(s=schema))
+        cur.execute(statement(guarded=True), {"pipeline": config["pipeline"]})
+        assert cur.fetchone() == (0, 0)
+        cur.execute("BEGIN")
+        cur.execute(statement(guarded=False), {"pipeline": config["pipeline"]})
+        assert cur.fetchone()[0] == 2000  # without the guard every row would apply again
+        cur.execute("ROLLBACK")
+    conn.close()
+    assert audit(config, tmp_path)["ok"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "exit_code", "message"),
+    [
+        ({"delivery": "sometimes"}, 2, "unknown delivery mode 'sometimes'"),
+        ({"delivery": "idempotent"}, 2, "cannot protect aggregate targets"),
+        ({"create_targets": False, "target_schema": "nowhere"}, 2, "target table nowhere.ledger_events does not exist"),
+        ({"kafka_bootstrap": "127.0.0.1:1"}, 1, "cannot reach Kafka at 127.0.0.1:1"),
+        ({"postgres": {"host": "127.0.0.1", "port": 1, "dbname": "eos", "user": "eos"}}, 1,
+         "cannot connect to PostgreSQL eos@127.0.0.1:1/eos"),
+        ({"topics": ["no.such.topic"]}, 2, "Kafka topic 'no.such.topic' does not exist"),
+    ],
+)
+def test_bad_configuration_gets_a_clear_error(
+    stack: dict, tmp_path: Path, unique_name: str, capsys: pytest.CaptureFixture, overrides: dict,
+    exit_code: int, message: str,
+) -> None:
+    config = pipeline_config(stack, tmp_path, f"bad{unique_name}")
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=1)
+    config.update(overrides)
+    path = tmp_path / "bad.json"
+    path.write_text(__import__("json").dumps(config))
+    assert app.main(["--config", str(path)]) == exit_code
+    assert message in capsys.readouterr().err
+
+
+def test_sql_injection_in_a_table_name_stays_a_name(stack: dict, tmp_path: Path, unique_name: str,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} (x int)").format(sql.Identifier(f"canary_{unique_name}")))
+    config = pipeline_config(stack, tmp_path, f"inj{unique_name}", create_targets=False,
+                             target_schema=f'public"; DROP TABLE canary_{unique_name}; --')
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=1)
+    path = tmp_path / "inj.json"
+    path.write_text(__import__("json").dumps(config))
+    assert app.main(["--config", str(path)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s)", (f"public.canary_{unique_name}",))
+        assert cur.fetchone()[0] is not None  # still there
+        cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(f"canary_{unique_name}")))
+    conn.close()

@@ -1,0 +1,58 @@
+"""Configuration parsing: clear errors, and secrets only from the environment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spark_apps.eos_stream.config import ConfigError, from_dict, parse_args
+from spark_apps.eos_stream.preflight import delivery_mode
+from spark_apps.eos_stream.spec import load_spec
+from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
+
+
+def test_unknown_delivery_mode_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"unknown delivery mode 'twice'.*exactly_once"):
+        from_dict({"delivery": "twice"}).validate()
+
+
+def test_unknown_key_lists_known_keys() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config keys \['topicz'\]"):
+        from_dict({"topicz": ["a"]})
+
+
+def test_password_in_config_is_refused() -> None:
+    with pytest.raises(ConfigError, match="EOS_PG_PASSWORD"):
+        from_dict({"postgres": {"password": "x"}})
+
+
+def test_password_comes_from_env_and_never_shows(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("EOS_PG_PASSWORD", "s3cret-value")
+    monkeypatch.setenv("EOS_KAFKA_OPTIONS_JSON", json.dumps({"sasl.password": "kafka-secret"}))
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"pipeline": "p", "postgres": {"host": "db.internal"}}))
+    config = parse_args(["--config", str(path), "--set", "max_offsets_per_trigger=10", "--set", "postgres.port=6432"])
+    assert config.postgres.password == "s3cret-value"
+    assert config.postgres.port == 6432 and config.max_offsets_per_trigger == 10
+    assert config.kafka_options == {"sasl.password": "kafka-secret"}
+    shown = json.dumps(config.redacted()) + repr(config) + config.to_json()
+    assert "s3cret-value" not in shown and "kafka-secret" not in shown
+
+
+def test_idempotent_is_refused_on_aggregates_but_fine_on_rows() -> None:
+    config = from_dict({"delivery": "idempotent"}).validate()
+    with pytest.raises(ConfigError, match="cannot protect aggregate targets \\['account_balances'\\]"):
+        delivery_mode(config, LEDGER)
+    assert delivery_mode(config, LEDGER_EVENTS_ONLY).upsert_rows
+
+
+def test_spec_reference_errors() -> None:
+    from spark_apps.eos_stream.spec import SpecError
+
+    with pytest.raises(SpecError, match="must look like"):
+        load_spec("spark_apps.ledger.spec")
+    with pytest.raises(SpecError, match="cannot import"):
+        load_spec("no_such_module:X")
+    with pytest.raises(SpecError, match="is not a PipelineSpec"):
+        load_spec("spark_apps.ledger.spec:EVENTS_TABLE")
