@@ -1,0 +1,334 @@
+"""Last-stable-offset (LSO) lag: pure logic, no Kafka client and no Airflow.
+
+In a Kafka partition the *high watermark* (HW) is the end of the log as seen by a
+``read_uncommitted`` consumer and the *last stable offset* (LSO) is the end as seen
+by a ``read_committed`` consumer: the first offset of the oldest transaction that is
+still open. ``HW - LSO`` is the LSO lag. It is normal for it to be positive for a
+moment while transactions commit; it becomes a problem when the LSO stops moving,
+because every ``read_committed`` reader of the partition (Spark with
+``kafka.isolation.level=read_committed``, our exactly-once pipelines) stalls behind it.
+
+:class:`LsoWatch` turns successive offset observations into a per-partition
+classification:
+
+``ok``
+    lag is 0.
+``lagging``
+    lag > 0, but the LSO moved within ``stuck_after`` seconds (ordinary traffic).
+``open``
+    the LSO has not moved for at least ``stuck_after`` seconds while lag > 0, but for
+    less than the broker's ``transaction.max.timeout.ms`` + ``margin``: an open
+    transaction that the transaction coordinator will still abort once the
+    producer's ``transaction.timeout.ms`` expires (e.g. a crashed producer).
+``hanging``
+    stuck for longer than ``transaction.max.timeout.ms`` + ``margin``: no producer
+    may use a longer timeout, so the coordinator no longer resolves it (a *hanging
+    transaction*, KIP-664); an operator must abort it
+    (see :class:`~airflow_provider_eos.operators.hanging_transactions.HangingTransactionsOperator`).
+
+"Stuck" time is measured from the first observation at which the partition had
+lag with its current LSO, so it never over-estimates: a transaction that was
+already open when watching started is reported as stuck only after ``stuck_after``
+seconds of watching.
+
+The watch state serializes to plain JSON (:meth:`LsoWatch.to_json` /
+:meth:`LsoWatch.from_json`) so a deferred trigger can re-create itself from kwargs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+OK = "ok"
+LAGGING = "lagging"
+OPEN = "open"
+HANGING = "hanging"
+CLASSIFICATIONS = (OK, LAGGING, OPEN, HANGING)
+STUCK_CLASSIFICATIONS = (OPEN, HANGING)
+
+DEFAULT_TXN_MAX_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.ms (15 min)
+DEFAULT_MARGIN_SECONDS = 60.0
+
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """
+    Offsets of one partition, as read with ``ListOffsets``.
+
+    :param high_watermark: end of the log for ``read_uncommitted`` (latest offset).
+    :param last_stable: end of the log for ``read_committed`` (the LSO).
+    :param earliest: first offset still in the log (retention start), if it was read.
+    """
+
+    high_watermark: int
+    last_stable: int
+    earliest: int | None = None
+
+    @property
+    def lag(self) -> int:
+        """``HW - LSO``; 0 for empty partitions and after an abort (control markers
+        occupy offsets, so HW == LSO even when only aborted records exist)."""
+        return max(0, self.high_watermark - self.last_stable)
+
+
+def lso_lag(offsets: PartitionOffsets) -> int:
+    """LSO lag of a partition: ``HW - LSO``, never negative."""
+    return offsets.lag
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One row of an :class:`LsoReport`."""
+
+    topic: str
+    partition: int
+    high_watermark: int
+    last_stable: int
+    lag: int
+    stuck_seconds: float
+    classification: str
+    earliest: int | None = None
+
+
+@dataclass(frozen=True)
+class LsoReport:
+    """The classification of all watched partitions at one observation."""
+
+    observed_at: float
+    watched_seconds: float
+    stuck_after: float
+    hanging_after: float
+    partitions: tuple[PartitionStatus, ...]
+
+    @property
+    def stuck(self) -> list[PartitionStatus]:
+        return [p for p in self.partitions if p.classification in STUCK_CLASSIFICATIONS]
+
+    @property
+    def hanging(self) -> list[PartitionStatus]:
+        return [p for p in self.partitions if p.classification == HANGING]
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def all_caught_up(self) -> bool:
+        """True when the LSO equals the HW on every partition (nothing uncommitted)."""
+        return all(p.lag == 0 for p in self.partitions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "observed_at": self.observed_at,
+            "watched_seconds": self.watched_seconds,
+            "stuck_after": self.stuck_after,
+            "hanging_after": self.hanging_after,
+            "partitions": [asdict(p) for p in self.partitions],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LsoReport:
+        return cls(
+            observed_at=float(data["observed_at"]),
+            watched_seconds=float(data["watched_seconds"]),
+            stuck_after=float(data["stuck_after"]),
+            hanging_after=float(data["hanging_after"]),
+            partitions=tuple(PartitionStatus(**p) for p in data["partitions"]),
+        )
+
+    def format(self, only_with_lag: bool = False) -> str:
+        """A fixed-width table, one line per partition (stuck ones first)."""
+        rows = [p for p in self.partitions if p.lag > 0 or not only_with_lag]
+        order = {HANGING: 0, OPEN: 1, LAGGING: 2, OK: 3}
+        rows.sort(key=lambda p: (order.get(p.classification, 9), p.topic, p.partition))
+        header = ("topic", "partition", "HW", "LSO", "lag", "stuck_s", "classification")
+        lines = [
+            (
+                p.topic,
+                str(p.partition),
+                str(p.high_watermark),
+                str(p.last_stable),
+                str(p.lag),
+                f"{p.stuck_seconds:.1f}",
+                p.classification,
+            )
+            for p in rows
+        ]
+        widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(header)]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        out = [
+            f"LSO lag report: {len(self.partitions)} partition(s), {len(self.stuck)} stuck "
+            f"(stuck_after={self.stuck_after:g}s, hanging_after={self.hanging_after:g}s, "
+            f"watched {self.watched_seconds:.1f}s)",
+            fmt.format(*header),
+        ]
+        out += [fmt.format(*r) for r in lines]
+        if not lines:
+            out.append("(no partitions with lag)" if only_with_lag else "(no partitions)")
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+@dataclass
+class _PartitionState:
+    high_watermark: int
+    last_stable: int
+    # Since when the partition has had lag with this very LSO (None when lag == 0).
+    stuck_since: float | None
+
+
+def _key_str(key: TopicPartitionKey) -> str:
+    return f"{key[0]}:{key[1]}"
+
+
+class LsoWatch:
+    """
+    Tracks, per partition, since when the LSO has not advanced while lag > 0.
+
+    :param stuck_after: seconds without LSO progress (with lag > 0) after which a
+        partition is considered stuck (``open`` or ``hanging``).
+    :param txn_max_timeout_ms: the broker's ``transaction.max.timeout.ms``; a
+        transaction open longer than this (+ ``margin``) is no longer resolved by
+        its coordinator and is classified ``hanging``.
+    :param margin: seconds added to ``txn_max_timeout_ms`` to cover the
+        coordinator's abort interval and clock noise.
+    """
+
+    def __init__(
+        self,
+        stuck_after: float,
+        txn_max_timeout_ms: int = DEFAULT_TXN_MAX_TIMEOUT_MS,
+        margin: float = DEFAULT_MARGIN_SECONDS,
+    ) -> None:
+        if stuck_after <= 0:
+            raise ValueError(f"stuck_after must be positive, got {stuck_after!r}")
+        if txn_max_timeout_ms <= 0:
+            raise ValueError(f"txn_max_timeout_ms must be positive, got {txn_max_timeout_ms!r}")
+        if margin < 0:
+            raise ValueError(f"margin must not be negative, got {margin!r}")
+        self.stuck_after = float(stuck_after)
+        self.txn_max_timeout_ms = int(txn_max_timeout_ms)
+        self.margin = float(margin)
+        self.started_at: float | None = None
+        self.last_observed_at: float | None = None
+        self._partitions: dict[TopicPartitionKey, _PartitionState] = {}
+
+    @property
+    def hanging_after(self) -> float:
+        """Seconds of no LSO progress after which a partition is ``hanging``."""
+        return self.txn_max_timeout_ms / 1000.0 + self.margin
+
+    def classify(self, lag: int, stuck_seconds: float) -> str:
+        """Classification for a partition with ``lag`` whose LSO has not moved for
+        ``stuck_seconds`` (boundaries: ``>= stuck_after`` is open, ``>= hanging_after``
+        is hanging)."""
+        if lag <= 0:
+            return OK
+        if stuck_seconds < self.stuck_after:
+            return LAGGING
+        if stuck_seconds < self.hanging_after:
+            return OPEN
+        return HANGING
+
+    def observe(self, now: float, offsets: Mapping[TopicPartitionKey, PartitionOffsets]) -> LsoReport:
+        """
+        Record one observation and classify every partition in it.
+
+        Partitions that appear for the first time (new topics, partitions added while
+        watching) start with no stuck time; partitions that disappear (topic deleted)
+        are forgotten.
+
+        :param now: observation time in seconds (any monotonic-ish clock; the same
+            clock for every call).
+        :param offsets: offsets per ``(topic, partition)``.
+        """
+        if self.started_at is None:
+            self.started_at = now
+        previous = self._partitions
+        current: dict[TopicPartitionKey, _PartitionState] = {}
+        rows: list[PartitionStatus] = []
+        for key in sorted(offsets):
+            off = offsets[key]
+            lag = off.lag
+            before = previous.get(key)
+            if lag == 0:
+                since: float | None = None
+            elif before is not None and before.stuck_since is not None and before.last_stable == off.last_stable:
+                since = before.stuck_since
+            else:
+                # Lag just appeared, the LSO moved, or the partition is new: start counting now.
+                since = now
+            current[key] = _PartitionState(off.high_watermark, off.last_stable, since)
+            stuck = 0.0 if since is None else max(0.0, now - since)
+            rows.append(
+                PartitionStatus(
+                    topic=key[0],
+                    partition=key[1],
+                    high_watermark=off.high_watermark,
+                    last_stable=off.last_stable,
+                    lag=lag,
+                    stuck_seconds=round(stuck, 3),
+                    classification=self.classify(lag, stuck),
+                    earliest=off.earliest,
+                )
+            )
+        self._partitions = current
+        self.last_observed_at = now
+        return LsoReport(
+            observed_at=now,
+            watched_seconds=round(now - self.started_at, 3),
+            stuck_after=self.stuck_after,
+            hanging_after=self.hanging_after,
+            partitions=tuple(rows),
+        )
+
+    def watched_seconds(self, now: float) -> float:
+        return 0.0 if self.started_at is None else now - self.started_at
+
+    # ------------------------------------------------------------ JSON state
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON state (str keys, numbers, lists) for trigger kwargs."""
+        return {
+            "stuck_after": self.stuck_after,
+            "txn_max_timeout_ms": self.txn_max_timeout_ms,
+            "margin": self.margin,
+            "started_at": self.started_at,
+            "last_observed_at": self.last_observed_at,
+            "partitions": [
+                {
+                    "topic": key[0],
+                    "partition": key[1],
+                    "high_watermark": st.high_watermark,
+                    "last_stable": st.last_stable,
+                    "stuck_since": st.stuck_since,
+                }
+                for key, st in sorted(self._partitions.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LsoWatch:
+        watch = cls(
+            stuck_after=data["stuck_after"],
+            txn_max_timeout_ms=data["txn_max_timeout_ms"],
+            margin=data["margin"],
+        )
+        watch.started_at = data.get("started_at")
+        watch.last_observed_at = data.get("last_observed_at")
+        for p in data.get("partitions", []):
+            watch._partitions[(p["topic"], int(p["partition"]))] = _PartitionState(
+                int(p["high_watermark"]), int(p["last_stable"]), p["stuck_since"]
+            )
+        return watch
+
+    def __repr__(self) -> str:
+        return (
+            f"LsoWatch(stuck_after={self.stuck_after}, txn_max_timeout_ms={self.txn_max_timeout_ms}, "
+            f"margin={self.margin}, partitions={[_key_str(k) for k in sorted(self._partitions)]})"
+        )

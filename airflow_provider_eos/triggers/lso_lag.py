@@ -1,0 +1,153 @@
+"""Trigger that watches the last-stable-offset lag of Kafka topics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_eos.lso_lag import (
+    DEFAULT_MARGIN_SECONDS,
+    DEFAULT_TXN_MAX_TIMEOUT_MS,
+    LsoReport,
+    LsoWatch,
+)
+
+HEALTH = "health"
+GATE = "gate"
+MODES = (HEALTH, GATE)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def evaluate(mode: str, watch: LsoWatch, report: LsoReport) -> str | None:
+    """
+    Decide whether a watch is finished after ``report``.
+
+    ``health``: ``'stuck'`` as soon as any partition is ``open`` or ``hanging``;
+    ``'ok'`` once a full window of ``stuck_after`` seconds was watched with nothing
+    stuck. ``gate``: ``'ok'`` when the LSO lag is 0 on every partition.
+
+    :return: the event status, or None to keep watching.
+    """
+    if mode == HEALTH:
+        if report.stuck:
+            return "stuck"
+        if report.watched_seconds >= watch.stuck_after:
+            return "ok"
+        return None
+    if report.all_caught_up:
+        return "ok"
+    return None
+
+
+def event_payload(mode: str, status: str, report: LsoReport) -> dict[str, Any]:
+    return {
+        "status": status,
+        "mode": mode,
+        "message": report.format(),
+        "report": report.to_dict(),
+    }
+
+
+class LsoLagTrigger(BaseTrigger):
+    """
+    Polls HW and LSO of every partition of ``topics`` and fires when the watch ends.
+
+    The blocking Admin API calls run in a worker thread, so the triggerer's event
+    loop is never blocked.
+
+    :param topics: topic names to watch (all their partitions, including partitions
+        added while watching).
+    :param kafka_config_id: The connection object to use, defaults to "kafka_default"
+    :param mode: ``health`` (event ``stuck`` with the report as soon as a partition's
+        LSO has not advanced for ``stuck_after`` seconds while it has lag, or ``ok``
+        after a full ``stuck_after`` window with nothing stuck) or ``gate`` (event
+        ``ok`` when the LSO lag is 0 on all partitions).
+    :param stuck_after: seconds without LSO progress (with lag) before a partition counts as stuck.
+    :param poke_interval: seconds between two observations.
+    :param txn_max_timeout_ms: the broker's ``transaction.max.timeout.ms`` (``hanging`` threshold).
+    :param margin: seconds added to ``txn_max_timeout_ms`` before a partition is ``hanging``.
+    :param request_timeout: seconds allowed for each Admin API request.
+    :param watch_state: JSON state of an :class:`~airflow_provider_eos.lso_lag.LsoWatch`
+        to resume from (set by :meth:`serialize`).
+    """
+
+    def __init__(
+        self,
+        topics: Sequence[str],
+        kafka_config_id: str = "kafka_default",
+        mode: str = HEALTH,
+        stuck_after: float = 60.0,
+        poke_interval: float = 10.0,
+        txn_max_timeout_ms: int = DEFAULT_TXN_MAX_TIMEOUT_MS,
+        margin: float = DEFAULT_MARGIN_SECONDS,
+        request_timeout: float = 10.0,
+        watch_state: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.topics = list(topics)
+        self.kafka_config_id = kafka_config_id
+        self.mode = check_mode(mode)
+        self.stuck_after = float(stuck_after)
+        self.poke_interval = float(poke_interval)
+        self.txn_max_timeout_ms = int(txn_max_timeout_ms)
+        self.margin = float(margin)
+        self.request_timeout = float(request_timeout)
+        self.watch = (
+            LsoWatch.from_json(watch_state)
+            if watch_state
+            else LsoWatch(stuck_after=self.stuck_after, txn_max_timeout_ms=self.txn_max_timeout_ms, margin=self.margin)
+        )
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "topics": list(self.topics),
+                "kafka_config_id": self.kafka_config_id,
+                "mode": self.mode,
+                "stuck_after": self.stuck_after,
+                "poke_interval": self.poke_interval,
+                "txn_max_timeout_ms": self.txn_max_timeout_ms,
+                "margin": self.margin,
+                "request_timeout": self.request_timeout,
+                "watch_state": self.watch.to_json(),
+            },
+        )
+
+    def _make_hook(self):
+        from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+
+        return KafkaOffsetsHook(kafka_config_id=self.kafka_config_id, timeout=self.request_timeout)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            hook = await asyncio.to_thread(self._make_hook)
+            await asyncio.to_thread(hook.get_admin_client)
+        except Exception as err:
+            yield TriggerEvent({"status": "error", "mode": self.mode, "message": str(err), "report": None})
+            return
+        while True:
+            started = time.monotonic()
+            try:
+                offsets = await asyncio.to_thread(hook.partition_offsets, self.topics, False)
+            except Exception as err:
+                yield TriggerEvent({"status": "error", "mode": self.mode, "message": str(err), "report": None})
+                return
+            report = self.watch.observe(time.time(), offsets)
+            self.log.debug("%s", report)
+            status = evaluate(self.mode, self.watch, report)
+            if status is not None:
+                self.log.info("LSO lag watch (%s) finished: %s\n%s", self.mode, status, report)
+                yield TriggerEvent(event_payload(self.mode, status, report))
+                return
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self.poke_interval - elapsed))

@@ -1,0 +1,1 @@
+"""Test helpers (child-process producers, Kafka topic utilities)."""

@@ -1,0 +1,76 @@
+"""Small helpers around the real local Kafka broker for integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kafka_conn_uri_env(conn_id: str, bootstrap: str) -> tuple[str, str]:
+    """(env var name, value) defining an Airflow ``kafka`` connection."""
+    value = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
+    return f"AIRFLOW_CONN_{conn_id.upper()}", value
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30).values():
+        fut.result(30)
+
+
+def delete_topics(bootstrap: str, *topics: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_topics(list(topics), operation_timeout=30).values():
+        try:
+            fut.result(30)
+        except Exception:
+            pass
+
+
+@contextmanager
+def open_transaction(
+    bootstrap: str, topic: str, partition: int = 0, count: int = 5, txn_timeout_ms: int = 10_000
+) -> Iterator[dict]:
+    """Start tests/helpers/txn_producer.py, wait until its transaction holds ``count``
+    flushed records, SIGKILL it and yield its ready line (the transaction stays open
+    on the broker). The child is always killed on exit."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.txn_producer",
+            bootstrap,
+            topic,
+            str(partition),
+            str(count),
+            str(txn_timeout_ms),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        info = json.loads(line) if line else {"ready": False}
+        if not info.get("ready"):
+            raise RuntimeError(f"transactional producer child failed: {line!r}")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        yield info
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

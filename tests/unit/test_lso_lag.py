@@ -1,0 +1,150 @@
+"""Unit tests of the LSO lag logic (pure, no broker)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_eos.lso_lag import (
+    HANGING,
+    LAGGING,
+    OK,
+    OPEN,
+    LsoReport,
+    LsoWatch,
+    PartitionOffsets,
+    lso_lag,
+)
+
+T = "orders"
+
+
+def offs(hw: int, lso: int, earliest: int | None = 0) -> PartitionOffsets:
+    return PartitionOffsets(high_watermark=hw, last_stable=lso, earliest=earliest)
+
+
+def classes(report: LsoReport) -> dict[tuple[str, int], str]:
+    return {(p.topic, p.partition): p.classification for p in report.partitions}
+
+
+def test_lag_is_hw_minus_lso_never_negative():
+    assert lso_lag(offs(10, 4)) == 6
+    assert offs(0, 0).lag == 0
+    assert offs(3, 5).lag == 0  # defensive: an LSO read after the HW
+
+
+def test_empty_partitions_are_ok_and_never_stuck():
+    watch = LsoWatch(stuck_after=5)
+    for t in (0, 10, 100, 10_000):
+        report = watch.observe(t, {(T, 0): offs(0, 0), (T, 1): offs(0, 0)})
+        assert set(classes(report).values()) == {OK}
+        assert report.all_caught_up
+        assert not report.stuck
+
+
+def test_only_aborted_data_partition_is_ok():
+    # 5 aborted records + 1 abort marker: offsets 0..5 are used, HW == LSO == 6,
+    # nothing is readable by read_committed, but nothing is pending either.
+    watch = LsoWatch(stuck_after=5)
+    report = watch.observe(0, {(T, 0): offs(6, 6, earliest=0)})
+    row = report.partitions[0]
+    assert (row.lag, row.classification, row.earliest) == (0, OK, 0)
+    report = watch.observe(1000, {(T, 0): offs(6, 6, earliest=0)})
+    assert report.partitions[0].stuck_seconds == 0
+
+
+def test_lagging_while_lso_moves_then_open_when_it_stops():
+    watch = LsoWatch(stuck_after=10)
+    assert classes(watch.observe(0, {(T, 0): offs(5, 0)}))[(T, 0)] == LAGGING
+    # LSO moves (transactions commit) but new ones keep the lag > 0: still lagging.
+    assert classes(watch.observe(8, {(T, 0): offs(12, 6)}))[(T, 0)] == LAGGING
+    assert classes(watch.observe(16, {(T, 0): offs(20, 13)}))[(T, 0)] == LAGGING
+    # LSO stops at 13 (observed since t=16).
+    report = watch.observe(25.9, {(T, 0): offs(30, 13)})
+    assert classes(report)[(T, 0)] == LAGGING
+    assert report.partitions[0].stuck_seconds == pytest.approx(9.9)
+    report = watch.observe(26, {(T, 0): offs(30, 13)})
+    assert classes(report)[(T, 0)] == OPEN
+    assert [p.partition for p in report.stuck] == [0]
+
+
+def test_classification_boundaries():
+    watch = LsoWatch(stuck_after=30, txn_max_timeout_ms=900_000, margin=60)
+    assert watch.hanging_after == 960
+    assert watch.classify(0, 10_000) == OK
+    assert watch.classify(1, 0) == LAGGING
+    assert watch.classify(1, 29.999) == LAGGING
+    assert watch.classify(1, 30) == OPEN
+    assert watch.classify(1, 959.999) == OPEN
+    assert watch.classify(1, 960) == HANGING
+    assert watch.classify(1, 10**7) == HANGING
+
+
+def test_hanging_after_txn_max_timeout_plus_margin():
+    watch = LsoWatch(stuck_after=5, txn_max_timeout_ms=20_000, margin=2)
+    key = (T, 0)
+    watch.observe(100, {key: offs(3, 1)})
+    assert classes(watch.observe(121.9, {key: offs(3, 1)}))[key] == OPEN
+    report = watch.observe(122, {key: offs(4, 1)})  # HW may grow, the LSO does not
+    assert classes(report)[key] == HANGING
+    assert report.hanging and report.hanging[0].stuck_seconds == 22
+
+
+def test_lag_cleared_resets_the_stuck_clock():
+    watch = LsoWatch(stuck_after=5)
+    key = (T, 0)
+    watch.observe(0, {key: offs(3, 1)})
+    assert classes(watch.observe(6, {key: offs(3, 1)}))[key] == OPEN
+    assert classes(watch.observe(7, {key: offs(4, 4)}))[key] == OK  # aborted/committed
+    # A new transaction at the same LSO value counts from its first observation.
+    assert classes(watch.observe(8, {key: offs(6, 4)}))[key] == LAGGING
+    assert classes(watch.observe(12.5, {key: offs(6, 4)}))[key] == LAGGING
+    assert classes(watch.observe(13, {key: offs(6, 4)}))[key] == OPEN
+
+
+def test_partitions_added_while_watching_start_fresh():
+    watch = LsoWatch(stuck_after=5)
+    watch.observe(0, {(T, 0): offs(2, 1)})
+    report = watch.observe(10, {(T, 0): offs(2, 1), (T, 1): offs(7, 3), ("other", 0): offs(0, 0)})
+    c = classes(report)
+    assert c == {(T, 0): OPEN, (T, 1): LAGGING, ("other", 0): OK}
+    assert report.watched_seconds == 10
+    report = watch.observe(15, {(T, 0): offs(2, 1), (T, 1): offs(7, 3), ("other", 0): offs(0, 0)})
+    assert classes(report)[(T, 1)] == OPEN
+    # A partition that disappears (topic deleted) is forgotten.
+    report = watch.observe(16, {(T, 1): offs(7, 3)})
+    assert [(p.topic, p.partition) for p in report.partitions] == [(T, 1)]
+
+
+def test_report_format_is_readable():
+    watch = LsoWatch(stuck_after=5)
+    watch.observe(0, {(T, 0): offs(9, 4), (T, 1): offs(2, 2)})
+    report = watch.observe(6, {(T, 0): offs(9, 4), (T, 1): offs(2, 2)})
+    text = report.format()
+    lines = text.splitlines()
+    assert "1 stuck" in lines[0]
+    assert lines[1].split() == ["topic", "partition", "HW", "LSO", "lag", "stuck_s", "classification"]
+    assert lines[2].split() == [T, "0", "9", "4", "5", "6.0", "open"]
+    assert lines[3].split() == [T, "1", "2", "2", "0", "0.0", "ok"]
+    assert "(no partitions with lag)" not in report.format(only_with_lag=True)
+    assert LsoReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+
+def test_watch_state_json_round_trip_keeps_stuck_clock():
+    watch = LsoWatch(stuck_after=5, txn_max_timeout_ms=60_000, margin=1.5)
+    watch.observe(100, {(T, 0): offs(9, 4), (T, 1): offs(0, 0)})
+    state = json.loads(json.dumps(watch.to_json()))
+    restored = LsoWatch.from_json(state)
+    assert restored.to_json() == watch.to_json()
+    report = restored.observe(105, {(T, 0): offs(9, 4), (T, 1): offs(0, 0)})
+    assert classes(report)[(T, 0)] == OPEN
+    assert report.watched_seconds == 5
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"stuck_after": 0}, {"stuck_after": 1, "txn_max_timeout_ms": 0}, {"stuck_after": 1, "margin": -1}]
+)
+def test_invalid_settings_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        LsoWatch(**kwargs)
