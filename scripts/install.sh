@@ -110,9 +110,9 @@ fetch_jars() {  # $1 name, $2 pom, $3 destination dir, $4... extra Maven args
   step "resolving $name jars with Maven into $dest"
   local tmp="$dest.new"
   rm -rf "$tmp"
-  if ! mvn -B -q -f "$pom" -Dmaven.repo.local="$EOS_STATE_DIR/m2" \
+  if ! mvn -B -q -Dstyle.color=never -f "$pom" -Dmaven.repo.local="$EOS_STATE_DIR/m2" \
       "$dep_plugin:copy-dependencies" -DoutputDirectory="$tmp" "$@" > "$mvn_log" 2>&1; then
-    tail_log "$mvn_log"
+    tail_log "$mvn_log" 8
     if grep -qiE 'UnknownHost|Connection refused|connect timed out|Network is unreachable|No route to host|Could not transfer|Could not resolve' "$mvn_log"; then
       die "Maven could not download $name's jars: the Maven repository is unreachable (check network/proxy, or a <mirror> in ~/.m2/settings.xml). Log: $mvn_log"
     fi
