@@ -6,6 +6,12 @@ from typing import Any
 
 from airflow_provider_eos import __version__
 
+INTEGRATION = "Exactly-once streaming"
+HOOKS = ["airflow_provider_eos.hooks.kafka_offsets"]
+OPERATORS = ["airflow_provider_eos.operators.hanging_transactions"]
+SENSORS = ["airflow_provider_eos.sensors.lso_lag"]
+TRIGGERS = ["airflow_provider_eos.triggers.lso_lag"]
+
 
 def get_provider_info() -> dict[str, Any]:
     return {
@@ -17,13 +23,13 @@ def get_provider_info() -> dict[str, Any]:
         "versions": [__version__],
         "integrations": [
             {
-                "integration-name": "Exactly-once streaming",
+                "integration-name": INTEGRATION,
                 "external-doc-url": "https://github.com/",
                 "tags": ["software"],
             }
         ],
-        "hooks": [],
-        "operators": [],
-        "sensors": [],
-        "triggers": [],
+        "hooks": [{"integration-name": INTEGRATION, "python-modules": HOOKS}],
+        "operators": [{"integration-name": INTEGRATION, "python-modules": OPERATORS}],
+        "sensors": [{"integration-name": INTEGRATION, "python-modules": SENSORS}],
+        "triggers": [{"integration-name": INTEGRATION, "python-modules": TRIGGERS}],
     }

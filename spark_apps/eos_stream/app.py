@@ -159,7 +159,7 @@ def run(config: PipelineConfig) -> int:
     control_conn.autocommit = True  # its own connection: the sink's transaction runs on another thread
     stop = StopSignal(control_conn, config.meta_schema, config.pipeline, config.run_seconds)
     while query.isActive:
-        query.awaitTermination(config.stop_poll_seconds)
+        query.awaitTermination(max(1, round(config.stop_poll_seconds)))
         reason = stop.requested()
         if reason and query.isActive:
             stop.at_batch_boundary(query)

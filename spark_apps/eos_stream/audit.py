@@ -35,7 +35,7 @@ def committed_records(bootstrap: str, topics: list[str], options: dict[str, str]
     from confluent_kafka import TopicPartition as KafkaTP
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    config = {"bootstrap.servers": bootstrap, **(options or {})}
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **(options or {})}
     admin = AdminClient(config)
     metadata = admin.list_topics(timeout=15)
     partitions = [KafkaTP(t, p) for t in topics for p in sorted(metadata.topics[t].partitions)]
@@ -58,10 +58,11 @@ def committed_records(bootstrap: str, topics: list[str], options: dict[str, str]
                 continue
             if message.error():
                 raise RuntimeError(f"audit read failed: {message.error()}")
-            key = (message.topic(), message.partition())
-            if message.offset() < lso[key]:
-                yield message.topic(), message.partition(), message.offset(), message.value()
-            if message.offset() + 1 >= lso[key]:
+            topic, partition, offset = str(message.topic()), int(message.partition() or 0), int(message.offset() or 0)
+            key = (topic, partition)
+            if offset < lso[key]:
+                yield topic, partition, offset, message.value()
+            if offset + 1 >= lso[key]:
                 pending.discard(key)
     finally:
         consumer.close()
@@ -113,8 +114,8 @@ def audit(config: PipelineConfig, spec: PipelineSpec) -> dict[str, Any]:
 
     partitions: dict[str, dict[str, Any]] = {}
     mismatches: list[str] = []
-    for target in (t for t in spec.targets if isinstance(t, RowTarget)):
-        table = sql.SQL("{}.{}").format(sql.Identifier(config.target_schema), sql.Identifier(target.table))
+    for row_target in (t for t in spec.targets if isinstance(t, RowTarget)):
+        table = sql.SQL("{}.{}").format(sql.Identifier(config.target_schema), sql.Identifier(row_target.table))
         rows = _fetch(conn, sql.SQL(
             "SELECT kafka_topic, kafka_partition, kafka_offset, count(*) FROM {} GROUP BY 1, 2, 3").format(table))
         present: dict[TopicPartition, Counter] = defaultdict(Counter)
@@ -126,7 +127,7 @@ def audit(config: PipelineConfig, spec: PipelineSpec) -> dict[str, Any]:
             duplicated = sum(c - 1 for c in got.values() if c > 1)
             missing = len(expected - set(got))
             unexpected = len(set(got) - expected)
-            name = f"{target.table}:{key[0]}:{key[1]}"
+            name = f"{row_target.table}:{key[0]}:{key[1]}"
             partitions[name] = {
                 "expected": len(expected), "rows": sum(got.values()), "duplicated": duplicated,
                 "missing": missing, "unexpected": unexpected, "lso": lso.get(key),

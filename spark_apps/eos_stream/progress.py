@@ -20,9 +20,9 @@ def _as_json(offsets: Any) -> str | None:
     return offsets if isinstance(offsets, str) else json.dumps(offsets)
 
 
-def emit(kind: str, **fields: Any) -> None:
+def emit(event: str, **fields: Any) -> None:
     """One machine-readable line; supervisors parse lines starting with ``EOS-``."""
-    print(f"EOS-{kind.upper()} {json.dumps(fields, default=str, sort_keys=True)}", file=sys.stdout, flush=True)
+    print(f"EOS-{event.upper()} {json.dumps(fields, default=str, sort_keys=True)}", file=sys.stdout, flush=True)
 
 
 class ProgressRecorder(StreamingQueryListener):

@@ -23,6 +23,7 @@ replay point), which is what makes it the baseline that shows duplicates.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -100,14 +101,15 @@ class BatchWriter:
         self.mode = mode
         self.offsets = offsets
         self.meta_schema = meta_schema
-        self._statement_args = {
-            "spec": spec,
-            "target_schema": target_schema,
-            "meta_schema": meta_schema,
-            "skip_applied": mode.stores_offsets,
-            "dedupe": mode.dedupe,
-            "upsert_rows": mode.upsert_rows,
-        }
+        self._statement = functools.partial(
+            apply_sql.apply_batch_statement,
+            spec,
+            target_schema=target_schema,
+            meta_schema=meta_schema,
+            skip_applied=mode.stores_offsets,
+            dedupe=mode.dedupe,
+            upsert_rows=mode.upsert_rows,
+        )
 
     def prepare(
         self, stage: sql.Composed, batch_id: int, end_offsets: Mapping[TopicPartition, int], record_by_record: bool
@@ -118,7 +120,7 @@ class BatchWriter:
             if record_by_record:
                 applied, dead = self._apply_each(cur, stage, params)
             else:
-                cur.execute(apply_sql.apply_batch_statement(stage=stage, **self._statement_args), params)
+                cur.execute(self._statement(stage=stage), params)
                 row = cur.fetchone()
                 assert row is not None
                 applied, dead = int(row[0]), int(row[1])
@@ -132,7 +134,7 @@ class BatchWriter:
         cur.execute(sql.SQL("CREATE INDEX ON {} (_topic, _partition, _offset)").format(stage))
         cur.execute(sql.SQL("SELECT DISTINCT _topic, _partition, _offset FROM {} ORDER BY 1, 2, 3").format(stage))
         coordinates = cur.fetchall()
-        one = apply_sql.apply_batch_statement(stage=stage, only_record=True, **self._statement_args)
+        one = self._statement(stage=stage, only_record=True)
         quarantine = apply_sql.quarantine_record_statement(stage, self.meta_schema)
         applied = dead = 0
         for topic, partition, offset in coordinates:
