@@ -48,6 +48,8 @@ write_env() {
   fi
   local secret_file="$EOS_AIRFLOW_HOME/jwt.secret"
   [ -s "$secret_file" ] || (umask 077; head -c 32 /dev/urandom | base64 | tr -d '/+=' > "$secret_file")
+  local ui_passwords="$EOS_AIRFLOW_HOME/ui-passwords.json"
+  [ -s "$ui_passwords" ] || (umask 077; printf '{"admin": "%s"}\n' "$(head -c 12 /dev/urandom | base64 | tr -d '/+=')" > "$ui_passwords")
   # Values go through the environment into Python, never onto a command line.
   (umask 077
    EOS_KAFKA_BOOTSTRAP="$kafka_bootstrap" EOS_PG_HOST="$pg_host" EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" \
@@ -90,6 +92,9 @@ values = {
     "AIRFLOW__API__BASE_URL": api,
     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api}/execution/",
     "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret,
+    # One UI/API login for the local stack; its password is in ui-passwords.json (mode 600).
+    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": os.path.join(home, "ui-passwords.json"),
     "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
         {
             "conn_type": "kafka",

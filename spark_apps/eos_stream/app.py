@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -172,6 +173,21 @@ def run(config: PipelineConfig) -> int:
     return EXIT_OK
 
 
+# "ValueError: ..." or "psycopg2.errors.StringDataRightTruncation: ..." as Python prints them.
+_PYTHON_ERROR_LINE = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*): (.+)$")
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost Python error inside Spark's wrapping (a failed foreachBatch
+    arrives as STREAM_FAILED with the real traceback in its text)."""
+    text = str(exc)
+    causes = [m.group(1).rsplit(".", 1)[-1] + ": " + m.group(2).strip()
+              for m in map(_PYTHON_ERROR_LINE.match, text.splitlines()) if m]
+    if causes:
+        return causes[-1]
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_args(argv)
@@ -185,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eos-stream: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = root_cause(exc)
         emit("error", kind="failed", message=message[:2000])
         print(f"eos-stream: failed: {message}", file=sys.stderr)
         return EXIT_FAILED

@@ -56,3 +56,15 @@ def test_spec_reference_errors() -> None:
         load_spec("no_such_module:X")
     with pytest.raises(SpecError, match="is not a PipelineSpec"):
         load_spec("spark_apps.ledger.spec:EVENTS_TABLE")
+
+
+def test_root_cause_digs_the_database_error_out_of_sparks_wrapping() -> None:
+    from spark_apps.eos_stream.app import root_cause
+
+    wrapped = RuntimeError(
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] ...\n"
+        "Traceback (most recent call last):\n  File \"batch_sink.py\", line 9, in process\n"
+        "psycopg2.errors.StringDataRightTruncation: value too long for type character varying(64)\n"
+    )
+    assert root_cause(wrapped) == "StringDataRightTruncation: value too long for type character varying(64)"
+    assert root_cause(ValueError("plain message")) == "plain message"
