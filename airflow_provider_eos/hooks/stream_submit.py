@@ -1,0 +1,298 @@
+"""spark-submit of the eos streaming app (``spark_apps/eos_stream/app.py``) through the
+Spark provider's SparkSubmitHook: config in a private temp file, secrets in the
+environment only, ``EOS-`` progress lines parsed, the whole process group killed on kill."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk.exceptions import AirflowException
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+EVENT_PREFIX = "EOS-"
+PASSWORD_ENV = "EOS_PG_PASSWORD"
+KAFKA_OPTIONS_ENV = "EOS_KAFKA_OPTIONS_JSON"
+JARS_ENV = "EOS_SPARK_JARS"
+
+
+def spark_apps_dir() -> Path:
+    """Directory of the ``spark_apps`` package (found without importing pyspark)."""
+    spec = importlib.util.find_spec("spark_apps")
+    if spec is None or not spec.submodule_search_locations:
+        raise AirflowException("the spark_apps package (shipped with airflow-provider-eos) is not importable")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def app_path() -> str:
+    return str(spark_apps_dir() / "eos_stream" / "app.py")
+
+
+def build_spark_apps_zip(target_dir: str | Path) -> str:
+    """Zips the ``spark_apps`` package for ``--py-files`` (executors on other hosts import it)."""
+    root = spark_apps_dir()
+    path = Path(target_dir) / "spark_apps.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for file in sorted(root.rglob("*.py")):
+            if "__pycache__" not in file.parts:
+                archive.write(file, str(Path("spark_apps") / file.relative_to(root)))
+    return str(path)
+
+
+def parse_event(line: str) -> tuple[str, dict[str, Any]] | None:
+    """``EOS-BATCH {...}`` -> ("batch", {...}); None for any other line."""
+    if not line.startswith(EVENT_PREFIX):
+        return None
+    kind, _, payload = line[len(EVENT_PREFIX):].partition(" ")
+    try:
+        data = json.loads(payload) if payload else {}
+    except json.JSONDecodeError:
+        return None
+    return kind.lower(), data if isinstance(data, dict) else {"value": data}
+
+
+@dataclass
+class AppRunResult:
+    """How one spark-submit of the app ended.
+
+    :param returncode: spark-submit's exit status (negative: killed by that signal).
+    :param events: parsed ``EOS-`` lines, in order, as (kind, payload).
+    """
+
+    returncode: int
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    duration_s: float = 0.0
+    log_tail: str = ""
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [data for k, data in self.events if k == kind]
+
+    @property
+    def last_error(self) -> dict[str, Any] | None:
+        errors = self.of("error")
+        return errors[-1] if errors else None
+
+    @property
+    def config_error(self) -> bool:
+        error = self.last_error
+        return self.returncode == EXIT_CONFIG or bool(error and error.get("kind") == "config")
+
+    def reason(self) -> str:
+        """One line: why this run ended."""
+        if self.returncode == EXIT_OK:
+            stopped = self.of("stopped")
+            return f"stopped ({stopped[-1].get('reason')})" if stopped else "finished"
+        error = self.last_error
+        if error:
+            return f"exit {self.returncode}: {error.get('kind')}: {error.get('message')}"
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            return f"killed by {name} (no EOS-ERROR line)"
+        tail = self.log_tail.strip().splitlines()[-1:] if self.log_tail else []
+        return f"exit {self.returncode} without an EOS-ERROR line" + (f"; last output: {tail[0]}" if tail else "")
+
+
+def is_local_master(master: str) -> bool:
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
+
+
+class EosStreamSubmitHook(SparkSubmitHook):
+    """
+    Submits ``spark_apps/eos_stream/app.py`` with one pipeline config.
+
+    The config is written to a private temporary JSON file passed as ``--config``. The
+    database password and Kafka client secrets go only into the environment of the
+    spark-submit process (``EOS_PG_PASSWORD``, ``EOS_KAFKA_OPTIONS_JSON``), never on the
+    command line. For YARN and Kubernetes masters (whose driver env the parent hook would
+    put on the command line as ``--conf``) they go into the process environment (client
+    mode) and a private ``--properties-file`` (cluster mode) instead.
+
+    :param conn_id: Spark connection, defaults to "spark_default" (host = master, e.g. ``local[*]``).
+    :param jars: comma-separated jars (the Spark Kafka connector); default: env ``EOS_SPARK_JARS``.
+    :param postgres_password: the app's database password (from the postgres connection).
+    :param kafka_options: extra Kafka client options for the app (may hold secrets).
+    :param driver_host: ``spark.driver.host``; default 127.0.0.1 for local masters only.
+    :param driver_bind_address: ``spark.driver.bindAddress``; default 127.0.0.1 for local masters only.
+    :param py_files: ``--py-files``; default: a zip of ``spark_apps`` built at submit time for
+        non-local masters.
+    :param conf: more Spark properties.
+    :param kwargs: passed to :class:`SparkSubmitHook` (driver_memory, name, deploy_mode, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        conn_id: str = "spark_default",
+        jars: str | None = None,
+        postgres_password: str | None = None,
+        kafka_options: dict[str, str] | None = None,
+        driver_host: str | None = None,
+        driver_bind_address: str | None = None,
+        py_files: str | None = None,
+        conf: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._secret_env: dict[str, str] = {}
+        if postgres_password:
+            self._secret_env[PASSWORD_ENV] = postgres_password
+        if kafka_options:
+            self._secret_env[KAFKA_OPTIONS_ENV] = json.dumps(kafka_options)
+        self._workdir = tempfile.mkdtemp(prefix="eos-submit-")
+        os.chmod(self._workdir, stat.S_IRWXU)
+        super().__init__(
+            conn_id=conn_id,
+            jars=jars if jars is not None else (os.environ.get(JARS_ENV) or None),
+            py_files=py_files,
+            conf=dict(conf or {}),
+            **kwargs,
+        )
+        master = self._connection["master"]
+        self.local = is_local_master(master)
+        self._conf.setdefault("spark.ui.enabled", "false")
+        host = driver_host or ("127.0.0.1" if self.local else None)
+        bind = driver_bind_address or ("127.0.0.1" if self.local else None)
+        if host:
+            self._conf.setdefault("spark.driver.host", host)
+        if bind:
+            self._conf.setdefault("spark.driver.bindAddress", bind)
+        if not self.local and not self._py_files:
+            self._py_files = build_spark_apps_zip(self._workdir)
+        self._popen_env: dict[str, str] = {}
+        env: dict[str, str] = dict(self._secret_env)
+        if self.local:
+            # The driver and the Python workers run here: use this interpreter (it has pyspark).
+            env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
+            env.setdefault("PYSPARK_DRIVER_PYTHON", os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable))
+        binary = self._connection["spark_binary"]
+        if shutil.which(binary) is None and (Path(sys.executable).parent / binary).exists():
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        if self._is_yarn or self._is_kubernetes:
+            # The parent hook would turn env_vars into --conf ...Env.X=value on the command line.
+            self._popen_env = env
+            if self._connection["deploy_mode"] == "cluster" and self._secret_env:
+                self._properties_file = self._write_secret_properties()
+        else:
+            self._env_vars = env
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.config_path: str | None = None
+
+    def _write_secret_properties(self) -> str:
+        prefix = "spark.yarn.appMasterEnv." if self._is_yarn else "spark.kubernetes.driverEnv."
+        path = Path(self._workdir) / "secrets.properties"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            for key, value in self._secret_env.items():
+                escaped = value.replace("\\", "\\\\").replace("\n", "\\n")
+                handle.write(f"{prefix}{key}={escaped}\n")
+        return str(path)
+
+    # ------------------------------------------------------------------ command
+    def write_config(self, config: dict[str, Any]) -> str:
+        if "password" in (config.get("postgres") or {}):
+            raise AirflowException("the pipeline config must not hold the database password")
+        path = Path(self._workdir) / "pipeline.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(config, handle, indent=2, sort_keys=True)
+        self.config_path = str(path)
+        return self.config_path
+
+    def build_command(self, config: dict[str, Any]) -> list[str]:
+        """The spark-submit command line for ``config`` (it holds no secret)."""
+        self._application_args = ["--config", self.write_config(config)]
+        return self._build_spark_submit_command(app_path())
+
+    def run_app(self, config: dict[str, Any]) -> AppRunResult:
+        """Runs the app until it exits; never raises for the app's own failures."""
+        self.events = []
+        self._application_args = ["--config", self.write_config(config)]
+        started = time.monotonic()
+        kwargs: dict[str, Any] = {"start_new_session": True}  # its own process group: on_kill ends it all
+        if self._popen_env:
+            kwargs["env"] = {**os.environ, **self._popen_env}
+        try:
+            self.submit(app_path(), **kwargs)
+        except AirflowException:
+            if self._submit_sp is None or self._submit_sp.returncode is None:
+                raise
+        returncode = self._submit_sp.returncode if self._submit_sp is not None else EXIT_FAILED
+        return AppRunResult(
+            returncode=int(returncode),
+            events=list(self.events),
+            duration_s=round(time.monotonic() - started, 2),
+            log_tail="\n".join(list(self._last_submit_log_lines)[-5:]),
+        )
+
+    def _process_spark_submit_log(self, itr: Any) -> None:
+        def tee() -> Any:
+            for raw in itr:
+                event = parse_event(raw.strip())
+                if event is not None:
+                    self.events.append(event)
+                yield raw
+
+        super()._process_spark_submit_log(tee())
+
+    # ------------------------------------------------------------------ kill
+    @property
+    def pid(self) -> int | None:
+        return self._submit_sp.pid if self._submit_sp is not None else None
+
+    def kill_process_group(self, grace_seconds: float = 5.0) -> None:
+        """SIGTERM the spark-submit process group (JVM, Python driver, Python workers), then
+        SIGKILL whatever is left after ``grace_seconds`` -- including descendants that left the group."""
+        process = self._submit_sp
+        if process is None or process.poll() is not None:
+            return
+        try:
+            descendants = psutil.Process(process.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        self.log.info("Stopping spark-submit process group %s (%d descendants)", process.pid, len(descendants))
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for child in descendants:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(descendants, timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.log.warning("spark-submit %s did not exit after SIGKILL", process.pid)
+
+    def on_kill(self) -> None:
+        self.kill_process_group()
+        super().on_kill()  # cluster-side kills (standalone driver, YARN app, k8s pod)
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self._workdir, ignore_errors=True)
