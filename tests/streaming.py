@@ -60,7 +60,9 @@ class AppRun:
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         prefix = f"EOS-{kind.upper()} "
-        return [json.loads(line[len(prefix):]) for line in self.log().splitlines() if line.startswith(prefix)]
+        decoder = json.JSONDecoder()  # raw_decode: a JVM line may follow on the same line
+        return [decoder.raw_decode(line[len(prefix):])[0] for line in self.log().splitlines()
+                if line.startswith(prefix)]
 
 
 def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
@@ -74,6 +76,7 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
         str(SPARK_SUBMIT), "--master", "local[2]",
         "--jars", os.environ["EOS_SPARK_JARS"],
         "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.ui.showConsoleProgress=false",
         "--conf", "spark.driver.host=127.0.0.1",
         "--conf", "spark.driver.bindAddress=127.0.0.1",
         "--conf", "spark.sql.shuffle.partitions=2",
