@@ -256,7 +256,7 @@ class SnapshotStore:
     def dump_path(self, manifest: SnapshotManifest) -> Any:
         return self._dir(manifest.pipeline, manifest.snapshot_id) / DUMP
 
-    def list(self, pipeline: str) -> list[SnapshotManifest]:
+    def manifests(self, pipeline: str) -> list[SnapshotManifest]:
         """Complete snapshots of ``pipeline``, oldest first. Unreadable manifests
         are skipped (select() then cannot pick them)."""
         root = self._dir(pipeline)
@@ -281,7 +281,7 @@ class SnapshotStore:
         return sorted(c.name for c in root.iterdir() if not (c / MANIFEST).exists())
 
     def select(self, pipeline: str, selector: str) -> SnapshotManifest:
-        return select(self.list(pipeline), selector)
+        return select(self.manifests(pipeline), selector)
 
     def save(self, manifest: SnapshotManifest, dump_file: str | Path) -> Any:
         """Copies the dump in, then writes the manifest (the commit point)."""
@@ -324,7 +324,7 @@ class SnapshotStore:
         """Keeps the newest ``keep_last`` complete snapshots; returns deleted ids.
 
         Incomplete directories older than the oldest kept snapshot go too."""
-        manifests = self.list(pipeline)
+        manifests = self.manifests(pipeline)
         doomed = retention_plan(manifests, keep_last)
         for manifest in doomed:
             self.delete(pipeline, manifest.snapshot_id)
@@ -340,3 +340,85 @@ class SnapshotStore:
 
 def _copy(src: BinaryIO, dst: BinaryIO) -> None:
     shutil.copyfileobj(src, dst, 1 << 20)
+
+
+# ---------------------------------------------------------------------- pipelines and replay checks
+def load_pipeline_config(source: Any, pipeline: str | None = None) -> Any:
+    """The pipeline's :class:`spark_apps.eos_stream.config.PipelineConfig` from a
+    dict or a JSON file path (no password: that comes from the Airflow connection).
+
+    :param pipeline: when given, the config must name this pipeline.
+    :raises SnapshotError: the file is missing (the message lists the configs
+        beside it), unreadable, invalid, or for another pipeline.
+    """
+    from spark_apps.eos_stream.config import ConfigError, from_dict
+
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            known = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
+            raise SnapshotError(
+                f"no pipeline config at {path}" + (f"; known pipelines there: {', '.join(known)}" if known else "")
+            )
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SnapshotError(f"cannot read pipeline config {path}: {exc}") from exc
+    elif isinstance(source, dict):
+        data = dict(source)
+    else:
+        raise SnapshotError(f"pipeline config must be a dict or a JSON file path, not {type(source).__name__}")
+    try:
+        config = from_dict(data).validate()
+    except (ConfigError, TypeError) as exc:
+        raise SnapshotError(f"invalid pipeline config: {exc}") from exc
+    if pipeline and config.pipeline != pipeline:
+        raise SnapshotError(f"config is for pipeline {config.pipeline!r}, not {pipeline!r}")
+    return config
+
+
+@dataclass
+class RetentionGap:
+    """A partition whose replay start is no longer (or not yet) in Kafka."""
+
+    topic: str
+    partition: int
+    needed: int
+    earliest: int
+    log_end: int
+
+    @property
+    def missing(self) -> int:
+        return self.earliest - self.needed if self.needed < self.earliest else self.needed - self.log_end
+
+    def describe(self) -> str:
+        if self.log_end < 0:
+            return f"{self.topic}[{self.partition}]: partition no longer exists in Kafka (replay needs {self.needed})"
+        if self.needed < self.earliest:
+            return (f"{self.topic}[{self.partition}]: replay needs offset {self.needed} but the log starts at "
+                    f"{self.earliest} ({self.missing} records deleted by retention)")
+        return (f"{self.topic}[{self.partition}]: replay starts at {self.needed}, beyond the log end "
+                f"{self.log_end} (topic recreated or truncated?)")
+
+
+def retention_gaps(
+    needed: dict[tuple[str, int], int], kafka: dict[tuple[str, int], Any]
+) -> list[RetentionGap]:
+    """Partitions a replay from ``needed`` cannot read in full.
+
+    :param needed: ``{(topic, partition): next_offset}`` of the replay point; a
+        partition of the topics absent here starts at 0.
+    :param kafka: ``{(topic, partition): PartitionOffsets}`` (``earliest`` and
+        ``high_watermark`` are used).
+    """
+    gaps = []
+    for key in sorted(kafka):
+        offsets = kafka[key]
+        want = needed.get(key, 0)
+        earliest = int(offsets.earliest or 0)
+        end = int(offsets.high_watermark)
+        if want < earliest or want > end:
+            gaps.append(RetentionGap(key[0], key[1], want, earliest, end))
+    for key in sorted(set(needed) - set(kafka)):
+        gaps.append(RetentionGap(key[0], key[1], needed[key], 0, -1))
+    return gaps

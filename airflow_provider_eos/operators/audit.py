@@ -1,0 +1,61 @@
+"""AuditOperator: the exactly-once oracle as a task."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin
+
+
+class AuditMismatchError(AirflowException):
+    """The database does not hold exactly what Kafka committed."""
+
+
+class AuditOperator(PipelineOperatorMixin, BaseOperator):
+    """
+    Runs :func:`spark_apps.eos_stream.audit.audit`: every committed Kafka record
+    (read_committed, up to the LSO) against the database, per partition and per
+    aggregate key. Returns the report via XCom and fails on any mismatch
+    (duplicates, missing rows, wrong totals, malformed records not quarantined).
+
+    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param fail_on_mismatch: raise AuditMismatchError when the report is not ok.
+    :param plan_only: skip the audit (returns None).
+    """
+
+    template_fields: Sequence[str] = ("pipeline_config", "plan_only")
+    ui_color = "#f3e8fd"
+
+    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "postgres_default",
+                 fail_on_mismatch: bool = True, plan_only: Any = False, pg_bin_dir: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline_config = pipeline_config
+        self.postgres_conn_id = postgres_conn_id
+        self.fail_on_mismatch = fail_on_mismatch
+        self.plan_only = plan_only
+        self.pg_bin_dir = pg_bin_dir
+
+    def execute(self, context: Any) -> dict[str, Any] | None:
+        from airflow_provider_eos.operators.restore import _truthy
+        from spark_apps.eos_stream.audit import audit
+        from spark_apps.eos_stream.spec import load_spec
+
+        if _truthy(self.plan_only):
+            self.log.info("dry run: audit skipped")
+            return None
+        config = self.app_config()
+        report = audit(config, load_spec(config.spec))
+        self.log.info("audit of %s: ok=%s summary=%s mismatches=%s", config.pipeline, report["ok"],
+                      report["summary"], report["mismatches"])
+        if not report["ok"] and self.fail_on_mismatch:
+            raise AuditMismatchError(
+                f"audit of pipeline {config.pipeline!r} failed: mismatches {report['mismatches']}, "
+                f"summary {report['summary']}, aggregates {report['aggregates']}"
+            )
+        return report

@@ -1,0 +1,312 @@
+"""Replay after a restore: the retention check, the availableNow replay run and
+the caught-up check."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+from psycopg2 import sql
+
+from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin
+from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotStore, retention_gaps
+
+APP = Path(__file__).resolve().parents[2] / "spark_apps" / "eos_stream" / "app.py"
+DEFAULT_SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+}
+
+
+class RetentionGapError(AirflowException):
+    """Kafka no longer holds (part of) what a replay needs: replaying would lose data silently."""
+
+
+def _nested(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = int(offset)
+    return out
+
+
+def _flat(nested: dict[str, dict[str, int]]) -> dict[tuple[str, int], int]:
+    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
+
+
+class KafkaOffsetsMixin(PipelineOperatorMixin):
+    kafka_config_id: str
+
+    def kafka_offsets(self, topics: list[str]) -> dict[tuple[str, int], Any]:
+        from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+
+        hook = KafkaOffsetsHook(kafka_config_id=self.kafka_config_id)
+        try:
+            return hook.partition_offsets(topics, include_earliest=True)
+        finally:
+            hook.close()
+
+    def check_retention(self, needed: dict[tuple[str, int], int], topics: list[str], what: str) -> dict[str, Any]:
+        """Raises RetentionGapError naming every partition Kafka cannot replay in full."""
+        kafka = self.kafka_offsets(topics)
+        gaps = retention_gaps(needed, kafka)
+        report = {
+            "needed": _nested(needed),
+            "earliest": _nested({k: int(v.earliest or 0) for k, v in kafka.items()}),
+            "last_stable": _nested({k: v.last_stable for k, v in kafka.items()}),
+            "records_to_replay": sum(max(0, v.last_stable - needed.get(k, 0)) for k, v in kafka.items()),
+            "gaps": [asdict(g) | {"missing": g.missing} for g in gaps],
+        }
+        if gaps:
+            raise RetentionGapError(
+                f"cannot replay {what}: Kafka no longer holds what it needs, a replay would lose data silently. "
+                + "; ".join(g.describe() for g in gaps)
+            )
+        return report
+
+
+class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
+    """
+    Checks that Kafka still holds every record from a replay point on: for every
+    partition ``earliest <= needed <= log end``. Fails naming each partition and
+    the size of its gap, BEFORE anything is restored.
+
+    The replay point is the chosen snapshot's offsets (``snapshot`` given) or the
+    offsets stored in the database (``snapshot=None``).
+
+    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param snapshot: ``latest``, an id, an ISO-8601 timestamp, or None for the database (templated).
+    :param snapshot_store: local directory or object storage URL (templated).
+    :param kafka_config_id: The connection object to use, defaults to "kafka_default"
+    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    """
+
+    template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store")
+
+    def __init__(self, *, pipeline_config: Any, snapshot: str | None = LATEST, snapshot_store: Any = DEFAULT_STORE,
+                 kafka_config_id: str = "kafka_default", postgres_conn_id: str = "postgres_default",
+                 pg_bin_dir: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline_config = pipeline_config
+        self.snapshot = snapshot
+        self.snapshot_store = snapshot_store
+        self.kafka_config_id = kafka_config_id
+        self.postgres_conn_id = postgres_conn_id
+        self.pg_bin_dir = pg_bin_dir
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        config = self.load_config()
+        if self.snapshot:
+            try:
+                manifest = SnapshotStore(self.snapshot_store).select(config.pipeline, str(self.snapshot))
+            except SnapshotError as exc:
+                raise AirflowException(f"pipeline {config.pipeline!r}: {exc}") from exc
+            needed, what = manifest.offsets(), f"snapshot {manifest.snapshot_id}"
+        else:
+            conn = self.hook.connect()
+            try:
+                needed = _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
+            finally:
+                conn.close()
+            what = "from the database's stored offsets"
+        report = self.check_retention(needed, list(config.topics), what)
+        self.log.info("retention check passed for %s: %d records to replay", what, report["records_to_replay"])
+        return report
+
+
+class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
+    """
+    Replays Kafka into the (restored) database from the offsets stored in it.
+
+    Reads the stored offsets, checks Kafka still retains them (fails before
+    starting anything otherwise), clears the pipeline's stop request, then runs
+    the streaming app once with ``trigger=availableNow`` through
+    :class:`~airflow.providers.apache.spark.hooks.spark_submit.SparkSubmitHook`.
+    In ``exactly_once`` delivery every run starts a fresh checkpoint from the
+    database's offsets, so the replay begins exactly at the restored point.
+    Succeeds when the stored offsets reached the last stable offsets seen at its
+    start on every partition.
+
+    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param kafka_config_id: The connection object to use, defaults to "kafka_default"
+    :param spark_conn_id: The connection object to use, defaults to "spark_default"
+    :param jars: comma-separated jars for spark-submit (default: ``EOS_SPARK_JARS``).
+    :param spark_conf: extra Spark conf.
+    :param driver_memory: spark-submit driver memory.
+    :param checkpoint_dir: override the config's checkpoint root.
+    :param plan_only: report the plan (offsets, retention) without running.
+    """
+
+    template_fields: Sequence[str] = ("pipeline_config", "jars", "checkpoint_dir", "plan_only")
+    ui_color = "#e7eefc"
+
+    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "postgres_default",
+                 kafka_config_id: str = "kafka_default", spark_conn_id: str = "spark_default",
+                 jars: str | None = None, spark_conf: dict[str, str] | None = None, driver_memory: str = "1g",
+                 checkpoint_dir: str | None = None, plan_only: Any = False, pg_bin_dir: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline_config = pipeline_config
+        self.postgres_conn_id = postgres_conn_id
+        self.kafka_config_id = kafka_config_id
+        self.spark_conn_id = spark_conn_id
+        self.jars = jars
+        self.spark_conf = spark_conf
+        self.driver_memory = driver_memory
+        self.checkpoint_dir = checkpoint_dir
+        self.plan_only = plan_only
+        self.pg_bin_dir = pg_bin_dir
+
+    def _row_counts(self, config: Any) -> dict[str, int]:
+        from spark_apps.eos_stream import meta_tables
+        from spark_apps.eos_stream.spec import RowTarget, load_spec
+
+        tables = [(config.target_schema, t.table) for t in load_spec(config.spec).targets if isinstance(t, RowTarget)]
+        tables.append((config.meta_schema, meta_tables.DEAD_LETTERS))
+        conn = self.hook.connect()
+        try:
+            with conn.cursor() as cur:
+                counts = {}
+                for schema, table in tables:
+                    cur.execute(sql.SQL("SELECT count(*) FROM {}.{}").format(
+                        sql.Identifier(schema), sql.Identifier(table)))
+                    counts[f"{schema}.{table}"] = int((cur.fetchone() or (0,))[0])
+                return counts
+        finally:
+            conn.close()
+
+    def _stored(self, config: Any) -> dict[tuple[str, int], int]:
+        conn = self.hook.connect()
+        try:
+            return _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
+        finally:
+            conn.close()
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_provider_eos.operators.restore import _truthy
+
+        config = self.app_config()
+        started = time.monotonic()
+        before = self._stored(config)
+        retention = self.check_retention(before, list(config.topics), "from the restored offsets")
+        lso_at_start = _flat(retention["last_stable"])
+        plan = {"offsets_before": _nested(before), "retention": retention}
+        if _truthy(self.plan_only):
+            return {**plan, "dry_run": True}
+        counts_before = self._row_counts(config)
+        self.hook.set_stop_request(config.meta_schema, config.pipeline, False, by=f"replay {context.get('run_id')}")
+        self._run_app(config)
+        after = self._stored(config)
+        behind = {f"{t}[{p}]": lso - after.get((t, p), 0) for (t, p), lso in lso_at_start.items()
+                  if after.get((t, p), 0) < lso}
+        if behind:
+            raise AirflowException(f"replay finished but did not reach the last stable offsets: behind by {behind}")
+        counts_after = self._row_counts(config)
+        result = {
+            **plan,
+            "offsets_after": _nested(after),
+            "lso_at_start": _nested(lso_at_start),
+            "events_replayed": sum(counts_after[k] - counts_before.get(k, 0) for k in counts_after),
+            "rows_added": {k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        self.log.info("replay done: %s", {k: v for k, v in result.items() if k != "retention"})
+        return result
+
+    def _run_app(self, config: Any) -> None:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        password = config.postgres.password
+        data = json.loads(config.to_json())  # no password, no kafka options
+        data["trigger"] = "availableNow"
+        if self.checkpoint_dir:
+            data["checkpoint_dir"] = self.checkpoint_dir
+        jars = self.jars or os.environ.get("EOS_SPARK_JARS")
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        }
+        if password:
+            env["EOS_PG_PASSWORD"] = password
+        with tempfile.TemporaryDirectory(prefix="eos-replay-") as tmp:
+            config_path = Path(tmp) / f"{config.pipeline}.json"
+            config_path.write_text(json.dumps(data))
+            hook = SparkSubmitHook(
+                conn_id=self.spark_conn_id,
+                conf={**DEFAULT_SPARK_CONF, **(self.spark_conf or {})},
+                jars=jars,
+                driver_memory=self.driver_memory,
+                name=f"eos-replay-{config.pipeline}",
+                application_args=["--config", str(config_path)],
+                env_vars=env,
+            )
+            hook.submit(str(APP))
+
+
+class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
+    """
+    Waits until the pipeline's stored offsets reach the last stable offsets: the
+    ones a replay task saw at its start (``replay_task_id``'s XCom), or Kafka's
+    current ones.
+
+    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param replay_task_id: task whose XCom holds ``lso_at_start`` (None: current LSO).
+    :param timeout_seconds: fail after this long.
+    :param poll_seconds: seconds between checks.
+    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param kafka_config_id: The connection object to use, defaults to "kafka_default"
+    :param plan_only: report without waiting.
+    """
+
+    template_fields: Sequence[str] = ("pipeline_config", "plan_only")
+
+    def __init__(self, *, pipeline_config: Any, replay_task_id: str | None = None, timeout_seconds: float = 600.0,
+                 poll_seconds: float = 5.0, postgres_conn_id: str = "postgres_default",
+                 kafka_config_id: str = "kafka_default", plan_only: Any = False, pg_bin_dir: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline_config = pipeline_config
+        self.replay_task_id = replay_task_id
+        self.timeout_seconds = timeout_seconds
+        self.poll_seconds = poll_seconds
+        self.postgres_conn_id = postgres_conn_id
+        self.kafka_config_id = kafka_config_id
+        self.plan_only = plan_only
+        self.pg_bin_dir = pg_bin_dir
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_provider_eos.operators.restore import _truthy
+
+        config = self.load_config()
+        target: dict[tuple[str, int], int] | None = None
+        if self.replay_task_id:
+            replay = context["ti"].xcom_pull(task_ids=self.replay_task_id)
+            if replay and replay.get("lso_at_start"):
+                target = _flat(replay["lso_at_start"])
+        if target is None:
+            target = {k: v.last_stable for k, v in self.kafka_offsets(list(config.topics)).items()}
+        deadline = time.monotonic() + self.timeout_seconds
+        while True:
+            conn = self.hook.connect()
+            try:
+                stored = _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
+            finally:
+                conn.close()
+            lag = {f"{t}[{p}]": o - stored.get((t, p), 0) for (t, p), o in target.items() if stored.get((t, p), 0) < o}
+            if not lag or _truthy(self.plan_only):
+                return {"caught_up": not lag, "lag": lag, "stored": _nested(stored), "target": _nested(target)}
+            if time.monotonic() > deadline:
+                raise AirflowException(
+                    f"pipeline {config.pipeline!r} not caught up after {self.timeout_seconds}s: {lag}")
+            time.sleep(self.poll_seconds)

@@ -1,0 +1,168 @@
+"""SnapshotOperator: one consistent dump of a pipeline's tables and replay point."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_eos import __version__
+from airflow_provider_eos.hooks.snapshot import LOCK_TABLE, SnapshotHook
+from airflow_provider_eos.snapshots import (
+    SnapshotError,
+    SnapshotManifest,
+    SnapshotStore,
+    load_pipeline_config,
+    new_snapshot_id,
+    sha256_file,
+)
+
+DEFAULT_STORE = os.environ.get("EOS_SNAPSHOT_STORE", "/tmp/eos-snapshots")
+
+
+class PipelineOperatorMixin:
+    """Shared by the recovery operators: the pipeline config and the snapshot hook."""
+
+    pipeline_config: Any
+    postgres_conn_id: str
+    pg_bin_dir: str | None
+
+    @cached_property
+    def hook(self) -> SnapshotHook:
+        return SnapshotHook(postgres_conn_id=self.postgres_conn_id, pg_bin_dir=self.pg_bin_dir)
+
+    def load_config(self) -> Any:
+        try:
+            return load_pipeline_config(self.pipeline_config)
+        except SnapshotError as exc:
+            raise AirflowException(str(exc)) from exc
+
+    def app_config(self) -> Any:
+        """The pipeline config with the database taken from the Airflow connection
+        (password included, for in-process use only)."""
+        config = self.load_config()
+        params = self.hook.libpq_params()
+        config.postgres.host = params["host"]
+        config.postgres.port = params["port"]
+        config.postgres.dbname = params["dbname"]
+        config.postgres.user = params["user"]
+        config.postgres.password = self.hook.connection.password
+        return config
+
+    def lock_key(self, config: Any) -> str:
+        return f"{self.hook.dbname}/{config.target_schema}/{config.pipeline}"
+
+
+def snapshot_tables(hook: SnapshotHook, conn: Any, config: Any) -> tuple[list[tuple[str, str]], dict]:
+    """The pipeline's target tables (from its spec; all must exist) and every
+    bookkeeping table except staging leftovers, the control table (operational
+    state: a restore must not undo a stop request) and the recovery locks."""
+    from spark_apps.eos_stream import meta_tables
+    from spark_apps.eos_stream.spec import load_spec
+
+    spec = load_spec(config.spec)
+    present = set(hook.list_tables(conn, config.target_schema))
+    wanted = [t.table for t in spec.targets]
+    missing = [t for t in wanted if t not in present]
+    if missing:
+        raise AirflowException(
+            f"pipeline {config.pipeline!r}: target tables {missing} do not exist in schema {config.target_schema!r} "
+            f"of database {hook.dbname!r}"
+        )
+    excluded = {meta_tables.CONTROL, LOCK_TABLE}
+    meta = [t for t in hook.list_tables(conn, config.meta_schema)
+            if t not in excluded and not t.startswith("stage_")]  # staging leftovers
+    if meta_tables.OFFSETS not in meta:
+        raise AirflowException(f"pipeline {config.pipeline!r}: no {config.meta_schema}.{meta_tables.OFFSETS} table; "
+                               "has the pipeline ever run in exactly_once mode?")
+    tables = [(config.target_schema, t) for t in wanted] + [(config.meta_schema, t) for t in meta]
+    roles = {(config.target_schema, t): "target" for t in wanted} | {(config.meta_schema, t): "meta" for t in meta}
+    return tables, roles
+
+
+class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
+    """
+    Takes one consistent snapshot of a pipeline into a snapshot store, then
+    applies retention.
+
+    The dump, the row counts and checksums in its manifest and the stored Kafka
+    offsets all come from one exported PostgreSQL snapshot, so the dump carries
+    its own replay point. Returns the manifest summary (XCom).
+
+    :param pipeline_config: the pipeline's config, a dict or a JSON file path (templated).
+    :param snapshot_store: local directory or object storage URL (templated).
+    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param keep_last: keep the newest N snapshots of the pipeline (0: keep all).
+    :param pg_bin_dir: directory of pg_dump/pg_restore/psql (default: PATH or EOS_PG_BIN_DIR).
+    """
+
+    template_fields: Sequence[str] = ("pipeline_config", "snapshot_store", "keep_last")
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        pipeline_config: Any,
+        snapshot_store: Any = DEFAULT_STORE,
+        postgres_conn_id: str = "postgres_default",
+        keep_last: int = 24,
+        pg_bin_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.pipeline_config = pipeline_config
+        self.snapshot_store = snapshot_store
+        self.postgres_conn_id = postgres_conn_id
+        self.keep_last = keep_last
+        self.pg_bin_dir = pg_bin_dir
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        config = self.load_config()
+        store = SnapshotStore(self.snapshot_store)
+        started = time.monotonic()
+        snapshot_id = new_snapshot_id()
+        conn = self.hook.connect()
+        try:
+            tables, roles = snapshot_tables(self.hook, conn, config)
+        finally:
+            conn.close()
+        with tempfile.TemporaryDirectory(prefix="eos-snapshot-") as tmp:
+            dump_file = Path(tmp) / "dump.pgc"
+            state = self.hook.dump_consistent(
+                tables, roles, dump_file, meta_schema=config.meta_schema, pipeline=config.pipeline
+            )
+            manifest = SnapshotManifest(
+                snapshot_id=snapshot_id,
+                created_at=state.created_at,
+                pipeline=config.pipeline,
+                database=state.database,
+                target_schema=config.target_schema,
+                meta_schema=config.meta_schema,
+                tables=state.tables,
+                kafka_offsets=state.offsets,
+                dump_bytes=dump_file.stat().st_size,
+                dump_sha256=sha256_file(dump_file),
+                app_version=__version__,
+                server_version=state.server_version,
+                other_pipelines=state.other_pipelines,
+                timings=state.timings,
+            )
+            stored_at = time.monotonic()
+            store.save(manifest, dump_file)
+            manifest.timings["store"] = round(time.monotonic() - stored_at, 3)
+        deleted = store.apply_retention(config.pipeline, int(self.keep_last)) if int(self.keep_last) > 0 else []
+        self.log.info("snapshot %s of pipeline %s: %d rows in %d tables, %d bytes, offsets %s; retention deleted %s",
+                      snapshot_id, config.pipeline, manifest.total_rows, len(manifest.tables), manifest.dump_bytes,
+                      manifest.kafka_offsets, deleted or "nothing")
+        if manifest.other_pipelines:
+            self.log.warning("meta schema %s also holds pipelines %s: restoring this snapshot would roll them back",
+                             config.meta_schema, manifest.other_pipelines)
+        return {**manifest.summary(), "seconds": round(time.monotonic() - started, 3), "retention_deleted": deleted,
+                "store": str(store.base)}
