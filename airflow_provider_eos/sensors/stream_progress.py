@@ -1,0 +1,169 @@
+"""Sensors on a running pipeline: liveness (a recent progress row) and caught-up (stored
+offsets vs the Kafka last stable offset)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
+
+from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
+from airflow_provider_eos.triggers.stream_progress import (
+    StreamCaughtUpTrigger,
+    StreamLivenessTrigger,
+    caught_up_check,
+    liveness_report,
+)
+
+
+class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
+    """Deferrable by default: checks once in the worker, then defers to the trigger (which fires
+    ``timeout`` with its last report when ``timeout`` runs out). ``deferrable=False`` pokes."""
+
+    def __init__(self, *, deferrable: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deferrable = deferrable
+        self.last_report: dict[str, Any] | None = None
+
+    def check(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def make_trigger(self, timeout_seconds: float) -> Any:
+        raise NotImplementedError
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        report = self.check()
+        self.last_report = report
+        self.log.info("%s: %s", self.check_name, report["message"])
+        return PokeReturnValue(is_done=bool(report["ok"]), xcom_value=report)
+
+    def execute(self, context: Any) -> Any:
+        return self._recorded(context, lambda: self._execute(context))
+
+    def _execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            try:
+                return BaseSensorOperator.execute(self, context)
+            except AirflowSensorTimeout as err:
+                message = self.last_report["message"] if self.last_report else str(err)
+                raise AirflowSensorTimeout(f"{self.check_name} not satisfied within {self.timeout}s: {message}"
+                                           ) from err
+        report = self.check()
+        self.log.info("%s: %s", self.check_name, report["message"])
+        if report["ok"]:
+            return report
+        timeout = float(self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout)
+        # The trigger fires "timeout" with its last report; the deferral timeout is only a backstop.
+        self.defer(trigger=self.make_trigger(timeout), method_name="execute_complete",
+                   timeout=timedelta(seconds=timeout + max(60.0, float(self.poke_interval) * 2)))
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
+        if not event:
+            raise AirflowException(f"{self.check_name} trigger ended without an event")
+        status = event.get("status")
+        if status == "ok":
+            self.log.info("%s: %s", self.check_name, event.get("message"))
+            return event.get("report")
+        if status == "timeout":
+            raise AirflowSensorTimeout(
+                f"{self.check_name} not satisfied within {self.timeout}s: {event.get('message')}")
+        raise AirflowException(f"{self.check_name} check failed: {event.get('message')}")
+
+
+class StreamLivenessSensor(_ProgressSensor):
+    """
+    Waits until the pipeline's newest progress row (``<meta_schema>.stream_progress``) is at most
+    ``max_age_seconds`` old; fails when ``timeout`` passes first (the message gives the last
+    batch and its age). A stream with no new input writes no progress rows: pair it with
+    :class:`StreamCaughtUpSensor` to tell idle from stalled.
+
+    :param pipeline: pipeline name.
+    :param max_age_seconds: the newest progress row must be younger than this.
+    :param postgres_conn_id: target database connection, default "eos_postgres".
+    :param meta_schema: schema of the bookkeeping tables.
+    :param deferrable: defer to :class:`~airflow_provider_eos.triggers.stream_progress.StreamLivenessTrigger`
+        (default) instead of poking in the worker.
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "max_age_seconds", "postgres_conn_id", "meta_schema")
+    check_name = "liveness"
+    ui_color = "#eaffea"
+
+    def __init__(self, *, pipeline: str, max_age_seconds: float = 300, postgres_conn_id: str = "eos_postgres",
+                 meta_schema: str = "eos", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.max_age_seconds = max_age_seconds
+        self.postgres_conn_id = postgres_conn_id
+        self.meta_schema = meta_schema
+
+    def check(self) -> dict[str, Any]:
+        hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
+        return liveness_report(hook.latest_progress(self.pipeline), float(self.max_age_seconds))
+
+    def make_trigger(self, timeout_seconds: float) -> StreamLivenessTrigger:
+        return StreamLivenessTrigger(
+            pipeline=self.pipeline, max_age_seconds=float(self.max_age_seconds),
+            postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema,
+            poke_interval=float(self.poke_interval), timeout_seconds=timeout_seconds,
+        )
+
+
+class StreamCaughtUpSensor(_ProgressSensor):
+    """
+    Waits until, on every partition of ``topics``, the pipeline's stored next offset
+    (``<meta_schema>.kafka_offsets``) is within ``max_lag`` of the partition's last stable
+    offset. The LSO counts transaction markers and aborted records, and exactly-once stores
+    the offsets Spark planned (markers included), so a caught-up pipeline has lag 0. Needs
+    ``delivery='exactly_once'`` (the other modes store no offsets in the database).
+    Each poke logs the per-partition lag; the timeout message lists the partitions behind.
+
+    :param pipeline: pipeline name.
+    :param topics: the pipeline's topics.
+    :param max_lag: largest acceptable lag per partition.
+    :param kafka_config_id: Kafka connection, default "kafka_default".
+    :param postgres_conn_id: target database connection, default "eos_postgres".
+    :param meta_schema: schema of the bookkeeping tables.
+    :param request_timeout: seconds allowed for each Kafka Admin request.
+    :param deferrable: defer to :class:`~airflow_provider_eos.triggers.stream_progress.StreamCaughtUpTrigger`
+        (default) instead of poking in the worker.
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "topics", "max_lag", "kafka_config_id", "postgres_conn_id",
+                                      "meta_schema")
+    check_name = "caught_up"
+    ui_color = "#eaffea"
+
+    def __init__(self, *, pipeline: str, topics: Sequence[str] | str, max_lag: int = 0,
+                 kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
+                 meta_schema: str = "eos", request_timeout: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.topics = topics
+        self.max_lag = max_lag
+        self.kafka_config_id = kafka_config_id
+        self.postgres_conn_id = postgres_conn_id
+        self.meta_schema = meta_schema
+        self.request_timeout = request_timeout
+        self._kafka: Any = None
+
+    def _topics(self) -> list[str]:
+        topics = self.topics
+        if isinstance(topics, str):
+            topics = [t.strip() for t in topics.split(",") if t.strip()]
+        return list(topics)
+
+    def check(self) -> dict[str, Any]:
+        return caught_up_check(self, self.pipeline, self._topics(), int(self.max_lag))
+
+    def make_trigger(self, timeout_seconds: float) -> StreamCaughtUpTrigger:
+        return StreamCaughtUpTrigger(
+            pipeline=self.pipeline, topics=self._topics(), max_lag=int(self.max_lag),
+            kafka_config_id=self.kafka_config_id, postgres_conn_id=self.postgres_conn_id,
+            meta_schema=self.meta_schema, poke_interval=float(self.poke_interval),
+            timeout_seconds=timeout_seconds, request_timeout=self.request_timeout,
+        )
