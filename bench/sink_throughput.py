@@ -55,7 +55,7 @@ def processing_seconds(stack: dict, meta_schema: str, pipeline: str) -> tuple[fl
                             " WHERE pipeline = %s").format(sql.Identifier(meta_schema)), (pipeline,))
         millis, rows = cur.fetchone()
     conn.close()
-    return (millis or 0) / 1000, int(rows or 0)
+    return float(millis or 0) / 1000, int(rows or 0)
 
 
 def run_mode(stack: dict, tmp: Path, topic: str, name: str, delivery: str, spec: str, batch: int) -> dict:

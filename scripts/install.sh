@@ -54,6 +54,8 @@ command -v ps >/dev/null 2>&1 || missing+=(procps)
 command -v make >/dev/null 2>&1 || missing+=(make)
 python_ok || missing+=(python3 python3-venv)
 command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
+# Headless Chromium renders the demo's HTML report in its end-to-end test.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
