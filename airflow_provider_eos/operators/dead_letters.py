@@ -119,10 +119,10 @@ class PreparedTransactionsCheckOperator(CheckOutcomeMixin, BaseOperator):
     :param all_databases: also report other databases of the cluster.
     """
 
-    template_fields: Sequence[str] = ("postgres_conn_id",)
+    template_fields: Sequence[str] = ("postgres_conn_id", "older_than_seconds")
     check_name = "prepared_transactions"
 
-    def __init__(self, *, postgres_conn_id: str = "eos_postgres", older_than_seconds: float = 60,
+    def __init__(self, *, postgres_conn_id: str = "eos_postgres", older_than_seconds: float | str = 60,
                  all_databases: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.postgres_conn_id = postgres_conn_id
@@ -134,10 +134,11 @@ class PreparedTransactionsCheckOperator(CheckOutcomeMixin, BaseOperator):
 
     def _check(self) -> dict[str, Any]:
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id)
-        rows = hook.prepared_transactions(self.older_than_seconds, self.all_databases)
+        older = float(self.older_than_seconds)
+        rows = hook.prepared_transactions(older, self.all_databases)
         if not rows:
-            return {"in_doubt": [], "message": f"no prepared transaction older than {self.older_than_seconds:g}s"}
-        lines = [f"{len(rows)} in-doubt prepared transaction(s) older than {self.older_than_seconds:g}s "
+            return {"in_doubt": [], "message": f"no prepared transaction older than {older:g}s"}
+        lines = [f"{len(rows)} in-doubt prepared transaction(s) older than {older:g}s "
                  "(resolve with COMMIT PREPARED / ROLLBACK PREPARED '<gid>'):"]
         lines += [f"  gid {r['gid']!r} in {r['database']} by {r['owner']}, prepared {r['prepared']} "
                   f"({r['age_seconds']:.0f}s ago)" for r in rows[:20]]

@@ -25,6 +25,12 @@ _OWN_KEYS = frozenset(
 )
 
 
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 class PipelineConfigError(AirflowFailException):
     """The pipeline configuration is wrong: the app exited 2; retrying will not help."""
 
@@ -86,6 +92,7 @@ class StreamingPipelineOperator(BaseOperator):
         "pipeline", "topics", "spec", "delivery", "trigger", "trigger_interval", "max_offsets_per_trigger",
         "checkpoint_dir", "target_schema", "meta_schema", "max_batch_attempts", "create_targets",
         "run_seconds", "extra_config", "kafka_config_id", "postgres_conn_id", "spark_conn_id", "max_restarts",
+        "restart_backoff",
     )
     ui_color = "#e8f4ff"
 
@@ -98,13 +105,13 @@ class StreamingPipelineOperator(BaseOperator):
         delivery: str = "exactly_once",
         trigger: str = "availableNow",
         trigger_interval: str = "5 seconds",
-        max_offsets_per_trigger: int = 20000,
+        max_offsets_per_trigger: int | str = 20000,
         checkpoint_dir: str | None = None,
         target_schema: str = "public",
         meta_schema: str = "eos",
-        max_batch_attempts: int = 3,
-        create_targets: bool = False,
-        run_seconds: float = 0,
+        max_batch_attempts: int | str = 3,
+        create_targets: bool | str = False,
+        run_seconds: float | str = 0,
         stop_poll_seconds: float = 1.0,
         extra_config: dict[str, Any] | None = None,
         kafka_options: dict[str, str] | None = None,
@@ -116,8 +123,8 @@ class StreamingPipelineOperator(BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         driver_host: str | None = None,
         driver_bind_address: str | None = None,
-        max_restarts: int = 3,
-        restart_backoff: float = 10.0,
+        max_restarts: int | str = 3,
+        restart_backoff: float | str = 10.0,
         max_backoff: float = 300.0,
         **kwargs: Any,
     ) -> None:
@@ -192,7 +199,7 @@ class StreamingPipelineOperator(BaseOperator):
             "target_schema": self.target_schema,
             "meta_schema": self.meta_schema,
             "max_batch_attempts": int(self.max_batch_attempts),
-            "create_targets": bool(self.create_targets),
+            "create_targets": _as_bool(self.create_targets),
             "run_seconds": float(self.run_seconds) if self.trigger == "processingTime" else 0,
             "stop_poll_seconds": float(self.stop_poll_seconds),
             "postgres": pg.app_target(),

@@ -93,7 +93,7 @@ class StreamLivenessSensor(_ProgressSensor):
     check_name = "liveness"
     ui_color = "#eaffea"
 
-    def __init__(self, *, pipeline: str, max_age_seconds: float = 300, postgres_conn_id: str = "eos_postgres",
+    def __init__(self, *, pipeline: str, max_age_seconds: float | str = 300, postgres_conn_id: str = "eos_postgres",
                  meta_schema: str = "eos", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
@@ -138,7 +138,7 @@ class StreamCaughtUpSensor(_ProgressSensor):
     check_name = "caught_up"
     ui_color = "#eaffea"
 
-    def __init__(self, *, pipeline: str, topics: Sequence[str] | str, max_lag: int = 0,
+    def __init__(self, *, pipeline: str, topics: Sequence[str] | str, max_lag: int | str = 0,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
                  meta_schema: str = "eos", request_timeout: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
