@@ -76,7 +76,7 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql.
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store", "plan_only")
+    template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store", "quiet_seconds", "plan_only")
     ui_color = "#fdf1e3"
 
     def __init__(
@@ -86,7 +86,7 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
         snapshot: str = LATEST,
         snapshot_store: Any = DEFAULT_STORE,
         postgres_conn_id: str = "postgres_default",
-        quiet_seconds: float = 30.0,
+        quiet_seconds: float | str = 30.0,
         require_stop_request: bool = True,
         allow_shared_meta: bool = False,
         lock: bool = True,
@@ -149,7 +149,7 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
         try:
             reason = check_stream_stopped(
                 self.hook.stream_activity(config.meta_schema, config.pipeline),
-                self.quiet_seconds, self.require_stop_request,
+                float(self.quiet_seconds), self.require_stop_request,
             )
             if reason:
                 raise StreamStillRunningError(f"pipeline {config.pipeline!r} may still be running: {reason}")
@@ -254,10 +254,10 @@ class RequestStopOperator(PipelineOperatorMixin, BaseOperator):
     :param plan_only: report the stream's state without changing it.
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "plan_only")
+    template_fields: Sequence[str] = ("pipeline_config", "quiet_seconds", "plan_only")
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "postgres_default",
-                 quiet_seconds: float = 30.0, timeout_seconds: float = 600.0, plan_only: Any = False,
+                 quiet_seconds: float | str = 30.0, timeout_seconds: float = 600.0, plan_only: Any = False,
                  pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
@@ -275,13 +275,13 @@ class RequestStopOperator(PipelineOperatorMixin, BaseOperator):
         deadline = time.monotonic() + self.timeout_seconds
         while True:
             activity = self.hook.stream_activity(config.meta_schema, config.pipeline)
-            reason = check_stream_stopped(activity, self.quiet_seconds, True)
+            reason = check_stream_stopped(activity, float(self.quiet_seconds), True)
             if reason is None:
                 return _jsonable(activity)
             if time.monotonic() > deadline:
                 raise StreamStillRunningError(f"pipeline {config.pipeline!r} did not stop: {reason}")
             self.log.info("waiting for pipeline %s to stop: %s", config.pipeline, reason)
-            time.sleep(min(5.0, self.quiet_seconds / 3 or 1.0))
+            time.sleep(min(5.0, float(self.quiet_seconds) / 3 or 1.0))
 
 
 def _truthy(value: Any) -> bool:

@@ -112,7 +112,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
         pipeline_config: Any,
         snapshot_store: Any = DEFAULT_STORE,
         postgres_conn_id: str = "postgres_default",
-        keep_last: int = 24,
+        keep_last: int | str = 24,
         pg_bin_dir: str | None = None,
         **kwargs: Any,
     ) -> None:

@@ -1,0 +1,223 @@
+"""Snapshot and restore against the real stack: a round trip validated by its
+manifest, and every refusal (retention gap, corrupted file, bad params, a
+concurrent recovery) leaves the target untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowException
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from psycopg2 import sql
+
+from airflow_provider_eos.hooks.snapshot import SnapshotHook
+from airflow_provider_eos.operators.replay import RetentionCheckOperator, RetentionGapError
+from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator, StreamStillRunningError
+from airflow_provider_eos.operators.snapshot import SnapshotOperator
+from airflow_provider_eos.snapshots import DUMP, MANIFEST, SnapshotManifest, SnapshotStore
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.streaming import pipeline_config, run_app
+
+pytestmark = pytest.mark.integration
+
+PG_CONN = "eos_snap_test_pg"
+KAFKA_CONN = "eos_snap_test_kafka"
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+def connections_env(stack: dict[str, str]) -> dict[str, str]:
+    return {
+        f"AIRFLOW_CONN_{PG_CONN.upper()}": json.dumps({
+            "conn_type": "postgres", "host": stack["EOS_PG_HOST"], "port": int(stack["EOS_PG_PORT"]),
+            "login": stack["EOS_PG_USER"], "password": stack["EOS_PG_PASSWORD"], "schema": stack["EOS_PG_DB"]}),
+        f"AIRFLOW_CONN_{KAFKA_CONN.upper()}": json.dumps({
+            "conn_type": "kafka", "extra": {"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"]}}),
+    }
+
+
+def target_state(hook: SnapshotHook, config: dict) -> dict:
+    """Count and checksum of every table of the pipeline, as the snapshot measures them."""
+    conn = hook.connect()
+    try:
+        tables = [(config["target_schema"], t) for t in hook.list_tables(conn, config["target_schema"])]
+        tables += [(config["meta_schema"], t) for t in hook.list_tables(conn, config["meta_schema"])
+                   if t not in ("stream_control", "recovery_locks")]
+        state = {f"{s}.{t}": v.checksum for (s, t), v in hook.measure(conn, tables).items()}
+        conn.rollback()
+        return state
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def snapped(stack, tmp_path_factory):
+    """A pipeline that processed 3000 events (4 partitions) and one snapshot of it."""
+    import os
+    import uuid
+
+    name = f"snap{uuid.uuid4().hex[:8]}"
+    tmp = tmp_path_factory.mktemp(name)
+    os.environ.update(connections_env(stack))
+    config = pipeline_config(stack, tmp, name)
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=4)
+    produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], 3000, topic=config["topics"][0], abort_every=4, malformed=2,
+                   seed=3, transactional_id=f"g{name}")
+    run = run_app(config, tmp)
+    assert run.process.returncode == 0, run.log()[-3000:]
+    config_file = tmp / f"{name}.json"
+    config_file.write_text(json.dumps(config))
+    store = tmp / "store"
+    summary = SnapshotOperator(task_id="snap", pipeline_config=str(config_file), snapshot_store=str(store),
+                               postgres_conn_id=PG_CONN, keep_last=3, pg_bin_dir=PG_BIN).execute({"run_id": "t"})
+    hook = SnapshotHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
+    return {"config": config, "config_file": config_file, "store": store, "summary": summary, "hook": hook,
+            "tmp": tmp, "state": target_state(hook, config)}
+
+
+def _restore(snapped, **kwargs) -> RestoreOperator:
+    args = {"task_id": "restore", "pipeline_config": str(snapped["config_file"]),
+            "snapshot_store": str(snapped["store"]), "postgres_conn_id": PG_CONN, "pg_bin_dir": PG_BIN,
+            "quiet_seconds": 0, "release_lock": True, **kwargs}
+    return RestoreOperator(**args)
+
+
+def _damage(hook: SnapshotHook, config: dict) -> None:
+    conn = hook.connect()
+    schema = sql.Identifier(config["target_schema"])
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DELETE FROM {}.ledger_events WHERE kafka_offset % 7 = 0").format(schema))
+        cur.execute(sql.SQL("INSERT INTO {0}.ledger_events SELECT * FROM {0}.ledger_events LIMIT 50").format(schema))
+        cur.execute(sql.SQL("UPDATE {}.account_balances SET balance_cents = balance_cents + 1").format(schema))
+    conn.commit()
+    conn.close()
+
+
+def test_manifest_describes_the_dump(snapped) -> None:
+    summary, config = snapped["summary"], snapped["config"]
+    store = SnapshotStore(snapped["store"])
+    manifest = store.select(config["pipeline"], "latest")
+    assert manifest.snapshot_id == summary["snapshot_id"]
+    tables = {t.qualified: t for t in manifest.tables}
+    events = tables[f"{config['target_schema']}.ledger_events"]
+    assert events.rows == 3000 and events.role == "target"
+    assert tables[f"{config['meta_schema']}.kafka_offsets"].role == "meta"
+    assert f"{config['meta_schema']}.stream_control" not in tables  # operational state is not restored
+    assert tables[f"{config['meta_schema']}.dead_letters"].rows == 2
+    # The offsets in the manifest are the ones in the dumped kafka_offsets table (same snapshot).
+    assert sum(manifest.offsets().values()) >= 3002 and len(manifest.offsets()) == 4
+    assert (snapped["store"] / config["pipeline"] / manifest.snapshot_id / DUMP).stat().st_size == manifest.dump_bytes
+    # What the snapshot measured is what the tables hold (nothing ran since).
+    for qualified, table in tables.items():
+        assert snapped["state"][qualified] == table.checksum
+
+
+def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
+    hook, config = snapped["hook"], snapped["config"]
+    _damage(hook, config)
+    assert target_state(hook, config) != snapped["state"]
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    result = _restore(snapped).execute({"run_id": "roundtrip"})
+    assert result["snapshot_id"] == snapped["summary"]["snapshot_id"]
+    assert result["rows_restored"] == sum(snapped["summary"]["tables"].values())
+    assert target_state(hook, config) == snapped["state"]
+    conn = hook.connect()
+    with conn.cursor() as cur:  # the old tables were moved aside and dropped after the commit
+        cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE %s", (f"{config['target_schema']}_old_%",))
+        assert cur.fetchone() == (0,)
+        cur.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'eos_scratch_%%'")
+        assert cur.fetchone() == (0,)
+    conn.close()
+    # The stop request (control table) survived the restore.
+    assert hook.stream_activity(config["meta_schema"], config["pipeline"])["stop_requested_at"] is not None
+
+
+def test_corrupted_dump_is_refused_and_target_untouched(snapped, tmp_path) -> None:
+    hook, config = snapped["hook"], snapped["config"]
+    _damage(hook, config)
+    damaged = target_state(hook, config)
+    store = tmp_path / "store"
+    manifest_dir = snapped["store"] / config["pipeline"] / snapped["summary"]["snapshot_id"]
+    copy = store / config["pipeline"] / manifest_dir.name
+    copy.mkdir(parents=True)
+    dump = (manifest_dir / DUMP).read_bytes()
+    (copy / DUMP).write_bytes(dump[: len(dump) // 2] + bytes(64) + dump[len(dump) // 2 + 64:])
+    (copy / MANIFEST).write_text((manifest_dir / MANIFEST).read_text())
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    with pytest.raises(AirflowException, match="corrupted"):
+        _restore(snapped, snapshot_store=str(store)).execute({"run_id": "corrupt"})
+    assert target_state(hook, config) == damaged
+    # A dump that is intact but does not match its manifest fails the scratch validation.
+    (copy / DUMP).write_bytes(dump)
+    manifest = SnapshotManifest.from_json((manifest_dir / MANIFEST).read_text())
+    manifest.tables[0].checksum = "1:2"
+    (copy / MANIFEST).write_text(manifest.to_json())
+    with pytest.raises(AirflowException, match="does not match its manifest"):
+        _restore(snapped, snapshot_store=str(store)).execute({"run_id": "badmanifest"})
+    assert target_state(hook, config) == damaged
+
+
+def test_bad_params_give_clear_errors(snapped, tmp_path) -> None:
+    with pytest.raises(AirflowException, match="no snapshot with id '20200101T000000Z-abcdef'"):
+        _restore(snapped, snapshot="20200101T000000Z-abcdef").execute({"run_id": "x"})
+    with pytest.raises(AirflowException, match="no snapshot taken at or before 2001-01-01"):
+        _restore(snapped, snapshot="2001-01-01T00:00:00").execute({"run_id": "x"})
+    with pytest.raises(AirflowException, match="neither 'latest', a snapshot id"):
+        _restore(snapped, snapshot="yesterday").execute({"run_id": "x"})
+    missing = snapped["config_file"].parent / "no_such_pipeline.json"
+    with pytest.raises(AirflowException, match=r"no pipeline config at .*no_such_pipeline.json; known pipelines"):
+        _restore(snapped, pipeline_config=str(missing)).execute({"run_id": "x"})
+
+
+def test_running_stream_and_concurrent_recovery_are_refused(snapped) -> None:
+    hook, config = snapped["hook"], snapped["config"]
+    before = target_state(hook, config)
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], False)
+    with pytest.raises(StreamStillRunningError, match="no stop has been requested"):
+        _restore(snapped).execute({"run_id": "running"})
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    key = f"{hook.dbname}/{config['target_schema']}/{config['pipeline']}"
+    assert hook.acquire_lock(config["meta_schema"], key, "other-run", 3600)["acquired"]
+    try:
+        with pytest.raises(RecoveryLockedError, match="lock held by other-run"):
+            _restore(snapped).execute({"run_id": "second"})
+    finally:
+        hook.release_lock(config["meta_schema"], key, "other-run")
+    assert target_state(hook, config) == before
+
+
+def test_retention_gap_fails_before_restore(snapped) -> None:
+    hook, config = snapped["hook"], snapped["config"]
+    before = target_state(hook, config)
+    manifest = SnapshotStore(snapped["store"]).select(config["pipeline"], "latest")
+    topic = config["topics"][0]
+    needed = manifest.offsets()[(topic, 1)]
+    producer = Producer({"bootstrap.servers": config["kafka_bootstrap"]})
+    for _ in range(20):  # records after the replay point, so retention can delete part of what it needs
+        producer.produce(topic, b"{}", partition=1)
+    producer.flush(30)
+    admin = AdminClient({"bootstrap.servers": config["kafka_bootstrap"]})
+    futures = admin.delete_records([TopicPartition(topic, 1, needed + 10)], request_timeout=30)
+    for future in futures.values():
+        future.result(30)
+    check = RetentionCheckOperator(task_id="retention", pipeline_config=str(snapped["config_file"]),
+                                   snapshot="latest", snapshot_store=str(snapped["store"]),
+                                   kafka_config_id=KAFKA_CONN, postgres_conn_id=PG_CONN)
+    with pytest.raises(RetentionGapError, match=rf"{topic}\[1\]: replay needs offset {needed} but the log starts "
+                       rf"at {needed + 10} \(10 records deleted by retention\)"):
+        check.execute({"run_id": "gap"})
+    assert target_state(hook, config) == before
+
+
+def test_retention_keeps_the_last_n(snapped) -> None:
+    store = SnapshotStore(snapped["store"])
+    pipeline = snapped["config"]["pipeline"]
+    for _ in range(3):
+        SnapshotOperator(task_id="snap", pipeline_config=str(snapped["config_file"]),
+                         snapshot_store=str(snapped["store"]), postgres_conn_id=PG_CONN, keep_last=2,
+                         pg_bin_dir=PG_BIN).execute({"run_id": "t"})
+    kept = store.manifests(pipeline)
+    assert len(kept) == 2
+    assert sorted(p.name for p in Path(snapped["store"], pipeline).iterdir()) == [m.snapshot_id for m in kept]
