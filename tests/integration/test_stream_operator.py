@@ -1,0 +1,239 @@
+"""StreamingPipelineOperator and StopPipelineOperator against the real stack: a run in
+availableNow mode is exact and leaks no password; a SIGKILLed driver is restarted; a poison
+record ends in quarantine; exhausted restarts fail clearly; on_kill leaves no JVM; a stop
+request ends a processingTime run (after a restart)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.operators.stream import StreamingPipelineOperator
+from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.helpers.kafka import delete_topics
+from tests.streaming import audit, pg_connect, pipeline_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def airflow_conns(stack: dict[str, str], monkeypatch) -> dict[str, str]:
+    """The connections scripts/airflow.sh writes, as AIRFLOW_CONN_* env vars."""
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"]}}))
+    monkeypatch.setenv("AIRFLOW_CONN_EOS_POSTGRES", json.dumps(
+        {"conn_type": "postgres", "host": stack["EOS_PG_HOST"], "port": int(stack["EOS_PG_PORT"]),
+         "login": stack["EOS_PG_USER"], "password": stack["EOS_PG_PASSWORD"], "schema": stack["EOS_PG_DB"]}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    # The app must get the password from the connection, not from the test's environment.
+    monkeypatch.delenv("EOS_PG_PASSWORD", raising=False)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    return stack
+
+
+class Pipeline:
+    """A unique topic, target schema and meta schema; dropped afterwards."""
+
+    def __init__(self, stack: dict[str, str], tmp_path: Path, name: str, partitions: int = 2) -> None:
+        self.stack = stack
+        self.tmp_path = tmp_path
+        self.config = pipeline_config(stack, tmp_path, name)
+        self.name = name
+        self.topic = self.config["topics"][0]
+        ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], self.topic, partitions)
+
+    def produce(self, events: int, **kwargs: Any):
+        return produce_ledger(self.stack["EOS_KAFKA_BOOTSTRAP"], events, topic=self.topic, **kwargs)
+
+    def operator(self, task_id: str = "run_pipeline", **kwargs: Any) -> StreamingPipelineOperator:
+        args: dict[str, Any] = {
+            "pipeline": self.name, "topics": [self.topic], "target_schema": self.config["target_schema"],
+            "meta_schema": self.config["meta_schema"], "create_targets": True,
+            "checkpoint_dir": self.config["checkpoint_dir"], "max_offsets_per_trigger": 5000,
+            "restart_backoff": 0.5, "driver_memory": "1g", "spark_conf": {"spark.sql.shuffle.partitions": "2"},
+        }
+        args.update(kwargs)
+        return StreamingPipelineOperator(task_id=task_id, **args)
+
+    def pg(self) -> EosPostgresHook:
+        return EosPostgresHook(meta_schema=self.config["meta_schema"])
+
+    def audit(self) -> dict[str, Any]:
+        os.environ["EOS_PG_PASSWORD"] = self.stack["EOS_PG_PASSWORD"]  # the audit reads it like the app
+        try:
+            return audit(self.config, self.tmp_path)
+        finally:
+            os.environ.pop("EOS_PG_PASSWORD", None)
+
+    def drop(self) -> None:
+        conn = pg_connect(self.stack)
+        with conn.cursor() as cur:
+            for schema in (self.config["target_schema"], self.config["meta_schema"]):
+                cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.close()
+        delete_topics(self.stack["EOS_KAFKA_BOOTSTRAP"], self.topic)
+
+
+@pytest.fixture
+def make_pipeline(airflow_conns, tmp_path, unique_name):
+    made: list[Pipeline] = []
+
+    def make(prefix: str, partitions: int = 2) -> Pipeline:
+        pipeline = Pipeline(airflow_conns, tmp_path, f"{prefix}{unique_name}", partitions)
+        made.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in made:
+        pipeline.drop()
+
+
+class Watcher(threading.Thread):
+    """Runs ``op.execute`` in a thread; records the live process tree's command lines."""
+
+    def __init__(self, op: StreamingPipelineOperator) -> None:
+        super().__init__(daemon=True)
+        self.op = op
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.op.execute({})
+        except BaseException as err:
+            self.error = err
+
+    def live_hook(self, timeout: float = 120, event: str | None = None, after: Any = None):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hook = self.op._hook
+            if hook is not None and hook is not after and hook.pid is not None and hook._submit_sp.poll() is None:
+                if event is None or any(kind == event for kind, _ in hook.events):
+                    return hook
+            if not self.is_alive():
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no live spark-submit (event {event}) within {timeout}s; error: {self.error}")
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_available_now_run_is_exact_and_leaks_no_password(make_pipeline, airflow_conns, capfd):
+    started = time.monotonic()
+    p = make_pipeline("opnow")
+    produced = p.produce(2000, abort_every=4)
+    secret = airflow_conns["EOS_PG_PASSWORD"]
+    watcher = Watcher(p.operator())
+    watcher.start()
+    hook = watcher.live_hook(event="start")
+    cmdlines = [" ".join(proc.cmdline()) for proc in _tree(hook.pid)]
+    environ_has_secret = psutil.Process(hook.pid).environ().get("EOS_PG_PASSWORD") == secret
+    watcher.join(240)
+    assert watcher.error is None, watcher.error
+    summary = watcher.result
+    out = capfd.readouterr()
+    assert summary["status"] == "finished" and summary["restarts"] == 0
+    assert summary["rows_applied"] == produced.committed == 2000
+    assert any("eos_stream/app.py" in c for c in cmdlines) and any("java" in c for c in cmdlines)
+    assert not any(secret in c for c in cmdlines), "password on a command line"
+    assert environ_has_secret, "the app gets the password through its environment"
+    log = out.out + out.err
+    assert "EOS-BATCH" in log and "EOS-FINISHED" in log, "progress lines belong in the task log"
+    assert secret not in log, "password in the task log"
+    report = p.audit()
+    assert report["ok"], report
+    assert report["summary"]["committed_records"] == 2000
+    print(f"\navailableNow operator run + audit: {time.monotonic() - started:.1f}s")
+
+
+def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pipeline):
+    """processingTime: SIGKILL the driver's process group after its first batch; the supervisor
+    restarts it; once caught up, StopPipelineOperator stops it; the target is exact."""
+    p = make_pipeline("opkill")
+    p.produce(3000)
+    watcher = Watcher(p.operator(trigger="processingTime", trigger_interval="1 second",
+                                 max_offsets_per_trigger=500, max_restarts=2))
+    watcher.start()
+    first = watcher.live_hook(event="batch")
+    os.killpg(first.pid, signal.SIGKILL)  # the whole driver, mid-run
+    watcher.live_hook(event="batch", after=first)
+    caught_up = StreamCaughtUpSensor(task_id="caught_up", pipeline=p.name, topics=[p.topic],
+                                     meta_schema=p.config["meta_schema"], deferrable=False,
+                                     poke_interval=1, timeout=180)
+    assert caught_up.execute({})["total_lag"] == 0
+    assert p.pg().supervisor_running(p.name)
+    stop = StopPipelineOperator(task_id="stop", pipeline=p.name, meta_schema=p.config["meta_schema"],
+                                stop_timeout=120, poll_interval=0.5)
+    result = stop.execute({})
+    watcher.join(30)
+    assert result["stopped"] is True and result["last_progress"] is not None
+    assert watcher.error is None, watcher.error
+    summary = watcher.result
+    assert summary["status"] == "stopped" and summary["restarts"] == 1, summary
+    assert "SIGKILL" in summary["attempts"][0]["reason"]
+    assert summary["attempts"][1]["reason"].startswith("stopped (stop requested at")
+    report = p.audit()
+    assert report["ok"] and report["summary"]["committed_records"] == 3000, report
+
+
+def test_poison_record_is_quarantined_not_looped(make_pipeline):
+    p = make_pipeline("oppois", partitions=1)
+    produced = p.produce(300, poison=1)
+    assert produced.poison == 1
+    summary = p.operator(max_batch_attempts=1, max_restarts=3).execute({})
+    assert summary["status"] == "finished", summary
+    assert summary["restarts"] == 1 and summary["attempts"][0]["returncode"] == 1, summary
+    assert summary["dead_lettered"] == 1
+    letters = p.pg().dead_letters_since(p.name)
+    assert len(letters) == 1 and letters[0]["topic"] == p.topic and letters[0]["key_preview"] == "poison"
+
+
+def test_exhausted_restarts_fail_with_a_clear_message(make_pipeline, monkeypatch):
+    p = make_pipeline("opdead")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_NOWHERE", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{port}"}}))
+    op = p.operator(kafka_config_id="kafka_nowhere", max_restarts=1, restart_backoff=0.1)
+    with pytest.raises(AirflowException) as failure:
+        op.execute({})
+    message = str(failure.value)
+    print("\n" + message)
+    assert "failed 2 times; restarts exhausted" in message
+    assert message.count("unavailable: cannot reach Kafka") == 2
+
+
+def test_on_kill_leaves_no_spark_jvm(make_pipeline):
+    p = make_pipeline("oponkill")
+    p.produce(200)
+    watcher = Watcher(p.operator(trigger="processingTime", trigger_interval="1 second"))
+    watcher.start()
+    hook = watcher.live_hook(event="batch")
+    tree = _tree(hook.pid)
+    assert any("java" in proc.name() for proc in tree)
+    watcher.op.on_kill()
+    watcher.join(60)
+    assert isinstance(watcher.error, AirflowException) and "killed" in str(watcher.error)
+    _gone, alive = psutil.wait_procs(tree, timeout=20)
+    assert not alive, [(proc.pid, proc.name()) for proc in alive]
+    assert not p.pg().supervisor_running(p.name), "the supervisor lock must be released"
