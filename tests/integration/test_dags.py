@@ -1,0 +1,114 @@
+"""dags/ against the real stack: a DagBag import has no errors; ``eos_stream`` (availableNow)
+runs a pipeline exactly with ``dag.test()``; ``eos_health_check`` passes on a healthy pipeline
+(LSO sensor through its trigger) and, with a stale liveness limit and a new dead letter, its
+deferred liveness sensor times out and the summary fails with one readable verdict.
+
+Each DAG run happens in a fresh interpreter with .local/airflow.env (Airflow's config is
+read at import)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from psycopg2 import sql
+
+from tests.conftest import ROOT, STATE_DIR
+from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+DAGS = ROOT / "dags"
+
+_RUN = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+dag = bag.dags[sys.argv[2]]
+run = dag.test(run_conf=json.loads(sys.argv[3]))
+states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+print("EOS-TEST-RESULT " + json.dumps({"state": str(run.state), "tasks": states}))
+"""
+
+
+@pytest.fixture(scope="module")
+def airflow_env(stack: dict[str, str]) -> dict[str, str]:
+    env_file = STATE_DIR / "airflow.env"
+    if not (STATE_DIR / "airflow" / "airflow.db").exists() or not env_file.exists():
+        subprocess.run(["bash", str(ROOT / "scripts" / "airflow.sh"), "init"], check=True, timeout=300)
+    out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", str(env_file)],
+                         capture_output=True, check=True, timeout=60).stdout.decode()
+    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    env.update({"EOS_SPARK_JARS": stack["EOS_SPARK_JARS"], "PYTHONPATH": str(ROOT)})
+    env.pop("EOS_PG_PASSWORD", None)
+    env.pop("PGPASSWORD", None)
+    return env
+
+
+def _dag_test(env: dict[str, str], dag_id: str, conf: dict[str, Any], extra_env: dict[str, str] | None = None,
+              timeout: float = 300) -> tuple[dict[str, Any], str]:
+    result = subprocess.run([sys.executable, "-c", _RUN, str(DAGS), dag_id, json.dumps(conf)],
+                            env={**env, **(extra_env or {})}, cwd=ROOT, capture_output=True, text=True,
+                            timeout=timeout)
+    output = result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("EOS-TEST-RESULT ")]
+    assert lines, f"dag.test({dag_id}) printed no result (exit {result.returncode}):\n{output[-5000:]}"
+    return json.loads(lines[-1].split(" ", 1)[1]), output
+
+
+def test_dagbag_imports_without_errors(airflow_env) -> None:
+    code = ("import json, sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
+            "bag = DagBag(dag_folder=sys.argv[1])\n"
+            "print(json.dumps({'errors': {str(k): str(v) for k, v in bag.import_errors.items()},"
+            " 'dags': sorted(bag.dags)}))")
+    result = subprocess.run([sys.executable, "-c", code, str(DAGS)], env=airflow_env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bag = json.loads(result.stdout.strip().splitlines()[-1])
+    assert bag["errors"] == {}
+    assert {"eos_stream", "eos_stream_stop", "eos_health_check"} <= set(bag["dags"])
+
+
+def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # noqa: F811 - imported fixture
+    started = time.monotonic()
+    p = make_pipeline("dag")
+    p.produce(800, abort_every=4)
+    conf = {"pipeline": p.name, "topics": [p.topic], "target_schema": p.config["target_schema"],
+            "meta_schema": p.config["meta_schema"], "create_targets": True,
+            "checkpoint_dir": p.config["checkpoint_dir"], "trigger": "availableNow", "max_restarts": 0}
+    run, output = _dag_test(airflow_env, "eos_stream", conf)
+    assert run == {"state": "success", "tasks": {"run_pipeline": "success"}}, output[-5000:]
+    assert "EOS-BATCH" in output and p.stack["EOS_PG_PASSWORD"] not in output
+    report = p.audit()
+    assert report["ok"] and report["summary"]["committed_records"] == 800, report
+    stream_s = time.monotonic() - started
+
+    health_env = {"EOS_HEALTH_PIPELINE": p.name, "EOS_HEALTH_TOPICS": p.topic,
+                  "EOS_HEALTH_META_SCHEMA": p.config["meta_schema"], "EOS_HEALTH_STUCK_AFTER": "2",
+                  "EOS_HEALTH_SENSOR_TIMEOUT": "6", "EOS_HEALTH_POKE_INTERVAL": "1"}
+    run, output = _dag_test(airflow_env, "eos_health_check", {"max_age_seconds": 600}, health_env)
+    assert run["state"] == "success", output[-6000:]
+    assert set(run["tasks"].values()) == {"success"}, run
+    assert "Stream health: OK" in output
+
+    # Unhealthy: a new dead letter, and a liveness limit the last batch no longer meets.
+    hook = p.pg()
+    with hook.cursor() as cur:
+        cur.execute(sql.SQL('INSERT INTO {}.dead_letters (pipeline, topic, partition, "offset", key, value, error)'
+                            " VALUES (%s, %s, 1, 4242, 'k', 'v', 'rejected by test')").format(
+                                sql.Identifier(p.config["meta_schema"])), (p.name, p.topic))
+    time.sleep(2)
+    run, output = _dag_test(airflow_env, "eos_health_check", {"max_age_seconds": 1}, health_env)
+    assert run["state"] == "failed", output[-6000:]
+    tasks = run["tasks"]
+    assert tasks["summary"] == "failed" and tasks["dead_letters"] == "failed"
+    assert tasks["liveness"] == "failed"  # deferred, then its trigger timed out
+    assert tasks["caught_up"] == "success" and tasks["lso_lag"] == "success"
+    assert "Stream health: FAILED (1 of 5 checks failed)" in output, output[-6000:]
+    assert f"{p.topic}[1]@4242" in output and "idle (caught up, no new input)" in output
+    print(f"\neos_stream dag.test: {stream_s:.1f}s; both health runs: {time.monotonic() - started - stream_s:.1f}s")
