@@ -1,0 +1,119 @@
+"""Snapshot, restore and replay times of the recovery operators at several data sizes.
+
+    .venv/bin/python bench/recovery_times.py --events 100000 500000
+
+Per size N: produce N ledger events, process them (availableNow), snapshot
+(SnapshotOperator), produce and process N/5 more, request a stop, restore the
+snapshot (RestoreOperator: fetch + scratch restore + validate + single-
+transaction swap + drop old), replay the N/5 (ReplayOperator: spark-submit
+availableNow from the restored offsets), then audit. Writes
+bench/results/recovery_times.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.sink_throughput import machine  # noqa: E402
+from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
+from tests.conftest import _load_env_file  # noqa: E402
+from tests.streaming import audit, pipeline_config, run_app  # noqa: E402
+
+PG_CONN, KAFKA_CONN, SPARK_CONN = "eos_bench_pg", "eos_bench_kafka", "eos_bench_spark"
+PG_BIN = os.environ.get("EOS_PG_BIN_DIR", "/usr/lib/postgresql/15/bin")
+
+
+def _connections(stack: dict[str, str]) -> None:
+    os.environ[f"AIRFLOW_CONN_{PG_CONN.upper()}"] = json.dumps({
+        "conn_type": "postgres", "host": stack["EOS_PG_HOST"], "port": int(stack["EOS_PG_PORT"]),
+        "login": stack["EOS_PG_USER"], "password": stack["EOS_PG_PASSWORD"], "schema": stack["EOS_PG_DB"]})
+    os.environ[f"AIRFLOW_CONN_{KAFKA_CONN.upper()}"] = json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"]}})
+    os.environ[f"AIRFLOW_CONN_{SPARK_CONN.upper()}"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
+
+
+def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
+    from airflow_provider_eos.hooks.snapshot import SnapshotHook
+    from airflow_provider_eos.operators.replay import ReplayOperator
+    from airflow_provider_eos.operators.restore import RestoreOperator
+    from airflow_provider_eos.operators.snapshot import SnapshotOperator
+
+    name = f"bench{uuid.uuid4().hex[:8]}"
+    config = pipeline_config(stack, tmp, name, max_offsets_per_trigger=max(20_000, events // 5))
+    config_file = tmp / f"{name}.json"
+    config_file.write_text(json.dumps(config))
+    bootstrap, topic = stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0]
+    ensure_topic(bootstrap, topic, partitions=4)
+    extra = events // 5
+    out: dict[str, Any] = {"events": events, "replayed_events": extra}
+    clock = time.monotonic()
+    produce_ledger(bootstrap, events, topic=topic, batch_size=5000, seed=1, transactional_id=f"a{name}")
+    out["produce_seconds"] = round(time.monotonic() - clock, 1)
+    clock = time.monotonic()
+    assert run_app(config, tmp, timeout=1800).process.returncode == 0
+    out["process_seconds"] = round(time.monotonic() - clock, 1)
+    store = tmp / "store"
+    common = {"pipeline_config": str(config_file), "postgres_conn_id": PG_CONN, "pg_bin_dir": PG_BIN}
+    clock = time.monotonic()
+    snap = SnapshotOperator(task_id="snapshot", snapshot_store=str(store), keep_last=2, **common).execute({})
+    out["snapshot_seconds"] = round(time.monotonic() - clock, 2)
+    out["snapshot_rows"] = snap["total_rows"]
+    out["dump_mib"] = round(snap["dump_bytes"] / 2**20, 1)
+    produce_ledger(bootstrap, extra, topic=topic, batch_size=5000, seed=2, first_seq=events,
+                   transactional_id=f"b{name}")
+    assert run_app(config, tmp, timeout=1800).process.returncode == 0
+    hook = SnapshotHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    clock = time.monotonic()
+    restored = RestoreOperator(task_id="restore", snapshot_store=str(store), quiet_seconds=0, release_lock=True,
+                               **common).execute({"run_id": f"bench-{name}"})
+    out["restore_seconds"] = round(time.monotonic() - clock, 2)
+    out["restore_phases"] = restored["timings"]
+    clock = time.monotonic()
+    replayed = ReplayOperator(task_id="replay", kafka_config_id=KAFKA_CONN, spark_conn_id=SPARK_CONN,
+                              jars=stack["EOS_SPARK_JARS"], **common).execute({"run_id": f"bench-{name}"})
+    out["replay_seconds"] = round(time.monotonic() - clock, 1)
+    out["replay_events_counted"] = replayed["events_replayed"]
+    clock = time.monotonic()
+    report = audit(config, tmp)
+    out["audit_seconds"] = round(time.monotonic() - clock, 1)
+    out["audit_ok"] = report["ok"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, nargs="+", default=[100_000, 500_000])
+    parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
+    args = parser.parse_args()
+    stack = _load_env_file(ROOT / ".local" / "stack.env")
+    os.environ.update(stack)
+    _connections(stack)
+    results = []
+    for events in args.events:
+        with tempfile.TemporaryDirectory(prefix="eos-bench-recovery-") as tmp:
+            result = one_size(stack, events, Path(tmp))
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    document = {"machine": machine(), "spark_master": "local[2]", "results": results}
+    Path(args.output).write_text(json.dumps(document, indent=2) + "\n")
+    print(f"{'events':>9} {'snap rows':>10} {'dump MiB':>8} {'snapshot s':>10} {'restore s':>9} "
+          f"{'replayed':>9} {'replay s':>8} {'audit':>5}")
+    for r in results:
+        print(f"{r['events']:>9} {r['snapshot_rows']:>10} {r['dump_mib']:>8} {r['snapshot_seconds']:>10} "
+              f"{r['restore_seconds']:>9} {r['replayed_events']:>9} {r['replay_seconds']:>8} {r['audit_ok']!s:>5}")
+
+
+if __name__ == "__main__":
+    main()
