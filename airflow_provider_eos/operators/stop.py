@@ -39,7 +39,7 @@ class StopPipelineOperator(BaseOperator):
     :param stop_timeout: seconds to wait for the stop.
     :param poll_interval: seconds between checks.
     :param requested_by: recorded with the request (default: ``airflow:<dag_id>.<task_id>``).
-    :return: (XCom) ``{"pipeline", "requested_at", "stopped", "waited_s", "last_progress"}``
+    :return: (XCom) ``{"pipeline", "requested_at", "stopped", "was_running", "waited_s", "last_progress"}``
     """
 
     template_fields: Sequence[str] = ("pipeline", "postgres_conn_id", "meta_schema", "requested_by")
@@ -63,11 +63,12 @@ class StopPipelineOperator(BaseOperator):
         requested_at = hook.request_stop(self.pipeline, by)
         self.log.info("Stop of pipeline %r requested at %s by %s", self.pipeline, requested_at, by)
         result: dict[str, Any] = {"pipeline": self.pipeline, "requested_at": requested_at, "stopped": None,
-                                  "waited_s": 0.0, "last_progress": None}
+                                  "was_running": None, "waited_s": 0.0, "last_progress": None}
         if not self.wait:
             return result
         started = time.monotonic()
-        if not hook.supervisor_running(self.pipeline):
+        result["was_running"] = hook.supervisor_running(self.pipeline)
+        if not result["was_running"]:
             self.log.info("No StreamingPipelineOperator supervises %r now: nothing to wait for", self.pipeline)
         while hook.supervisor_running(self.pipeline):
             waited = time.monotonic() - started

@@ -185,7 +185,7 @@ def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pip
                                 stop_timeout=120, poll_interval=0.5)
     result = stop.execute({})
     watcher.join(30)
-    assert result["stopped"] is True and result["last_progress"] is not None
+    assert result["stopped"] is True and result["was_running"] is True and result["last_progress"] is not None
     assert watcher.error is None, watcher.error
     summary = watcher.result
     assert summary["status"] == "stopped" and summary["restarts"] == 1, summary
