@@ -7,10 +7,19 @@ from typing import Any
 from airflow_provider_eos import __version__
 
 INTEGRATION = "Exactly-once streaming"
-HOOKS = ["airflow_provider_eos.hooks.kafka_offsets"]
-OPERATORS = ["airflow_provider_eos.operators.hanging_transactions"]
-SENSORS = ["airflow_provider_eos.sensors.lso_lag"]
-TRIGGERS = ["airflow_provider_eos.triggers.lso_lag"]
+HOOKS = [
+    "airflow_provider_eos.hooks.kafka_offsets",
+    "airflow_provider_eos.hooks.eos_postgres",
+    "airflow_provider_eos.hooks.stream_submit",
+]
+OPERATORS = [
+    "airflow_provider_eos.operators.stream",
+    "airflow_provider_eos.operators.stop",
+    "airflow_provider_eos.operators.dead_letters",
+    "airflow_provider_eos.operators.hanging_transactions",
+]
+SENSORS = ["airflow_provider_eos.sensors.lso_lag", "airflow_provider_eos.sensors.stream_progress"]
+TRIGGERS = ["airflow_provider_eos.triggers.lso_lag", "airflow_provider_eos.triggers.stream_progress"]
 
 
 def get_provider_info() -> dict[str, Any]:
