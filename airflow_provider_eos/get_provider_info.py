@@ -11,12 +11,17 @@ HOOKS = [
     "airflow_provider_eos.hooks.kafka_offsets",
     "airflow_provider_eos.hooks.eos_postgres",
     "airflow_provider_eos.hooks.stream_submit",
+    "airflow_provider_eos.hooks.snapshot",
 ]
 OPERATORS = [
     "airflow_provider_eos.operators.stream",
     "airflow_provider_eos.operators.stop",
     "airflow_provider_eos.operators.dead_letters",
     "airflow_provider_eos.operators.hanging_transactions",
+    "airflow_provider_eos.operators.snapshot",
+    "airflow_provider_eos.operators.restore",
+    "airflow_provider_eos.operators.replay",
+    "airflow_provider_eos.operators.audit",
 ]
 SENSORS = ["airflow_provider_eos.sensors.lso_lag", "airflow_provider_eos.sensors.stream_progress"]
 TRIGGERS = ["airflow_provider_eos.triggers.lso_lag", "airflow_provider_eos.triggers.stream_progress"]

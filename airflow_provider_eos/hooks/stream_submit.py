@@ -166,6 +166,8 @@ class EosStreamSubmitHook(SparkSubmitHook):
         master = self._connection["master"]
         self.local = is_local_master(master)
         self._conf.setdefault("spark.ui.enabled", "false")
+        # The console progress bar writes \r-lines into the driver log, between EOS- lines.
+        self._conf.setdefault("spark.ui.showConsoleProgress", "false")
         host = driver_host or ("127.0.0.1" if self.local else None)
         bind = driver_bind_address or ("127.0.0.1" if self.local else None)
         if host:
