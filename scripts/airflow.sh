@@ -40,10 +40,12 @@ log() { echo "airflow: $*"; }
 write_env() {
   mkdir -p "$EOS_AIRFLOW_HOME"
   # The stack's own view of itself wins; config.sh's values are the fallback.
-  local kafka_bootstrap="$EOS_BIND_HOST:$EOS_KAFKA_PORT" pg_host="$EOS_BIND_HOST"
+  local kafka_bootstrap="$EOS_BIND_HOST:$EOS_KAFKA_PORT" pg_host="$EOS_BIND_HOST" spark_jars="" kafka_tools=""
   if [ -f "$EOS_STATE_DIR/stack.env" ]; then
     # shellcheck disable=SC1091
     kafka_bootstrap=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_KAFKA_BOOTSTRAP")
+    spark_jars=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_SPARK_JARS")
+    kafka_tools=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_KAFKA_TOOLS_CLASSPATH")
     pg_host=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_PG_HOST")
   fi
   local secret_file="$EOS_AIRFLOW_HOME/jwt.secret"
@@ -52,7 +54,8 @@ write_env() {
   [ -s "$ui_passwords" ] || (umask 077; printf '{"admin": "%s"}\n' "$(head -c 12 /dev/urandom | base64 | tr -d '/+=')" > "$ui_passwords")
   # Values go through the environment into Python, never onto a command line.
   (umask 077
-   EOS_KAFKA_BOOTSTRAP="$kafka_bootstrap" EOS_PG_HOST="$pg_host" EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" \
+   EOS_KAFKA_BOOTSTRAP="$kafka_bootstrap" EOS_PG_HOST="$pg_host" EOS_SPARK_JARS="$spark_jars" \
+   EOS_KAFKA_TOOLS_CLASSPATH="$kafka_tools" EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" \
    EOS_AIRFLOW_METADATA="$EOS_AIRFLOW_METADATA" EOS_AIRFLOW_PG_DB="$EOS_AIRFLOW_PG_DB" \
    EOS_AIRFLOW_API_PORT="$EOS_AIRFLOW_API_PORT" EOS_JWT_SECRET_FILE="$secret_file" \
    "$EOS_VENV/bin/python" - > "$env_file.tmp" <<'PY'
@@ -110,6 +113,9 @@ values = {
     "EOS_HEALTH_STUCK_AFTER": e.get("EOS_HEALTH_STUCK_AFTER", "15"),
     "EOS_HEALTH_POKE_INTERVAL": e.get("EOS_HEALTH_POKE_INTERVAL", "5"),
     "EOS_HEALTH_SENSOR_TIMEOUT": e.get("EOS_HEALTH_SENSOR_TIMEOUT", "60"),
+    # Spark's Kafka connector and Kafka's admin tools, as resolved by install.sh.
+    "EOS_SPARK_JARS": e.get("EOS_SPARK_JARS", ""),
+    "EOS_KAFKA_TOOLS_CLASSPATH": e.get("EOS_KAFKA_TOOLS_CLASSPATH", ""),
     # Spark's Python workers use the venv (pyarrow, psycopg2), whatever python3 is on PATH.
     "PYSPARK_PYTHON": os.path.join(e["EOS_VENV"], "bin", "python"),
 }
