@@ -1,0 +1,81 @@
+"""A small client of Airflow 3's public REST API (``/api/v2``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+FINISHED = {"success", "failed"}
+
+
+class AirflowApi:
+    """:param base_url: e.g. http://127.0.0.1:18080
+    :param username: / :param password: the login of Airflow's simple auth manager."""
+
+    def __init__(self, base_url: str, username: str, password: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = requests.Session()
+        response = requests.post(f"{self.base_url}/auth/token", json={"username": username, "password": password},
+                                 timeout=30)
+        response.raise_for_status()
+        self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.session.request(method, f"{self.base_url}/api/v2{path}", timeout=60, **kwargs)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{method} {path} -> {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
+
+    def wait_for_dags(self, dag_ids: list[str], timeout: float = 180) -> None:
+        """Waits until the dag-processor has parsed every DAG."""
+        deadline = time.monotonic() + timeout
+        while True:
+            known = {d["dag_id"] for d in self._call("GET", "/dags", params={"limit": 100})["dags"]}
+            if set(dag_ids) <= known:
+                return
+            if time.monotonic() > deadline:
+                errors = self._call("GET", "/importErrors")
+                raise RuntimeError(f"DAGs not parsed: {sorted(set(dag_ids) - known)}; import errors: {errors}")
+            time.sleep(2)
+
+    def unpause(self, dag_id: str) -> None:
+        self._call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        body = {"logical_date": None, "conf": conf or {}}
+        return self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
+
+    def recent_runs(self, dag_id: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest runs of a DAG, newest first."""
+        params = {"limit": limit, "order_by": "-start_date"}
+        return self._call("GET", f"/dags/{dag_id}/dagRuns", params=params)["dag_runs"]
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+
+    def task_tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")["task_instances"]
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
+        return self._call("GET", path, params={"deserialize": True})["value"]
+
+    def wait(self, dag_id: str, run_id: str, timeout: float, tick: Callable[[float], None] | None = None) -> str:
+        """Polls until the run finishes; ``tick`` gets the elapsed seconds (for a progress bar)."""
+        started = time.monotonic()
+        while True:
+            state = self.run_state(dag_id, run_id)
+            if state in FINISHED:
+                return state
+            elapsed = time.monotonic() - started
+            if elapsed > timeout:
+                raise TimeoutError(f"{dag_id} run {run_id} still {state} after {timeout:.0f}s")
+            if tick:
+                tick(elapsed)
+            time.sleep(2)

@@ -1,0 +1,433 @@
+"""The main job: every promise of the project, on one machine, through Airflow.
+
+Starts the local stack and Airflow's real services (api-server, scheduler,
+dag-processor, triggerer), then drives the DAGs through the REST API:
+
+ 1. produce ledger events transactionally (with aborted batches and a poison record);
+ 2. start ``eos_stream`` and SIGKILL its Spark driver once mid-stream;
+ 3. leave an open transaction behind a killed producer; ``eos_health_check`` catches the stuck LSO;
+ 4. snapshot with ``eos_snapshot``, keep streaming, then damage the target;
+ 5. ``eos_recovery`` restores, replays from the snapshot's offsets, audits and resumes;
+ 6. a final audit against Kafka, a report on the terminal and in HTML.
+
+    .venv/bin/python -m demo.story            (what `make demo` runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg2
+from psycopg2 import sql
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from demo import report as html_report  # noqa: E402
+from demo.airflow_api import AirflowApi  # noqa: E402
+from spark_apps.eos_stream.audit import audit  # noqa: E402
+from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402
+from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
+from spark_apps.ledger.spec import LEDGER  # noqa: E402
+
+PIPELINE = "ledger"
+TOPIC = "ledger.events"
+META, TARGET = "eos", "public"
+DAGS = ["eos_stream", "eos_stream_stop", "eos_health_check", "eos_snapshot", "eos_recovery"]
+# Unpaused just before first use: unpausing a scheduled DAG starts a run for its latest interval.
+UNPAUSE_AT_START = ["eos_stream", "eos_stream_stop", "eos_health_check", "eos_recovery"]
+
+OPEN_TRANSACTION_RECORDS = 20
+OPEN_TRANSACTION = """
+import sys
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": "demo-killed-producer",
+              "transaction.timeout.ms": int(sys.argv[3])})
+p.init_transactions(30)
+p.begin_transaction()
+for i in range(20):  # OPEN_TRANSACTION_RECORDS
+    p.produce(sys.argv[2], key=b"acct-00001", value=b'{"event_id": "never", "account_id": "acct-00001",'
+              b' "amount_cents": 999999, "ts": "2026-01-01T00:00:00+00:00", "seq": -1}', partition=i % 4)
+p.flush(30)
+print("OPEN", flush=True)
+import time; time.sleep(3600)
+"""
+
+
+class Console:
+    """One line per stage; a progress bar while waiting (a plain line per 15 s off a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.index, self.started = total, 0, time.monotonic()
+        self.tty = sys.stdout.isatty()
+        self._last_plain = 0.0
+
+    def stage(self, text: str) -> None:
+        self.index += 1
+        print(f"[{self.index:>2}/{self.total}] {time.monotonic() - self.started:6.1f}s  {text}", flush=True)
+
+    def waiting(self, what: str, elapsed: float, budget: float) -> None:
+        if self.tty:
+            filled = int(30 * min(elapsed / budget, 1.0))
+            print(f"\r        [{'#' * filled}{'.' * (30 - filled)}] {elapsed:5.0f}s {what}   ", end="", flush=True)
+        elif elapsed - self._last_plain >= 15:
+            self._last_plain = elapsed
+            print(f"        ... {what}: {elapsed:.0f}s", flush=True)
+
+    def done_waiting(self) -> None:
+        if self.tty:
+            print("\r" + " " * 78 + "\r", end="", flush=True)
+        self._last_plain = 0.0
+
+
+def load_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export "):].partition("=")
+            env[key] = value.strip("'\"")
+    return env
+
+
+class LsoSampler(threading.Thread):
+    """Samples HW - LSO per partition every second, for the report's plot."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.topic = topic
+        self.samples: dict[str, list[tuple[float, float]]] = {}
+        self.started = time.monotonic()
+        self.stop_event = threading.Event()
+
+    def lag(self) -> dict[int, int]:
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        partitions = self.admin.list_topics(self.topic, timeout=10).topics[self.topic].partitions
+        request = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in partitions}
+        hw = self.admin.list_offsets(request, isolation_level=IsolationLevel.READ_UNCOMMITTED)
+        lso = self.admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
+        return {tp.partition: hw[tp].result().offset - lso[tp].result().offset for tp in request}
+
+    def run(self) -> None:
+        while not self.stop_event.wait(1.0):
+            try:
+                for partition, lag in self.lag().items():
+                    self.samples.setdefault(f"partition {partition}", []).append(
+                        (time.monotonic() - self.started, lag))
+            except Exception:  # a sample missed while the broker is busy is not worth failing the demo
+                continue
+
+
+class Story:
+    def __init__(self, events: int, open_txn_timeout_ms: int) -> None:
+        self.events = events
+        self.open_txn_timeout_ms = open_txn_timeout_ms
+        self.console = Console(total=14)
+        self.timings: dict[str, float] = {}
+        self.runs: dict[str, str] = {}
+        self.deferred: set[str] = set()
+        self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+
+    # ---------------------------------------------------------------- helpers
+    def sh(self, *command: str) -> None:
+        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+    def db(self):
+        conn = psycopg2.connect(host=self.stack["EOS_PG_HOST"], port=self.stack["EOS_PG_PORT"],
+                                dbname=self.stack["EOS_PG_DB"], user=self.stack["EOS_PG_USER"],
+                                password=self.stack["EOS_PG_PASSWORD"])
+        conn.autocommit = True
+        return conn
+
+    def query(self, statement: sql.Composable | str, params: tuple = ()) -> list[tuple]:
+        conn = self.db()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement, params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def wait_until(self, what: str, condition, budget: float) -> float:
+        started = time.monotonic()
+        while not condition():
+            elapsed = time.monotonic() - started
+            if elapsed > budget:
+                self.console.done_waiting()
+                raise TimeoutError(f"gave up waiting for {what} after {budget:.0f}s")
+            self.console.waiting(what, elapsed, budget)
+            time.sleep(1)
+        self.console.done_waiting()
+        return time.monotonic() - started
+
+    def run_dag(self, dag_id: str, conf: dict[str, Any], budget: float, expect: str = "success") -> str:
+        run_id = self.api.trigger(dag_id, conf)
+
+        def tick(elapsed: float) -> None:
+            # A deferrable sensor shows as 'deferred' while its trigger runs on the triggerer.
+            for ti in self.api.task_instances(dag_id, run_id):
+                if ti["state"] == "deferred":
+                    self.deferred.add(f"{dag_id}.{ti['task_id']}")
+            self.console.waiting(f"{dag_id} running", elapsed, budget)
+
+        state = self.api.wait(dag_id, run_id, budget, tick=tick)
+        self.console.done_waiting()
+        self.runs[f"{dag_id} ({run_id})"] = state
+        if state != expect:
+            failed = [ti["task_id"] for ti in self.api.task_instances(dag_id, run_id) if ti["state"] == "failed"]
+            raise RuntimeError(f"{dag_id} ended {state}, expected {expect} (failed tasks: {failed})")
+        return run_id
+
+    def caught_up(self) -> bool:
+        if not self.meta_ready():
+            return False
+        stored = dict(((t, p), o) for t, p, o in self.query(
+            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
+                sql.Identifier(META)), (PIPELINE,)))
+        lso = self.lso()
+        return bool(lso) and all(stored.get((TOPIC, p), -1) >= offset for p, offset in lso.items())
+
+    def lso(self) -> dict[int, int]:
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        admin = self.sampler.admin
+        partitions = admin.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
+        request = {TopicPartition(TOPIC, p): OffsetSpec.latest() for p in partitions}
+        result = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
+        return {tp.partition: result[tp].result().offset for tp in request}
+
+    def meta_ready(self) -> bool:
+        """The app creates its bookkeeping tables when it first starts."""
+        return self.query("SELECT to_regclass(%s)", (f"{META}.stream_progress",))[0][0] is not None
+
+    def progress_runs(self) -> int:
+        if not self.meta_ready():
+            return 0
+        rows = self.query(sql.SQL("SELECT count(DISTINCT run_id) FROM {}.stream_progress WHERE pipeline = %s").format(
+            sql.Identifier(META)), (PIPELINE,))
+        return int(rows[0][0]) if rows else 0
+
+    def stream_runs(self) -> list[str]:
+        return [r["dag_run_id"] for r in self.api.recent_runs("eos_stream")
+                if (r.get("start_date") or "") >= self.started_at]
+
+    def spark_drivers(self) -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter(["cmdline", "name"]):
+            cmdline = " ".join(process.info["cmdline"] or [])
+            if "java" in (process.info["name"] or "") and "eos_stream/app.py" in cmdline:
+                found.append(process)
+        return found
+
+    # ---------------------------------------------------------------- the story
+    def run(self) -> dict[str, Any]:
+        c = self.console
+        c.stage("starting the local stack (Kafka KRaft, PostgreSQL) and Airflow (api-server, scheduler, "
+                "dag-processor, triggerer)")
+        self.sh("bash", "scripts/stack.sh", "start")
+        # A fresh start, so the services read the current airflow.env.
+        self.sh("bash", "scripts/airflow.sh", "stop")
+        self.sh("bash", "scripts/airflow.sh", "start")
+        self.stack = load_env(ROOT / ".local" / "stack.env")
+        airflow_env = load_env(ROOT / ".local" / "airflow.env")
+        passwords_file = Path(airflow_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+        password = json.loads(passwords_file.read_text())["admin"]
+        self.ui = airflow_env["AIRFLOW__API__BASE_URL"]
+        self.login = ("admin", password)
+
+        c.stage(f"Airflow UI: {self.ui}  (login: admin / {password}); waiting for the DAGs to parse")
+        self.api = AirflowApi(self.ui, *self.login)
+        self.api.wait_for_dags(DAGS)
+        self.reset()
+        for dag_id in UNPAUSE_AT_START:
+            self.api.unpause(dag_id)
+
+        c.stage(f"producing {self.events} ledger events transactionally (aborted batches, one poison record)")
+        bootstrap = self.stack["EOS_KAFKA_BOOTSTRAP"]
+        ensure_topic(bootstrap, TOPIC, partitions=4)
+        self.sampler = LsoSampler(bootstrap, TOPIC)
+        self.sampler.start()
+        produced = produce_ledger(bootstrap, self.events, topic=TOPIC, abort_every=5, poison=1, seed=2026,
+                                  transactional_id="demo-generator")
+
+        c.stage("triggering eos_stream (continuous, exactly_once) and waiting for its first batches")
+        stream_conf = {"trigger": "processingTime", "trigger_interval": "2 seconds", "max_batch_attempts": 2,
+                       "max_offsets_per_trigger": 4000, "create_targets": True, "restart_backoff": 3}
+        self.stream_run = self.api.trigger("eos_stream", stream_conf)
+        self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()), 240)
+
+        c.stage("SIGKILL of the Spark driver mid-stream; the operator restarts it")
+        for process in self.spark_drivers():
+            for child in process.children(recursive=True):
+                child.send_signal(signal.SIGKILL)
+            process.send_signal(signal.SIGKILL)
+        self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, 240)
+        self.wait_until("stream caught up with the LSO", self.caught_up, 300)
+
+        c.stage("a producer dies inside an open transaction; more events queue behind it")
+        child = subprocess.Popen([sys.executable, "-c", OPEN_TRANSACTION, bootstrap, TOPIC,
+                                  str(self.open_txn_timeout_ms)], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdout.readline().strip() == "OPEN"
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        killed_at = time.monotonic()
+        more = produce_ledger(bootstrap, 2000, topic=TOPIC, seed=7, first_seq=10_000_000,
+                              transactional_id="demo-generator")
+
+        c.stage("eos_health_check (deferrable LSO sensor on the triggerer) must catch the stuck LSO")
+        health = self.run_dag("eos_health_check", {"stuck_after": 10}, budget=300, expect="failed")
+        self.timings["stuck LSO detected after (s)"] = round(time.monotonic() - killed_at, 1)
+        self.health_run = health
+
+        c.stage("waiting for the coordinator to abort the dead producer's transaction; the stream resumes")
+        self.wait_until("LSO lag back to 0 and stream caught up",
+                        lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(),
+                        self.open_txn_timeout_ms / 1000 + 240)
+
+        c.stage("eos_snapshot: consistent pg_dump with its Kafka offsets")
+        self.api.unpause("eos_snapshot")
+        self.run_dag("eos_snapshot", {}, budget=300)
+
+        c.stage("more events after the snapshot")
+        later = produce_ledger(bootstrap, max(2000, self.events // 4), topic=TOPIC, seed=99,
+                               first_seq=20_000_000, transactional_id="demo-generator")
+        self.wait_until("stream caught up with the LSO", self.caught_up, 300)
+
+        c.stage("damaging the target: deleted rows, duplicated rows, corrupted balances")
+        self.query(sql.SQL("DELETE FROM {}.ledger_events WHERE ctid IN (SELECT ctid FROM {}.ledger_events "
+                           "ORDER BY random() LIMIT 100)").format(sql.Identifier(TARGET), sql.Identifier(TARGET)))
+        self.query(sql.SQL("INSERT INTO {t}.ledger_events SELECT * FROM {t}.ledger_events LIMIT 50").format(
+            t=sql.Identifier(TARGET)))
+        self.query(sql.SQL("UPDATE {}.account_balances SET balance_cents = balance_cents + 777 WHERE account_id IN "
+                           "(SELECT account_id FROM {}.account_balances LIMIT 10)").format(
+            sql.Identifier(TARGET), sql.Identifier(TARGET)))
+        damaged = self.final_audit()
+
+        c.stage("eos_recovery: gate, stop, restore, replay, caught up, audit, resume")
+        recovery = self.run_dag("eos_recovery", {"snapshot": "latest"}, budget=900)
+        # In the order they ran.
+        ran = sorted((ti for ti in self.api.task_instances("eos_recovery", recovery) if ti.get("duration") is not None),
+                     key=lambda ti: ti.get("start_date") or "")
+        steps = [(ti["task_id"], round(float(ti["duration"]), 2)) for ti in ran]
+
+        c.stage("final audit against everything Kafka committed")
+        self.wait_until("stream caught up with the LSO", self.caught_up, 300)
+        final = self.final_audit()
+
+        c.stage("stopping the stream at a batch boundary")
+        self.query(sql.SQL("INSERT INTO {}.stream_control (pipeline, stop_requested_at, requested_by)"
+                           " VALUES (%s, now(), 'demo') ON CONFLICT (pipeline) DO UPDATE SET"
+                           " stop_requested_at = now(), requested_by = 'demo'").format(sql.Identifier(META)),
+                   (PIPELINE,))
+        self.wait_until("no Spark driver left", lambda: not self.spark_drivers(), 180)
+        self.sampler.stop_event.set()
+
+        summary = final["summary"]
+        aggregates = final["aggregates"]["account_balances"]
+        batches = (produced, more, later)
+        committed = sum(b.committed + b.poison + b.malformed for b in batches)
+        aborted = sum(b.aborted for b in batches) + OPEN_TRANSACTION_RECORDS
+        for run_id in self.stream_runs():
+            self.runs[f"eos_stream ({run_id})"] = self.api.run_state("eos_stream", run_id)
+        result = {
+            "events_produced": committed + aborted,
+            "events_committed_by_producers": committed,
+            "events_committed_in_kafka (audit)": summary["committed_records"],
+            "events_aborted_or_left_open": aborted,
+            "rows_in_db": sum(p["rows"] for p in final["partitions"].values()),
+            "duplicates": summary["duplicated"],
+            "missing": summary["missing"],
+            "balances_exact": aggregates["keys_wrong"] == 0,
+            "dead_lettered": summary["dead_lettered"],
+            "damage_seen_before_recovery": {"duplicated": damaged["summary"]["duplicated"],
+                                            "missing": damaged["summary"]["missing"],
+                                            "balances_wrong": damaged["aggregates"]["account_balances"]["keys_wrong"]},
+            **self.timings,
+            "recovery_steps_s": dict(steps),
+            "tasks_seen_deferred": sorted(self.deferred),
+            "exact": final["ok"],
+        }
+        self.write_html(result, steps)
+        return result
+
+    def reset(self) -> None:
+        """A rerun starts from a clean slate: the demo's topic, tables, offsets and snapshots."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]})
+        if TOPIC in admin.list_topics(timeout=10).topics:
+            admin.delete_topics([TOPIC])[TOPIC].result(30)
+            self.wait_until("old demo topic deleted", lambda: TOPIC not in admin.list_topics(timeout=10).topics, 60)
+        self.query(sql.SQL("DROP TABLE IF EXISTS {t}.ledger_events, {t}.account_balances").format(
+            t=sql.Identifier(TARGET)))
+        self.query(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(META)))
+        for folder in ("snapshots", "checkpoints"):
+            subprocess.run(["rm", "-rf", str(ROOT / ".local" / folder)], check=True)
+
+    def final_audit(self) -> dict[str, Any]:
+        config = PipelineConfig(
+            pipeline=PIPELINE, topics=[TOPIC], kafka_bootstrap=self.stack["EOS_KAFKA_BOOTSTRAP"],
+            target_schema=TARGET, meta_schema=META,
+            postgres=PostgresTarget(host=self.stack["EOS_PG_HOST"], port=int(self.stack["EOS_PG_PORT"]),
+                                    dbname=self.stack["EOS_PG_DB"], user=self.stack["EOS_PG_USER"],
+                                    password=self.stack["EOS_PG_PASSWORD"]),
+        )
+        return audit(config, LEDGER)
+
+    def write_html(self, result: dict[str, Any], steps: list[tuple[str, float]]) -> None:
+        started = self.sampler.started
+        rows = self.query(sql.SQL(
+            "SELECT extract(epoch FROM recorded_at), input_rows, batch_duration_ms FROM {}.stream_progress"
+            " WHERE pipeline = %s ORDER BY recorded_at").format(sql.Identifier(META)), (PIPELINE,))
+        wall_offset = time.time() - (time.monotonic() - started)
+        throughput = [(float(t) - wall_offset, rows_ / max(ms or 1, 1) * 1000) for t, rows_, ms in rows if rows_]
+        page = html_report.render({
+            "exact": result["exact"],
+            "summary": {k: v for k, v in result.items() if k not in ("recovery_steps_s",)},
+            "runs": self.runs,
+            "lso_lag": self.sampler.samples,
+            "throughput": throughput,
+            "recovery_steps": steps,
+        })
+        out = ROOT / ".local" / "demo" / "report.html"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page)
+        self.report_path = out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--open-txn-timeout-ms", type=int, default=60_000,
+                        help="transaction.timeout.ms of the producer that dies inside its transaction")
+    parser.add_argument("--json", help="also write the final report as JSON to this file")
+    args = parser.parse_args()
+    story = Story(args.events, args.open_txn_timeout_ms)
+    result = story.run()
+    print("\n================ report ================")
+    for key, value in result.items():
+        print(f"{key:>32}: {value}")
+    print(f"\nHTML report: {story.report_path}")
+    print(f"Airflow UI:  {story.ui}  (login: {story.login[0]} / {story.login[1]})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**result, "report_html": str(story.report_path),
+                                               "runs": story.runs}, indent=2, default=str))
+    return 0 if result["exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

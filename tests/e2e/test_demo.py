@@ -1,0 +1,74 @@
+"""The main job end to end: Airflow's real api-server, scheduler, dag-processor
+and triggerer, driven through the REST API (not dag.test())."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def demo_result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("demo") / "result.json"
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "demo.story", "--events", "6000", "--open-txn-timeout-ms", "60000",
+             "--json", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=2400)
+    finally:
+        subprocess.run(["bash", "scripts/airflow.sh", "stop"], cwd=ROOT, check=False)
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_the_story_ends_exactly_once(demo_result: dict) -> None:
+    assert demo_result["exact"] is True
+    assert demo_result["duplicates"] == 0 and demo_result["missing"] == 0
+    assert demo_result["balances_exact"] is True
+    assert demo_result["dead_lettered"] == 1
+    damage = demo_result["damage_seen_before_recovery"]
+    assert damage["duplicated"] > 0 and damage["missing"] > 0 and damage["balances_wrong"] > 0
+
+
+def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
+    states = {name.split(" ")[0]: state for name, state in demo_result["runs"].items()}
+    assert states["eos_health_check"] == "failed"  # it caught the stuck LSO
+    assert states["eos_snapshot"] == "success"
+    assert states["eos_recovery"] == "success"
+    assert demo_result["stuck LSO detected after (s)"] > 0
+
+
+def test_the_lso_sensor_deferred_to_the_triggerer(demo_result: dict) -> None:
+    assert any(task.startswith("eos_health_check.") for task in demo_result["tasks_seen_deferred"])
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_the_html_report_renders(demo_result: dict, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium is missing: scripts/install.sh installs Debian's chromium"
+    report = Path(demo_result["report_html"])
+    html = report.read_text()
+    assert "<svg" in html and "EXACTLY ONCE" in html
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1600", f"--screenshot={shot}",
+         report.as_uri()],
+        check=True, capture_output=True, timeout=120)
+    assert _png_size(shot) == (1000, 1600)
+    assert shot.stat().st_size > 30_000  # charts and tables, not a blank page
