@@ -47,15 +47,6 @@ def pipeline_topics(config_path: str) -> list[str]:
         return ["__missing_pipeline_config__"]  # the lock task then fails with the real reason
 
 
-class PipelineGateSensor(LastStableOffsetLagSensor):
-    """The LSO gate on topics rendered from the pipeline config: the sensor wraps a
-    templated string in a list, and native rendering turns it into a list of lists."""
-
-    def execute(self, context: Any) -> Any:
-        self.topics = [t for item in self.topics for t in (item if isinstance(item, list) else [item])]
-        return super().execute(context)
-
-
 common: dict[str, Any] = {"pipeline_config": CONFIG, "postgres_conn_id": POSTGRES_CONN_ID}
 
 with DAG(
@@ -81,7 +72,7 @@ with DAG(
                                description="no micro-batch for this long (after a stop request) = stopped"),
     },
 ):
-    gate = PipelineGateSensor(
+    gate = LastStableOffsetLagSensor(
         task_id="gate",
         topics="{{ pipeline_topics(params.config_dir ~ '/' ~ params.pipeline ~ '.json') }}",
         kafka_config_id=KAFKA_CONN_ID,

@@ -63,9 +63,8 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
-        if isinstance(topics, str):
-            topics = [topics]
-        self.topics = list(topics)
+        # Kept as given: a template may render to a string or (native rendering) a list.
+        self.topics: Any = topics
         self.kafka_config_id = kafka_config_id
         self.watch_mode = check_mode(watch_mode)
         self.stuck_after = float(stuck_after)
@@ -80,9 +79,20 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
     def hook(self) -> KafkaOffsetsHook:
         return KafkaOffsetsHook(kafka_config_id=self.kafka_config_id, timeout=self.request_timeout)
 
+    def topic_list(self) -> list[str]:
+        """The rendered ``topics`` as a flat list: a name, a comma-separated string, or lists of them."""
+        pending, names = [self.topics], []
+        while pending:
+            item = pending.pop(0)
+            if isinstance(item, str):
+                names += [t.strip() for t in item.split(",") if t.strip()]
+            else:
+                pending[:0] = list(item)
+        return names
+
     def _trigger(self) -> LsoLagTrigger:
         return LsoLagTrigger(
-            topics=self.topics,
+            topics=self.topic_list(),
             kafka_config_id=self.kafka_config_id,
             mode=self.watch_mode,
             stuck_after=self.stuck_after,
@@ -114,7 +124,7 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
             self._watch = LsoWatch(
                 stuck_after=self.stuck_after, txn_max_timeout_ms=self.txn_max_timeout_ms, margin=self.margin
             )
-        offsets = self.hook.partition_offsets(self.topics, include_earliest=False)
+        offsets = self.hook.partition_offsets(self.topic_list(), include_earliest=False)
         report = self._watch.observe(time.time(), offsets)
         self.last_report = report.to_dict()
         status = evaluate(self.watch_mode, self._watch, report)

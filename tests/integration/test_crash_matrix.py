@@ -84,9 +84,9 @@ def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name
 
 
 def test_at_least_once_shows_duplicates_under_the_same_crashes(stack: dict, tmp_path: Path, unique_name: str) -> None:
-    # Fewer kills than above to save CI time; the after_commit crash alone must duplicate a batch.
-    report, kills = _run_matrix(stack, tmp_path, f"alo{unique_name}", "at_least_once", kills=4)
+    report, kills = _run_matrix(stack, tmp_path, f"alo{unique_name}", "at_least_once", kills=10)
     print(f"at_least_once: events={EVENTS} kills={kills} summary={report['summary']}")
+    assert kills >= 10
     assert report["summary"]["duplicated"] > 0
     assert report["aggregates"]["account_balances"]["keys_wrong"] > 0
     assert not report["ok"] and report["exit_code"] == 1
