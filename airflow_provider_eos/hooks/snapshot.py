@@ -116,8 +116,11 @@ class SnapshotHook(PostgresHook):
     # ------------------------------------------------------------------ connections
     def libpq_params(self, dbname: str | None = None) -> dict[str, Any]:
         conn = self.connection
+        if not conn.host:
+            # No silent default host: the target must be named in the connection.
+            raise ValueError(f"connection {getattr(self, self.conn_name_attr)!r} has no host")
         params: dict[str, Any] = {
-            "host": conn.host or "localhost",
+            "host": conn.host,
             "port": int(conn.port or 5432),
             "user": conn.login,
             "dbname": dbname or self.database or conn.schema or "postgres",
