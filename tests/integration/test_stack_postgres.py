@@ -35,7 +35,8 @@ def test_max_prepared_transactions_enabled(pg_conn) -> None:
 
 @pytest.fixture
 def twopc_table(pg_conn, unique_name):
-    table = sql.Identifier(f"eos_test_2pc_{unique_name}")
+    # Schema-qualified: the user's own schema (eos) may exist and come first on search_path.
+    table = sql.Identifier("public", f"eos_test_2pc_{unique_name}")
     with pg_conn.cursor() as cur:
         cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text)").format(table))
     gids: list[str] = []
@@ -110,10 +111,10 @@ def test_dump_tools_match_server_major(pg_conn, pg_dsn, twopc_table, stack) -> N
 
     # And they work against this server: a custom-format dump lists the table.
     table, _ = twopc_table
-    name = table.strings[0]
+    name = table.strings[-1]
     env = {**os.environ, "PGPASSWORD": stack["EOS_PG_PASSWORD"]}
     dump = subprocess.run(
-        [str(pg_dump), "--dbname", pg_dsn, "-Fc", "-t", name],
+        [str(pg_dump), "--dbname", pg_dsn, "-Fc", "-t", f"public.{name}"],
         capture_output=True,
         env=env,
         check=True,

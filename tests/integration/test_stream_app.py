@@ -194,7 +194,7 @@ def test_sql_injection_in_a_table_name_stays_a_name(stack: dict, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture) -> None:
     conn = pg_connect(stack)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE TABLE {} (x int)").format(sql.Identifier(f"canary_{unique_name}")))
+        cur.execute(sql.SQL("CREATE TABLE {} (x int)").format(sql.Identifier("public", f"canary_{unique_name}")))
     config = pipeline_config(stack, tmp_path, f"inj{unique_name}", create_targets=False,
                              target_schema=f'public"; DROP TABLE canary_{unique_name}; --')
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=1)
@@ -205,5 +205,5 @@ def test_sql_injection_in_a_table_name_stays_a_name(stack: dict, tmp_path: Path,
     with conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s)", (f"public.canary_{unique_name}",))
         assert cur.fetchone()[0] is not None  # still there
-        cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(f"canary_{unique_name}")))
+        cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("public", f"canary_{unique_name}")))
     conn.close()
