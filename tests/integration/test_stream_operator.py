@@ -137,6 +137,14 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """A short-lived child may exit (or linger as a zombie) between listing and reading."""
+    try:
+        return proc.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return []
+
+
 def test_available_now_run_is_exact_and_leaks_no_password(make_pipeline, airflow_conns, capfd):
     started = time.monotonic()
     p = make_pipeline("opnow")
@@ -145,7 +153,7 @@ def test_available_now_run_is_exact_and_leaks_no_password(make_pipeline, airflow
     watcher = Watcher(p.operator())
     watcher.start()
     hook = watcher.live_hook(event="start")
-    cmdlines = [" ".join(proc.cmdline()) for proc in _tree(hook.pid)]
+    cmdlines = [" ".join(_cmdline(proc)) for proc in _tree(hook.pid)]
     environ_has_secret = psutil.Process(hook.pid).environ().get("EOS_PG_PASSWORD") == secret
     watcher.join(240)
     assert watcher.error is None, watcher.error
