@@ -23,7 +23,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     (duplicates, missing rows, wrong totals, malformed records not quarantined).
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param fail_on_mismatch: raise AuditMismatchError when the report is not ok.
     :param plan_only: skip the audit (returns None).
     """
@@ -31,7 +31,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     template_fields: Sequence[str] = ("pipeline_config", "plan_only")
     ui_color = "#f3e8fd"
 
-    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "postgres_default",
+    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
                  fail_on_mismatch: bool = True, plan_only: Any = False, pg_bin_dir: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)

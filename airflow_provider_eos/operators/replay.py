@@ -86,13 +86,13 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
     :param snapshot: ``latest``, an id, an ISO-8601 timestamp, or None for the database (templated).
     :param snapshot_store: local directory or object storage URL (templated).
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store")
 
     def __init__(self, *, pipeline_config: Any, snapshot: str | None = LATEST, snapshot_store: Any = DEFAULT_STORE,
-                 kafka_config_id: str = "kafka_default", postgres_conn_id: str = "postgres_default",
+                 kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
                  pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
@@ -136,7 +136,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     start on every partition.
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
     :param spark_conn_id: The connection object to use, defaults to "spark_default"
     :param jars: comma-separated jars for spark-submit (default: ``EOS_SPARK_JARS``).
@@ -149,7 +149,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     template_fields: Sequence[str] = ("pipeline_config", "jars", "checkpoint_dir", "plan_only")
     ui_color = "#e7eefc"
 
-    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "postgres_default",
+    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str = "kafka_default", spark_conn_id: str = "spark_default",
                  jars: str | None = None, spark_conf: dict[str, str] | None = None, driver_memory: str = "1g",
                  checkpoint_dir: str | None = None, plan_only: Any = False, pg_bin_dir: str | None = None,
@@ -264,7 +264,7 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
     :param replay_task_id: task whose XCom holds ``lso_at_start`` (None: current LSO).
     :param timeout_seconds: fail after this long.
     :param poll_seconds: seconds between checks.
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
     :param plan_only: report without waiting.
     """
@@ -272,7 +272,7 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
     template_fields: Sequence[str] = ("pipeline_config", "plan_only")
 
     def __init__(self, *, pipeline_config: Any, replay_task_id: str | None = None, timeout_seconds: float = 600.0,
-                 poll_seconds: float = 5.0, postgres_conn_id: str = "postgres_default",
+                 poll_seconds: float = 5.0, postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str = "kafka_default", plan_only: Any = False, pg_bin_dir: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)

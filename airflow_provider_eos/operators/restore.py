@@ -63,7 +63,7 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param snapshot: ``latest``, a snapshot id or an ISO-8601 timestamp (templated).
     :param snapshot_store: local directory or object storage URL (templated).
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param quiet_seconds: a micro-batch finished more recently than this means running.
     :param require_stop_request: also require a stop request in the control table.
     :param allow_shared_meta: restore even if other pipelines keep offsets in the
@@ -85,7 +85,7 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
         pipeline_config: Any,
         snapshot: str = LATEST,
         snapshot_store: Any = DEFAULT_STORE,
-        postgres_conn_id: str = "postgres_default",
+        postgres_conn_id: str = "eos_postgres",
         quiet_seconds: float | str = 30.0,
         require_stop_request: bool = True,
         allow_shared_meta: bool = False,
@@ -205,14 +205,14 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param action: ``acquire`` or ``release``.
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param lock_ttl: seconds after which a lock left behind may be taken over.
     :param plan_only: report who holds the lock without taking it.
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "plan_only")
 
-    def __init__(self, *, pipeline_config: Any, action: str = "acquire", postgres_conn_id: str = "postgres_default",
+    def __init__(self, *, pipeline_config: Any, action: str = "acquire", postgres_conn_id: str = "eos_postgres",
                  lock_ttl: float = 6 * 3600.0, plan_only: Any = False, pg_bin_dir: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -248,7 +248,7 @@ class RequestStopOperator(PipelineOperatorMixin, BaseOperator):
     A stand-in for ``StopPipelineOperator`` in the recovery DAG until that lands.
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param quiet_seconds: how long without progress counts as stopped.
     :param timeout_seconds: give up after this long.
     :param plan_only: report the stream's state without changing it.
@@ -256,7 +256,7 @@ class RequestStopOperator(PipelineOperatorMixin, BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline_config", "quiet_seconds", "plan_only")
 
-    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "postgres_default",
+    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
                  quiet_seconds: float | str = 30.0, timeout_seconds: float = 600.0, plan_only: Any = False,
                  pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -98,7 +98,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
 
     :param pipeline_config: the pipeline's config, a dict or a JSON file path (templated).
     :param snapshot_store: local directory or object storage URL (templated).
-    :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
+    :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param keep_last: keep the newest N snapshots of the pipeline (0: keep all).
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql (default: PATH or EOS_PG_BIN_DIR).
     """
@@ -111,7 +111,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
         *,
         pipeline_config: Any,
         snapshot_store: Any = DEFAULT_STORE,
-        postgres_conn_id: str = "postgres_default",
+        postgres_conn_id: str = "eos_postgres",
         keep_last: int | str = 24,
         pg_bin_dir: str | None = None,
         **kwargs: Any,
