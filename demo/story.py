@@ -111,15 +111,20 @@ class LsoSampler(threading.Thread):
         self.started = time.monotonic()
         self.stop_event = threading.Event()
 
-    def lag(self) -> dict[int, int]:
+    def latest(self, committed: bool) -> dict[int, int]:
+        """Latest offset per partition: the LSO when ``committed``, else the high watermark."""
         from confluent_kafka import IsolationLevel, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
         partitions = self.admin.list_topics(self.topic, timeout=10).topics[self.topic].partitions
         request = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in partitions}
-        hw = self.admin.list_offsets(request, isolation_level=IsolationLevel.READ_UNCOMMITTED)
-        lso = self.admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
-        return {tp.partition: hw[tp].result().offset - lso[tp].result().offset for tp in request}
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        result = self.admin.list_offsets(request, isolation_level=level)
+        return {tp.partition: result[tp].result().offset for tp in request}
+
+    def lag(self) -> dict[int, int]:
+        hw, lso = self.latest(committed=False), self.latest(committed=True)
+        return {partition: hw[partition] - lso.get(partition, hw[partition]) for partition in hw}
 
     def run(self) -> None:
         while not self.stop_event.wait(1.0):
@@ -201,14 +206,7 @@ class Story:
         return bool(lso) and all(stored.get((TOPIC, p), -1) >= offset for p, offset in lso.items())
 
     def lso(self) -> dict[int, int]:
-        from confluent_kafka import IsolationLevel, TopicPartition
-        from confluent_kafka.admin import OffsetSpec
-
-        admin = self.sampler.admin
-        partitions = admin.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
-        request = {TopicPartition(TOPIC, p): OffsetSpec.latest() for p in partitions}
-        result = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
-        return {tp.partition: result[tp].result().offset for tp in request}
+        return self.sampler.latest(committed=True)
 
     def meta_ready(self) -> bool:
         """The app creates its bookkeeping tables when it first starts."""
