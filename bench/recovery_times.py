@@ -43,6 +43,27 @@ def _connections(stack: dict[str, str]) -> None:
     os.environ[f"AIRFLOW_CONN_{SPARK_CONN.upper()}"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
 
 
+def last_run_rate(stack: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
+    """Rows and summed micro-batch time of the pipeline's most recent run."""
+    import psycopg2
+    from psycopg2 import sql
+
+    conn = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], dbname=stack["EOS_PG_DB"],
+                            user=stack["EOS_PG_USER"], password=stack["EOS_PG_PASSWORD"])
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL(
+                "SELECT sum(input_rows), sum(batch_duration_ms), count(*) FROM {} WHERE pipeline = %s"
+                " AND run_id = (SELECT run_id FROM {} WHERE pipeline = %s ORDER BY recorded_at DESC LIMIT 1)"
+            ).format(*[sql.Identifier(config["meta_schema"], "stream_progress")] * 2),
+                (config["pipeline"], config["pipeline"]))
+            rows, millis, batches = cur.fetchone()
+    finally:
+        conn.close()
+    return {"rows": int(rows or 0), "batches": int(batches or 0),
+            "in_batch_rows_per_s": round(int(rows or 0) / (int(millis) / 1000), 1) if millis else None}
+
+
 def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
     from airflow_provider_eos.hooks.snapshot import SnapshotHook
     from airflow_provider_eos.operators.replay import ReplayOperator
@@ -72,7 +93,11 @@ def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
     out["dump_mib"] = round(snap["dump_bytes"] / 2**20, 1)
     produce_ledger(bootstrap, extra, topic=topic, batch_size=5000, seed=2, first_seq=events,
                    transactional_id=f"b{name}")
+    clock = time.monotonic()
     assert run_app(config, tmp, timeout=1800).process.returncode == 0
+    steady_seconds = time.monotonic() - clock
+    out["steady"] = {**last_run_rate(stack, config), "seconds": round(steady_seconds, 1),
+                     "wall_rows_per_s": round(extra / steady_seconds, 1)}
     hook = SnapshotHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
     hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
     clock = time.monotonic()
@@ -85,6 +110,11 @@ def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
                               jars=stack["EOS_SPARK_JARS"], **common).execute({"run_id": f"bench-{name}"})
     out["replay_seconds"] = round(time.monotonic() - clock, 1)
     out["replay_events_counted"] = replayed["events_replayed"]
+    out["replay"] = {**last_run_rate(stack, config), "seconds": out["replay_seconds"],
+                     "wall_rows_per_s": round(extra / out["replay_seconds"], 1)}
+    steady_rate, replay_rate = out["steady"]["in_batch_rows_per_s"], out["replay"]["in_batch_rows_per_s"]
+    out["replay_vs_steady_in_batch"] = round(replay_rate / steady_rate, 2) if steady_rate and replay_rate else None
+    out["replay_vs_steady_wall"] = round(out["replay"]["wall_rows_per_s"] / out["steady"]["wall_rows_per_s"], 2)
     clock = time.monotonic()
     report = audit(config, tmp)
     out["audit_seconds"] = round(time.monotonic() - clock, 1)
@@ -109,10 +139,12 @@ def main() -> None:
     document = {"machine": machine(), "spark_master": "local[2]", "results": results}
     Path(args.output).write_text(json.dumps(document, indent=2) + "\n")
     print(f"{'events':>9} {'snap rows':>10} {'dump MiB':>8} {'snapshot s':>10} {'restore s':>9} "
-          f"{'replayed':>9} {'replay s':>8} {'audit':>5}")
+          f"{'replayed':>9} {'replay s':>8} {'steady r/s':>10} {'replay r/s':>10} {'ratio':>5} {'audit':>5}")
     for r in results:
         print(f"{r['events']:>9} {r['snapshot_rows']:>10} {r['dump_mib']:>8} {r['snapshot_seconds']:>10} "
-              f"{r['restore_seconds']:>9} {r['replayed_events']:>9} {r['replay_seconds']:>8} {r['audit_ok']!s:>5}")
+              f"{r['restore_seconds']:>9} {r['replayed_events']:>9} {r['replay_seconds']:>8} "
+              f"{r['steady']['in_batch_rows_per_s']!s:>10} {r['replay']['in_batch_rows_per_s']!s:>10} "
+              f"{r['replay_vs_steady_in_batch']!s:>5} {r['audit_ok']!s:>5}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from airflow.sdk import DAG, Param, task
 from airflow_provider_eos.operators.audit import AuditOperator
 from airflow_provider_eos.operators.replay import CaughtUpOperator, ReplayOperator, RetentionCheckOperator
 from airflow_provider_eos.operators.restore import RecoveryLockOperator, RequestStopOperator, RestoreOperator
+from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 
 POSTGRES_CONN_ID = os.environ.get("EOS_POSTGRES_CONN_ID", "eos_postgres")
@@ -32,6 +33,7 @@ KAFKA_CONN_ID = os.environ.get("EOS_KAFKA_CONN_ID", "kafka_default")
 SPARK_CONN_ID = os.environ.get("EOS_SPARK_CONN_ID", "spark_default")
 CONFIG_DIR = os.environ.get("EOS_PIPELINE_CONFIG_DIR", "/opt/eos/pipelines")
 SNAPSHOT_STORE = os.environ.get("EOS_SNAPSHOT_STORE", "/tmp/eos-snapshots")
+LOCK_TTL = float(os.environ.get("EOS_RECOVERY_LOCK_TTL", DEFAULT_LOCK_TTL))
 CONFIG = "{{ params.config_dir }}/{{ params.pipeline }}.json"
 DRY_RUN = "{{ params.dry_run }}"
 PINNED = "{{ ti.xcom_pull(task_ids='choose_snapshot')['snapshot']['snapshot_id'] }}"
@@ -48,6 +50,7 @@ def pipeline_topics(config_path: str) -> list[str]:
 
 
 common: dict[str, Any] = {"pipeline_config": CONFIG, "postgres_conn_id": POSTGRES_CONN_ID}
+locked: dict[str, Any] = {**common, "hold_lock": True, "lock_ttl": LOCK_TTL}  # steps that change the target
 
 with DAG(
     dag_id="eos_recovery",
@@ -68,8 +71,8 @@ with DAG(
         "resume_dag_id": Param("eos_stream", type="string"),
         "config_dir": Param(CONFIG_DIR, type="string", description="directory of <pipeline>.json configs"),
         "snapshot_store": Param(SNAPSHOT_STORE, type="string", description="local dir or object storage URL"),
-        "quiet_seconds": Param(30, type="number", minimum=0,
-                               description="no micro-batch for this long (after a stop request) = stopped"),
+        "quiet_seconds": Param(0, type="number", minimum=0,
+                               description="also require no micro-batch for this long (the running lock decides)"),
     },
 ):
     gate = LastStableOffsetLagSensor(
@@ -81,22 +84,22 @@ with DAG(
         timeout=600,
         deferrable=False,
     )
-    lock = RecoveryLockOperator(task_id="lock", action="acquire", plan_only=DRY_RUN, **common)
-    # Stand-in for StopPipelineOperator: the same control-table request, then waits for quiet.
+    lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=LOCK_TTL, plan_only=DRY_RUN, **common)
+    # The control-table stop request, then wait until no driver holds the pipeline's running lock.
     stop = RequestStopOperator(task_id="stop_stream", quiet_seconds="{{ params.quiet_seconds }}",
-                               plan_only=DRY_RUN, **common)
+                               plan_only=DRY_RUN, **locked)
     choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}",
                              snapshot_store="{{ params.snapshot_store }}", plan_only=True, **common)
     retention = RetentionCheckOperator(task_id="retention_check", snapshot=PINNED,
                                        snapshot_store="{{ params.snapshot_store }}", kafka_config_id=KAFKA_CONN_ID,
                                        **common)
     restore = RestoreOperator(task_id="restore", snapshot=PINNED, snapshot_store="{{ params.snapshot_store }}",
-                              quiet_seconds="{{ params.quiet_seconds }}", plan_only=DRY_RUN, **common)
+                              quiet_seconds="{{ params.quiet_seconds }}", plan_only=DRY_RUN, **locked)
     replay = ReplayOperator(task_id="replay", kafka_config_id=KAFKA_CONN_ID, spark_conn_id=SPARK_CONN_ID,
-                            plan_only=DRY_RUN, **common)
+                            plan_only=DRY_RUN, **locked)
     caught_up = CaughtUpOperator(task_id="wait_caught_up", replay_task_id="replay", kafka_config_id=KAFKA_CONN_ID,
-                                 plan_only=DRY_RUN, **common)
-    audit = AuditOperator(task_id="audit", plan_only=DRY_RUN, **common)
+                                 plan_only=DRY_RUN, **locked)
+    audit = AuditOperator(task_id="audit", plan_only=DRY_RUN, **locked)
     should_resume = ShortCircuitOperator(
         task_id="should_resume",
         python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),

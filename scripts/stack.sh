@@ -6,6 +6,9 @@
 #   scripts/stack.sh stop     stop what this script started (by its PID files)
 #   scripts/stack.sh status   one line per service
 #   scripts/stack.sh reset    stop, then delete all local state
+#   scripts/stack.sh start-postgres | stop-postgres
+#                             only the PostgreSQL cluster (tests start a second one
+#                             with other settings under another EOS_STATE_DIR)
 #
 # Spark needs no daemon (local[*] inside spark-submit); Airflow's services are
 # started by scripts/airflow.sh. Settings come from the environment (see
@@ -220,9 +223,11 @@ case "${1:-}" in
     write_env_file
     log "ready; clients: source $EOS_STATE_DIR/stack.env" ;;
   stop) stop_kafka; stop_postgres ;;
+  start-postgres) mkdir -p "$EOS_STATE_DIR"; start_postgres ;;
+  stop-postgres) stop_postgres ;;
   status)
     if pid_alive "$kafka_pid"; then echo "kafka: running (pid $(cat "$kafka_pid"))"; else echo "kafka: stopped"; fi
     if [ -f "$pg_data/postmaster.pid" ]; then echo "postgres: running"; else echo "postgres: stopped"; fi ;;
   reset) stop_kafka; stop_postgres; rm -rf "$kafka_dir" "$pg_dir" "$EOS_STATE_DIR/stack.env"; log "state removed" ;;
-  *) echo "usage: $0 start|stop|status|reset" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|reset|start-postgres|stop-postgres" >&2; exit 2 ;;
 esac

@@ -259,13 +259,21 @@ class EosPostgresHook(PostgresHook):
 
     def supervisor_running(self, pipeline: str) -> bool:
         """Whether some session holds the pipeline's supervisor lock (as seen in pg_locks)."""
-        with self.cursor() as cur:
-            cur.execute(
-                "WITH k AS (SELECT hashtextextended('eos-supervisor:' || %s || ':' || %s, 0) AS key)"
-                " SELECT EXISTS (SELECT 1 FROM pg_locks, k WHERE locktype = 'advisory' AND granted"
-                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                " AND objsubid = 1 AND classid = ((k.key >> 32) & 4294967295)::oid"
-                " AND objid = (k.key & 4294967295)::oid) AS held",
-                (self.meta_schema, pipeline),
-            )
-            return bool(cur.fetchone()["held"])
+        from spark_apps.eos_stream.control import advisory_lock_held
+
+        conn = self.connect()
+        try:
+            return advisory_lock_held(conn, f"eos-supervisor:{self.meta_schema}:{pipeline}")
+        finally:
+            conn.close()
+
+    def driver_running(self, pipeline: str) -> bool:
+        """Whether a driver of the pipeline is connected: every app holds its running
+        lock for its lifetime, whoever started it (see ``spark_apps.eos_stream.control``)."""
+        from spark_apps.eos_stream.control import driver_running
+
+        conn = self.connect()
+        try:
+            return driver_running(conn, pipeline)
+        finally:
+            conn.close()

@@ -352,16 +352,18 @@ class SnapshotHook(PostgresHook):
         ``psql --single-transaction`` runs: move every existing table of the
         snapshot into ``aside_schema`` (``ALTER TABLE .. SET SCHEMA`` takes its
         indexes, constraints and owned sequences along), the dump's restore
-        script (``pg_restore -f -``), then a check of every restored table's
-        count and checksum against the manifest that raises on any difference.
-        Any error rolls everything back: the target is never half-restored.
-        Only after the commit is the aside schema dropped (``drop_old``).
+        script (``pg_restore -f -``), a check of every restored table's count
+        and checksum against the manifest that raises on any difference, and
+        (``drop_old``) the drop of the aside schema. Any error rolls everything
+        back: the target is never half-restored, the old tables are kept until
+        the swap succeeds, and a crash at any point leaves either the old state
+        or the new one, nothing in between and nothing behind.
         """
         started = time.monotonic()
         conn = self.connect()
         try:
             prelude = self._prelude(conn, manifest, aside_schema)
-            postlude = self._postlude(conn, manifest)
+            postlude = self._postlude(conn, manifest, aside_schema if drop_old else None)
         finally:
             conn.close()
         with tempfile.TemporaryDirectory(prefix="eos-swap-") as tmp:
@@ -391,16 +393,7 @@ class SnapshotHook(PostgresHook):
             if "eos-restore: validation failed" in message:
                 raise SnapshotValidationError(f"restored tables do not match the manifest, rolled back: {message}")
             raise PgToolError(f"restore transaction failed and was rolled back: {message}")
-        swapped = time.monotonic()
-        if drop_old:
-            conn = self.connect()
-            try:
-                with conn.cursor() as cur:
-                    cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(aside_schema)))
-                conn.commit()
-            finally:
-                conn.close()
-        return {"swap_seconds": round(swapped - started, 3), "drop_old_seconds": round(time.monotonic() - swapped, 3),
+        return {"swap_seconds": round(time.monotonic() - started, 3),
                 "aside_schema": None if drop_old else aside_schema}
 
     def _prelude(self, conn: PgConnection, manifest: SnapshotManifest, aside: str) -> str:
@@ -414,7 +407,7 @@ class SnapshotHook(PostgresHook):
                 sql.Identifier(t.schema), sql.Identifier(t.table), sql.Identifier(aside)))
         return "".join(s.as_string(conn) + ";\n" for s in statements)
 
-    def _postlude(self, conn: PgConnection, manifest: SnapshotManifest) -> str:
+    def _postlude(self, conn: PgConnection, manifest: SnapshotManifest, drop_schema: str | None) -> str:
         checks = []
         for t in manifest.tables:
             checks.append(sql.SQL(
@@ -432,17 +425,23 @@ class SnapshotHook(PostgresHook):
             + body
             + "  IF problems <> '' THEN\n    RAISE EXCEPTION 'eos-restore: validation failed: %', problems;\n"
             "  END IF;\nEND\n$eos$;\n"
+            + (sql.SQL("DROP SCHEMA {} CASCADE;\n").format(sql.Identifier(drop_schema)).as_string(conn)
+               if drop_schema else "")
         )
 
     # ------------------------------------------------------------------ stream state and locks
     def stream_activity(self, meta_schema: str, pipeline: str) -> dict[str, Any]:
-        """When the pipeline last recorded progress and whether a stop is requested."""
+        """Whether a driver of the pipeline is connected (its running lock), when
+        it last recorded progress and whether a stop is requested."""
         from spark_apps.eos_stream import meta_tables
+        from spark_apps.eos_stream.control import driver_running
 
         conn = self.connect()
         try:
+            running = driver_running(conn, pipeline)
             with conn.cursor() as cur:
-                result: dict[str, Any] = {"last_progress_at": None, "stop_requested_at": None, "seconds_since": None}
+                result: dict[str, Any] = {"driver_running": running, "last_progress_at": None,
+                                          "stop_requested_at": None, "seconds_since": None}
                 cur.execute("SELECT to_regclass(%s), to_regclass(%s), now()", (
                     f'"{meta_schema}"."{meta_tables.PROGRESS}"', f'"{meta_schema}"."{meta_tables.CONTROL}"'))
                 row = cur.fetchone()
@@ -485,30 +484,57 @@ class SnapshotHook(PostgresHook):
             conn.close()
 
     def acquire_lock(self, meta_schema: str, key: str, holder: str, ttl_seconds: float) -> dict[str, Any]:
-        """Takes the recovery lock row for ``key``; re-entrant for the same holder,
-        takes over a lock older than ``ttl_seconds``. Returns the holder row when
-        someone else holds it (``acquired`` False)."""
+        """Takes the recovery lock row for ``key``, or refreshes it for its holder.
+
+        Re-entrant: the same holder (a DAG run id) gets it again, so a cleared or
+        rerun task of that run goes on. A row whose heartbeat is older than
+        ``ttl_seconds`` belonged to a run that died without its teardown, and is
+        taken over. Returns ``acquired`` and the holder row; ``taken_over_from``
+        names the dead holder when there was one."""
         conn = self.connect()
         try:
             with conn.cursor() as cur:
+                table = _lock_table(meta_schema)
                 cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(meta_schema)))
                 cur.execute(sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (lock_key text PRIMARY KEY, holder text NOT NULL,"
-                    " acquired_at timestamptz NOT NULL DEFAULT now())").format(_lock_table(meta_schema)))
+                    " acquired_at timestamptz NOT NULL DEFAULT now(),"
+                    " heartbeat_at timestamptz NOT NULL DEFAULT now())").format(table))
+                # Tables made before heartbeats existed.
+                cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS heartbeat_at timestamptz"
+                                    " NOT NULL DEFAULT now()").format(table))
+                cur.execute(sql.SQL("SELECT holder FROM {} WHERE lock_key = %s FOR UPDATE").format(table), (key,))
+                previous = (cur.fetchone() or (None,))[0]
                 cur.execute(sql.SQL(
                     "INSERT INTO {t} (lock_key, holder) VALUES (%s, %s) ON CONFLICT (lock_key) DO UPDATE"
-                    " SET holder = EXCLUDED.holder, acquired_at = now()"
-                    " WHERE {t}.holder = EXCLUDED.holder OR {t}.acquired_at < now() - make_interval(secs => %s)"
-                    " RETURNING holder").format(t=_lock_table(meta_schema)), (key, holder, ttl_seconds))
+                    " SET holder = EXCLUDED.holder, heartbeat_at = now(),"
+                    " acquired_at = CASE WHEN {t}.holder = EXCLUDED.holder THEN {t}.acquired_at ELSE now() END"
+                    " WHERE {t}.holder = EXCLUDED.holder OR {t}.heartbeat_at < now() - make_interval(secs => %s)"
+                    " RETURNING holder").format(t=table), (key, holder, ttl_seconds))
                 won = cur.fetchone() is not None
-                cur.execute(sql.SQL("SELECT holder, acquired_at FROM {} WHERE lock_key = %s").format(
-                    _lock_table(meta_schema)), (key,))
+                cur.execute(sql.SQL("SELECT holder, acquired_at, heartbeat_at FROM {} WHERE lock_key = %s")
+                            .format(table), (key,))
                 row = cur.fetchone()
             conn.commit()
         finally:
             conn.close()
         return {"acquired": won, "key": key, "holder": row[0] if row else None,
-                "acquired_at": row[1].isoformat() if row else None}
+                "acquired_at": row[1].isoformat() if row else None,
+                "heartbeat_at": row[2].isoformat() if row else None,
+                "taken_over_from": previous if won and previous not in (None, holder) else None}
+
+    def heartbeat_lock(self, meta_schema: str, key: str, holder: str) -> bool:
+        """Marks the holder alive; False when the lock is no longer its own."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE lock_key = %s AND holder = %s")
+                            .format(_lock_table(meta_schema)), (key, holder))
+                alive = cur.rowcount > 0
+            conn.commit()
+            return alive
+        finally:
+            conn.close()
 
     def release_lock(self, meta_schema: str, key: str, holder: str) -> bool:
         conn = self.connect()

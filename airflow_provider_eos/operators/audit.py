@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin
+from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 
 
 class AuditMismatchError(AirflowException):
@@ -25,6 +26,8 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param fail_on_mismatch: raise AuditMismatchError when the report is not ok.
+    :param hold_lock: hold the target's recovery lock while auditing (a recovery step).
+    :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: skip the audit (returns None).
     """
 
@@ -32,12 +35,14 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     ui_color = "#f3e8fd"
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
-                 fail_on_mismatch: bool = True, plan_only: Any = False, pg_bin_dir: str | None = None,
-                 **kwargs: Any) -> None:
+                 fail_on_mismatch: bool = True, hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
+                 plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
         self.fail_on_mismatch = fail_on_mismatch
+        self.hold_lock = hold_lock
+        self.lock_ttl = lock_ttl
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
 
@@ -50,7 +55,8 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
             self.log.info("dry run: audit skipped")
             return None
         config = self.app_config()
-        report = audit(config, load_spec(config.spec))
+        with self.lock_guard(config, context):
+            report = audit(config, load_spec(config.spec))
         self.log.info("audit of %s: ok=%s summary=%s mismatches=%s", config.pipeline, report["ok"],
                       report["summary"], report["mismatches"])
         if not report["ok"] and self.fail_on_mismatch:

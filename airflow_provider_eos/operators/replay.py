@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
 from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin
+from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotStore, retention_gaps
 
 APP = Path(__file__).resolve().parents[2] / "spark_apps" / "eos_stream" / "app.py"
@@ -143,6 +144,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param spark_conf: extra Spark conf.
     :param driver_memory: spark-submit driver memory.
     :param checkpoint_dir: override the config's checkpoint root.
+    :param hold_lock: hold the target's recovery lock while working (a recovery step).
+    :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the plan (offsets, retention) without running.
     """
 
@@ -152,8 +155,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str = "kafka_default", spark_conn_id: str = "spark_default",
                  jars: str | None = None, spark_conf: dict[str, str] | None = None, driver_memory: str = "1g",
-                 checkpoint_dir: str | None = None, plan_only: Any = False, pg_bin_dir: str | None = None,
-                 **kwargs: Any) -> None:
+                 checkpoint_dir: str | None = None, hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
+                 plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
@@ -163,6 +166,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         self.spark_conf = spark_conf
         self.driver_memory = driver_memory
         self.checkpoint_dir = checkpoint_dir
+        self.hold_lock = hold_lock
+        self.lock_ttl = lock_ttl
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
 
@@ -202,9 +207,11 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         plan = {"offsets_before": _nested(before), "retention": retention}
         if _truthy(self.plan_only):
             return {**plan, "dry_run": True}
-        counts_before = self._row_counts(config)
-        self.hook.set_stop_request(config.meta_schema, config.pipeline, False, by=f"replay {context.get('run_id')}")
-        self._run_app(config)
+        with self.lock_guard(config, context):
+            counts_before = self._row_counts(config)
+            self.hook.set_stop_request(config.meta_schema, config.pipeline, False,
+                                       by=f"replay {context.get('run_id')}")
+            self._run_app(config)
         after = self._stored(config)
         behind = {f"{t}[{p}]": lso - after.get((t, p), 0) for (t, p), lso in lso_at_start.items()
                   if after.get((t, p), 0) < lso}
@@ -266,6 +273,8 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
     :param poll_seconds: seconds between checks.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
+    :param hold_lock: hold the target's recovery lock while working (a recovery step).
+    :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report without waiting.
     """
 
@@ -273,10 +282,13 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
 
     def __init__(self, *, pipeline_config: Any, replay_task_id: str | None = None, timeout_seconds: float = 600.0,
                  poll_seconds: float = 5.0, postgres_conn_id: str = "eos_postgres",
-                 kafka_config_id: str = "kafka_default", plan_only: Any = False, pg_bin_dir: str | None = None,
+                 kafka_config_id: str = "kafka_default", hold_lock: bool = False,
+                 lock_ttl: float = DEFAULT_LOCK_TTL, plan_only: Any = False, pg_bin_dir: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
+        self.hold_lock = hold_lock
+        self.lock_ttl = lock_ttl
         self.replay_task_id = replay_task_id
         self.timeout_seconds = timeout_seconds
         self.poll_seconds = poll_seconds
@@ -296,17 +308,27 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
                 target = _flat(replay["lso_at_start"])
         if target is None:
             target = {k: v.last_stable for k, v in self.kafka_offsets(list(config.topics)).items()}
+        if _truthy(self.plan_only):
+            return self._check(config, target)
+        with self.lock_guard(config, context):
+            return self._wait(config, target)
+
+    def _check(self, config: Any, target: dict[tuple[str, int], int]) -> dict[str, Any]:
+        conn = self.hook.connect()
+        try:
+            stored = _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
+        finally:
+            conn.close()
+        lag = {f"{t}[{p}]": o - stored.get((t, p), 0) for (t, p), o in target.items() if stored.get((t, p), 0) < o}
+        return {"caught_up": not lag, "lag": lag, "stored": _nested(stored), "target": _nested(target)}
+
+    def _wait(self, config: Any, target: dict[tuple[str, int], int]) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout_seconds
         while True:
-            conn = self.hook.connect()
-            try:
-                stored = _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
-            finally:
-                conn.close()
-            lag = {f"{t}[{p}]": o - stored.get((t, p), 0) for (t, p), o in target.items() if stored.get((t, p), 0) < o}
-            if not lag or _truthy(self.plan_only):
-                return {"caught_up": not lag, "lag": lag, "stored": _nested(stored), "target": _nested(target)}
+            report = self._check(config, target)
+            if report["caught_up"]:
+                return report
             if time.monotonic() > deadline:
                 raise AirflowException(
-                    f"pipeline {config.pipeline!r} not caught up after {self.timeout_seconds}s: {lag}")
+                    f"pipeline {config.pipeline!r} not caught up after {self.timeout_seconds}s: {report['lag']}")
             time.sleep(self.poll_seconds)

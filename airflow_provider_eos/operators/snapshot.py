@@ -6,6 +6,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos import __version__
 from airflow_provider_eos.hooks.snapshot import LOCK_TABLE, SnapshotHook
+from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL, holder_of, holding_lock
 from airflow_provider_eos.snapshots import (
     SnapshotError,
     SnapshotManifest,
@@ -33,6 +35,9 @@ class PipelineOperatorMixin:
     pipeline_config: Any
     postgres_conn_id: str
     pg_bin_dir: str | None
+    # Steps of a recovery run hold the target's recovery lock (see recovery_lock.py).
+    hold_lock: bool = False
+    lock_ttl: float = DEFAULT_LOCK_TTL
 
     @cached_property
     def hook(self) -> SnapshotHook:
@@ -58,6 +63,13 @@ class PipelineOperatorMixin:
 
     def lock_key(self, config: Any) -> str:
         return f"{self.hook.dbname}/{config.target_schema}/{config.pipeline}"
+
+    def lock_guard(self, config: Any, context: Any) -> AbstractContextManager[Any]:
+        """Holds the recovery lock for this run while the step works (when ``hold_lock``)."""
+        if not self.hold_lock:
+            return nullcontext({})
+        return holding_lock(self.hook, config.meta_schema, self.lock_key(config), holder_of(context),
+                            float(self.lock_ttl))
 
 
 def snapshot_tables(hook: SnapshotHook, conn: Any, config: Any) -> tuple[list[tuple[str, str]], dict]:

@@ -29,9 +29,6 @@ class StopPipelineOperator(BaseOperator):
     (UI, API or ``airflow tasks state``): its ``on_kill`` kills the spark-submit process group.
     Exactly-once delivery makes that safe: an interrupted batch rolls back and is replayed.
 
-    An app started outside the stream operator (plain spark-submit) holds no supervisor lock: the
-    request still stops it, but this operator cannot see when.
-
     :param pipeline: pipeline name.
     :param postgres_conn_id: target database connection, default "eos_postgres".
     :param meta_schema: schema of the bookkeeping tables.
@@ -67,10 +64,13 @@ class StopPipelineOperator(BaseOperator):
         if not self.wait:
             return result
         started = time.monotonic()
-        result["was_running"] = hook.supervisor_running(self.pipeline)
+        def running() -> bool:
+            return hook.supervisor_running(self.pipeline) or hook.driver_running(self.pipeline)
+
+        result["was_running"] = running()
         if not result["was_running"]:
-            self.log.info("No StreamingPipelineOperator supervises %r now: nothing to wait for", self.pipeline)
-        while hook.supervisor_running(self.pipeline):
+            self.log.info("No driver or supervisor of %r is running now: nothing to wait for", self.pipeline)
+        while running():
             waited = time.monotonic() - started
             if waited >= float(self.stop_timeout):
                 progress = hook.latest_progress(self.pipeline)

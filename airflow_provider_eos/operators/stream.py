@@ -14,9 +14,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
+from spark_apps.eos_stream.config import DELIVERY_MODES
 
 TRIGGERS = ("availableNow", "processingTime")
-DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once")
 # PipelineConfig keys the operator sets from its own arguments or the connections.
 _OWN_KEYS = frozenset(
     {"pipeline", "topics", "kafka_bootstrap", "spec", "delivery", "trigger", "trigger_interval",
@@ -60,7 +60,8 @@ class StreamingPipelineOperator(BaseOperator):
     :param pipeline: pipeline name (keys offsets, progress, dead letters, stop requests).
     :param topics: Kafka topics to read.
     :param spec: ``module:ATTRIBUTE`` of the app's PipelineSpec.
-    :param delivery: ``exactly_once`` (default), ``idempotent`` or ``at_least_once``.
+    :param delivery: ``exactly_once`` (default), ``two_phase`` (the same with PREPARE TRANSACTION /
+        COMMIT PREPARED; needs ``max_prepared_transactions`` > 0), ``idempotent`` or ``at_least_once``.
     :param trigger: ``availableNow`` (default) or ``processingTime``.
     :param trigger_interval: processingTime interval, e.g. "5 seconds".
     :param max_offsets_per_trigger: bound on records per micro-batch.

@@ -22,9 +22,10 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps
 
 from spark_apps.eos_stream import preflight
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
-from spark_apps.eos_stream.control import StopSignal
+from spark_apps.eos_stream.control import AlreadyRunning, StopSignal, hold_running_lock
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
+from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable, connect
 from spark_apps.eos_stream.sink.staging import drop_stages, partition_writer
@@ -88,6 +89,12 @@ def run(config: PipelineConfig) -> int:
     dsn = config.postgres.dsn_kwargs()
     conn = connect(dsn, describe=config.postgres.describe())
     guard_conn = connect(dsn, describe=config.postgres.describe())
+    preflight.check_two_phase(conn, mode, config.postgres.describe())
+    hold_running_lock(guard_conn, config.pipeline)
+    # First of all: an in-doubt batch of a dead driver holds locks on the
+    # pipeline's tables (DDL below would wait on it), and its offsets are part
+    # of the resume point read below.
+    in_doubt = resolve_in_doubt(conn, config.pipeline)
     preflight.ensure_meta_tables(conn, config.meta_schema)
     if config.create_targets:
         preflight.create_targets(conn, spec, config.target_schema, mode)
@@ -99,7 +106,8 @@ def run(config: PipelineConfig) -> int:
     conn.rollback()
     # -2 is Kafka's "earliest" for a partition the pipeline has never applied.
     starting = {(t, p): stored.get((t, p), -2) for t, ps in partitions.items() for p in ps}
-    emit("resume", stored_offsets=_offsets_json(stored), stale_stages_dropped=dropped)
+    emit("resume", stored_offsets=_offsets_json(stored), stale_stages_dropped=dropped,
+         in_doubt_committed=[t["gid"] for t in in_doubt])
 
     from pyspark.sql import SparkSession
 
@@ -196,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         emit("error", kind="config", message=str(exc))
         print(f"eos-stream: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except (TargetUnavailable, preflight.KafkaUnavailable) as exc:
+    except (TargetUnavailable, preflight.KafkaUnavailable, AlreadyRunning) as exc:
         emit("error", kind="unavailable", message=str(exc))
         print(f"eos-stream: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once")
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once", "two_phase")
 TRIGGERS = ("availableNow", "processingTime")
 
 
@@ -49,7 +51,7 @@ class PipelineConfig:
     :param topics: Kafka topics to read.
     :param kafka_bootstrap: bootstrap servers.
     :param spec: ``module:ATTRIBUTE`` of the PipelineSpec.
-    :param delivery: at_least_once, idempotent or exactly_once.
+    :param delivery: at_least_once, idempotent, exactly_once or two_phase.
     :param trigger: availableNow (process what is there, exit) or processingTime.
     :param trigger_interval: processingTime interval, e.g. "2 seconds".
     :param max_offsets_per_trigger: bound on records per micro-batch.
@@ -89,6 +91,10 @@ class PipelineConfig:
             raise ConfigError(f"unknown trigger {self.trigger!r}; choose one of {', '.join(TRIGGERS)}")
         if not self.pipeline or not self.topics:
             raise ConfigError("a pipeline name and at least one topic are required")
+        if not PIPELINE_NAME.fullmatch(self.pipeline):
+            # The name prefixes staging tables and two-phase transaction ids, so
+            # one pipeline's name must never be a prefix-with-separator of another's.
+            raise ConfigError(f"pipeline name {self.pipeline!r} must be 1-100 letters, digits, '_', '-' or '.'")
         if self.max_offsets_per_trigger <= 0:
             raise ConfigError("max_offsets_per_trigger must be positive")
         if self.max_batch_attempts < 1:

@@ -1,4 +1,5 @@
-"""Graceful stop: at a batch boundary, on a control-table request or a time limit."""
+"""Graceful stop (at a batch boundary, on a control-table request or a time
+limit) and the running lock that tells the outside world a driver is alive."""
 
 from __future__ import annotations
 
@@ -9,6 +10,66 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import meta_tables
+
+
+class AlreadyRunning(RuntimeError):
+    """Another driver of the pipeline holds its running lock (retryable)."""
+
+
+def running_lock_key(pipeline: str) -> str:
+    return "eos:running:" + pipeline
+
+
+def hold_running_lock(conn: PgConnection, pipeline: str, wait_seconds: float = 60.0) -> None:
+    """Takes the pipeline's session-level advisory lock for the driver's lifetime.
+
+    While it is held a driver is connected, whatever its progress: a restore
+    can tell "stopped" from "slow" exactly (``driver_running``), and two drivers
+    of one pipeline never run at once. A killed driver's session ends with it,
+    which frees the lock; the wait covers a backend still finishing the dead
+    driver's last statement.
+
+    :param conn: a connection kept open as long as the driver runs.
+    :raises AlreadyRunning: the lock stayed taken for ``wait_seconds``.
+    """
+    previous, conn.autocommit = conn.autocommit, True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(wait_seconds * 1000)}ms",))
+            try:
+                cur.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (running_lock_key(pipeline),))
+            except Exception as exc:  # LockNotAvailable (55P03) after lock_timeout
+                if getattr(exc, "pgcode", None) != "55P03":
+                    raise
+                raise AlreadyRunning(
+                    f"another driver of pipeline {pipeline!r} is connected to the target database and still "
+                    f"running after {wait_seconds:g}s; stop it first (one driver per pipeline)"
+                ) from exc
+            cur.execute("SELECT set_config('lock_timeout', '0', false)")
+    finally:
+        conn.autocommit = previous
+
+
+def advisory_lock_held(conn: PgConnection, key: str) -> bool:
+    """Whether any session holds the session-level advisory lock
+    ``hashtextextended(key, 0)`` in the connected database (read from pg_locks,
+    so looking never takes the lock)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "WITH k AS (SELECT hashtextextended(%s, 0) AS key)"
+            " SELECT EXISTS (SELECT 1 FROM pg_locks, k WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND objsubid = 1 AND classid = ((k.key >> 32) & 4294967295)::oid"
+            " AND objid = (k.key & 4294967295)::oid)",
+            (key,),
+        )
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
+def driver_running(conn: PgConnection, pipeline: str) -> bool:
+    """Whether a driver of ``pipeline`` is connected (holds its running lock)."""
+    return advisory_lock_held(conn, running_lock_key(pipeline))
 
 
 class StopSignal:

@@ -12,6 +12,7 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig
 from spark_apps.eos_stream.sink.batch_sink import MODES, DeliveryMode
+from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
 from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
 
 
@@ -28,6 +29,16 @@ def delivery_mode(config: PipelineConfig, spec: PipelineSpec) -> DeliveryMode:
             "the Kafka record does not stop an increment from being applied twice. Use 'exactly_once'."
         )
     return mode
+
+
+def check_two_phase(conn: PgConnection, mode: DeliveryMode, where: str) -> None:
+    """two_phase delivery needs prepared transactions, which PostgreSQL disables by default."""
+    if mode.two_phase and max_prepared_transactions(conn) == 0:
+        raise ConfigError(
+            f"delivery 'two_phase' needs PREPARE TRANSACTION, but max_prepared_transactions is 0 on {where}: "
+            "set max_prepared_transactions in postgresql.conf (at least one per two_phase pipeline writing "
+            "there) and restart PostgreSQL, or use delivery 'exactly_once' (one-phase commit, the same guarantee)"
+        )
 
 
 def ensure_meta_tables(conn: PgConnection, meta_schema: str) -> None:

@@ -1,8 +1,9 @@
 """Crash matrix: SIGKILL the Spark driver at random moments, then audit.
 
-exactly_once must end with 0 duplicates, 0 missing and exact balances; the
-same test on at_least_once must report duplicates, which proves the oracle
-can fail.
+exactly_once and two_phase must end with 0 duplicates, 0 missing and exact
+balances; the same test on at_least_once must report duplicates, which proves
+the oracle can fail. In two_phase the kill "before_commit" falls between
+PREPARE TRANSACTION and COMMIT PREPARED, leaving the batch in doubt.
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: in
     return audit(config, tmp_path), done
 
 
-def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name: str) -> None:
-    report, kills = _run_matrix(stack, tmp_path, f"eos{unique_name}", "exactly_once", kills=10)
-    print(f"exactly_once: events={EVENTS} kills={kills} summary={report['summary']} "
+@pytest.mark.parametrize("delivery", ["exactly_once", "two_phase"])
+def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name: str, delivery: str) -> None:
+    report, kills = _run_matrix(stack, tmp_path, f"eos{unique_name}", delivery, kills=10)
+    print(f"{delivery}: events={EVENTS} kills={kills} summary={report['summary']} "
           f"aggregates={report['aggregates']}")
     assert kills >= 10
     assert report["summary"]["committed_records"] == EVENTS

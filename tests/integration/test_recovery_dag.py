@@ -1,12 +1,20 @@
 """End to end: run the pipeline, snapshot it (eos_snapshot DAG), process more,
 damage the target, then eos_recovery (dag.test) puts it back: the audit is
-exact and the tables equal the undamaged reference. A dry run first changes nothing."""
+exact and the tables equal the undamaged reference.
+
+Two kinds of damage: rows deleted, duplicated and balances corrupted by hand
+(after a dry run that must change nothing); and the DB ahead of a lost
+checkpoint, with the recovery's worker killed between restore and replay."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,10 +31,14 @@ import json, sys
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder=sys.argv[1])
 assert not bag.import_errors, bag.import_errors
+from datetime import datetime
 out = []
-for dag_id, conf in json.loads(sys.argv[2]):
-    run = bag.get_dag(dag_id).test(run_conf=conf)
-    out.append({"dag_id": dag_id, "state": str(run.state),
+for dag_id, conf, *logical_date in json.loads(sys.argv[2]):
+    # The same logical date and run_after rerun that DAG run (same run id), like clearing it.
+    when = {"logical_date": datetime.fromisoformat(logical_date[0]),
+            "run_after": datetime.fromisoformat(logical_date[0])} if logical_date else {}
+    run = bag.get_dag(dag_id).test(run_conf=conf, **when)
+    out.append({"dag_id": dag_id, "run_id": run.run_id, "state": str(run.state),
                 "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()}})
 print("RESULT " + json.dumps(out))
 """
@@ -47,11 +59,22 @@ def _airflow_env(stack: dict[str, str], config_dir: Path, store: Path) -> dict[s
     return env
 
 
-def _dag_test(env: dict[str, str], runs: list, tmp: Path) -> list[dict]:
+def _start_dag_test(env: dict[str, str], runs: list, tmp: Path) -> tuple[subprocess.Popen, Path]:
     log = tmp / f"dagtest-{len(list(tmp.glob('dagtest-*')))}.log"
-    with open(log, "w") as handle:
-        result = subprocess.run([sys.executable, "-c", DAG_TEST, str(ROOT / "dags"), json.dumps(runs)], env=env,
-                                cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, timeout=420)
+    with open(log, "w") as handle:  # its own session: a SIGKILL of the group takes spark-submit along
+        process = subprocess.Popen([sys.executable, "-c", DAG_TEST, str(ROOT / "dags"), json.dumps(runs)], env=env,
+                                   cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    return process, log
+
+
+def _dag_test(env: dict[str, str], runs: list, tmp: Path) -> list[dict]:
+    process, log = _start_dag_test(env, runs, tmp)
+    try:
+        process.wait(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    result = process
     text = log.read_text(errors="replace")
     lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
     assert result.returncode == 0 and lines, text[-5000:]
@@ -76,8 +99,9 @@ def _state(stack: dict, config: dict) -> dict:
     return json.loads(json.dumps(out, default=str))
 
 
-def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name) -> None:
-    name = f"rec{unique_name}"
+def _processed_and_snapshotted(stack: dict, tmp_path: Path, name: str) -> tuple[dict, dict, dict]:
+    """3000 events processed, an eos_snapshot, 2000 more processed: the config,
+    the Airflow env and the undamaged reference state."""
     bootstrap = stack["EOS_KAFKA_BOOTSTRAP"]
     config = pipeline_config(stack, tmp_path, name)
     topic = config["topics"][0]
@@ -97,6 +121,20 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     assert run_app(config, tmp_path, label="second").process.returncode == 0
     reference = _state(stack, config)
     assert reference["ledger_events"][0] == 5000
+    return config, env, reference
+
+
+def _assert_recovered(stack: dict, config: dict, tmp_path: Path, reference: dict) -> None:
+    report = audit(config, tmp_path)
+    assert report["ok"], report
+    assert report["summary"]["committed_records"] == 5003
+    after = _state(stack, config)
+    assert after == reference, {k: (after[k], reference[k]) for k in after if after[k] != reference[k]}
+
+
+def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name) -> None:
+    name = f"rec{unique_name}"
+    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name)
 
     conn = pg_connect(stack)
     with conn.cursor() as cur:  # damage: lost rows, duplicated rows, corrupted balances
@@ -115,9 +153,72 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     [real] = _dag_test(env, [["eos_recovery", {**conf, "dry_run": False}]], tmp_path)
     assert real["state"] == "success", real
     assert real["tasks"]["resume_stream"] == "skipped" and real["tasks"]["release_lock"] == "success"
+    _assert_recovered(stack, config, tmp_path, reference)
 
+
+def _task_state(env: dict[str, str], dag_id: str, logical_date: str, task_id: str) -> str | None:
+    """A task's state in Airflow's metadata database, read directly."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sqlalchemy.text(
+                "SELECT ti.state FROM task_instance ti JOIN dag_run dr ON dr.dag_id = ti.dag_id"
+                " AND dr.run_id = ti.run_id WHERE ti.dag_id = :dag AND ti.task_id = :task"
+                " AND dr.logical_date = :when"), {"dag": dag_id, "task": task_id, "when": logical_date}).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay(
+        stack, tmp_path, unique_name) -> None:
+    name = f"crash{unique_name}"
+    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name)
+
+    # A lost checkpoint is harmless to exactly_once: every run starts from the DB's offsets.
+    shutil.rmtree(config["checkpoint_dir"], ignore_errors=True)
+    assert run_app(config, tmp_path, label="lost-checkpoint-eos").process.returncode == 0
+    assert _state(stack, config) == reference
+    # Damage: the same pipeline redeployed in at_least_once, whose only replay
+    # point is Spark's checkpoint. The checkpoint is lost, the DB is ahead of it,
+    # so Spark starts over from the earliest offsets: every event lands twice.
+    shutil.rmtree(config["checkpoint_dir"], ignore_errors=True)
+    assert run_app({**config, "delivery": "at_least_once"}, tmp_path, label="lost-checkpoint-alo"
+                   ).process.returncode == 0
+    damaged = _state(stack, config)
+    assert damaged["ledger_events"][0] == 10_000
     report = audit(config, tmp_path)
-    assert report["ok"], report
-    assert report["summary"]["committed_records"] == 5003
-    after = _state(stack, config)
-    assert after == reference, {k: (after[k], reference[k]) for k in after if after[k] != reference[k]}
+    assert not report["ok"] and report["summary"]["duplicated"] == 5000, report["summary"]
+
+    conf = {"pipeline": name, "snapshot": "latest", "resume": False, "quiet_seconds": 1, "dry_run": False}
+    first_run = "2026-01-02T03:04:05+00:00"
+    process, log = _start_dag_test(env, [["eos_recovery", conf, first_run]], tmp_path)
+    deadline, killed_in = time.monotonic() + 300, None
+    while time.monotonic() < deadline and process.poll() is None:
+        if _task_state(env, "eos_recovery", first_run, "replay") == "running":
+            os.killpg(process.pid, signal.SIGKILL)  # the worker dies: restore done, replay just begun
+            killed_in = _task_state(env, "eos_recovery", first_run, "restore")
+            break
+        time.sleep(0.2)
+    process.wait(timeout=60)
+    assert killed_in == "success", (killed_in, log.read_text(errors="replace")[-4000:])
+    restored = _state(stack, config)
+    assert restored["ledger_events"][0] == 3000  # the snapshot's rows, not yet replayed
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT holder FROM {}.recovery_locks").format(sql.Identifier(config["meta_schema"])))
+        [(dead_holder,)] = cur.fetchall()  # the killed run never reached its teardown
+    conn.close()
+
+    # A new recovery is refused while the dead run's lock is fresh, and touches nothing.
+    [refused] = _dag_test(env, [["eos_recovery", conf]], tmp_path)
+    assert refused["state"] == "failed" and refused["tasks"]["lock"] == "failed", refused
+    assert refused["tasks"]["restore"] == "upstream_failed"
+    assert _state(stack, config) == restored
+
+    # Rerunning the killed run re-enters its lock; every step redoes or detects its work.
+    [rerun] = _dag_test(env, [["eos_recovery", conf, first_run]], tmp_path)
+    assert rerun["run_id"] == dead_holder and rerun["state"] == "success", rerun
+    assert rerun["tasks"]["release_lock"] == "success"
+    _assert_recovered(stack, config, tmp_path, reference)

@@ -17,6 +17,7 @@ from airflow_provider_eos.hooks.snapshot import SnapshotHook
 from airflow_provider_eos.operators.replay import RetentionCheckOperator, RetentionGapError
 from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator, StreamStillRunningError
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
+from airflow_provider_eos.recovery_lock import holding_lock
 from airflow_provider_eos.snapshots import DUMP, MANIFEST, SnapshotManifest, SnapshotStore
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import pipeline_config, run_app
@@ -186,6 +187,49 @@ def test_running_stream_and_concurrent_recovery_are_refused(snapped) -> None:
     finally:
         hook.release_lock(config["meta_schema"], key, "other-run")
     assert target_state(hook, config) == before
+
+
+def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, tmp_path) -> None:
+    """The lock row through a crash: the dead run's rerun re-enters it, a new run
+    is refused while the heartbeat is fresh and takes it over once it is stale,
+    and the presumed-dead run's next step is fenced off."""
+    import os
+    import time
+    import uuid
+
+    os.environ.update(connections_env(stack))
+    hook = SnapshotHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
+    meta, key = f"m_lock{uuid.uuid4().hex[:8]}", "db/t/ledger"
+    assert hook.acquire_lock(meta, key, "run-a", 2)["acquired"]
+    again = hook.acquire_lock(meta, key, "run-a", 2)  # run-a cleared and rerun after its worker died
+    assert again["acquired"] and again["taken_over_from"] is None
+    refused = hook.acquire_lock(meta, key, "run-b", 2)
+    assert not refused["acquired"] and refused["holder"] == "run-a"
+    with pytest.raises(RecoveryLockedError, match="lock held by run-a"), holding_lock(hook, meta, key, "run-b", 2):
+        pass
+    time.sleep(2.5)  # run-a's heartbeat goes stale: it died without its teardown
+    taken = hook.acquire_lock(meta, key, "run-b", 2)
+    assert taken["acquired"] and taken["taken_over_from"] == "run-a"
+    # run-a was only slow, not dead: its next step must not touch the target.
+    with pytest.raises(RecoveryLockedError, match="lock held by run-b"), holding_lock(hook, meta, key, "run-a", 60):
+        pass
+    # A step holding the lock keeps it alive past the TTL, and notices a takeover.
+    with holding_lock(hook, meta, key, "run-b", 1.2):
+        time.sleep(2.0)
+        assert not hook.acquire_lock(meta, key, "run-c", 1.2)["acquired"]
+    with pytest.raises(RecoveryLockedError, match="taken over by another run"), \
+            holding_lock(hook, meta, key, "run-b", 60):
+        conn = hook.connect()
+        with conn.cursor() as cur:  # an operator forcing the lock away mid-step
+            cur.execute(sql.SQL("UPDATE {}.recovery_locks SET holder = 'run-c'").format(sql.Identifier(meta)))
+        conn.commit()
+        conn.close()
+    assert hook.release_lock(meta, key, "run-c") and not hook.release_lock(meta, key, "run-c")
+    conn = hook.connect()
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(meta)))
+    conn.commit()
+    conn.close()
 
 
 def test_retention_gap_fails_before_restore(snapped) -> None:

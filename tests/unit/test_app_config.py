@@ -68,3 +68,10 @@ def test_root_cause_digs_the_database_error_out_of_sparks_wrapping() -> None:
     )
     assert root_cause(wrapped) == "StringDataRightTruncation: value too long for type character varying(64)"
     assert root_cause(ValueError("plain message")) == "plain message"
+
+
+@pytest.mark.parametrize("name", ["ledger:eu", "", "a b", "x" * 101, "ledger;drop"])
+def test_pipeline_names_that_could_collide_or_break_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="pipeline name"):
+        from_dict({"pipeline": name, "topics": ["t"]}).validate()
+    from_dict({"pipeline": "ledger-eu.v2_1", "topics": ["t"]}).validate()

@@ -131,6 +131,10 @@ def test_stream_stopped_rule() -> None:
     assert check_stream_stopped({"stop_requested_at": now, "seconds_since": 31.0}, 30, True) is None
     assert "micro-batch 5.0s ago" in check_stream_stopped({"stop_requested_at": now, "seconds_since": 5.0}, 30, True)
     assert check_stream_stopped({"stop_requested_at": None, "seconds_since": None}, 30, False) is None
+    # The running lock decides: a connected driver is running however long ago its last batch was.
+    running = {"stop_requested_at": now, "seconds_since": 3600.0, "driver_running": True}
+    assert "holds the pipeline's running lock" in check_stream_stopped(running, 0, True)
+    assert check_stream_stopped({**running, "driver_running": False, "seconds_since": 0.5}, 0, True) is None
 
 
 def test_load_pipeline_config(tmp_path) -> None:

@@ -17,6 +17,17 @@ next run is still exact in ``exactly_once``):
    record by record, rejected records go to the dead-letter table in the same
    transaction as the rest, and the stream moves on.
 
+``two_phase`` is ``exactly_once`` with the commit split in two, as in Flink's
+XA sink: the writer ends with PREPARE TRANSACTION under a deterministic id
+(``in_doubt.transaction_id``), the committer issues COMMIT PREPARED. One more
+transition:
+
+7. after PREPARE, before COMMIT PREPARED (in doubt): the prepared transaction
+   survives the crash, holding its locks. The next start finds it by its id's
+   prefix and commits it before reading the stored offsets
+   (``in_doubt.resolve_in_doubt``), so the batch is applied once and the run
+   continues after it.
+
 ``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
 replay point), which is what makes it the baseline that shows duplicates.
 """
@@ -35,6 +46,7 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.sink import apply_sql
+from spark_apps.eos_stream.sink.in_doubt import transaction_id
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix
@@ -49,6 +61,7 @@ class DeliveryMode:
     :param dedupe: keep one staged copy per Kafka record.
     :param upsert_rows: row targets ignore a record they already hold.
     :param allows_aggregates: aggregate targets are safe under this mode.
+    :param two_phase: PREPARE TRANSACTION, then COMMIT PREPARED (needs max_prepared_transactions > 0).
     """
 
     name: str
@@ -56,12 +69,14 @@ class DeliveryMode:
     dedupe: bool
     upsert_rows: bool
     allows_aggregates: bool
+    two_phase: bool = False
 
 
 MODES = {
     "at_least_once": DeliveryMode("at_least_once", False, False, False, True),
     "idempotent": DeliveryMode("idempotent", False, True, True, False),
     "exactly_once": DeliveryMode("exactly_once", True, True, False, True),
+    "two_phase": DeliveryMode("two_phase", True, True, False, True, two_phase=True),
 }
 
 
@@ -76,12 +91,13 @@ class BatchResult:
 
 @dataclass
 class PreparedBatch:
-    """A batch applied inside a still-open transaction on ``conn``."""
+    """A batch applied inside a still-open (or, in two_phase, PREPAREd) transaction on ``conn``."""
 
     conn: PgConnection
     batch_id: int
     applied: int
     dead_lettered: int
+    transaction_id: str | None = None
 
 
 class BatchWriter:
@@ -112,9 +128,17 @@ class BatchWriter:
         )
 
     def prepare(
-        self, stage: sql.Composed, batch_id: int, end_offsets: Mapping[TopicPartition, int], record_by_record: bool
+        self,
+        stage: sql.Composed,
+        batch_id: int,
+        start_offsets: Mapping[TopicPartition, int],
+        end_offsets: Mapping[TopicPartition, int],
+        record_by_record: bool,
     ) -> PreparedBatch:
         params = {"pipeline": self.offsets.pipeline}
+        gid = transaction_id(self.offsets.pipeline, start_offsets) if self.mode.two_phase else None
+        if gid is not None:
+            self.conn.tpc_begin(gid)
         with self.conn.cursor() as cur:
             self.offsets.lock(cur)
             if record_by_record:
@@ -126,7 +150,23 @@ class BatchWriter:
                 applied, dead = int(row[0]), int(row[1])
             if self.mode.stores_offsets:
                 self.offsets.advance(cur, end_offsets, batch_id)
-        return PreparedBatch(self.conn, batch_id, applied, dead)
+        if gid is not None:
+            self.conn.tpc_prepare()  # durable from here on: a crash leaves it in doubt, not lost
+        return PreparedBatch(self.conn, batch_id, applied, dead, gid)
+
+    def abort(self) -> None:
+        """Rolls back whatever this batch left open, a prepared transaction included."""
+        if not self.mode.two_phase:
+            self.conn.rollback()
+            return
+        try:
+            self.conn.tpc_rollback()  # ROLLBACK, or ROLLBACK PREPARED once prepared
+        except psycopg2.ProgrammingError:
+            self.conn.rollback()  # failed before tpc_begin (staging): a plain transaction
+        except psycopg2.Error:
+            # Connection gone: a prepared transaction stays in doubt and is
+            # resolved at the next start; an unprepared one died with the session.
+            pass
 
     def _apply_each(self, cur, stage: sql.Composed, params: dict) -> tuple[int, int]:
         """Applies records one at a time, each under a savepoint, quarantining
@@ -160,7 +200,10 @@ class BatchCommitter:
     offsets become visible together."""
 
     def commit(self, prepared: PreparedBatch) -> None:
-        prepared.conn.commit()
+        if prepared.transaction_id is None:
+            prepared.conn.commit()
+        else:
+            prepared.conn.tpc_commit()  # COMMIT PREPARED of this batch's id
 
 
 def _fault_injection() -> Callable[[str, int], None]:
@@ -228,14 +271,14 @@ class BatchSink:
             stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
             fill_stage(stage_name, record_by_record)
             clock.lap("stage")
-            prepared = self.writer.prepare(stage, batch_id, end_offsets, record_by_record)
+            prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record)
             clock.lap("apply")
             self._crash_point("before_commit", self._batches_this_run)
             self.committer.commit(prepared)
             clock.lap("commit")
             self._crash_point("after_commit", self._batches_this_run)
         except Exception as exc:
-            self.conn.rollback()
+            self.writer.abort()
             self.guard.record_failure(key, f"{type(exc).__name__}: {exc}")
             raise
         self.guard.finished(key)

@@ -1,0 +1,70 @@
+"""The running lock against the real stack: it tells a connected driver from a
+stopped one exactly, keeps a second driver out, and lets the recovery's stop
+step return as soon as the driver is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_apps.eos_stream.control import AlreadyRunning, driver_running, hold_running_lock
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.integration.test_snapshot_restore import PG_CONN, connections_env
+from tests.streaming import pg_connect, pipeline_config, start_app
+
+pytestmark = pytest.mark.integration
+
+
+def test_running_lock_keeps_a_second_driver_out(stack: dict, unique_name: str) -> None:
+    pipeline = f"lock{unique_name}"
+    first, second, observer = pg_connect(stack), pg_connect(stack), pg_connect(stack)
+    try:
+        assert not driver_running(observer, pipeline)
+        hold_running_lock(first, pipeline)
+        assert driver_running(observer, pipeline)
+        started = time.monotonic()
+        with pytest.raises(AlreadyRunning, match=f"another driver of pipeline '{pipeline}'"):
+            hold_running_lock(second, pipeline, wait_seconds=1.0)
+        assert 0.9 < time.monotonic() - started < 10
+        first.close()  # the driver's process ends: its session, and the lock, with it
+        hold_running_lock(second, pipeline, wait_seconds=10.0)
+        assert driver_running(observer, pipeline)
+    finally:
+        for conn in (first, second, observer):
+            conn.close()
+
+
+def test_stop_step_returns_when_the_driver_is_gone(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    from airflow_provider_eos.operators.restore import RequestStopOperator
+
+    os.environ.update(connections_env(stack))
+    config = pipeline_config(stack, tmp_path, f"stop{unique_name}", trigger="processingTime",
+                             trigger_interval="1 second")
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=2)
+    produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], 500, topic=config["topics"][0], seed=3,
+                   transactional_id=f"s{unique_name}")
+    config_file = tmp_path / "pipeline.json"
+    config_file.write_text(json.dumps(config))
+    run = start_app(config, tmp_path, label="continuous")
+    try:
+        deadline = time.monotonic() + 180
+        while not run.events("batch") and run.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert run.events("batch"), run.log()[-3000:]
+        observer = pg_connect(stack)
+        assert driver_running(observer, config["pipeline"])  # idle between batches, still running
+        observer.close()
+        started = time.monotonic()
+        activity = RequestStopOperator(task_id="stop", pipeline_config=str(config_file), postgres_conn_id=PG_CONN,
+                                       timeout_seconds=120).execute({"run_id": "stop-test"})
+        took = time.monotonic() - started
+        assert activity["driver_running"] is False and activity["stop_requested_at"]
+        assert run.process.wait(timeout=60) == 0  # a graceful stop at a batch boundary
+        print(f"stop step returned {took:.1f}s after the request")
+    finally:
+        if run.process.poll() is None:
+            run.kill()

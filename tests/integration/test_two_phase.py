@@ -1,0 +1,152 @@
+"""two_phase delivery against the real stack: a batch left in doubt by a killed
+driver is found by its transaction id and committed once on restart; a
+PostgreSQL with prepared transactions disabled is refused before Spark starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from psycopg2 import sql
+
+from spark_apps.eos_stream import app
+from spark_apps.eos_stream.sink.in_doubt import gid_prefix
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.conftest import ROOT
+from tests.streaming import audit, pg_connect, pipeline_config, run_app
+
+pytestmark = pytest.mark.integration
+
+
+def _prepared(stack: dict, pipeline: str) -> list[str]:
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute("SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s)", (gid_prefix(pipeline),))
+        gids = [row[0] for row in cur.fetchall()]
+    conn.close()
+    return gids
+
+
+def _rows(stack: dict, config: dict) -> tuple[int, dict]:
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM {}.ledger_events").format(sql.Identifier(config["target_schema"])))
+        (rows,) = cur.fetchone()
+        cur.execute(sql.SQL("SELECT partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
+            sql.Identifier(config["meta_schema"])), (config["pipeline"],))
+        offsets = dict(cur.fetchall())
+    conn.close()
+    return rows, offsets
+
+
+def _left_in_doubt(stack: dict, tmp_path: Path, name: str, at_batch: int) -> tuple[dict, str]:
+    """3000 events (4 partitions, aborted transactions, 2 malformed) and a
+    two_phase driver killed between PREPARE TRANSACTION and COMMIT PREPARED of
+    its ``at_batch``-th batch. Returns the config and the in-doubt gid."""
+    config = pipeline_config(stack, tmp_path, name, delivery="two_phase", max_offsets_per_trigger=800)
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=4)
+    produce_ledger(bootstrap, 3000, topic=topic, abort_every=4, malformed=2, seed=at_batch,
+                   transactional_id=f"p{name}")
+    crashed = run_app(config, tmp_path, label="in-doubt",
+                      env_extra={"EOS_FAULT_POINT": "before_commit", "EOS_FAULT_AT_BATCH": str(at_batch)})
+    assert crashed.process.returncode == -9 or "EOS-FAULT" in crashed.log(), crashed.log()[-3000:]
+    [gid] = _prepared(stack, config["pipeline"])  # in doubt: durable, invisible, holding its locks
+    return config, gid
+
+
+def test_in_doubt_batch_of_a_killed_driver_is_committed_once(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config, gid = _left_in_doubt(stack, tmp_path, f"tpc{unique_name}", at_batch=2)
+    topic = config["topics"][0]
+    rows_before, offsets_before = _rows(stack, config)
+    assert 0 < rows_before <= 800  # only the first batch is visible
+
+    resumed = run_app(config, tmp_path, label="resolve")
+    assert resumed.process.returncode == 0, resumed.log()[-3000:]
+    [resume] = resumed.events("resume")
+    assert resume["in_doubt_committed"] == [gid]
+    assert _prepared(stack, config["pipeline"]) == []
+    report = audit(config, tmp_path)
+    assert report["ok"], report
+    assert report["summary"]["duplicated"] == 0 and report["summary"]["missing"] == 0
+    assert report["summary"]["committed_records"] == 3002  # with the 2 malformed, dead-lettered
+    # The stream resumed after the in-doubt batch: the first stored offsets it
+    # started from already included it.
+    assert sum(json.loads(resume["stored_offsets"])[topic].values()) > sum(offsets_before.values())
+
+
+def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
+        stack: dict, tmp_path: Path, unique_name: str) -> None:
+    """Seed 001's procedure for a commit left in doubt: restore the snapshot
+    (which rolls the orphan back, since it belongs to the state being replaced)
+    and replay Kafka from the snapshot's offsets."""
+    from airflow_provider_eos.hooks.snapshot import SnapshotHook
+    from airflow_provider_eos.operators.restore import RestoreOperator
+    from airflow_provider_eos.operators.snapshot import SnapshotOperator
+    from tests.integration.test_snapshot_restore import PG_BIN, PG_CONN, connections_env
+
+    os.environ.update(connections_env(stack))
+    config, gid = _left_in_doubt(stack, tmp_path, f"tpr{unique_name}", at_batch=3)
+    config_file = tmp_path / "pipeline.json"
+    config_file.write_text(json.dumps(config))
+    common = {"pipeline_config": str(config_file), "postgres_conn_id": PG_CONN, "pg_bin_dir": PG_BIN,
+              "snapshot_store": str(tmp_path / "store")}
+    snap = SnapshotOperator(task_id="snap", **common).execute({"run_id": "t"})  # sees the 2 committed batches
+    hook = SnapshotHook(postgres_conn_id=PG_CONN)
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    restored = RestoreOperator(task_id="restore", quiet_seconds=0, release_lock=True, **common
+                               ).execute({"run_id": "restore-in-doubt"})
+    assert restored["snapshot_id"] == snap["snapshot_id"] and restored["in_doubt_rolled_back"] == [gid]
+    assert _prepared(stack, config["pipeline"]) == []
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], False)  # as ReplayOperator does
+
+    replay = run_app(config, tmp_path, label="replay")
+    assert replay.process.returncode == 0, replay.log()[-3000:]
+    assert replay.events("resume")[0]["in_doubt_committed"] == []
+    report = audit(config, tmp_path)
+    assert report["ok"], report
+    assert report["summary"]["committed_records"] == 3002 and report["summary"]["duplicated"] == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def postgres_without_2pc(stack: dict, tmp_path: Path):
+    """A second PostgreSQL cluster (Debian's binaries, scripts/stack.sh) with
+    max_prepared_transactions = 0, PostgreSQL's default."""
+    env = {**os.environ, "EOS_STATE_DIR": str(tmp_path / "pg0"), "EOS_PG_PORT": str(_free_port()),
+           "EOS_PG_MAX_PREPARED": "0", "EOS_PG_PASSWORD": stack["EOS_PG_PASSWORD"]}
+    script = str(ROOT / "scripts" / "stack.sh")
+    subprocess.run([script, "start-postgres"], env=env, check=True, timeout=120, capture_output=True)
+    try:
+        yield {**stack, "EOS_PG_PORT": env["EOS_PG_PORT"]}
+    finally:
+        subprocess.run([script, "reset"], env=env, timeout=120, capture_output=True)
+
+
+def test_two_phase_refuses_postgres_without_prepared_transactions(
+    postgres_without_2pc: dict, tmp_path: Path, unique_name: str, capsys: pytest.CaptureFixture
+) -> None:
+    stack = postgres_without_2pc
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], f"ledger.nopc{unique_name}", partitions=1)
+    config = pipeline_config(stack, tmp_path, f"nopc{unique_name}", delivery="two_phase")
+    path = tmp_path / "two_phase.json"
+    path.write_text(json.dumps(config))
+    assert app.main(["--config", str(path)]) == app.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "max_prepared_transactions is 0" in err and f":{stack['EOS_PG_PORT']}/" in err, err
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:  # refused before anything was written or prepared
+        cur.execute("SELECT current_setting('max_prepared_transactions'), count(*) FROM pg_prepared_xacts")
+        assert cur.fetchone() == ("0", 0)
+        cur.execute("SELECT to_regclass(%s)", (f'"{config["target_schema"]}".ledger_events',))
+        assert cur.fetchone() == (None,)
+    conn.close()
