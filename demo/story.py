@@ -246,8 +246,10 @@ class Story:
         password = json.loads(passwords_file.read_text())["admin"]
         self.ui = airflow_env["AIRFLOW__API__BASE_URL"]
         self.login = ("admin", password)
+        # The password stays in its file: never on the console or in a log.
+        self.login_hint = f"login: admin / the password in {passwords_file}"
 
-        c.stage(f"Airflow UI: {self.ui}  (login: admin / {password}); waiting for the DAGs to parse")
+        c.stage(f"Airflow UI: {self.ui}  ({self.login_hint}); waiting for the DAGs to parse")
         self.api = AirflowApi(self.ui, *self.login)
         self.api.wait_for_dags(DAGS)
         self.reset()
@@ -420,7 +422,7 @@ def main() -> int:
     for key, value in result.items():
         print(f"{key:>32}: {value}")
     print(f"\nHTML report: {story.report_path}")
-    print(f"Airflow UI:  {story.ui}  (login: {story.login[0]} / {story.login[1]})")
+    print(f"Airflow UI:  {story.ui}  ({story.login_hint})")
     if args.json:
         Path(args.json).write_text(json.dumps({**result, "report_html": str(story.report_path),
                                                "runs": story.runs}, indent=2, default=str))
