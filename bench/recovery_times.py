@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.sink_throughput import machine  # noqa: E402
+from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
-from tests.conftest import _load_env_file  # noqa: E402
 from tests.streaming import audit, pipeline_config, run_app  # noqa: E402
 
 PG_CONN, KAFKA_CONN, SPARK_CONN = "eos_bench_pg", "eos_bench_kafka", "eos_bench_spark"
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, nargs="+", default=[100_000, 500_000])
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
     args = parser.parse_args()
-    stack = _load_env_file(ROOT / ".local" / "stack.env")
+    stack = read_env_file(ROOT / ".local" / "stack.env")
     os.environ.update(stack)
     _connections(stack)
     results = []

@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from psycopg2 import sql  # noqa: E402
 
+from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.eos_stream.records import staging_lines  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from spark_apps.ledger.spec import LEDGER, ledger_ddl  # noqa: E402
-from tests.conftest import _load_env_file  # noqa: E402
 from tests.streaming import pg_connect, pipeline_config, run_app  # noqa: E402
 
 
@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sink_throughput.json"))
     args = parser.parse_args()
     subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
-    stack = _load_env_file(ROOT / ".local" / "stack.env")
+    stack = read_env_file(ROOT / ".local" / "stack.env")
     os.environ.update(stack)
     tag = time.strftime("%H%M%S")
     tmp = Path("/tmp") / f"eos-bench-{tag}"

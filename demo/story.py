@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from demo import report as html_report  # noqa: E402
 from demo.airflow_api import AirflowApi  # noqa: E402
+from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.eos_stream.audit import audit  # noqa: E402
 from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
@@ -87,15 +88,6 @@ class Console:
         if self.tty:
             print("\r" + " " * 78 + "\r", end="", flush=True)
         self._last_plain = 0.0
-
-
-def load_env(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export "):].partition("=")
-            env[key] = value.strip("'\"")
-    return env
 
 
 class LsoSampler(threading.Thread):
@@ -240,8 +232,8 @@ class Story:
         # A fresh start, so the services read the current airflow.env.
         self.sh("bash", "scripts/airflow.sh", "stop")
         self.sh("bash", "scripts/airflow.sh", "start")
-        self.stack = load_env(ROOT / ".local" / "stack.env")
-        airflow_env = load_env(ROOT / ".local" / "airflow.env")
+        self.stack = read_env_file(ROOT / ".local" / "stack.env")
+        airflow_env = read_env_file(ROOT / ".local" / "airflow.env")
         passwords_file = Path(airflow_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
         password = json.loads(passwords_file.read_text())["admin"]
         self.ui = airflow_env["AIRFLOW__API__BASE_URL"]

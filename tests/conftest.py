@@ -11,24 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from demo.env_files import read_env_file
+
 ROOT = Path(__file__).resolve().parents[1]
 STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
-
-
-def _load_env_file(path: Path) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export ") :].partition("=")
-            env[key] = value.strip("'\"")
-    return env
 
 
 @pytest.fixture(scope="session")
 def stack() -> dict[str, str]:
     """Starts (or reuses) the local stack and exports its settings to os.environ."""
     subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True)
-    env = _load_env_file(STATE_DIR / "stack.env")
+    env = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(env)
     return env
 

@@ -18,6 +18,7 @@ Passwords never go on a command line: pg_dump, pg_restore and psql get
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -70,6 +71,11 @@ class ConsistentSnapshot:
     offsets: dict[str, dict[str, int]]
     other_pipelines: list[str]
     timings: dict[str, float]
+
+
+def scratch_prefix(owner: str) -> str:
+    """Name prefix of the scratch databases of one restore target (its lock key)."""
+    return f"eos_scratch_{hashlib.sha256(owner.encode()).hexdigest()[:12]}_"
 
 
 def checksum_statement(schema: str, table: str) -> sql.Composed:
@@ -292,18 +298,29 @@ class SnapshotHook(PostgresHook):
         )
 
     # ------------------------------------------------------------------ restore
-    def validate_in_scratch(self, dump_file: str | Path, manifest: SnapshotManifest) -> dict[str, Any]:
+    def validate_in_scratch(self, dump_file: str | Path, manifest: SnapshotManifest, owner: str,
+                            drop_leftovers: bool = False) -> dict[str, Any]:
         """Restores the dump into a fresh database, compares it with the manifest and
         drops the database again. Never touches the target database.
 
+        :param owner: the target's recovery lock key; scratch databases are named after it.
+        :param drop_leftovers: first drop scratch databases of the same owner that a
+            crashed restore left behind (only safe while holding the owner's recovery lock).
         :raises SnapshotValidationError: counts or checksums differ, or pg_restore failed.
         """
-        scratch = f"eos_scratch_{manifest.snapshot_id[:15].lower()}_{uuid.uuid4().hex[:6]}"
+        prefix = scratch_prefix(owner)
+        scratch = f"{prefix}{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         admin = self.connect()
         admin.autocommit = True
+        leftovers: list[str] = []
         try:
             with admin.cursor() as cur:
+                if drop_leftovers:
+                    cur.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (prefix,))
+                    leftovers = sorted(row[0] for row in cur.fetchall())
+                    for name in leftovers:
+                        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
                 cur.execute("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()")
                 row = cur.fetchone()
                 encoding = row[0] if row else "UTF8"
@@ -338,7 +355,8 @@ class SnapshotHook(PostgresHook):
                         f"snapshot {manifest.snapshot_id} does not match its manifest: " + "; ".join(problems)
                     )
                 return {"scratch_database": scratch, "restore_seconds": round(restored_at - started, 3),
-                        "validate_seconds": round(time.monotonic() - restored_at, 3)}
+                        "validate_seconds": round(time.monotonic() - restored_at, 3),
+                        "leftovers_dropped": leftovers}
             finally:
                 with admin.cursor() as cur:
                     cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(scratch)))

@@ -170,7 +170,9 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
             except SnapshotError as exc:
                 raise AirflowException(f"{exc}; the target was not touched") from exc
             timings["fetch"] = round(time.monotonic() - clock, 3)
-            scratch = self.hook.validate_in_scratch(dump, manifest)
+            # Under the lock no other restore of this target runs: its scratch leftovers are a dead run's.
+            scratch = self.hook.validate_in_scratch(dump, manifest, owner=self.lock_key(config),
+                                                    drop_leftovers=self.hold_lock)
             timings["scratch_restore"] = scratch["restore_seconds"]
             timings["scratch_validate"] = scratch["validate_seconds"]
             # A two_phase batch left in doubt by a dead driver holds locks the swap
@@ -188,6 +190,7 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
             "kafka_offsets": manifest.kafka_offsets,
             "aside_schema": swap["aside_schema"],
             "in_doubt_rolled_back": rolled_back,
+            "scratch_leftovers_dropped": scratch["leftovers_dropped"],
             "timings": timings,
         }
         self.log.info("restored snapshot %s: %s", manifest.snapshot_id, result)

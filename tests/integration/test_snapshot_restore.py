@@ -13,7 +13,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
-from airflow_provider_eos.hooks.snapshot import SnapshotHook
+from airflow_provider_eos.hooks.snapshot import SnapshotHook, scratch_prefix
 from airflow_provider_eos.operators.replay import RetentionCheckOperator, RetentionGapError
 from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator, StreamStillRunningError
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
@@ -120,12 +120,20 @@ def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
     _damage(hook, config)
     assert target_state(hook, config) != snapped["state"]
     hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    # A restore of this target that crashed during its scratch validation left its database behind.
+    leftover = scratch_prefix(f"{hook.dbname}/{config['target_schema']}/{config['pipeline']}") + "deadbeef"
+    admin = hook.connect()
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(leftover)))
+    admin.close()
     result = _restore(snapped).execute({"run_id": "roundtrip"})
+    assert result["scratch_leftovers_dropped"] == [leftover]
     assert result["snapshot_id"] == snapped["summary"]["snapshot_id"]
     assert result["rows_restored"] == sum(snapped["summary"]["tables"].values())
     assert target_state(hook, config) == snapped["state"]
     conn = hook.connect()
-    with conn.cursor() as cur:  # the old tables were moved aside and dropped after the commit
+    with conn.cursor() as cur:  # the old tables were moved aside and dropped with the commit
         cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE %s", (f"{config['target_schema']}_old_%",))
         assert cur.fetchone() == (0,)
         cur.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'eos_scratch_%%'")

@@ -68,7 +68,7 @@ class _FakeHook:
     def partition_offsets(self, topics, include_earliest=True):
         import time
 
-        time.sleep(0.05)  # a blocking call: must not block the event loop
+        time.sleep(0.5)  # a blocking call: must not block the event loop
         return self.frames.pop(0) if len(self.frames) > 1 else self.frames[0]
 
 
@@ -97,7 +97,9 @@ def test_trigger_runs_blocking_calls_off_the_event_loop(monkeypatch):
     event, max_gap = asyncio.run(main())
     assert event.payload["status"] == "stuck"
     assert event.payload["report"]["partitions"][0]["classification"] == "open"
-    assert max_gap < 0.04
+    # On the loop, the 0.5 s call would stall the 10 ms ticker for >= 0.5 s; off it,
+    # only scheduling noise remains (up to ~0.08 s seen on a loaded 2-core CI machine).
+    assert max_gap < 0.25
 
 
 def test_trigger_reports_errors_as_events(monkeypatch):
