@@ -24,7 +24,7 @@ with DAG(
         "pipeline": Param("ledger", type="string", minLength=1, description="keys offsets, progress, dead letters"),
         "topics": Param(["ledger.events"], type="array", items={"type": "string"}, minItems=1),
         "spec": Param("spark_apps.ledger.spec:LEDGER", type="string", description="module:ATTRIBUTE"),
-        "delivery": Param("exactly_once", enum=["exactly_once", "idempotent", "at_least_once"]),
+        "delivery": Param("exactly_once", enum=["exactly_once", "two_phase", "idempotent", "at_least_once"]),
         "trigger": Param("availableNow", enum=["availableNow", "processingTime"]),
         "trigger_interval": Param("5 seconds", type="string"),
         "max_offsets_per_trigger": Param(20000, type="integer", minimum=1),
