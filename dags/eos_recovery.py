@@ -126,6 +126,9 @@ with DAG(
         out["replay_seconds"] = replayed.get("seconds")
         audit_report = ti.xcom_pull(task_ids="audit") or {}
         out["audit"] = {"ok": audit_report.get("ok"), "summary": audit_report.get("summary")}
+        # Every step after the gate returns its own duration (the gate is a sensor: its time is waiting).
+        out["seconds_per_step"] = {step: (ti.xcom_pull(task_ids=step) or {}).get("step_seconds")
+                                   for step in STEPS if step != "gate"}
         print("eos_recovery summary:\n" + json.dumps(out, indent=2, default=str))
         return out
 

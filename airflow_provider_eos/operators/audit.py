@@ -8,7 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin
+from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin, timed_step
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 
 
@@ -46,6 +46,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any] | None:
         from airflow_provider_eos.operators.restore import _truthy
         from spark_apps.eos_stream.audit import audit

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
-from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin
+from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin, timed_step
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotStore, retention_gaps
 
@@ -103,6 +103,7 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
         self.postgres_conn_id = postgres_conn_id
         self.pg_bin_dir = pg_bin_dir
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         if self.snapshot:
@@ -196,6 +197,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         finally:
             conn.close()
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_provider_eos.operators.restore import _truthy
 
@@ -297,6 +299,7 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_provider_eos.operators.restore import _truthy
 

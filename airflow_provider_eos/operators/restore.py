@@ -12,7 +12,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin
+from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin, timed_step
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, holder_of, take_lock
 from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotManifest, SnapshotStore
 
@@ -127,6 +127,7 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
             )
         return manifest
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         manifest = self.choose(config)
@@ -242,6 +243,7 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         key, holder = self.lock_key(config), holder_of(context)
@@ -286,6 +288,7 @@ class RequestStopOperator(PipelineOperatorMixin, BaseOperator):
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         if _truthy(self.plan_only):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property
 from pathlib import Path
@@ -27,6 +28,20 @@ from airflow_provider_eos.snapshots import (
 )
 
 DEFAULT_STORE = os.environ.get("EOS_SNAPSHOT_STORE", "/tmp/eos-snapshots")
+
+
+def timed_step(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Adds ``step_seconds`` to a dict XCom: the recovery summary reports time per step from it."""
+
+    @functools.wraps(execute)
+    def wrapper(self: Any, context: Any) -> Any:
+        started = time.monotonic()
+        result = execute(self, context)
+        if isinstance(result, dict):
+            result = {**result, "step_seconds": round(time.monotonic() - started, 3)}
+        return result
+
+    return wrapper
 
 
 class PipelineOperatorMixin:
@@ -135,6 +150,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
         self.keep_last = keep_last
         self.pg_bin_dir = pg_bin_dir
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         store = SnapshotStore(self.snapshot_store)

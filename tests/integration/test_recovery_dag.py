@@ -38,9 +38,11 @@ for dag_id, conf, *logical_date in json.loads(sys.argv[2]):
     when = {"logical_date": datetime.fromisoformat(logical_date[0]),
             "run_after": datetime.fromisoformat(logical_date[0])} if logical_date else {}
     run = bag.get_dag(dag_id).test(run_conf=conf, **when)
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    summary = tis["summary"].xcom_pull(task_ids="summary") if "summary" in tis else None
     out.append({"dag_id": dag_id, "run_id": run.run_id, "state": str(run.state),
-                "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()}})
-print("RESULT " + json.dumps(out))
+                "tasks": {ti.task_id: str(ti.state) for ti in tis.values()}, "summary": summary})
+print("RESULT " + json.dumps(out, default=str))
 """
 
 
@@ -153,6 +155,11 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     [real] = _dag_test(env, [["eos_recovery", {**conf, "dry_run": False}]], tmp_path)
     assert real["state"] == "success", real
     assert real["tasks"]["resume_stream"] == "skipped" and real["tasks"]["release_lock"] == "success"
+    summary = real["summary"]  # rows restored, events replayed, seconds per step
+    assert summary["rows_restored"] > 0 and summary["events_replayed"] > 0 and summary["audit"]["ok"], summary
+    steps = summary["seconds_per_step"]
+    assert set(steps) == {"lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
+                          "wait_caught_up", "audit"} and all(v is not None and v >= 0 for v in steps.values()), steps
     _assert_recovered(stack, config, tmp_path, reference)
 
 
