@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from bench.sink_throughput import machine  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
-from tests.streaming import audit, pipeline_config, run_app  # noqa: E402
+from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
 
 PG_CONN, KAFKA_CONN, SPARK_CONN = "eos_bench_pg", "eos_bench_kafka", "eos_bench_spark"
 PG_BIN = os.environ.get("EOS_PG_BIN_DIR", "/usr/lib/postgresql/15/bin")
@@ -45,11 +45,9 @@ def _connections(stack: dict[str, str]) -> None:
 
 def last_run_rate(stack: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
     """Rows and summed micro-batch time of the pipeline's most recent run."""
-    import psycopg2
     from psycopg2 import sql
 
-    conn = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], dbname=stack["EOS_PG_DB"],
-                            user=stack["EOS_PG_USER"], password=stack["EOS_PG_PASSWORD"])
+    conn = pg_connect(stack)
     try:
         with conn.cursor() as cur:
             cur.execute(sql.SQL(

@@ -259,21 +259,20 @@ class EosPostgresHook(PostgresHook):
 
     def supervisor_running(self, pipeline: str) -> bool:
         """Whether some session holds the pipeline's supervisor lock (as seen in pg_locks)."""
-        from spark_apps.eos_stream.control import advisory_lock_held
-
-        conn = self.connect()
-        try:
-            return advisory_lock_held(conn, f"eos-supervisor:{self.meta_schema}:{pipeline}")
-        finally:
-            conn.close()
+        return self._advisory_lock_held(f"eos-supervisor:{self.meta_schema}:{pipeline}")
 
     def driver_running(self, pipeline: str) -> bool:
         """Whether a driver of the pipeline is connected: every app holds its running
         lock for its lifetime, whoever started it (see ``spark_apps.eos_stream.control``)."""
-        from spark_apps.eos_stream.control import driver_running
+        from spark_apps.eos_stream.control import running_lock_key
+
+        return self._advisory_lock_held(running_lock_key(pipeline))
+
+    def _advisory_lock_held(self, key: str) -> bool:
+        from spark_apps.eos_stream.control import advisory_lock_held
 
         conn = self.connect()
         try:
-            return driver_running(conn, pipeline)
+            return advisory_lock_held(conn, key)
         finally:
             conn.close()

@@ -197,7 +197,6 @@ class RestoreOperator(PipelineOperatorMixin, BaseOperator):
         self.log.info("restored snapshot %s: %s", manifest.snapshot_id, result)
         return result
 
-
     def _roll_back_in_doubt(self, config: Any) -> list[str]:
         from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 

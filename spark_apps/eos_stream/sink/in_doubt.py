@@ -64,21 +64,23 @@ def resolve_in_doubt(
 
     Idempotent: a transaction another process resolved meanwhile is skipped."""
     resolved = []
-    for orphan in find_in_doubt(conn, pipeline):
-        # COMMIT/ROLLBACK PREPARED cannot run inside a transaction block.
-        previous, conn.autocommit = conn.autocommit, True
-        try:
-            with conn.cursor() as cur:
-                # gid is a string literal here, so it is passed as a parameter, not an identifier.
-                cur.execute(
-                    ("COMMIT PREPARED %s" if action == "commit" else "ROLLBACK PREPARED %s"), (orphan["gid"],)
-                )
-            resolved.append({**orphan, "action": action})
-        except Exception as exc:  # UndefinedObject: resolved by someone else in between
-            if getattr(exc, "pgcode", None) != "42704":
-                raise
-        finally:
-            conn.autocommit = previous
+    orphans = find_in_doubt(conn, pipeline)
+    # COMMIT/ROLLBACK PREPARED cannot run inside a transaction block.
+    previous, conn.autocommit = conn.autocommit, True
+    try:
+        with conn.cursor() as cur:
+            for orphan in orphans:
+                try:
+                    # gid is a string literal here, so it is passed as a parameter, not an identifier.
+                    cur.execute(("COMMIT PREPARED %s" if action == "commit" else "ROLLBACK PREPARED %s"),
+                                (orphan["gid"],))
+                except Exception as exc:  # UndefinedObject: resolved by someone else in between
+                    if getattr(exc, "pgcode", None) != "42704":
+                        raise
+                    continue
+                resolved.append({**orphan, "action": action})
+    finally:
+        conn.autocommit = previous
     return resolved
 
 
