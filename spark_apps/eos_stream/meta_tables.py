@@ -24,9 +24,20 @@ DEAD_LETTERS = "dead_letters"
 PROGRESS = "stream_progress"
 # A row here asks a running pipeline to stop at the next batch boundary.
 CONTROL = "stream_control"
+# The pipeline's epoch (fencing token, see ``fencing.py``). Operational state
+# like CONTROL: never in a snapshot, so a restore can never move it backwards.
+EPOCHS = "pipeline_epochs"
+
+_SCHEMA_DDL = """CREATE SCHEMA IF NOT EXISTS {schema}"""
+_EPOCHS_DDL = """CREATE TABLE IF NOT EXISTS {schema}.{epochs} (
+        pipeline    text        PRIMARY KEY,
+        epoch       bigint      NOT NULL,
+        changed_by  text,
+        reason      text,
+        changed_at  timestamptz NOT NULL DEFAULT now())"""
 
 _DDL = [
-    """CREATE SCHEMA IF NOT EXISTS {schema}""",
+    _SCHEMA_DDL,
     """CREATE TABLE IF NOT EXISTS {schema}.{offsets} (
         pipeline     text        NOT NULL,
         topic        text        NOT NULL,
@@ -51,6 +62,7 @@ _DDL = [
         key            bytea,
         value          bytea,
         error          text        NOT NULL,
+        sqlstate       text,
         quarantined_at timestamptz NOT NULL DEFAULT now(),
         UNIQUE (pipeline, topic, partition, "offset"))""",
     """CREATE TABLE IF NOT EXISTS {schema}.{progress} (
@@ -68,20 +80,41 @@ _DDL = [
         pipeline          text PRIMARY KEY,
         stop_requested_at timestamptz,
         requested_by      text)""",
+    _EPOCHS_DDL,
+]
+# For tables made by older versions. Only the app runs these, at start: ALTER
+# TABLE locks the table even when there is nothing to add.
+_UPGRADES = [
+    """ALTER TABLE {schema}.{dead_letters} ADD COLUMN IF NOT EXISTS sqlstate text""",
 ]
 
 
-def ddl_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
-    """CREATE statements for the bookkeeping tables, identifiers quoted."""
-    names = {
+def _names(schema: str) -> dict[str, sql.Identifier]:
+    return {
         "schema": sql.Identifier(schema),
         "offsets": sql.Identifier(OFFSETS),
         "attempts": sql.Identifier(BATCH_ATTEMPTS),
         "dead_letters": sql.Identifier(DEAD_LETTERS),
         "progress": sql.Identifier(PROGRESS),
         "control": sql.Identifier(CONTROL),
+        "epochs": sql.Identifier(EPOCHS),
     }
-    return [sql.SQL(stmt).format(**names) for stmt in _DDL]
+
+
+def ddl_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
+    """CREATE statements for the bookkeeping tables, identifiers quoted."""
+    return [sql.SQL(stmt).format(**_names(schema)) for stmt in _DDL]
+
+
+def upgrade_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
+    """Columns added since the first release, for bookkeeping tables made before them."""
+    return [sql.SQL(stmt).format(**_names(schema)) for stmt in _UPGRADES]
+
+
+def epochs_ddl_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
+    """Just the schema and the epoch table: what a fence needs, without touching
+    (and locking) the tables a running batch writes."""
+    return [sql.SQL(stmt).format(**_names(schema)) for stmt in (_SCHEMA_DDL, _EPOCHS_DDL)]
 
 
 def table(schema: str, name: str) -> sql.Composed:
