@@ -32,9 +32,10 @@ lint:
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/mypy $(MYPY_PATHS)
 
-test: install stack-up airflow-init lint
-	timeout --signal=TERM --kill-after=60 $(TEST_WALL_TIMEOUT) \
-	  $(VENV)/bin/pytest tests --timeout=$(PYTEST_TIMEOUT) $(PYTEST_ARGS)
+# Starts the stack if it is down, and stops it again at the end (scripts/test.sh).
+test: install
+	PYTEST_TIMEOUT=$(PYTEST_TIMEOUT) TEST_WALL_TIMEOUT=$(TEST_WALL_TIMEOUT) PYTEST_ARGS="$(PYTEST_ARGS)" \
+	  MYPY_PATHS="$(MYPY_PATHS)" bash scripts/test.sh
 
 # The whole exactly-once story through Airflow's scheduler and triggerer (demo/story.py).
 # Leaves the stack and Airflow running so the UI can be browsed; `make demo-down` stops them.

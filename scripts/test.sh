@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `make test`: start the local stack if it is not running, lint, run pytest,
+# then stop what this run started (and only that: a stack that was already up,
+# e.g. a developer's, stays up). Exits with pytest's (or lint's) status.
+#
+#   PYTEST_TIMEOUT=900 TEST_WALL_TIMEOUT=3600 PYTEST_ARGS='-k fencing' scripts/test.sh
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here/.."
+venv="${EOS_VENV:-.venv}"
+
+started_stack=0
+if bash scripts/stack.sh status | grep -q ': stopped'; then
+  started_stack=1
+fi
+stop_started() {
+  if [ "$started_stack" -eq 1 ]; then
+    echo "test: stopping the stack this run started"
+    bash scripts/stack.sh stop || true
+  fi
+}
+trap stop_started EXIT
+
+bash scripts/stack.sh start || exit 1
+bash scripts/airflow.sh init || exit 1
+"$venv/bin/ruff" check || exit 1
+"$venv/bin/mypy" ${MYPY_PATHS:-airflow_provider_eos spark_apps demo dags} || exit 1
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
+timeout --signal=TERM --kill-after=60 "${TEST_WALL_TIMEOUT:-3600}" \
+  "$venv/bin/pytest" tests --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}
