@@ -31,6 +31,15 @@ lag with its current LSO, so it never over-estimates: a transaction that was
 already open when watching started is reported as stuck only after ``stuck_after``
 seconds of watching.
 
+A partition with lag is *advancing* once the watch has seen its LSO move (or its
+lag appear after none): its stuck time is then the age of its LSO (to within one
+observation interval), not only a lower bound. The recovery gate
+(:attr:`LsoReport.gate_ready`) passes when every partition has no lag or is
+advancing and not stuck: under continuous transactional traffic
+some transaction is almost always open, so "lag 0 everywhere at once" may never
+happen, but an LSO that keeps moving is harmless to a replay that stops at the LSO
+it saw.
+
 The watch state serializes to plain JSON (:meth:`LsoWatch.to_json` /
 :meth:`LsoWatch.from_json`) so a deferred trigger can re-create itself from kwargs.
 """
@@ -92,6 +101,12 @@ class PartitionStatus:
     stuck_seconds: float
     classification: str
     earliest: int | None = None
+    # Lag 0, or the LSO was seen to move (or the lag to appear) while watching.
+    advancing: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}[{self.partition}]"
 
 
 @dataclass(frozen=True)
@@ -120,6 +135,41 @@ class LsoReport:
     def all_caught_up(self) -> bool:
         """True when the LSO equals the HW on every partition (nothing uncommitted)."""
         return all(p.lag == 0 for p in self.partitions)
+
+    @property
+    def unconfirmed(self) -> list[PartitionStatus]:
+        """Partitions with lag whose LSO has not moved since watching began, but not
+        yet for ``stuck_after``: open or stuck, the watch cannot tell yet."""
+        return [p for p in self.partitions if p.classification == LAGGING and not p.advancing]
+
+    @property
+    def gate_ready(self) -> bool:
+        """True when no partition is stuck and none is unconfirmed: every partition
+        has no lag, or its LSO advanced within ``stuck_after`` (open transactions
+        that keep committing)."""
+        return all(p.classification == OK or (p.classification == LAGGING and p.advancing) for p in self.partitions)
+
+    def gate_summary(self) -> str:
+        """One line naming what keeps the gate closed (stuck partitions and for how long first)."""
+        if self.gate_ready:
+            return f"gate open: no partition stuck ({sum(p.lag > 0 for p in self.partitions)} with open transactions)"
+        parts = []
+        if self.stuck:
+            parts.append(
+                "stuck (LSO not moved for stuck_after or longer): "
+                + ", ".join(
+                    f"{p.name} LSO {p.last_stable} lag {p.lag} for {p.stuck_seconds:.1f}s ({p.classification})"
+                    for p in sorted(self.stuck, key=lambda p: -p.stuck_seconds)
+                )
+            )
+        if self.unconfirmed:
+            parts.append(
+                "not yet seen advancing: "
+                + ", ".join(
+                    f"{p.name} LSO {p.last_stable} lag {p.lag} for {p.stuck_seconds:.1f}s" for p in self.unconfirmed
+                )
+            )
+        return "gate closed: " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -181,6 +231,8 @@ class _PartitionState:
     last_stable: int
     # Since when the partition has had lag with this very LSO (None when lag == 0).
     stuck_since: float | None
+    # stuck_since is an observed LSO move (or the lag appearing), not the first sight of the partition.
+    advancing: bool = False
 
 
 def _key_str(key: TopicPartitionKey) -> str:
@@ -259,12 +311,18 @@ class LsoWatch:
             before = previous.get(key)
             if lag == 0:
                 since: float | None = None
+                advancing = True
             elif before is not None and before.stuck_since is not None and before.last_stable == off.last_stable:
                 since = before.stuck_since
+                advancing = before.advancing
             else:
                 # Lag just appeared, the LSO moved, or the partition is new: start counting now.
                 since = now
-            current[key] = _PartitionState(off.high_watermark, off.last_stable, since)
+                # New, or an LSO that went back (topic recreated): its age is unknown.
+                advancing = before is not None and (
+                    before.stuck_since is None or off.last_stable > before.last_stable
+                )
+            current[key] = _PartitionState(off.high_watermark, off.last_stable, since, advancing)
             stuck = 0.0 if since is None else max(0.0, now - since)
             rows.append(
                 PartitionStatus(
@@ -276,6 +334,7 @@ class LsoWatch:
                     stuck_seconds=round(stuck, 3),
                     classification=self.classify(lag, stuck),
                     earliest=off.earliest,
+                    advancing=advancing,
                 )
             )
         self._partitions = current
@@ -307,6 +366,7 @@ class LsoWatch:
                     "high_watermark": st.high_watermark,
                     "last_stable": st.last_stable,
                     "stuck_since": st.stuck_since,
+                    "advancing": st.advancing,
                 }
                 for key, st in sorted(self._partitions.items())
             ],
@@ -323,7 +383,7 @@ class LsoWatch:
         watch.last_observed_at = data.get("last_observed_at")
         for p in data.get("partitions", []):
             watch._partitions[(p["topic"], int(p["partition"]))] = _PartitionState(
-                int(p["high_watermark"]), int(p["last_stable"]), p["stuck_since"]
+                int(p["high_watermark"]), int(p["last_stable"]), p["stuck_since"], bool(p.get("advancing", False))
             )
         return watch
 

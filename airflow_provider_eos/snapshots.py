@@ -1,6 +1,11 @@
 """Snapshots of a pipeline's database state: the manifest model and the store.
 
-A snapshot is two files in ``<store>/<pipeline>/<snapshot_id>/``:
+A snapshot is a marker and two files in ``<store>/<pipeline>/<snapshot_id>/``:
+
+``.eos-snapshot``
+    written first, when the store creates the directory: retention deletes
+    only directories that carry it (or a manifest), an id-shaped name and no
+    symlink, so nothing else found in the store is ever deleted;
 
 ``dump.pgc``
     one ``pg_dump -Fc`` of the pipeline's target tables and its bookkeeping
@@ -10,30 +15,52 @@ A snapshot is two files in ``<store>/<pipeline>/<snapshot_id>/``:
     what is in the dump: row count and checksum per table, the stored Kafka
     offsets (the replay point), the dump's size and SHA-256, the app version.
 
-The manifest is written last: a directory without one is an unfinished
-snapshot and is ignored (and removed by retention). The store is a local
-directory or any :class:`airflow.sdk.ObjectStoragePath` (``s3://``,
-``gs://``, ``file://`` ...); nothing here talks to PostgreSQL or Kafka.
+The manifest is written last (locally: aside, then renamed): a directory
+without one is an unfinished snapshot and is ignored (and removed by
+retention). The store is a local directory or any
+:class:`airflow.sdk.ObjectStoragePath` (``s3://``, ``gs://``, ``file://`` ...);
+nothing here talks to PostgreSQL or Kafka.
+
+Pipeline names (the app's ``PIPELINE_NAME``: a letter or digit first, so never
+``.``, ``..`` or hidden) and snapshot ids are validated on every path
+operation, so no caller can read, write or delete outside
+``<store>/<pipeline>/<snapshot_id>``. A local store creates its directories
+0700 and its files 0600 whatever the umask (dumps hold the pipeline's data),
+and refuses symlinked pipeline or snapshot directories. An object store's
+access is its bucket policy's business.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from spark_apps.eos_stream.config import PIPELINE_NAME
+
 MANIFEST = "manifest.json"
 DUMP = "dump.pgc"
+# Written first into every snapshot directory the store creates: retention deletes
+# only directories that carry it (or a manifest), never anything else it finds.
+MARKER = ".eos-snapshot"
+_MANIFEST_TMP = MANIFEST + ".tmp"
 FORMAT_VERSION = 1
 LATEST = "latest"
-_ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
+# ASCII digits only (\d would accept other scripts' digits); always used with fullmatch.
+_ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}")
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+log = logging.getLogger(__name__)
 
 
 class SnapshotError(ValueError):
@@ -192,7 +219,7 @@ def select(manifests: Iterable[SnapshotManifest], selector: str) -> SnapshotMani
         raise SnapshotError("the store holds no complete snapshot for this pipeline")
     if selector == LATEST:
         return ordered[-1]
-    if _ID_RE.match(selector):
+    if _ID_RE.fullmatch(selector):
         for manifest in ordered:
             if manifest.snapshot_id == selector:
                 return manifest
@@ -233,8 +260,68 @@ def _as_path(base: Any) -> Any:
     return base
 
 
+def check_pipeline_name(pipeline: Any) -> str:
+    """``pipeline`` if it is a valid pipeline name (one path component, a letter or
+    digit first: never ``.``, ``..``, a hidden name or a path).
+
+    :raises SnapshotError: it is not.
+    """
+    if not isinstance(pipeline, str) or not PIPELINE_NAME.fullmatch(pipeline):
+        raise SnapshotError(
+            f"invalid pipeline name {pipeline!r}: expected {PIPELINE_NAME.pattern} (a letter or digit first)"
+        )
+    return pipeline
+
+
+def check_snapshot_id(snapshot_id: Any) -> str:
+    """``snapshot_id`` if it is a snapshot id (``YYYYMMDDTHHMMSSZ-xxxxxx``).
+
+    :raises SnapshotError: it is not.
+    """
+    if not isinstance(snapshot_id, str) or not _ID_RE.fullmatch(snapshot_id):
+        raise SnapshotError(f"invalid snapshot id {snapshot_id!r}: expected YYYYMMDDTHHMMSSZ-xxxxxx")
+    return snapshot_id
+
+
+def _local_root(base: Any) -> Path | None:
+    """The local directory behind ``base`` (a Path, or a ``file://`` ObjectStoragePath)."""
+    if isinstance(base, Path):
+        return base
+    if getattr(base, "protocol", None) in ("file", "local"):
+        return Path(base.path)
+    return None
+
+
+def _is_symlink(path: Any) -> bool:
+    try:
+        return bool(path.is_symlink())
+    except (AttributeError, NotImplementedError, OSError):
+        return False  # object stores have no symlinks
+
+
+def _open_private(path: Path, exclusive: bool = True) -> BinaryIO:
+    """A new local file, mode 0600 whatever the umask, never through a symlink."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        # The umask can only take bits away from FILE_MODE; fchmod pins it exactly.
+        os.fchmod(fd, FILE_MODE)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class SnapshotStore:
     """Snapshots on a local directory or an ObjectStoragePath.
+
+    Every path operation validates the pipeline name (``PIPELINE_NAME`` of the
+    app's config) and the snapshot id, so nothing outside ``<base>/<pipeline>/<id>``
+    is read, written or deleted. A local store (a path or ``file://``) creates its
+    directories with mode 0700 and its files with mode 0600, whatever the umask,
+    and refuses symlinked pipeline or snapshot directories. Retention deletes only
+    directories the store created: an id-shaped name, a real directory, and the
+    store's marker or manifest inside.
 
     :param base: root of the store: a local path, a URL (``s3://bucket/eos``,
         with ``conn_id`` in the URL's user part as Airflow allows) or an
@@ -243,62 +330,124 @@ class SnapshotStore:
 
     def __init__(self, base: Any) -> None:
         self.base = _as_path(base)
+        self._local = _local_root(self.base)
+        self._root: Any = self._local if self._local is not None else self.base
 
     def __repr__(self) -> str:
         return f"SnapshotStore({str(self.base)!r})"
 
     def _dir(self, pipeline: str, snapshot_id: str | None = None) -> Any:
-        if not pipeline or "/" in pipeline or pipeline.startswith("."):
-            raise SnapshotError(f"invalid pipeline name {pipeline!r}")
-        path = self.base / pipeline
-        return path / snapshot_id if snapshot_id else path
+        path = self._root / check_pipeline_name(pipeline)
+        if self._local is not None and _is_symlink(path):
+            raise SnapshotError(f"refusing {path}: the pipeline directory is a symlink")
+        if snapshot_id is None:
+            return path
+        path = path / check_snapshot_id(snapshot_id)
+        if self._local is not None and _is_symlink(path):
+            raise SnapshotError(f"refusing {path}: the snapshot directory is a symlink")
+        return path
+
+    def _own_dirs(self, pipeline: str) -> Iterator[Any]:
+        """Snapshot directories of ``pipeline`` this store created (see :meth:`owns`)."""
+        root = self._dir(pipeline)
+        if not root.exists():
+            return
+        for child in root.iterdir():
+            if self.owns(child):
+                yield child
+
+    def owns(self, path: Any) -> bool:
+        """True for a directory the store created: an id-shaped name, not a symlink,
+        with the store's marker or a manifest in it."""
+        if not _ID_RE.fullmatch(path.name) or _is_symlink(path) or not path.is_dir():
+            return False
+        return any((path / name).exists() and not _is_symlink(path / name) for name in (MARKER, MANIFEST))
 
     def dump_path(self, manifest: SnapshotManifest) -> Any:
         return self._dir(manifest.pipeline, manifest.snapshot_id) / DUMP
 
     def manifests(self, pipeline: str) -> list[SnapshotManifest]:
-        """Complete snapshots of ``pipeline``, oldest first. Unreadable manifests
-        are skipped (select() then cannot pick them)."""
-        root = self._dir(pipeline)
-        if not root.exists():
-            return []
+        """Complete snapshots of ``pipeline``, oldest first. Unreadable manifests,
+        and manifests that name another id or pipeline than where they lie, are
+        skipped (select() then cannot pick them)."""
         out = []
-        for child in root.iterdir():
+        for child in self._own_dirs(pipeline):
             manifest_path = child / MANIFEST
-            if not manifest_path.exists():
+            if not manifest_path.exists() or _is_symlink(manifest_path):
                 continue
             try:
-                out.append(SnapshotManifest.from_json(manifest_path.read_text()))
+                manifest = SnapshotManifest.from_json(manifest_path.read_text())
             except SnapshotError:
                 continue
+            if manifest.snapshot_id != child.name or manifest.pipeline != pipeline:
+                log.warning("ignoring %s: its manifest names snapshot %r of pipeline %r", child,
+                            manifest.snapshot_id, manifest.pipeline)
+                continue
+            out.append(manifest)
         return sorted(out, key=lambda m: (m.created, m.snapshot_id))
 
     def incomplete(self, pipeline: str) -> list[str]:
-        """Directories without a manifest (an interrupted snapshot)."""
-        root = self._dir(pipeline)
-        if not root.exists():
-            return []
-        return sorted(c.name for c in root.iterdir() if not (c / MANIFEST).exists())
+        """Snapshot directories the store created that have no manifest (an interrupted snapshot)."""
+        return sorted(c.name for c in self._own_dirs(pipeline) if not (c / MANIFEST).exists())
 
     def select(self, pipeline: str, selector: str) -> SnapshotManifest:
         return select(self.manifests(pipeline), selector)
 
     def save(self, manifest: SnapshotManifest, dump_file: str | Path) -> Any:
-        """Copies the dump in, then writes the manifest (the commit point)."""
+        """Marks a new directory as the store's, copies the dump in, then writes the
+        manifest (the commit point)."""
         target = self._dir(manifest.pipeline, manifest.snapshot_id)
-        target.mkdir(parents=True, exist_ok=True)
-        with open(dump_file, "rb") as src, (target / DUMP).open("wb") as dst:
+        if self._local is None:
+            target.mkdir(parents=True, exist_ok=True)
+            (target / MARKER).write_text(manifest.snapshot_id)
+            with open(dump_file, "rb") as src, (target / DUMP).open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            (target / MANIFEST).write_text(manifest.to_json())
+            return target
+        self._private_dir(self._local, create_parents=True)
+        self._private_dir(target.parent)
+        try:
+            os.mkdir(target, DIR_MODE)
+        except FileExistsError as exc:
+            raise SnapshotError(f"snapshot directory {target} already exists") from exc
+        os.chmod(target, DIR_MODE)
+        with _open_private(target / MARKER) as marker:
+            marker.write(manifest.snapshot_id.encode())
+        with open(dump_file, "rb") as src, _open_private(target / DUMP) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        (target / MANIFEST).write_text(manifest.to_json())
+        # Written aside and renamed: a manifest is either absent or complete.
+        with _open_private(target / _MANIFEST_TMP) as out:
+            out.write(manifest.to_json().encode())
+        os.replace(target / _MANIFEST_TMP, target / MANIFEST)
         return target
 
+    def _private_dir(self, path: Path, create_parents: bool = False) -> None:
+        """Creates ``path`` with mode 0700. The store's root keeps the mode it has if
+        it already exists (the deployment chose it); a pipeline directory is the
+        store's own and is set to 0700."""
+        if _is_symlink(path) and path != self._local:
+            raise SnapshotError(f"refusing {path}: it is a symlink")
+        if path.is_dir():
+            if path != self._local:
+                os.chmod(path, DIR_MODE)
+            return
+        if create_parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            pass  # a concurrent save created it
+        os.chmod(path, DIR_MODE)
+
     def fetch_dump(self, manifest: SnapshotManifest, local_file: str | Path) -> Path:
-        """Copies the dump to a local file and checks its SHA-256 against the manifest."""
+        """Copies the dump to a local file (mode 0600) and checks its SHA-256 against the manifest."""
         source = self.dump_path(manifest)
         if not source.exists():
             raise SnapshotError(f"snapshot {manifest.snapshot_id}: dump file {source} is missing")
+        if self._local is not None and _is_symlink(source):
+            raise SnapshotError(f"snapshot {manifest.snapshot_id}: dump file {source} is a symlink")
         local = Path(local_file)
-        with source.open("rb") as src, open(local, "wb") as dst:
+        with source.open("rb") as src, _open_private(local, exclusive=False) as dst:
             _copy(src, dst)
         digest = sha256_file(local)
         if manifest.dump_sha256 and digest != manifest.dump_sha256:
@@ -309,32 +458,49 @@ class SnapshotStore:
         return local
 
     def delete(self, pipeline: str, snapshot_id: str) -> None:
-        """Removes one snapshot: the manifest first, so a half-deleted one is never selected."""
+        """Removes one snapshot the store created: the manifest first, so a
+        half-deleted one is never selected, the marker last, so it stays
+        recognisable as the store's until it is gone.
+
+        :raises SnapshotError: the directory is not the store's, or holds files
+            the store did not write (then nothing in it is deleted).
+        """
         target = self._dir(pipeline, snapshot_id)
-        for name in (MANIFEST, DUMP):
+        if not target.exists():
+            return
+        if not self.owns(target):
+            raise SnapshotError(f"not deleting {target}: the store did not create it (no {MARKER} or {MANIFEST})")
+        ours = (MANIFEST, _MANIFEST_TMP, DUMP, MARKER)
+        foreign = sorted(child.name for child in target.iterdir() if child.name not in ours)
+        if foreign:
+            # Checked before deleting anything: the snapshot stays whole and selectable.
+            raise SnapshotError(f"not deleting {target}: it holds entries the store did not write: {foreign}")
+        for name in ours:
             path = target / name
-            if path.exists():
+            if _is_symlink(path) or path.exists():
                 path.unlink()
-        for leftover in list(target.iterdir()) if target.exists() else []:
-            leftover.unlink()
-        if target.exists():
-            target.rmdir()
+        target.rmdir()
 
     def apply_retention(self, pipeline: str, keep_last: int) -> list[str]:
         """Keeps the newest ``keep_last`` complete snapshots; returns deleted ids.
 
-        Incomplete directories older than the oldest kept snapshot go too."""
+        Incomplete snapshot directories older than the oldest kept snapshot go
+        too. Only directories the store created are touched (:meth:`owns`);
+        one that cannot be deleted cleanly is logged and left for the next run."""
         manifests = self.manifests(pipeline)
         doomed = retention_plan(manifests, keep_last)
-        for manifest in doomed:
-            self.delete(pipeline, manifest.snapshot_id)
         kept = [m.snapshot_id for m in manifests if m not in doomed]
-        deleted = [m.snapshot_id for m in doomed]
+        candidates = [m.snapshot_id for m in doomed]
         if kept:
-            for name in self.incomplete(pipeline):
-                if name < kept[0]:
-                    self.delete(pipeline, name)
-                    deleted.append(name)
+            candidates += [name for name in self.incomplete(pipeline) if name < kept[0]]
+        deleted = []
+        for snapshot_id in candidates:
+            try:
+                self.delete(pipeline, snapshot_id)
+            except SnapshotError as exc:
+                log.warning("retention: %s", exc)
+                continue
+            deleted.append(snapshot_id)
         return deleted
 
 

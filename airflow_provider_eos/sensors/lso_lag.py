@@ -15,6 +15,10 @@ from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
 from airflow_provider_eos.lso_lag import DEFAULT_MARGIN_SECONDS, DEFAULT_TXN_MAX_TIMEOUT_MS, LsoWatch
 from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
 
+# Seconds for the triggerer to deliver the gate's own give-up event before Airflow's
+# deferral timeout (which carries no report) would fire.
+GATE_DEFERRAL_SLACK = 10.0
+
 
 class LastStableOffsetLagSensor(BaseSensorOperator):
     """
@@ -24,11 +28,18 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
     as soon as a partition's LSO has not advanced for ``stuck_after`` seconds while
     it has lag -- an open transaction that blocks every ``read_committed`` reader --
     and succeeds after one full ``stuck_after`` window with nothing stuck.
-    ``watch_mode='gate'`` succeeds when the LSO lag is 0 on all partitions, e.g.
-    before a job that must see everything that was written.
+    ``watch_mode='gate'`` succeeds as soon as no partition is stuck: each has no lag,
+    or an LSO that advanced within ``stuck_after`` (transactions that stay open but
+    keep committing, as Flink or Kafka Streams producers do, never give a moment with
+    lag 0 everywhere; a replay stops at the LSO it saw, so they are harmless). A stuck
+    partition keeps the gate waiting (its coordinator may still abort the
+    transaction); at ``timeout`` the gate fails naming the stuck partitions and for
+    how long, and a ``hanging`` one fails it at once.
 
     By default the sensor defers at once to :class:`~airflow_provider_eos.triggers.lso_lag.LsoLagTrigger`
-    (``timeout`` is honoured). With ``deferrable=False`` it pokes with the same logic;
+    (``timeout`` is honoured: in ``gate`` mode the trigger gets it as a deadline and
+    reports what is stuck, and the deferral's own timeout, a little later, is only a
+    backstop). With ``deferrable=False`` it pokes with the same logic;
     the watch state lives on the operator instance, so use ``mode='poke'`` (the
     default) -- in ``reschedule`` mode every poke would start a new watch.
 
@@ -43,6 +54,8 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
     :param margin: seconds added to ``txn_max_timeout_ms``.
     :param request_timeout: seconds allowed for each Admin API request.
     :param deferrable: defer to the trigger (default) instead of poking in the worker.
+    :param timeout: (``BaseSensorOperator``) seconds; in ``gate`` mode the gate gives
+        up at its last observation before it, with the stuck partitions in the error.
     """
 
     template_fields: Sequence[str] = ("topics", "kafka_config_id", "watch_mode")
@@ -73,6 +86,7 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
         self.request_timeout = float(request_timeout)
         self.deferrable = deferrable
         self._watch: LsoWatch | None = None
+        self._deadline: float | None = None
         self.last_report: dict[str, Any] | None = None
 
     @cached_property
@@ -90,7 +104,7 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
                 pending[:0] = list(item)
         return names
 
-    def _trigger(self) -> LsoLagTrigger:
+    def _trigger(self, deadline: float | None = None) -> LsoLagTrigger:
         return LsoLagTrigger(
             topics=self.topic_list(),
             kafka_config_id=self.kafka_config_id,
@@ -100,13 +114,21 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
             txn_max_timeout_ms=self.txn_max_timeout_ms,
             margin=self.margin,
             request_timeout=self.request_timeout,
+            deadline=deadline,
         )
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        timeout = timedelta(seconds=self.timeout) if isinstance(self.timeout, (int, float)) else self.timeout
-        self.defer(trigger=self._trigger(), method_name="execute_complete", timeout=timeout)
+        seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else float(self.timeout)
+        deadline = None
+        if self.watch_mode == GATE:
+            # The trigger gives up at the deadline with a report naming the stuck
+            # partitions; Airflow's deferral timeout, one poke and one request later
+            # (+ slack for delivering the event), only backs it up.
+            deadline = time.time() + seconds
+            seconds += float(self.poke_interval) + self.request_timeout + GATE_DEFERRAL_SLACK
+        self.defer(trigger=self._trigger(deadline), method_name="execute_complete", timeout=timedelta(seconds=seconds))
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         if not event:
@@ -117,20 +139,30 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
             return event.get("report")
         if status == "stuck":
             raise AirflowException(f"Kafka partitions with a stuck last stable offset:\n{event.get('message')}")
+        if status == "timeout":
+            raise AirflowException(f"LSO gate timed out:\n{event.get('message')}")
         raise AirflowException(f"LSO lag watch failed: {event.get('message')}")
 
     def poke(self, context: Any) -> PokeReturnValue:
+        now = time.time()
         if self._watch is None:
             self._watch = LsoWatch(
                 stuck_after=self.stuck_after, txn_max_timeout_ms=self.txn_max_timeout_ms, margin=self.margin
             )
+            # BaseSensorOperator starts its timeout clock just before the first poke.
+            timeout = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else float(self.timeout)
+            self._deadline = now + timeout
         offsets = self.hook.partition_offsets(self.topic_list(), include_earliest=False)
         report = self._watch.observe(time.time(), offsets)
         self.last_report = report.to_dict()
-        status = evaluate(self.watch_mode, self._watch, report)
-        self.log.info("LSO lag (%s): %s\n%s", self.watch_mode, status or "watching", report.format())
+        deadline = self._deadline if self.watch_mode == GATE else None
+        status = evaluate(self.watch_mode, self._watch, report, deadline, float(self.poke_interval))
+        text = report.format() if self.watch_mode == HEALTH else f"{report.gate_summary()}\n{report.format()}"
+        self.log.info("LSO lag (%s): %s\n%s", self.watch_mode, status or "watching", text)
         if status == "stuck":
-            raise AirflowException(f"Kafka partitions with a stuck last stable offset:\n{report.format()}")
+            raise AirflowException(f"Kafka partitions with a stuck last stable offset:\n{text}")
+        if status == "timeout":
+            raise AirflowException(f"LSO gate timed out:\n{text}")
         return PokeReturnValue(is_done=status == "ok", xcom_value=self.last_report)
 
 

@@ -27,14 +27,27 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def evaluate(mode: str, watch: LsoWatch, report: LsoReport) -> str | None:
+def evaluate(
+    mode: str, watch: LsoWatch, report: LsoReport, deadline: float | None = None, poke_interval: float = 0.0
+) -> str | None:
     """
     Decide whether a watch is finished after ``report``.
 
     ``health``: ``'stuck'`` as soon as any partition is ``open`` or ``hanging``;
     ``'ok'`` once a full window of ``stuck_after`` seconds was watched with nothing
-    stuck. ``gate``: ``'ok'`` when the LSO lag is 0 on every partition.
+    stuck.
 
+    ``gate``: ``'ok'`` as soon as no partition is stuck (:attr:`LsoReport.gate_ready`:
+    every partition has no lag, or its LSO advanced within ``stuck_after``). A stuck
+    (``open``) partition keeps the gate waiting, because its coordinator still aborts
+    the transaction when the producer's ``transaction.timeout.ms`` expires; a
+    ``hanging`` one fails it at once (nothing will resolve it). When the next
+    observation would come after ``deadline``, the gate gives up: ``'stuck'`` if a
+    partition is stuck, else ``'timeout'``.
+
+    :param deadline: wall-clock time (``report.observed_at``'s clock) after which the
+        gate gives up; None waits forever (the task's own timeout ends it).
+    :param poke_interval: seconds until the next observation.
     :return: the event status, or None to keep watching.
     """
     if mode == HEALTH:
@@ -43,16 +56,24 @@ def evaluate(mode: str, watch: LsoWatch, report: LsoReport) -> str | None:
         if report.watched_seconds >= watch.stuck_after:
             return "ok"
         return None
-    if report.all_caught_up:
+    if report.gate_ready:
         return "ok"
+    if report.hanging:
+        return "stuck"
+    if deadline is not None and report.observed_at + poke_interval > deadline:
+        return "stuck" if report.stuck else "timeout"
     return None
 
 
 def event_payload(mode: str, status: str, report: LsoReport) -> dict[str, Any]:
+    message = report.format()
+    if mode == GATE:
+        # The line that names the stuck partitions and for how long comes first.
+        message = f"{report.gate_summary()}\n{message}"
     return {
         "status": status,
         "mode": mode,
-        "message": report.format(),
+        "message": message,
         "report": report.to_dict(),
     }
 
@@ -70,7 +91,10 @@ class LsoLagTrigger(BaseTrigger):
     :param mode: ``health`` (event ``stuck`` with the report as soon as a partition's
         LSO has not advanced for ``stuck_after`` seconds while it has lag, or ``ok``
         after a full ``stuck_after`` window with nothing stuck) or ``gate`` (event
-        ``ok`` when the LSO lag is 0 on all partitions).
+        ``ok`` as soon as no partition is stuck: each has no lag or an LSO that
+        advanced within ``stuck_after``; event ``stuck`` on a ``hanging`` partition,
+        or at ``deadline`` while a partition is stuck, naming it; ``timeout`` at
+        ``deadline`` otherwise).
     :param stuck_after: seconds without LSO progress (with lag) before a partition counts as stuck.
     :param poke_interval: seconds between two observations.
     :param txn_max_timeout_ms: the broker's ``transaction.max.timeout.ms`` (``hanging`` threshold).
@@ -78,6 +102,9 @@ class LsoLagTrigger(BaseTrigger):
     :param request_timeout: seconds allowed for each Admin API request.
     :param watch_state: JSON state of an :class:`~airflow_provider_eos.lso_lag.LsoWatch`
         to resume from (set by :meth:`serialize`).
+    :param deadline: ``gate`` only: Unix time at which the gate gives up and reports
+        what is stuck (absolute, so a triggerer restart does not extend it); None
+        waits until the task's own timeout.
     """
 
     def __init__(
@@ -91,8 +118,10 @@ class LsoLagTrigger(BaseTrigger):
         margin: float = DEFAULT_MARGIN_SECONDS,
         request_timeout: float = 10.0,
         watch_state: dict[str, Any] | None = None,
+        deadline: float | None = None,
     ) -> None:
         super().__init__()
+        self.deadline = None if deadline is None else float(deadline)
         self.topics = list(topics)
         self.kafka_config_id = kafka_config_id
         self.mode = check_mode(mode)
@@ -120,6 +149,7 @@ class LsoLagTrigger(BaseTrigger):
                 "margin": self.margin,
                 "request_timeout": self.request_timeout,
                 "watch_state": self.watch.to_json(),
+                "deadline": self.deadline,
             },
         )
 
@@ -144,7 +174,7 @@ class LsoLagTrigger(BaseTrigger):
                 return
             report = self.watch.observe(time.time(), offsets)
             self.log.debug("%s", report)
-            status = evaluate(self.mode, self.watch, report)
+            status = evaluate(self.mode, self.watch, report, self.deadline, self.poke_interval)
             if status is not None:
                 self.log.info("LSO lag watch (%s) finished: %s\n%s", self.mode, status, report)
                 yield TriggerEvent(event_payload(self.mode, status, report))

@@ -142,6 +142,51 @@ def test_watch_state_json_round_trip_keeps_stuck_clock():
     assert report.watched_seconds == 5
 
 
+def advancing(report: LsoReport) -> dict[int, bool]:
+    return {p.partition: p.advancing for p in report.partitions}
+
+
+def test_advancing_needs_an_observed_lso_move_or_a_lag_that_appeared():
+    watch = LsoWatch(stuck_after=10)
+    first = watch.observe(0, {(T, 0): offs(5, 2), (T, 1): offs(3, 3), (T, 2): offs(9, 4)})
+    # Lag at first sight: its age is unknown, so not advancing (the gate waits).
+    assert advancing(first) == {0: False, 1: True, 2: False}
+    assert not first.gate_ready and [p.partition for p in first.unconfirmed] == [0, 2]
+    # 0: LSO moved; 1: a transaction began after the LSO had caught up; 2: unchanged.
+    second = watch.observe(1, {(T, 0): offs(8, 4), (T, 1): offs(6, 3), (T, 2): offs(12, 4)})
+    assert advancing(second) == {0: True, 1: True, 2: False}
+    assert not second.gate_ready
+    third = watch.observe(2, {(T, 0): offs(8, 4), (T, 1): offs(6, 3), (T, 2): offs(12, 7)})
+    assert advancing(third) == {0: True, 1: True, 2: True}
+    assert third.gate_ready and not third.all_caught_up
+    assert third.gate_summary().startswith("gate open: no partition stuck (3 with open transactions)")
+    # An advancing partition whose LSO then stops is stuck after stuck_after, not open forever.
+    later = watch.observe(11, {(T, 0): offs(9, 4), (T, 1): offs(6, 6), (T, 2): offs(12, 8)})
+    assert classes(later)[(T, 0)] == OPEN and not later.gate_ready
+    assert "stuck (LSO not moved for stuck_after or longer): orders[0] LSO 4 lag 5 for 10.0s (open)" in (
+        later.gate_summary()
+    )
+
+
+def test_lso_that_goes_back_is_not_advancing():
+    watch = LsoWatch(stuck_after=10)
+    watch.observe(0, {(T, 0): offs(50, 40)})
+    watch.observe(1, {(T, 0): offs(52, 45)})
+    report = watch.observe(2, {(T, 0): offs(6, 2)})  # topic recreated under the same name
+    assert advancing(report) == {0: False}
+
+
+def test_advancing_survives_json_and_old_state_without_it_loads():
+    watch = LsoWatch(stuck_after=10)
+    watch.observe(0, {(T, 0): offs(5, 2)})
+    watch.observe(1, {(T, 0): offs(6, 3)})
+    state = json.loads(json.dumps(watch.to_json()))
+    assert state["partitions"][0]["advancing"] is True
+    assert advancing(LsoWatch.from_json(state).observe(2, {(T, 0): offs(7, 3)})) == {0: True}
+    del state["partitions"][0]["advancing"]  # a trigger serialized before the field existed
+    assert advancing(LsoWatch.from_json(state).observe(2, {(T, 0): offs(7, 3)})) == {0: False}
+
+
 @pytest.mark.parametrize(
     "kwargs", [{"stuck_after": 0}, {"stuck_after": 1, "txn_max_timeout_ms": 0}, {"stuck_after": 1, "margin": -1}]
 )

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import timedelta
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_provider_eos.lso_lag import LsoWatch, PartitionOffsets
-from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
-from airflow_provider_eos.triggers.lso_lag import LsoLagTrigger, evaluate
+from airflow_provider_eos.sensors.lso_lag import GATE_DEFERRAL_SLACK, LastStableOffsetLagSensor
+from airflow_provider_eos.triggers.lso_lag import LsoLagTrigger, evaluate, event_payload
 
 T = "orders"
 
@@ -56,6 +57,7 @@ def test_health_and_gate_decisions():
     pending = {(T, 0): PartitionOffsets(4, 1)}
     assert evaluate("gate", watch, watch.observe(0, pending)) is None
     assert evaluate("health", watch, watch.observe(5, pending)) == "stuck"
+    assert evaluate("gate", watch, watch.observe(6, pending)) is None  # stuck: the gate waits
 
 
 class _FakeHook:
@@ -117,12 +119,84 @@ def test_sensor_defers_immediately_with_timeout():
     sensor = LastStableOffsetLagSensor(
         task_id="lso", topics=T, watch_mode="gate", stuck_after=5, poke_interval=1, timeout=42
     )
+    before = time.time()
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute({})
     assert isinstance(deferred.value.trigger, LsoLagTrigger)
     assert deferred.value.method_name == "execute_complete"
+    kwargs = deferred.value.trigger.serialize()[1]
+    assert kwargs["mode"] == "gate"
+    # The gate's own deadline is the sensor's timeout; Airflow's deferral timeout only
+    # backs it up, one poke + one request + slack later, so the gate's report wins.
+    assert before + 42 <= kwargs["deadline"] <= time.time() + 42
+    assert deferred.value.timeout == timedelta(seconds=42 + 1 + 10 + GATE_DEFERRAL_SLACK)
+
+    health = LastStableOffsetLagSensor(task_id="lso", topics=T, watch_mode="health", timeout=42)
+    with pytest.raises(TaskDeferred) as deferred:
+        health.execute({})
     assert deferred.value.timeout == timedelta(seconds=42)
-    assert deferred.value.trigger.serialize()[1]["mode"] == "gate"
+    assert deferred.value.trigger.serialize()[1]["deadline"] is None
+
+
+def test_gate_passes_on_advancing_lso_and_gives_up_at_the_deadline():
+    stuck = (T, 1)
+    watch = LsoWatch(stuck_after=5)
+    # First sight: lag everywhere, age unknown -> wait.
+    r = watch.observe(0, {(T, 0): PartitionOffsets(4, 1), stuck: PartitionOffsets(9, 3)})
+    assert evaluate("gate", watch, r, deadline=100, poke_interval=1) is None
+    # Partition 0's LSO moved (still lag), partition 1's did not yet for 5 s -> still unknown.
+    r = watch.observe(1, {(T, 0): PartitionOffsets(8, 5), stuck: PartitionOffsets(9, 3)})
+    assert [p.name for p in r.unconfirmed] == [f"{T}[1]"]
+    assert evaluate("gate", watch, r, deadline=100, poke_interval=1) is None
+    # Partition 1 stuck for stuck_after: waits (the coordinator may still abort it) ...
+    r = watch.observe(5, {(T, 0): PartitionOffsets(12, 8), stuck: PartitionOffsets(11, 3)})
+    assert [p.name for p in r.stuck] == [f"{T}[1]"]
+    assert evaluate("gate", watch, r, deadline=100, poke_interval=1) is None
+    assert evaluate("gate", watch, r) is None  # no deadline: the task's timeout decides
+    # ... until the next poke would come after the deadline: 'stuck', naming it.
+    r = watch.observe(99.5, {(T, 0): PartitionOffsets(20, 15), stuck: PartitionOffsets(12, 3)})
+    assert evaluate("gate", watch, r, deadline=100, poke_interval=1) == "stuck"
+    payload = event_payload("gate", "stuck", r)
+    first = payload["message"].splitlines()[0]
+    assert f"{T}[1] LSO 3 lag 9 for 99.5s (open)" in first and f"{T}[0]" not in first
+    # The coordinator aborts it: the gate opens although partition 0 still has lag.
+    r = watch.observe(100.5, {(T, 0): PartitionOffsets(25, 21), stuck: PartitionOffsets(14, 14)})
+    assert not r.all_caught_up
+    assert evaluate("gate", watch, r, deadline=100, poke_interval=1) == "ok"
+
+
+def test_gate_timeout_without_a_stuck_partition_and_hanging_fails_at_once():
+    watch = LsoWatch(stuck_after=60)
+    r = watch.observe(0, {(T, 0): PartitionOffsets(4, 1)})
+    assert evaluate("gate", watch, r, deadline=0.5, poke_interval=1) == "timeout"
+    assert "not yet seen advancing" in r.gate_summary()
+
+    watch = LsoWatch(stuck_after=5, txn_max_timeout_ms=10_000, margin=1)
+    watch.observe(0, {(T, 0): PartitionOffsets(4, 1)})
+    r = watch.observe(11, {(T, 0): PartitionOffsets(4, 1)})
+    assert evaluate("gate", watch, r, deadline=1_000, poke_interval=1) == "stuck"
+
+
+def test_sensor_poke_gate_gives_up_naming_the_stuck_partition(monkeypatch):
+    sensor = LastStableOffsetLagSensor(
+        task_id="lso", topics=T, watch_mode="gate", stuck_after=0.2, poke_interval=0.1, timeout=0.6,
+        deferrable=False,
+    )
+    monkeypatch.setattr(
+        LastStableOffsetLagSensor, "hook", _FakeStuckHook({(T, 0): PartitionOffsets(7, 2)}), raising=False
+    )
+    started = time.monotonic()
+    with pytest.raises(AirflowException, match=rf"stuck last stable offset:\ngate closed: stuck .*{T}\[0\] LSO 2"):
+        sensor.execute({})
+    assert time.monotonic() - started < 0.6 + 0.5
+
+
+class _FakeStuckHook:
+    def __init__(self, frame):
+        self.frame = frame
+
+    def partition_offsets(self, topics, include_earliest=True):
+        return self.frame
 
 
 def test_sensor_execute_complete():

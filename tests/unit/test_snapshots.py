@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from airflow_provider_eos.operators.restore import check_stream_stopped
 from airflow_provider_eos.snapshots import (
     DUMP,
     MANIFEST,
+    MARKER,
     SnapshotError,
     SnapshotManifest,
     SnapshotStore,
@@ -91,7 +93,12 @@ def test_store_save_list_fetch_retention(tmp_path) -> None:
         m.dump_sha256 = sha256_file(dump)
         store.save(m, dump)
         saved.append(m)
-    (tmp_path / "ledger" / "00000000T000000Z-unfinished").mkdir()  # no manifest: never listed
+    (tmp_path / "ledger" / "00000000T000000Z-unfinished").mkdir()  # not the store's: never listed nor deleted
+    interrupted = tmp_path / "ledger" / "20260301T110000Z-abcdef"  # a save that died after its marker
+    interrupted.mkdir()
+    (interrupted / MARKER).write_text("20260301T110000Z-abcdef")
+    (interrupted / DUMP).write_bytes(b"PGD")
+    assert store.incomplete("ledger") == [interrupted.name]
     assert [m.snapshot_id for m in store.manifests("ledger")] == [m.snapshot_id for m in saved]
     out = store.fetch_dump(saved[0], tmp_path / "copy.pgc")
     assert out.read_bytes() == b"PGDMP-fake"
@@ -99,8 +106,10 @@ def test_store_save_list_fetch_retention(tmp_path) -> None:
     with pytest.raises(SnapshotError, match="corrupted"):
         store.fetch_dump(saved[1], tmp_path / "copy2.pgc")
     deleted = store.apply_retention("ledger", 2)
-    assert saved[0].snapshot_id in deleted and "00000000T000000Z-unfinished" in deleted
-    assert sorted(p.name for p in (tmp_path / "ledger").iterdir()) == [saved[2].snapshot_id, saved[3].snapshot_id]
+    assert sorted(deleted) == sorted([saved[0].snapshot_id, saved[1].snapshot_id, interrupted.name])
+    assert sorted(p.name for p in (tmp_path / "ledger").iterdir()) == sorted(
+        ["00000000T000000Z-unfinished", saved[2].snapshot_id, saved[3].snapshot_id]
+    )
     assert (tmp_path / "ledger" / saved[3].snapshot_id / MANIFEST).exists()
 
 
@@ -146,3 +155,216 @@ def test_load_pipeline_config(tmp_path) -> None:
         load_pipeline_config(str(tmp_path / "a.json"), pipeline="b")
     with pytest.raises(SnapshotError, match="invalid pipeline config"):
         load_pipeline_config({"pipeline": "a", "nope": 1})
+
+
+# ---------------------------------------------------------------------- store safety (issue 10, section 5)
+# Only names that the store had before these checks are imported here, so that this
+# section, run against the former store, fails on its assertions rather than on imports.
+STORE_MARKER = ".eos-snapshot"
+BAD_PIPELINES = ["..", ".", ".hidden", "../x", "a/b", "/abs", "", "x\n", "-dash", "a" * 101, "é"]
+BAD_IDS = ["..", "../../escape", "20260301T120000Z-abcdef/../..", "20260301T120000Z-abcdef\n", "latest", "x"]
+
+
+def _saved_store(tmp_path, hours=(0, 1, 2)):
+    store = SnapshotStore(str(tmp_path / "store"))
+    dump = tmp_path / "src.pgc"
+    dump.write_bytes(b"PGDMP-fake")
+    saved = []
+    for h in hours:
+        m = manifest(h)
+        store.save(m, dump)
+        saved.append(m)
+    return store, dump, saved
+
+
+def _tree(root) -> list[str]:
+    """Every path under root (symlinks listed, never followed)."""
+    import os
+
+    out = []
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            out.append(os.path.relpath(os.path.join(folder, name), root))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("pipeline", BAD_PIPELINES)
+def test_store_refuses_bad_pipeline_names_on_every_operation(tmp_path, pipeline) -> None:
+    store, dump, saved = _saved_store(tmp_path, hours=(0,))
+    before = _tree(tmp_path)
+    forged = manifest(5, pipeline=pipeline)
+    operations = {
+        "manifests": lambda: store.manifests(pipeline),
+        "incomplete": lambda: store.incomplete(pipeline),
+        "select": lambda: store.select(pipeline, "latest"),
+        "save": lambda: store.save(forged, dump),
+        "dump_path": lambda: store.dump_path(forged),
+        "fetch_dump": lambda: store.fetch_dump(forged, tmp_path / "out.pgc"),
+        "delete": lambda: store.delete(pipeline, saved[0].snapshot_id),
+        "apply_retention": lambda: store.apply_retention(pipeline, 1),
+    }
+    accepted = []
+    for name, operation in operations.items():
+        try:
+            operation()
+        except SnapshotError as exc:
+            assert "invalid pipeline name" in str(exc), (name, str(exc))
+        else:
+            accepted.append(name)
+    assert accepted == [], f"pipeline {pipeline!r} accepted by {accepted}"
+    assert _tree(tmp_path) == before  # nothing written or deleted anywhere
+
+
+@pytest.mark.parametrize("snapshot_id", BAD_IDS)
+def test_store_refuses_bad_snapshot_ids_on_every_operation(tmp_path, snapshot_id) -> None:
+    store, dump, saved = _saved_store(tmp_path, hours=(0,))
+    # What a traversal would reach: a sibling of the store and the store's root.
+    (tmp_path / "escape").mkdir()
+    (tmp_path / "escape" / "precious").write_text("keep me")
+    before = _tree(tmp_path)
+    forged = manifest(5)
+    forged.snapshot_id = snapshot_id
+    operations = {
+        "save": lambda: store.save(forged, dump),
+        "dump_path": lambda: store.dump_path(forged),
+        "fetch_dump": lambda: store.fetch_dump(forged, tmp_path / "out.pgc"),
+        "delete": lambda: store.delete("ledger", snapshot_id),
+    }
+    accepted = []
+    for name, operation in operations.items():
+        try:
+            operation()
+        except SnapshotError as exc:
+            assert "invalid snapshot id" in str(exc), (name, str(exc))
+        except OSError:
+            accepted.append(name)  # it tried to touch the path
+        else:
+            accepted.append(name)
+    assert accepted == [], f"snapshot id {snapshot_id!r} accepted by {accepted}"
+    assert _tree(tmp_path) == before
+    assert store.select("ledger", "latest").snapshot_id == saved[0].snapshot_id
+
+
+def test_pipeline_names_need_a_letter_or_digit_first() -> None:
+    from spark_apps.eos_stream.config import ConfigError, from_dict
+
+    for bad in ("..", ".", ".hidden", "-x", "_x", "a/b"):
+        with pytest.raises(ConfigError, match="pipeline name"):
+            from_dict({"pipeline": bad, "topics": ["t"]}).validate()
+        with pytest.raises(SnapshotError, match="invalid pipeline config"):
+            load_pipeline_config({"pipeline": bad, "topics": ["t"]})
+    for good in ("a", "0", "ledger.v2", "a..b", "A-b_c.1", "x" * 100):
+        assert from_dict({"pipeline": good, "topics": ["t"]}).validate().pipeline == good
+
+
+def test_retention_deletes_only_what_the_store_created(tmp_path) -> None:
+    store, _dump, saved = _saved_store(tmp_path)
+    pipeline_dir = tmp_path / "store" / "ledger"
+    # A directory that looks like an old snapshot but was not made by the store.
+    foreign = pipeline_dir / "20200101T000000Z-aaaaaa"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not a snapshot")
+    # Somebody's directory elsewhere, holding what looks like a snapshot, linked in.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lured = manifest(-5)
+    (elsewhere / "manifest.json").write_text(lured.to_json().replace(lured.snapshot_id, "20200101T000000Z-bbbbbb"))
+    (elsewhere / DUMP).write_bytes(b"someone else's data")
+    (elsewhere / STORE_MARKER).write_text("")
+    link = pipeline_dir / "20200101T000000Z-bbbbbb"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    # A symlink to a single file, and a non-snapshot name.
+    (pipeline_dir / "20200101T000000Z-cccccc").symlink_to(elsewhere / DUMP)
+    (pipeline_dir / "README").write_text("hands off")
+    outside_before = _tree(elsewhere)
+
+    assert [m.snapshot_id for m in store.manifests("ledger")] == [m.snapshot_id for m in saved]
+    assert store.incomplete("ledger") == []
+    deleted = store.apply_retention("ledger", 1)
+
+    assert sorted(deleted) == sorted(m.snapshot_id for m in saved[:2])
+    left = sorted(p.name for p in pipeline_dir.iterdir())
+    assert left == sorted(["20200101T000000Z-aaaaaa", "20200101T000000Z-bbbbbb", "20200101T000000Z-cccccc",
+                           "README", saved[2].snapshot_id])
+    assert (foreign / "notes.txt").read_text() == "not a snapshot"
+    assert link.is_symlink() and _tree(elsewhere) == outside_before
+    assert (elsewhere / DUMP).read_bytes() == b"someone else's data"
+    # Asked directly, the store refuses them too.
+    with pytest.raises(SnapshotError, match="did not create it"):
+        store.delete("ledger", "20200101T000000Z-aaaaaa")
+    with pytest.raises(SnapshotError, match="symlink"):
+        store.delete("ledger", "20200101T000000Z-bbbbbb")
+    assert (foreign / "notes.txt").exists() and _tree(elsewhere) == outside_before
+
+
+def test_a_snapshot_directory_with_foreign_files_is_left_in_place(tmp_path) -> None:
+    store, _dump, saved = _saved_store(tmp_path, hours=(0, 1))
+    extra = tmp_path / "store" / "ledger" / saved[0].snapshot_id / "added-by-hand.txt"
+    extra.write_text("mine")
+    assert store.apply_retention("ledger", 1) == []
+    assert extra.read_text() == "mine"
+    # Nothing in it was deleted: the snapshot is still whole and selectable.
+    assert [m.snapshot_id for m in store.manifests("ledger")] == [m.snapshot_id for m in saved]
+    with pytest.raises(SnapshotError, match=r"entries the store did not write: \['added-by-hand.txt'\]"):
+        store.delete("ledger", saved[0].snapshot_id)
+
+
+def test_manifest_that_names_another_snapshot_or_pipeline_is_ignored(tmp_path) -> None:
+    store, _dump, saved = _saved_store(tmp_path, hours=(0,))
+    copy = tmp_path / "store" / "ledger" / "20260301T150000Z-ffffff"
+    copy.mkdir()
+    (copy / "manifest.json").write_text(saved[0].to_json())
+    (copy / DUMP).write_bytes(b"PGDMP-fake")
+    other = manifest(4, pipeline="payments")
+    other_dir = tmp_path / "store" / "ledger" / other.snapshot_id
+    other_dir.mkdir()
+    (other_dir / "manifest.json").write_text(other.to_json())
+    assert [m.snapshot_id for m in store.manifests("ledger")] == [saved[0].snapshot_id]
+
+
+def test_symlinked_pipeline_directory_is_refused(tmp_path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "ledger").symlink_to(outside, target_is_directory=True)
+    store = SnapshotStore(str(tmp_path / "store"))
+    dump = tmp_path / "src.pgc"
+    dump.write_bytes(b"PGDMP-fake")
+    with pytest.raises(SnapshotError, match="symlink"):
+        store.save(manifest(0), dump)
+    with pytest.raises(SnapshotError, match="symlink"):
+        store.manifests("ledger")
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("as_url", [False, True])
+def test_local_store_is_private_whatever_the_umask(tmp_path, as_url) -> None:
+    import os
+    import stat
+
+    base = tmp_path / "deployment" / "store"
+    old = os.umask(0)
+    try:
+        store = SnapshotStore(f"file://{base}" if as_url else str(base))
+        dump = tmp_path / "src.pgc"
+        dump.write_bytes(b"PGDMP-fake")
+        m = manifest(0)
+        target = Path(str(store.save(m, dump)).removeprefix("file://"))
+        copy = store.fetch_dump(m, tmp_path / "fetched.pgc")
+        # A pipeline directory an older store left world-readable is tightened too.
+        (base / "older").mkdir(mode=0o755)
+        store.save(manifest(1, pipeline="older"), dump)
+    finally:
+        os.umask(old)
+
+    def mode(path) -> int:
+        return stat.S_IMODE(os.lstat(path).st_mode)
+
+    assert target.parent.parent == base
+    assert {str(p.relative_to(tmp_path)): oct(mode(p)) for p in (base, base / "ledger", target)} == {
+        str(p.relative_to(tmp_path)): "0o700" for p in (base, base / "ledger", target)
+    }
+    files = [target / DUMP, target / MANIFEST, target / STORE_MARKER, copy]
+    assert {p.name: oct(mode(p)) for p in files} == {p.name: "0o600" for p in files}
+    assert oct(mode(base / "older")) == "0o700"
+    assert sorted(p.name for p in target.iterdir()) == sorted([DUMP, MANIFEST, STORE_MARKER])
