@@ -19,13 +19,16 @@ Passwords never go on a command line: pg_dump, pg_restore and psql get
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
-import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +37,7 @@ from typing import Any
 import psycopg2
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk.exceptions import AirflowException
+from psycopg2 import errors as pg_errors
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
@@ -60,6 +64,14 @@ class PgToolError(AirflowException):
     """pg_dump, pg_restore or psql failed; the message carries its stderr tail."""
 
 
+class DependentObjectsError(AirflowException):
+    """Objects outside the pipeline's own tables depend on them: a swap would leave them behind."""
+
+
+class AsideSchemaError(AirflowException):
+    """The named aside schema is not one a restore of this target made, or holds no restore record."""
+
+
 @dataclass
 class ConsistentSnapshot:
     """What the snapshot transaction saw, besides the dump file."""
@@ -76,6 +88,182 @@ class ConsistentSnapshot:
 def scratch_prefix(owner: str) -> str:
     """Name prefix of the scratch databases of one restore target (its lock key)."""
     return f"eos_scratch_{hashlib.sha256(owner.encode()).hexdigest()[:12]}_"
+
+
+def target_lock_key(dbname: str, target_schema: str, pipeline: str) -> str:
+    """The key of one restore target: recovery lock row, scratch names and swap lock derive from it."""
+    return f"{dbname}/{target_schema}/{pipeline}"
+
+
+def swap_lock_key(target_key: str) -> str:
+    """Advisory lock key: snapshots take it shared (session), a swap exclusively (transaction)."""
+    return "eos:swap:" + target_key
+
+
+ASIDE_MARKER = "eos-restore"
+_ASIDE_TIME = "%Y%m%dt%H%M%S"
+
+
+def aside_schema_name(target_schema: str, at: datetime | None = None) -> str:
+    """Where a swap moves the replaced tables: unique per second, so a kept one never blocks a rerun."""
+    return f"{target_schema[:40]}_old_{(at or utc_now()).strftime(_ASIDE_TIME)}"
+
+
+def aside_pattern(target_schema: str) -> re.Pattern[str]:
+    """Exactly the names ``aside_schema_name`` makes for this target (group 1: the time)."""
+    return re.compile(re.escape(target_schema[:40]) + r"_old_(\d{8}t\d{6})")
+
+
+def aside_created(target_schema: str, name: str) -> datetime | None:
+    """When a restore made this aside schema, or None when the name is not one of this target's."""
+    match = aside_pattern(target_schema).fullmatch(name)
+    if not match:
+        return None
+    return datetime.strptime(match.group(1), _ASIDE_TIME).replace(tzinfo=timezone.utc)
+
+
+# Objects that depend (pg_depend) on the given tables or their row types and are
+# not the tables' own indexes, constraints, owned sequences, toast tables,
+# triggers, policies, rules, defaults, statistics or types. One row each:
+# (name, kind). Binds %(schemas)s and %(tables)s (parallel text arrays).
+_DEPENDENTS_SQL = """
+WITH t AS (
+  SELECT c.oid, c.reltype FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN unnest(%(schemas)s::text[], %(tables)s::text[]) AS m(s, r) ON m.s = n.nspname AND m.r = c.relname
+  WHERE c.relkind IN ('r', 'p')
+), refs AS (
+  SELECT 'pg_class'::regclass AS cls, oid FROM t UNION ALL SELECT 'pg_type'::regclass, reltype FROM t
+), d AS (
+  SELECT DISTINCT dep.classid, dep.objid FROM pg_depend dep JOIN refs ON dep.refclassid = refs.cls
+  AND dep.refobjid = refs.oid WHERE dep.deptype <> 'p'
+), described AS (
+  SELECT CASE d.classid
+    WHEN 'pg_rewrite'::regclass THEN (
+      SELECT CASE WHEN r.ev_class IN (SELECT oid FROM t) THEN NULL ELSE ARRAY[r.ev_class::regclass::text,
+        CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' ELSE 'rule ' || r.rulename END] END
+      FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class WHERE r.oid = d.objid)
+    WHEN 'pg_constraint'::regclass THEN (
+      SELECT CASE WHEN k.conrelid IN (SELECT oid FROM t) THEN NULL
+        WHEN k.conrelid <> 0 THEN ARRAY[k.conrelid::regclass::text,
+          CASE k.contype WHEN 'f' THEN 'foreign key ' ELSE 'constraint ' END || k.conname]
+        ELSE ARRAY[k.contypid::regtype::text, 'domain constraint ' || k.conname] END
+      FROM pg_constraint k WHERE k.oid = d.objid)
+    WHEN 'pg_class'::regclass THEN (
+      SELECT CASE WHEN c.oid IN (SELECT oid FROM t) OR c.relkind IN ('i', 'I', 't', 'S') THEN NULL
+        ELSE ARRAY[c.oid::regclass::text, CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+          WHEN 'r' THEN 'table (inherits or partition)' WHEN 'p' THEN 'partitioned table' ELSE 'relation' END] END
+      FROM pg_class c WHERE c.oid = d.objid)
+    WHEN 'pg_type'::regclass THEN (
+      SELECT CASE WHEN y.typrelid IN (SELECT oid FROM t) OR y.typelem IN (SELECT reltype FROM t) THEN NULL
+        ELSE ARRAY[y.oid::regtype::text, 'type'] END FROM pg_type y WHERE y.oid = d.objid)
+    WHEN 'pg_trigger'::regclass THEN (
+      SELECT CASE WHEN g.tgrelid IN (SELECT oid FROM t) THEN NULL
+        ELSE ARRAY[g.tgrelid::regclass::text, 'trigger ' || g.tgname] END FROM pg_trigger g WHERE g.oid = d.objid)
+    WHEN 'pg_policy'::regclass THEN (
+      SELECT CASE WHEN p.polrelid IN (SELECT oid FROM t) THEN NULL
+        ELSE ARRAY[p.polrelid::regclass::text, 'policy ' || p.polname] END FROM pg_policy p WHERE p.oid = d.objid)
+    WHEN 'pg_attrdef'::regclass THEN (
+      SELECT CASE WHEN a.adrelid IN (SELECT oid FROM t) THEN NULL
+        ELSE ARRAY[a.adrelid::regclass::text, 'column default'] END FROM pg_attrdef a WHERE a.oid = d.objid)
+    WHEN 'pg_statistic_ext'::regclass THEN (
+      SELECT CASE WHEN x.stxrelid IN (SELECT oid FROM t) THEN NULL
+        ELSE ARRAY[x.stxrelid::regclass::text, 'statistics ' || x.stxname] END
+      FROM pg_statistic_ext x WHERE x.oid = d.objid)
+    WHEN 'pg_publication_rel'::regclass THEN (
+      SELECT ARRAY[quote_ident(p.pubname), 'publication'] FROM pg_publication_rel pr
+      JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.oid = d.objid)
+    ELSE (SELECT ARRAY[coalesce(o.identity, '?'), coalesce(o.type, '?')]
+          FROM pg_identify_object(d.classid, d.objid, 0) o)
+  END AS what FROM d
+)
+SELECT DISTINCT what[1], what[2] FROM described WHERE what IS NOT NULL ORDER BY 1, 2
+"""
+
+# The swap's own check, under its locks (the operator's early one may be stale).
+_DEPENDENTS_CHECK = (
+    "DO $eos$\nDECLARE found text;\nBEGIN\n"  # noqa: S608 -- constants only, values bound by mogrify
+    "  SELECT string_agg(d.name || ' (' || d.kind || ')', ', ') INTO found FROM ("
+    + _DEPENDENTS_SQL
+    + ") AS d(name, kind);\n  IF found IS NOT NULL THEN\n"
+    "    RAISE EXCEPTION 'eos-restore: dependents: %%', found;\n  END IF;\nEND\n$eos$;"
+)
+
+# pg_restore --no-owner --no-privileges makes the restored tables ours with
+# default privileges. Give back what the replaced tables had (captured in
+# eos_swap_acl by the prelude): grants first, while we own the table, then the
+# owner (ALTER OWNER rewrites the grantor of those grants to the new owner).
+# The restore's role may only give a table to a role it is a member of.
+# format() with %I / regclass output quotes the names, as psycopg2.sql would.
+_REGRANT = """DO $eos$
+DECLARE r record; g record; restored regclass;
+BEGIN
+  FOR r IN SELECT * FROM pg_temp.eos_swap_acl ORDER BY schema_name, table_name LOOP
+    restored := to_regclass(format('%I.%I', r.schema_name, r.table_name));
+    CONTINUE WHEN restored IS NULL;
+    FOR g IN SELECT a.privilege_type, a.is_grantable, a.grantee FROM aclexplode(r.acl) AS a
+             WHERE a.grantee <> r.owner ORDER BY a.grantee, a.privilege_type LOOP
+      EXECUTE format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, restored,
+        CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END,
+        CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+    IF (SELECT relowner FROM pg_class WHERE oid = restored) <> r.owner THEN
+      IF pg_has_role(current_user, r.owner, 'MEMBER') AND has_schema_privilege(r.owner, r.schema_name, 'CREATE') THEN
+        EXECUTE format('ALTER TABLE %s OWNER TO %I', restored, pg_get_userbyid(r.owner));
+      ELSE
+        RAISE WARNING 'eos-restore: % stays owned by %: this role may not give it back to %',
+          restored, current_user, pg_get_userbyid(r.owner);
+      END IF;
+    END IF;
+  END LOOP;
+END
+$eos$;
+"""
+
+
+class _Lines:
+    """Drains a child's pipe in a thread (so the child never blocks on a full
+    pipe), keeps its tail and notices the swap's marker lines."""
+
+    def __init__(self, stream: Any, keep: int = 400) -> None:
+        self.tail: deque[str] = deque(maxlen=keep)
+        self.marked: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode(errors="replace").rstrip("\n")
+                with self._cond:
+                    self.tail.append(line)
+                    if line.startswith("eos-swap-"):
+                        self.marked[line.split(" ", 1)[0]] = line
+                    elif "eos-restore:" in line:
+                        self.notes.append(line)
+                    self._cond.notify_all()
+        finally:
+            with self._cond:
+                self.closed = True
+                self._cond.notify_all()
+
+    def wait_for(self, marker: str) -> str | None:
+        """The marker's line, or None when the stream ended without it."""
+        with self._cond:
+            self._cond.wait_for(lambda: marker in self.marked or self.closed)
+            return self.marked.get(marker)
+
+    def text(self) -> str:
+        self._thread.join(timeout=5)
+        with self._cond:
+            return "\n".join(self.tail)
+
+    def matching(self, needle: str) -> list[str]:
+        self._thread.join(timeout=5)
+        with self._cond:
+            return [line for line in self.notes if needle in line]
 
 
 def checksum_statement(schema: str, table: str) -> sql.Composed:
@@ -246,15 +434,25 @@ class SnapshotHook(PostgresHook):
         *,
         meta_schema: str,
         pipeline: str,
+        lock_key: str | None = None,
+        swap_wait_seconds: float = 600.0,
     ) -> ConsistentSnapshot:
         """One ``pg_dump -Fc`` of ``tables`` plus counts, checksums and offsets, all
-        from the same exported snapshot."""
+        from the same exported snapshot.
+
+        :param lock_key: the target's key (``target_lock_key``); the snapshot holds
+            its swap lock shared, so it never sees a restore's swap half-way.
+        :param swap_wait_seconds: how long to wait for a swap in progress to end.
+        """
         if not tables:
             raise AirflowException("nothing to snapshot: no tables")
         timings: dict[str, float] = {}
         started = time.monotonic()
         conn = self.connect()
         try:
+            if lock_key:
+                self._share_swap_lock(conn, lock_key, swap_wait_seconds)
+                timings["swap_lock_wait"] = round(time.monotonic() - started, 3)
             conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
             with conn.cursor() as cur:
                 cur.execute(
@@ -296,6 +494,37 @@ class SnapshotHook(PostgresHook):
             other_pipelines=others,
             timings=timings,
         )
+
+    @staticmethod
+    def _share_swap_lock(conn: PgConnection, lock_key: str, wait_seconds: float) -> None:
+        """Takes the target's swap lock shared, at session level, before any transaction.
+
+        Taken in autocommit so that the REPEATABLE READ transaction, and the
+        snapshot it exports, begin only after the lock is granted: a swap that
+        was in progress has committed or rolled back by then, and none can start
+        until this session ends. Inside the transaction it would be too late: the
+        snapshot would already predate the swap's commit, while table names would
+        resolve to the swapped-in tables, whose rows it cannot see."""
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(wait_seconds * 1000)}ms",))
+            try:
+                cur.execute("SELECT pg_advisory_lock_shared(hashtextextended(%s, 0))", (swap_lock_key(lock_key),))
+            except pg_errors.LockNotAvailable as exc:
+                raise AirflowException(
+                    f"a restore of {lock_key} has been swapping for more than {wait_seconds:g}s; snapshot again later"
+                ) from exc
+            cur.execute("SELECT set_config('lock_timeout', '0', false)")
+        conn.autocommit = False
+
+    # ------------------------------------------------------------------ dependents
+    def dependents(self, conn: PgConnection, tables: Iterable[TableRef]) -> list[str]:
+        """``schema.name (kind)`` of every object outside ``tables`` that depends on
+        one of them (views, foreign keys from other tables, publications, ...)."""
+        refs = list(tables)
+        with conn.cursor() as cur:
+            cur.execute(_DEPENDENTS_SQL, {"schemas": [s for s, _ in refs], "tables": [t for _, t in refs]})
+            return [f"{name} ({kind})" for name, kind in cur.fetchall()]
 
     # ------------------------------------------------------------------ restore
     def validate_in_scratch(self, dump_file: str | Path, manifest: SnapshotManifest, owner: str,
@@ -364,66 +593,200 @@ class SnapshotHook(PostgresHook):
             admin.close()
 
     def swap_in(self, dump_file: str | Path, manifest: SnapshotManifest, aside_schema: str,
-                drop_old: bool = True) -> dict[str, Any]:
+                drop_old: bool = True, *, before_commit: Callable[[], Any] | None = None,
+                allow_dependents: bool = False, lock_key: str | None = None,
+                changed_by: str = "eos-restore", reuse_aside: bool = False) -> dict[str, Any]:
         """Replaces the snapshot's tables in the target database in ONE transaction.
 
-        ``psql --single-transaction`` runs: move every existing table of the
-        snapshot into ``aside_schema`` (``ALTER TABLE .. SET SCHEMA`` takes its
-        indexes, constraints and owned sequences along), the dump's restore
-        script (``pg_restore -f -``), a check of every restored table's count
-        and checksum against the manifest that raises on any difference, and
-        (``drop_old``) the drop of the aside schema. Any error rolls everything
-        back: the target is never half-restored, the old tables are kept until
-        the swap succeeds, and a crash at any point leaves either the old state
-        or the new one, nothing in between and nothing behind.
+        psql runs the transaction, Python decides how it ends: it sends ``BEGIN``,
+        the prelude, the dump's restore script (``pg_restore -f -``), the postlude
+        and an ``\\echo`` marker. Once psql echoes the marker every statement has
+        succeeded; ``before_commit`` runs (the restore re-checks Kafka retention
+        there), and only then is ``COMMIT`` sent (``ROLLBACK`` when it raised).
+
+        * prelude: the target's swap lock, exclusive (snapshots in progress end
+          first, none starts until the transaction ends); the pipeline's lock and
+          an epoch bump (a driver that still runs is fenced at its next batch);
+          unless ``allow_dependents``, a check that nothing outside the pipeline's
+          tables depends on them; every table's owner and ACL into a temp table;
+          ``CREATE SCHEMA aside``, whose comment records the restore (pipeline,
+          snapshot, each table and its schema: what a rollback needs); then
+          ``ALTER TABLE .. SET SCHEMA aside`` for every table (indexes,
+          constraints and owned sequences move along);
+        * the dump's DDL and COPY data recreate the tables;
+        * postlude: grants and owners back on the restored tables, every count
+          and checksum against the manifest (raises on any difference), and with
+          ``drop_old`` the drop of the aside schema.
+
+        Any error, or ``before_commit`` raising, rolls everything back: the target
+        is never half-restored. A crash before COMMIT was sent leaves the old state
+        (the server rolls back a transaction whose client went away).
+
+        :param dump_file: the snapshot's dump (``pg_dump -Fc``).
+        :param manifest: its manifest; counts and checksums are checked against it.
+        :param aside_schema: where the replaced tables go (``aside_schema_name``).
+        :param drop_old: drop the aside schema in the same transaction.
+        :param before_commit: called with the transaction complete but not committed;
+            raising rolls the swap back, and the exception propagates.
+        :param allow_dependents: swap even though other objects depend on the tables.
+            They keep referring to the OLD tables (by OID), now in the aside schema:
+            a view shows the old data, a foreign key from another table checks
+            against the old table, a publication publishes the old table. Dropping
+            the aside schema (``drop_old``, or ``finalize_aside``) drops such views
+            and foreign keys with it (CASCADE) and takes the old tables out of the
+            publications. Recreate them on the restored tables.
+        :param lock_key: the target's key (``target_lock_key``); default from the manifest.
+        :param changed_by: recorded with the epoch bump and in the aside record (the run).
+        :param reuse_aside: ``aside_schema`` exists already and holds the state from before
+            an earlier restore of the same run (whose swap committed, then the run
+            failed and was rerun): drop the current tables instead of moving them, so
+            the aside keeps the original state, not a copy of the snapshot.
+        :returns: ``swap_seconds``, ``before_commit_seconds``, ``aside_schema``
+            (None when dropped), the new ``epoch`` and ``warnings`` (owners that
+            could not be given back).
+        :raises DependentObjectsError: other objects depend on the tables.
+        :raises SnapshotValidationError: the restored tables differ from the manifest.
         """
         started = time.monotonic()
+        key = lock_key or target_lock_key(self.dbname, manifest.target_schema, manifest.pipeline)
         conn = self.connect()
         try:
-            prelude = self._prelude(conn, manifest, aside_schema)
+            prelude = self._prelude(conn, manifest, aside_schema, key, changed_by, allow_dependents, reuse_aside)
             postlude = self._postlude(conn, manifest, aside_schema if drop_old else None)
         finally:
             conn.close()
-        with tempfile.TemporaryDirectory(prefix="eos-swap-") as tmp:
-            pre, post = Path(tmp, "prelude.sql"), Path(tmp, "postlude.sql")
-            pre.write_text(prelude)
-            post.write_text(postlude)
-            restore = subprocess.Popen(
-                [self.tool("pg_restore"), "--no-owner", "--no-privileges", "-f", "-", str(dump_file)],
-                env=self.tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )
-            assert restore.stdout is not None
-            try:
-                psql = subprocess.run(
-                    [self.tool("psql"), *self._conn_args(), "-X", "-q", "--no-password", "-v", "ON_ERROR_STOP=1",
-                     "--single-transaction", "-f", str(pre), "-f", "-", "-f", str(post)],
-                    env=self.tool_env(), stdin=restore.stdout, capture_output=True, text=True,
-                )
-            finally:
-                restore.stdout.close()
-                restore_err = restore.stderr.read().decode(errors="replace") if restore.stderr else ""
-                restore.wait()
-        if restore.returncode != 0:
-            raise PgToolError(f"pg_restore could not read the dump ({restore.returncode}): {_tail(restore_err)}; "
-                              "the target database was not changed")
-        if psql.returncode != 0:
-            message = _tail(psql.stderr)
-            if "eos-restore: validation failed" in message:
-                raise SnapshotValidationError(f"restored tables do not match the manifest, rolled back: {message}")
-            raise PgToolError(f"restore transaction failed and was rolled back: {message}")
+        outcome = self._psql_transaction(prelude, dump_file, postlude, before_commit)
         return {"swap_seconds": round(time.monotonic() - started, 3),
-                "aside_schema": None if drop_old else aside_schema}
+                "before_commit_seconds": outcome["before_commit_seconds"],
+                "aside_schema": None if drop_old else aside_schema,
+                "epoch": outcome["epoch"], "warnings": outcome["warnings"]}
 
-    def _prelude(self, conn: PgConnection, manifest: SnapshotManifest, aside: str) -> str:
-        statements = [sql.SQL(s) for s in _NORMALIZE]
-        statements.append(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{int(self.lock_timeout * 1000)}ms")))
-        statements.append(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(aside)))
-        for schema in sorted({t.schema for t in manifest.tables}):
+    def _psql_transaction(self, prelude: str, dump_file: str | Path, postlude: str,
+                          before_commit: Callable[[], Any] | None) -> dict[str, Any]:
+        """Feeds psql one transaction and commits it only after ``before_commit`` passed."""
+        token = uuid.uuid4().hex
+        ready, committed = f"eos-swap-ready-{token}", f"eos-swap-committed-{token}"
+        restore = subprocess.Popen(
+            [self.tool("pg_restore"), "--no-owner", "--no-privileges", "-f", "-", str(dump_file)],
+            env=self.tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        psql = subprocess.Popen(
+            [self.tool("psql"), *self._conn_args(), "-X", "-q", "--no-password", "-v", "ON_ERROR_STOP=1", "-f", "-"],
+            env=self.tool_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        assert restore.stdout is not None and restore.stderr is not None
+        assert psql.stdin is not None and psql.stdout is not None and psql.stderr is not None
+        out, err, restore_err = _Lines(psql.stdout), _Lines(psql.stderr), _Lines(restore.stderr)
+        try:
+            try:
+                psql.stdin.write(("BEGIN;\n" + prelude).encode())
+                shutil.copyfileobj(restore.stdout, psql.stdin, 1 << 20)
+                # :eos_epoch was set by the prelude's \gset; the marker proves every statement before it passed.
+                psql.stdin.write((postlude + f"\\echo {ready} :eos_epoch\n").encode())
+                psql.stdin.flush()
+            except BrokenPipeError:
+                pass  # psql stopped at an error (ON_ERROR_STOP); its stderr says which
+            restore.stdout.close()
+            restore.wait()
+            line = out.wait_for(ready)
+            if line is None or restore.returncode != 0:
+                self._end_psql(psql, "ROLLBACK;\n")
+                if restore.returncode != 0:
+                    raise PgToolError(f"pg_restore could not read the dump ({restore.returncode}): "
+                                      f"{_tail(restore_err.text())}; rolled back, the target was not changed")
+                raise self._swap_error(err.text())
+            epoch = int(line.split()[-1]) if line.split()[-1].isdigit() else None
+            clock = time.monotonic()
+            try:
+                if before_commit is not None:
+                    before_commit()
+            except BaseException:
+                self._end_psql(psql, "ROLLBACK;\n")
+                raise
+            waited = round(time.monotonic() - clock, 3)
+            self._end_psql(psql, f"COMMIT;\n\\echo {committed}\n")
+            if psql.returncode != 0 or out.wait_for(committed) is None:
+                raise PgToolError(f"the swap's COMMIT failed and was rolled back: {_tail(err.text())}")
+            return {"epoch": epoch, "before_commit_seconds": waited, "warnings": err.matching("eos-restore:")}
+        finally:
+            for child in (psql, restore):
+                if child.poll() is None:
+                    child.kill()  # the server rolls back the open transaction of a client that went away
+                    child.wait()
+
+    @staticmethod
+    def _end_psql(psql: subprocess.Popen, command: str) -> None:
+        assert psql.stdin is not None
+        try:
+            psql.stdin.write(command.encode())
+            psql.stdin.close()
+        except BrokenPipeError:
+            pass
+        psql.wait()
+
+    @staticmethod
+    def _swap_error(stderr: str) -> AirflowException:
+        message = _tail(stderr)
+        if "eos-restore: validation failed" in message:
+            return SnapshotValidationError(f"restored tables do not match the manifest, rolled back: {message}")
+        found = re.search(r"eos-restore: dependents: (.*)", message)
+        if found:
+            return DependentObjectsError(
+                f"objects outside the pipeline's tables depend on them: {found.group(1).strip()}. A swap would "
+                "leave them on the old tables; drop or move them first, or set allow_dependents. Rolled back.")
+        return PgToolError(f"restore transaction failed and was rolled back: {message}")
+
+    def _prelude(self, conn: PgConnection, manifest: SnapshotManifest, aside: str, lock_key: str,
+                 changed_by: str, allow_dependents: bool, reuse_aside: bool = False) -> str:
+        from spark_apps.eos_stream import fencing, meta_tables
+
+        schemas, tables = [t.schema for t in manifest.tables], [t.table for t in manifest.tables]
+        parts = [s + ";" for s in _NORMALIZE]
+        with conn.cursor() as cur:
+            def render(query: Any, args: Any = None) -> str:
+                return cur.mogrify(query, args).decode()
+
+            parts.append(render("SET lock_timeout = %s;", (f"{int(self.lock_timeout * 1000)}ms",)))
+            # Before any table lock: snapshots in progress finish first, and none starts until this ends.
+            parts.append(render("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)) AS swap_lock;",
+                                (swap_lock_key(lock_key),)))
+            # The pipeline's lock before the epoch table's: never hold a table lock while a batch ends.
+            parts.append(render("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)) AS pipeline_lock;",
+                                (fencing.pipeline_lock_key(manifest.pipeline),)))
+            parts += [s.as_string(conn) + ";" for s in meta_tables.epochs_ddl_statements(manifest.meta_schema)]
+            parts.append(render(fencing.bump_epoch_statement(manifest.meta_schema), {
+                "pipeline": manifest.pipeline, "by": changed_by,
+                "reason": f"restore of snapshot {manifest.snapshot_id}"}) + " \\gset eos_")
+            if not allow_dependents:
+                parts.append(render(_DEPENDENTS_CHECK, {"schemas": schemas, "tables": tables}))
+            parts.append(render(
+                "CREATE TEMP TABLE eos_swap_acl ON COMMIT DROP AS SELECT n.nspname AS schema_name,"
+                " c.relname AS table_name, c.relowner AS owner, c.relacl AS acl"
+                " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " JOIN unnest(%s::text[], %s::text[]) AS m(s, r) ON m.s = n.nspname AND m.r = c.relname"
+                " WHERE c.relkind IN ('r', 'p');", (schemas, tables)))
+        record = json.dumps({"marker": ASIDE_MARKER, "pipeline": manifest.pipeline,
+                             "target_schema": manifest.target_schema, "meta_schema": manifest.meta_schema,
+                             "snapshot_id": manifest.snapshot_id, "created_at": utc_now().isoformat(),
+                             "run": changed_by, "tables": [[t.schema, t.table] for t in manifest.tables]})
+        statements = []
+        if not reuse_aside:
+            statements += [sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(aside)),
+                           sql.SQL("COMMENT ON SCHEMA {} IS {}").format(sql.Identifier(aside), sql.Literal(record))]
+        for schema in sorted(set(schemas)):
             statements.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        for t in manifest.tables:
-            statements.append(sql.SQL("ALTER TABLE IF EXISTS {}.{} SET SCHEMA {}").format(
-                sql.Identifier(t.schema), sql.Identifier(t.table), sql.Identifier(aside)))
-        return "".join(s.as_string(conn) + ";\n" for s in statements)
+        if reuse_aside:
+            # The current tables are an earlier restore's of this run (plus whatever its replay
+            # wrote), not the state to keep: that is in the aside already. No CASCADE: anything
+            # built on them since makes the swap fail, not vanish.
+            statements.append(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(
+                sql.SQL("{}.{}").format(sql.Identifier(t.schema), sql.Identifier(t.table)) for t in manifest.tables)))
+        else:
+            for t in manifest.tables:
+                statements.append(sql.SQL("ALTER TABLE IF EXISTS {}.{} SET SCHEMA {}").format(
+                    sql.Identifier(t.schema), sql.Identifier(t.table), sql.Identifier(aside)))
+        parts += [s.as_string(conn) + ";" for s in statements]
+        return "\n".join(parts) + "\n"
 
     def _postlude(self, conn: PgConnection, manifest: SnapshotManifest, drop_schema: str | None) -> str:
         checks = []
@@ -438,7 +801,8 @@ class SnapshotHook(PostgresHook):
         body = sql.SQL("").join(checks).as_string(conn)
         normalize = "".join(s + ";\n" for s in _NORMALIZE)
         return (
-            normalize
+            _REGRANT
+            + normalize
             + "DO $eos$\nDECLARE n bigint; s text; problems text := '';\nBEGIN\n"
             + body
             + "  IF problems <> '' THEN\n    RAISE EXCEPTION 'eos-restore: validation failed: %', problems;\n"
@@ -446,6 +810,198 @@ class SnapshotHook(PostgresHook):
             + (sql.SQL("DROP SCHEMA {} CASCADE;\n").format(sql.Identifier(drop_schema)).as_string(conn)
                if drop_schema else "")
         )
+
+    # ------------------------------------------------------------------ after a swap: finalize or roll back
+    def aside_record(self, conn: PgConnection, aside: str) -> dict[str, Any] | None:
+        """The restore record in an aside schema's comment: None when the schema does
+        not exist, ``{}`` when it has no record (a schema of an older version)."""
+        with conn.cursor() as cur:
+            cur.execute("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s", (aside,))
+            row = cur.fetchone()
+        if row is None:
+            return None
+        try:
+            data = json.loads(row[0] or "")
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) and data.get("marker") == ASIDE_MARKER else {}
+
+    def _own_aside(self, conn: PgConnection, aside: str, target_schema: str, pipeline: str) -> dict[str, Any] | None:
+        """The aside's record, after checking it is one a restore of this target made
+        (its name, and its record when it has one): nothing else is ever dropped."""
+        if aside_created(target_schema, aside) is None:
+            raise AsideSchemaError(f"{aside!r} is not an aside schema of a restore of {target_schema!r} "
+                                   f"(expected {target_schema[:40]}_old_<yyyymmddThhmmss>)")
+        record = self.aside_record(conn, aside)
+        if record and (record.get("target_schema"), record.get("pipeline")) != (target_schema, pipeline):
+            raise AsideSchemaError(f"aside schema {aside!r} holds a restore of {record.get('target_schema')!r} "
+                                   f"pipeline {record.get('pipeline')!r}, not of {target_schema!r} {pipeline!r}")
+        return record
+
+    def kept_aside_of_run(self, target_schema: str, pipeline: str, run: str) -> str | None:
+        """The aside schema an earlier restore of ``run`` kept and nobody rolled back or
+        dropped yet (the oldest, should there be several): the state before that run."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s) ORDER BY 1",
+                            (f"{target_schema[:40]}_old_",))
+                names = [r[0] for r in cur.fetchall() if aside_created(target_schema, r[0])]
+            for name in names:
+                record = self.aside_record(conn, name) or {}
+                if (record.get("run"), record.get("target_schema"), record.get("pipeline")) == (
+                        run, target_schema, pipeline) and not record.get("rolled_back_at"):
+                    return name
+            return None
+        finally:
+            conn.close()
+
+    def finalize_aside(self, aside: str, target_schema: str, pipeline: str,
+                       allow_dependents: bool = False) -> dict[str, Any]:
+        """Drops a restore's aside schema (the old tables) once the recovery succeeded.
+
+        Idempotent: a schema that is gone was finalized already.
+
+        :raises DependentObjectsError: objects outside the aside schema depend on its
+            tables (views or foreign keys left on the old tables by an
+            ``allow_dependents`` restore); CASCADE would drop them. Set ``allow_dependents``.
+        """
+        conn = self.connect()
+        try:
+            record = self._own_aside(conn, aside, target_schema, pipeline)
+            if record is None:
+                return {"aside_schema": aside, "dropped": False, "reason": "does not exist (finalized already)"}
+            found = self.dependents(conn, [(aside, t) for t in self.list_tables(conn, aside)])
+            if found and not allow_dependents:
+                raise DependentObjectsError(
+                    f"objects outside {aside!r} depend on its old tables: {', '.join(found)}; dropping it would "
+                    "drop them too (CASCADE). Recreate them on the restored tables, or set allow_dependents.")
+            with conn.cursor() as cur:
+                cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(self.lock_timeout * 1000)}ms",))
+                cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(aside)))
+            conn.commit()
+            return {"aside_schema": aside, "dropped": True, "dependents_dropped": found}
+        finally:
+            conn.close()
+
+    def sweep_asides(self, target_schema: str, pipeline: str, older_than_days: float,
+                     keep: Iterable[str] = ()) -> dict[str, list[str]]:
+        """Drops this target's aside schemas older than ``older_than_days`` (by the time
+        in their name). Only names ``aside_schema_name`` makes for this target, and
+        whose record (if any) names this target; one with outside dependents is kept."""
+        cutoff = utc_now().timestamp() - older_than_days * 86400
+        swept: dict[str, list[str]] = {"dropped": [], "kept_with_dependents": []}
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s) ORDER BY 1",
+                            (f"{target_schema[:40]}_old_",))
+                names = [r[0] for r in cur.fetchall()]
+            conn.rollback()
+        finally:
+            conn.close()
+        for name in names:
+            created = aside_created(target_schema, name)
+            if name in set(keep) or created is None or created.timestamp() >= cutoff:
+                continue
+            try:
+                result = self.finalize_aside(name, target_schema, pipeline)
+            except DependentObjectsError:
+                swept["kept_with_dependents"].append(name)
+                continue
+            except AsideSchemaError:
+                continue  # another target's schema with a name like ours
+            if result["dropped"]:
+                swept["dropped"].append(name)
+        return swept
+
+    def rollback_swap(self, aside: str, target_schema: str, pipeline: str, *, lock_key: str | None = None,
+                      changed_by: str = "eos-rollback") -> dict[str, Any]:
+        """Puts the state a restore replaced back, in ONE transaction.
+
+        Under the swap lock and the pipeline's lock, with an epoch bump: the
+        restored tables are dropped and the aside tables (the old state, with
+        their owners, grants, indexes and sequences) moved back to the schemas
+        the aside record names. The emptied aside schema stays, its record marked
+        ``rolled_back_at``, so that a rerun knows it is done (finalize or the
+        retention sweep drops it).
+
+        :raises AsideSchemaError: the schema is gone (finalized: nothing to go back
+            to), is not this target's, or has no restore record.
+        """
+        from spark_apps.eos_stream import fencing, meta_tables
+
+        key = lock_key or target_lock_key(self.dbname, target_schema, pipeline)
+        conn = self.connect()
+        try:
+            record = self._own_aside(conn, aside, target_schema, pipeline)
+            if record is None:
+                raise AsideSchemaError(f"aside schema {aside!r} does not exist: the old state was dropped "
+                                       "(finalized or never kept); there is nothing to roll back to")
+            if not record:
+                raise AsideSchemaError(f"aside schema {aside!r} has no restore record (made by an older "
+                                       "version): move its tables back by hand")
+            if record.get("rolled_back_at"):
+                return {"aside_schema": aside, "rolled_back": False,
+                        "already_rolled_back_at": record["rolled_back_at"]}
+            meta_schema = str(record["meta_schema"])
+            with conn.cursor() as cur:
+                cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(self.lock_timeout * 1000)}ms",))
+                cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (swap_lock_key(key),))
+                fencing.lock_pipeline(cur, pipeline)
+                for statement in meta_tables.epochs_ddl_statements(meta_schema):
+                    cur.execute(statement)
+                cur.execute(fencing.bump_epoch_statement(meta_schema), {
+                    "pipeline": pipeline, "by": changed_by, "reason": f"rollback of restore {aside}"})
+                epoch = int((cur.fetchone() or (0,))[0])
+                kept = set(self.list_tables(conn, aside))
+                tables = [(str(s), str(t)) for s, t in record["tables"]]
+                cur.execute("SELECT s, t FROM unnest(%s::text[], %s::text[]) AS m(s, t)"
+                            " WHERE to_regclass(format('%%I.%%I', s, t)) IS NOT NULL",
+                            ([s for s, _ in tables], [t for _, t in tables]))
+                restored = [(r[0], r[1]) for r in cur.fetchall()]
+                if restored:
+                    # One statement, no CASCADE: foreign keys among them go together, anything
+                    # else built on the restored tables since makes the rollback fail, not vanish.
+                    cur.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(
+                        sql.SQL("{}.{}").format(sql.Identifier(s), sql.Identifier(t)) for s, t in restored)))
+                moved = []
+                for schema, table in tables:
+                    if table in kept:
+                        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+                        cur.execute(sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
+                            sql.Identifier(aside), sql.Identifier(table), sql.Identifier(schema)))
+                        moved.append(f"{schema}.{table}")
+                done = {**record, "rolled_back_at": utc_now().isoformat(), "rollback_epoch": epoch}
+                cur.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+                    sql.Identifier(aside), sql.Literal(json.dumps(done))))
+            conn.commit()
+            return {"aside_schema": aside, "rolled_back": True, "epoch": epoch,
+                    "snapshot_id": record.get("snapshot_id"),
+                    "restored_dropped": [f"{s}.{t}" for s, t in restored], "moved_back": moved,
+                    "left_in_aside": sorted(set(self.list_tables(conn, aside)))}
+        finally:
+            conn.close()
+
+    def try_running_lock(self, pipeline: str) -> PgConnection | None:
+        """The pipeline's running lock on a connection of its own, or None when a
+        driver holds it. While the connection stays open no driver can start (a
+        starting driver waits for the lock, then exits); closing it releases it."""
+        from spark_apps.eos_stream.control import running_lock_key
+
+        conn = self.connect(application_name="eos-recovery")
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (running_lock_key(pipeline),))
+                got = bool((cur.fetchone() or (False,))[0])
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return None
+        return conn
 
     # ------------------------------------------------------------------ stream state and locks
     def stream_activity(self, meta_schema: str, pipeline: str) -> dict[str, Any]:

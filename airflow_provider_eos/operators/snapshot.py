@@ -16,7 +16,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos import __version__
-from airflow_provider_eos.hooks.snapshot import LOCK_TABLE, SnapshotHook
+from airflow_provider_eos.hooks.snapshot import LOCK_TABLE, SnapshotHook, target_lock_key
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL, holder_of, holding_lock
 from airflow_provider_eos.snapshots import (
     SnapshotError,
@@ -77,7 +77,7 @@ class PipelineOperatorMixin:
         return config
 
     def lock_key(self, config: Any) -> str:
-        return f"{self.hook.dbname}/{config.target_schema}/{config.pipeline}"
+        return target_lock_key(self.hook.dbname, config.target_schema, config.pipeline)
 
     def lock_guard(self, config: Any, context: Any) -> AbstractContextManager[Any]:
         """Holds the recovery lock for this run while the step works (when ``hold_lock``)."""
@@ -89,8 +89,10 @@ class PipelineOperatorMixin:
 
 def snapshot_tables(hook: SnapshotHook, conn: Any, config: Any) -> tuple[list[tuple[str, str]], dict]:
     """The pipeline's target tables (from its spec; all must exist) and every
-    bookkeeping table except staging leftovers, the control table (operational
-    state: a restore must not undo a stop request) and the recovery locks."""
+    bookkeeping table except staging leftovers and operational state: the
+    control table (a restore must not undo a stop request), the epochs (a
+    restore must never move an epoch back: a fenced driver would own the
+    target again) and the recovery locks."""
     from spark_apps.eos_stream import meta_tables
     from spark_apps.eos_stream.spec import load_spec
 
@@ -103,7 +105,7 @@ def snapshot_tables(hook: SnapshotHook, conn: Any, config: Any) -> tuple[list[tu
             f"pipeline {config.pipeline!r}: target tables {missing} do not exist in schema {config.target_schema!r} "
             f"of database {hook.dbname!r}"
         )
-    excluded = {meta_tables.CONTROL, LOCK_TABLE}
+    excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, LOCK_TABLE}
     meta = [t for t in hook.list_tables(conn, config.meta_schema)
             if t not in excluded and not t.startswith("stage_")]  # staging leftovers
     if meta_tables.OFFSETS not in meta:
@@ -121,7 +123,11 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
 
     The dump, the row counts and checksums in its manifest and the stored Kafka
     offsets all come from one exported PostgreSQL snapshot, so the dump carries
-    its own replay point. Returns the manifest summary (XCom).
+    its own replay point. It holds the target's swap lock shared from before
+    that snapshot is taken until the dump ends: a snapshot started during a
+    restore's swap waits for the swap's commit (and never sees half-swapped
+    or empty tables), and a swap waits for the snapshot. Returns the manifest
+    summary (XCom).
 
     :param pipeline_config: the pipeline's config, a dict or a JSON file path (templated).
     :param snapshot_store: local directory or object storage URL (templated).
@@ -163,8 +169,10 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
             conn.close()
         with tempfile.TemporaryDirectory(prefix="eos-snapshot-") as tmp:
             dump_file = Path(tmp) / "dump.pgc"
+            # The swap lock, shared: a restore's swap of this target never runs under the snapshot.
             state = self.hook.dump_consistent(
-                tables, roles, dump_file, meta_schema=config.meta_schema, pipeline=config.pipeline
+                tables, roles, dump_file, meta_schema=config.meta_schema, pipeline=config.pipeline,
+                lock_key=self.lock_key(config),
             )
             manifest = SnapshotManifest(
                 snapshot_id=snapshot_id,

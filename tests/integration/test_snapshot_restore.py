@@ -45,7 +45,7 @@ def target_state(hook: SnapshotHook, config: dict) -> dict:
     try:
         tables = [(config["target_schema"], t) for t in hook.list_tables(conn, config["target_schema"])]
         tables += [(config["meta_schema"], t) for t in hook.list_tables(conn, config["meta_schema"])
-                   if t not in ("stream_control", "recovery_locks")]
+                   if t not in ("stream_control", "recovery_locks", "pipeline_epochs")]  # operational state
         state = {f"{s}.{t}": v.checksum for (s, t), v in hook.measure(conn, tables).items()}
         conn.rollback()
         return state
@@ -56,6 +56,11 @@ def target_state(hook: SnapshotHook, config: dict) -> dict:
 @pytest.fixture(scope="module")
 def snapped(stack, tmp_path_factory):
     """A pipeline that processed 3000 events (4 partitions) and one snapshot of it."""
+    return make_snapped(stack, tmp_path_factory)
+
+
+def make_snapped(stack, tmp_path_factory) -> dict:
+    """The body of ``snapped``, for other modules' fixtures of their own pipeline."""
     import os
     import uuid
 
@@ -81,7 +86,7 @@ def snapped(stack, tmp_path_factory):
 def _restore(snapped, **kwargs) -> RestoreOperator:
     args = {"task_id": "restore", "pipeline_config": str(snapped["config_file"]),
             "snapshot_store": str(snapped["store"]), "postgres_conn_id": PG_CONN, "pg_bin_dir": PG_BIN,
-            "quiet_seconds": 0, "release_lock": True, **kwargs}
+            "quiet_seconds": 0, "release_lock": True, "kafka_config_id": KAFKA_CONN, **kwargs}
     return RestoreOperator(**args)
 
 
