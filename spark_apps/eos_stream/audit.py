@@ -1,72 +1,218 @@
 """The exactly-once oracle: what Kafka committed against what the database holds.
 
-Reads every committed record (read_committed, up to the last stable offset)
-and compares, per partition: the row count, offsets present more than once,
-offsets missing (not counting dead-lettered ones), and for each aggregate
-target the totals per key recomputed from Kafka.
+Green only when the target is right, red only when it is wrong. The rules
+(also in ``docs/audit.md``; the pure ones live in ``audit_rules.py``):
 
-    python -m spark_apps.eos_stream.audit --config pipeline.json
+* **One snapshot.** The database is read in one REPEATABLE READ, READ ONLY
+  transaction: rows, aggregates, dead letters and the stored offsets all come
+  from the same instant, and since every batch commits its data with its
+  offsets, the snapshot is a consistent cut of the pipeline. Kafka is read
+  *after* the snapshot, so every stored offset is at or below the LSO the
+  audit sees.
+* **Compared up to the stored offsets.** For delivery modes that store
+  offsets (``exactly_once``, ``two_phase``) every committed record below the
+  stored ``next_offset`` must be in the target; committed records above it
+  are the *tail*. While a driver holds the pipeline's running lock (at the
+  snapshot or when the read ends) the tail is "not yet applied", reported
+  but not a mismatch, so an audit of a running stream does not false-alarm.
+  With no driver running the tail counts as missing, as a stopped pipeline
+  must have applied everything (``pending`` overrides this: ``missing`` or
+  ``allowed``). Rows or dead letters at or above the stored offset are a
+  mismatch (``beyond_offsets``): a restart would apply them again. Modes that
+  store no offsets are compared up to the LSO and have no consistent cut.
+* **What Kafka no longer holds.** Rows below a partition's earliest offset
+  (retention, ``delete_records``) are not "unexpected": they are counted as
+  ``rows_below_earliest`` and checked for duplicates only. A stored offset
+  below the earliest offset is a ``retention_gap``: records the pipeline never
+  applied are gone. A stored offset above the LSO is ``offsets_ahead``.
+* **Aggregates.** Per key, the expected totals are Kafka's valid, not
+  dead-lettered committed records in the compared range, plus the rows of a
+  *carrier* row target (one whose columns hold the aggregate's key and
+  increment fields) below the earliest offset, where Kafka's copy is gone.
+  Without a carrier, an aggregate whose inputs are partly gone from Kafka
+  (some partition's earliest offset above 0) cannot be recomputed: it is
+  reported under ``unverified`` with the reason, neither ok nor a mismatch.
+* **Dead letters** are grouped by ``errors.dead_letter_class``. One whose
+  SQLSTATE is not a data error (class 22 or 23) is a mismatch; so is one
+  without a SQLSTATE (the app's own parse and validation errors) whose value
+  ``parse_record`` accepts: a valid record wrongly quarantined. The value
+  re-parsed is Kafka's while Kafka holds the record, the stored raw value
+  after that. A dead letter at an offset where Kafka holds no committed
+  record is a mismatch too; a malformed record not quarantined is one.
+* **Bounded reads.** A partition is finished by offset (record, position or
+  end-of-partition), never by waiting for a record, so trailing markers or a
+  fully deleted partition cannot hang the read; an overall ``timeout`` ends
+  it anyway, naming the partitions that did not finish. If retention deletes
+  records inside the range while it is read, the audit starts over.
 
-Prints one JSON report; exits 1 on any mismatch, 0 when exact.
+    python -m spark_apps.eos_stream.audit --config pipeline.json [--timeout S] [--pending auto|missing|allowed]
+
+Prints one JSON report; exits 1 on any mismatch, 0 when exact, 2 when the
+read of Kafka timed out.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg2 import sql
+from psycopg2.extensions import ISOLATION_LEVEL_REPEATABLE_READ
 
 from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.audit_rules import (
+    PENDING_POLICIES,
+    AuditTimeout,
+    PartitionRange,
+    ReadProgress,
+    as_number,
+    carrier_for,
+    compare_rows,
+    dead_letter_verdict,
+    parses,
+    tail_counts_as_missing,
+    wrong_keys,
+)
 from spark_apps.eos_stream.config import PipelineConfig, parse_args
+from spark_apps.eos_stream.control import driver_running
+from spark_apps.eos_stream.errors import dead_letter_class
 from spark_apps.eos_stream.records import RecordError, parse_record
+from spark_apps.eos_stream.sink.batch_sink import MODES
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget, load_spec
 
 TopicPartition = tuple[str, int]
+DEFAULT_TIMEOUT = 900.0
+# Starts over when retention deletes records in the range while it is read.
+ATTEMPTS = 3
+SAMPLE = 20  # entries of a list the report spells out
 
 
-def committed_records(bootstrap: str, topics: list[str], options: dict[str, str] | None = None):
-    """Yields (topic, partition, offset, value) of every committed record up to the LSO,
-    and returns the LSO per partition through the generator's ``value``."""
-    from confluent_kafka import Consumer, IsolationLevel
+class KafkaOffsets:
+    """Partition listing and earliest/LSO offsets through one admin client."""
+
+    def __init__(self, bootstrap: str, options: dict[str, str] | None = None) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.client_config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap,
+                                                                   **(options or {})}
+        self.admin = AdminClient(self.client_config)
+
+    def partitions(self, topics: list[str]) -> list[TopicPartition]:
+        metadata = self.admin.list_topics(timeout=15)
+        missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+        if missing:
+            raise RuntimeError(f"audit: Kafka topic(s) {missing} do not exist")
+        return [(t, p) for t in topics for p in sorted(metadata.topics[t].partitions)]
+
+    def offsets(self, partitions: list[TopicPartition], which: str) -> dict[TopicPartition, int]:
+        """``earliest`` or ``lso`` (latest under read_committed) per partition."""
+        from confluent_kafka import IsolationLevel
+        from confluent_kafka import TopicPartition as KafkaTP
+        from confluent_kafka.admin import OffsetSpec
+
+        if not partitions:
+            return {}
+        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
+        futures = self.admin.list_offsets({KafkaTP(t, p): spec for t, p in partitions},
+                                          isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
+        return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+
+def committed_records(bootstrap: str, topics: list[str], options: dict[str, str] | None = None, *,
+                      starts: dict[TopicPartition, int] | None = None,
+                      ends: dict[TopicPartition, int] | None = None,
+                      timeout: float = DEFAULT_TIMEOUT, deadline: float | None = None):
+    """Yields (topic, partition, offset, value) of every committed record in
+    ``[starts, ends)`` per partition (default: earliest offset to LSO), and
+    returns the ends through the generator's ``value``.
+
+    :param timeout: seconds the read may take; past it (or past ``deadline``, a
+        ``time.monotonic()`` value) it raises AuditTimeout naming the
+        partitions that did not finish.
+    """
+    from confluent_kafka import Consumer, KafkaError
     from confluent_kafka import TopicPartition as KafkaTP
-    from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **(options or {})}
-    admin = AdminClient(config)
-    metadata = admin.list_topics(timeout=15)
-    partitions = [KafkaTP(t, p) for t in topics for p in sorted(metadata.topics[t].partitions)]
-    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions},
-                                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
-    lso = {(tp.topic, tp.partition): futures[tp].result().offset for tp in partitions}
-    consumer = Consumer({**config, "group.id": "eos-audit", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    kafka = KafkaOffsets(bootstrap, options)
+    if ends is None or starts is None:
+        partitions = kafka.partitions(topics)
+        ends = kafka.offsets(partitions, "lso") if ends is None else ends
+        starts = kafka.offsets(partitions, "earliest") if starts is None else starts
+    progress = ReadProgress(ends=dict(ends), starts=dict(starts),
+                            deadline=deadline if deadline is not None else time.monotonic() + timeout)
+    if progress.done:
+        return dict(ends)
+    consumer = Consumer({**kafka.client_config, "group.id": "eos-audit", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                         "enable.partition.eof": True})
     try:
-        pending = {key for key, end in lso.items() if end > 0}
-        consumer.assign([KafkaTP(t, p, -2) for (t, p) in pending])
-        while pending:
-            message = consumer.poll(1.0)
-            if message is None:
-                # Markers and aborted records leave no message: ask for the position.
-                for t, p in list(pending):
-                    position = consumer.position([KafkaTP(t, p)])[0].offset
-                    if position >= lso[(t, p)]:
-                        pending.discard((t, p))
-                continue
-            if message.error():
-                raise RuntimeError(f"audit read failed: {message.error()}")
+        consumer.assign([KafkaTP(t, p, progress.starts.get((t, p), 0)) for t, p in sorted(progress.pending)])
+        last_positions = time.monotonic()
+        while not progress.done:
+            progress.check_deadline(timeout)
+            message = consumer.poll(0.5)
+            if message is None or time.monotonic() - last_positions > 2.0:
+                # Markers and aborted records deliver nothing but move the
+                # position; so does a partition whose records were all deleted.
+                waiting = sorted(progress.pending)
+                for (t, p), tp in zip(waiting, consumer.position([KafkaTP(t, p) for t, p in waiting]), strict=True):
+                    progress.position((t, p), tp.offset)
+                last_positions = time.monotonic()
+                if message is None:
+                    continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    progress.end_of_partition((str(message.topic()), int(message.partition() or 0)),
+                                              int(message.offset() or 0))
+                    continue
+                raise RuntimeError(f"audit read failed: {error}")
             topic, partition, offset = str(message.topic()), int(message.partition() or 0), int(message.offset() or 0)
-            key = (topic, partition)
-            if offset < lso[key]:
+            if progress.record((topic, partition), offset):
                 yield topic, partition, offset, message.value()
-            if offset + 1 >= lso[key]:
-                pending.discard(key)
     finally:
         consumer.close()
-    return lso
+    return dict(ends)
+
+
+@dataclass
+class Snapshot:
+    """The database side of the audit, read in one REPEATABLE READ, READ ONLY transaction."""
+
+    running: bool
+    stored: dict[TopicPartition, int]
+    # (topic, partition, offset) -> (error, sqlstate, raw value)
+    dead: dict[tuple[str, int, int], tuple[str, str | None, bytes | None]]
+    # row target -> partition -> offset -> row count
+    rows: dict[str, dict[TopicPartition, Counter]]
+    # per aggregate target: key -> column -> stored total
+    actual: list[dict[tuple, dict[str, Any]]]
+    # per aggregate target: totals of its carrier's rows below the earliest offsets (None: no carrier)
+    below_earliest: list[dict[tuple, Counter] | None]
+
+
+@dataclass
+class KafkaSide:
+    """What Kafka holds, split at the stored offsets: index 0 is the applied
+    range (below the stored offset), index 1 the tail (at or above it)."""
+
+    aggregates: int
+    committed: tuple[Counter, Counter] = field(default_factory=lambda: (Counter(), Counter()))
+    valid: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
+    malformed: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
+    sums: tuple[list, list] = field(init=False)
+    # dead-lettered offsets Kafka still holds -> whether parse_record accepts Kafka's value
+    dead_seen: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sums = tuple([defaultdict(Counter) for _ in range(self.aggregates)] for _ in range(2))  # type: ignore[assignment]
 
 
 def _fetch(conn, query: sql.Composable, params: tuple = ()) -> list[tuple]:
@@ -75,111 +221,313 @@ def _fetch(conn, query: sql.Composable, params: tuple = ()) -> list[tuple]:
         return cur.fetchall()
 
 
-def audit(config: PipelineConfig, spec: PipelineSpec) -> dict[str, Any]:
-    conn = connect(config.postgres.dsn_kwargs(), describe=config.postgres.describe(), application_name="eos-audit")
+def _target(config: PipelineConfig, table: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(config.target_schema), sql.Identifier(table))
+
+
+def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
+                   earliest: dict[TopicPartition, int]) -> Snapshot:
+    conn.set_session(isolation_level=ISOLATION_LEVEL_REPEATABLE_READ, readonly=True)
+    # The first statement fixes the snapshot; the running lock is looked at beside it.
+    running = driver_running(conn, config.pipeline)
+    stored: dict[TopicPartition, int] = {}
+    if MODES[config.delivery].stores_offsets:
+        stored = {(t, p): int(o) for t, p, o in _fetch(conn, sql.SQL(
+            "SELECT topic, partition, next_offset FROM {} WHERE pipeline = %s").format(
+            meta_tables.table(config.meta_schema, meta_tables.OFFSETS)), (config.pipeline,))}
+    # Dead-letter tables made before the sqlstate column get it only when the app next starts.
+    has_sqlstate = bool(_fetch(conn, sql.SQL(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s"
+        " AND column_name = 'sqlstate'"), (config.meta_schema, meta_tables.DEAD_LETTERS)))
     dead = {
-        (t, p, o): error
-        for t, p, o, error in _fetch(
-            conn,
-            sql.SQL('SELECT topic, partition, "offset", error FROM {} WHERE pipeline = %s').format(
-                meta_tables.table(config.meta_schema, meta_tables.DEAD_LETTERS)
-            ),
-            (config.pipeline,),
-        )
+        (t, p, int(o)): (error, code, None if value is None else bytes(value))
+        for t, p, o, error, code, value in _fetch(conn, sql.SQL(
+            'SELECT topic, partition, "offset", error, {}, value FROM {} WHERE pipeline = %s').format(
+            sql.Identifier("sqlstate") if has_sqlstate else sql.SQL("NULL::text"),
+            meta_tables.table(config.meta_schema, meta_tables.DEAD_LETTERS)), (config.pipeline,))
     }
-    expected_offsets: dict[TopicPartition, set[int]] = defaultdict(set)
-    expected_dead: set[tuple[str, int, int]] = set()
-    aggregates = [t for t in spec.targets if isinstance(t, AggregateTarget)]
-    expected_totals: list[dict[tuple, Counter]] = [defaultdict(Counter) for _ in aggregates]
-    reader = committed_records(config.kafka_bootstrap, config.topics, config.librdkafka_options())
-    lso: dict[TopicPartition, int] = {}
-    while True:
+    rows: dict[str, dict[TopicPartition, Counter]] = {}
+    for row_target in (t for t in spec.targets if isinstance(t, RowTarget)):
+        present: dict[TopicPartition, Counter] = defaultdict(Counter)
+        for t, p, o, count in _fetch(conn, sql.SQL(
+                "SELECT kafka_topic, kafka_partition, kafka_offset, count(*) FROM {} GROUP BY 1, 2, 3").format(
+                _target(config, row_target.table))):
+            present[(t, p)][int(o)] = int(count)
+        rows[row_target.table] = present
+    actual: list[dict[tuple, dict[str, Any]]] = []
+    below: list[dict[tuple, Counter] | None] = []
+    gone = [(t, p, e) for (t, p), e in sorted(earliest.items()) if e > 0]
+    for target in aggregates:
+        columns, width = list(target.increments), len(target.group_by)
+        actual.append({
+            tuple(row[:width]): dict(zip(columns, row[width:], strict=True))
+            for row in _fetch(conn, sql.SQL("SELECT {}, {} FROM {}").format(
+                sql.SQL(", ").join(map(sql.Identifier, target.group_by)),
+                sql.SQL(", ").join(map(sql.Identifier, columns)), _target(config, target.table)))
+        })
+        carrier = carrier_for(spec, target)
+        sums: dict[tuple, Counter] = defaultdict(Counter)
+        if carrier is not None and gone:
+            query = sql.SQL(
+                "SELECT {keys}, {totals} FROM {table} r"
+                " JOIN (VALUES {bounds}) AS e(topic, partition, earliest)"
+                " ON r.kafka_topic = e.topic AND r.kafka_partition = e.partition"
+                " WHERE r.kafka_offset < e.earliest GROUP BY {keys}").format(
+                keys=sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(k)) for k in target.group_by),
+                totals=sql.SQL(", ").join(
+                    sql.SQL("count(*)") if source is None else sql.SQL("sum(r.{})").format(sql.Identifier(source))
+                    for source in target.increments.values()),
+                table=_target(config, carrier.table),
+                bounds=sql.SQL(", ").join(sql.SQL("(%s::text, %s::integer, %s::bigint)") for _ in gone))
+            for row in _fetch(conn, query, tuple(x for bound in gone for x in bound)):
+                sums[tuple(row[:width])] = Counter(
+                    {c: as_number(v) for c, v in zip(columns, row[width:], strict=True)})
+        below.append(None if carrier is None else sums)
+    return Snapshot(running, stored, dead, rows, actual, below)
+
+
+def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
+                ranges: dict[TopicPartition, PartitionRange], dead: Mapping[tuple[str, int, int], Any],
+                timeout: float, deadline: float) -> KafkaSide:
+    side = KafkaSide(len(aggregates))
+    for topic, partition, offset, value in committed_records(
+            config.kafka_bootstrap, config.topics, config.librdkafka_options(),
+            starts={tp: r.earliest for tp, r in ranges.items()}, ends={tp: r.lso for tp, r in ranges.items()},
+            timeout=timeout, deadline=deadline):
+        tp, key = (topic, partition), (topic, partition, offset)
+        region = 0 if offset < ranges[tp].applied_end else 1
+        side.committed[region][tp] += 1
         try:
-            topic, partition, offset, value = next(reader)
-        except StopIteration as done:
-            lso = done.value
-            break
-        try:
-            record = parse_record(spec, value)
+            record: dict[str, Any] | None = parse_record(spec, value)
         except RecordError:
-            expected_dead.add((topic, partition, offset))
+            record = None
+        if key in dead:
+            side.dead_seen[key] = record is not None
             continue
-        if (topic, partition, offset) in dead:
-            continue  # valid JSON the database rejected: quarantined, not counted below
-        expected_offsets[(topic, partition)].add(offset)
+        if record is None:
+            side.malformed[region][tp].add(offset)
+            continue
+        side.valid[region][tp].add(offset)
         for index, target in enumerate(aggregates):
             group = tuple(record[k] for k in target.group_by)
             for column, source in target.increments.items():
-                expected_totals[index][group][column] += record[source] if source else 1
+                side.sums[region][index][group][column] += record[source] if source else 1
+    return side
+
+
+def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAULT_TIMEOUT,
+          pending: str = "auto") -> dict[str, Any]:
+    """Compares the pipeline's target with what Kafka committed (rules in the module docstring).
+
+    :param config: the pipeline's config.
+    :param spec: the pipeline's spec.
+    :param timeout: seconds from the audit's start after which the read of
+        Kafka gives up; AuditTimeout then names the partitions that did not finish.
+    :param pending: how committed records above the stored offsets count:
+        ``auto`` (not yet applied while a driver runs, missing otherwise),
+        ``missing`` or ``allowed``.
+    :raises AuditTimeout: the read of Kafka did not finish in ``timeout``.
+    """
+    if pending not in PENDING_POLICIES:
+        raise ValueError(f"pending must be one of {PENDING_POLICIES}, got {pending!r}")
+    deadline = time.monotonic() + timeout
+    moved = ""
+    for _attempt in range(ATTEMPTS):
+        report, moved = _audit_once(config, spec, timeout=timeout, deadline=deadline, pending=pending)
+        if report is not None:
+            return report
+    raise RuntimeError(f"audit: retention deleted records inside the audited range during each of {ATTEMPTS} "
+                       f"attempts ({moved}); rerun it")
+
+
+def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, deadline: float,
+                pending: str) -> tuple[dict[str, Any] | None, str]:
+    kafka = KafkaOffsets(config.kafka_bootstrap, config.librdkafka_options())
+    partitions = kafka.partitions(config.topics)
+    earliest = kafka.offsets(partitions, "earliest")
+    aggregates = [t for t in spec.targets if isinstance(t, AggregateTarget)]
+    stores = MODES[config.delivery].stores_offsets
+    conn = connect(config.postgres.dsn_kwargs(), describe=config.postgres.describe(), application_name="eos-audit")
+    try:
+        snap = _read_snapshot(conn, config, spec, aggregates, earliest)
+        conn.commit()
+        # Read after the snapshot: every stored offset in it is at or below this LSO.
+        lso = kafka.offsets(partitions, "lso")
+        ranges = {tp: PartitionRange(earliest[tp], lso[tp], snap.stored.get(tp), stores) for tp in partitions}
+        side = _read_kafka(config, spec, aggregates, ranges, snap.dead, timeout, deadline)
+        running_after = driver_running(conn, config.pipeline)
+        conn.commit()
+    finally:
+        conn.close()
+    after = kafka.offsets(partitions, "earliest")
+    moved = [f"{t}[{p}] {earliest[(t, p)]}->{after[(t, p)]}" for t, p in partitions
+             if earliest[(t, p)] < after[(t, p)] and earliest[(t, p)] < lso[(t, p)]]
+    if moved:
+        return None, ", ".join(moved)
+    running = snap.running or running_after
+    return _report(config, spec, aggregates, snap, ranges, side, running=running, pending=pending), ""
+
+
+def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget], snap: Snapshot,
+            ranges: dict[TopicPartition, PartitionRange], side: KafkaSide, *, running: bool,
+            pending: str) -> dict[str, Any]:
+    stores = MODES[config.delivery].stores_offsets
+    tail_missing = tail_counts_as_missing(pending, running)
+    regions = (0, 1) if tail_missing else (0,)
+
+    def merged(parts: tuple[dict, dict]) -> dict[TopicPartition, set[int]]:
+        out: dict[TopicPartition, set[int]] = defaultdict(set)
+        for region in regions:
+            for tp, offsets in parts[region].items():
+                out[tp] |= offsets
+        return out
+
+    valid, malformed = merged(side.valid), merged(side.malformed)
+    committed = sum((side.committed[r] for r in regions), Counter())
+    not_yet_applied = Counter() if tail_missing else side.committed[1]
+    mismatches: list[str] = []
+
+    kafka_report: dict[str, dict[str, Any]] = {}
+    for (t, p), rng in sorted(ranges.items()):
+        kafka_report[f"{t}:{p}"] = {
+            "earliest": rng.earliest, "lso": rng.lso, "stored_offset": rng.stored,
+            "checked_to": rng.check_end(tail_missing), "not_yet_applied": not_yet_applied[(t, p)],
+            "retention_gap": rng.retention_gap, "offsets_ahead": rng.offsets_ahead,
+        }
+        if rng.retention_gap:
+            mismatches.append(f"retention_gap:{t}:{p}")
+        if rng.offsets_ahead:
+            mismatches.append(f"offsets_ahead:{t}:{p}")
+
+    def range_of(tp: TopicPartition) -> PartitionRange:
+        # A partition the target names but Kafka does not have: nothing in it is expected.
+        return ranges.get(tp) or PartitionRange(0, 0, snap.stored.get(tp), stores)
 
     partitions: dict[str, dict[str, Any]] = {}
-    mismatches: list[str] = []
-    for row_target in (t for t in spec.targets if isinstance(t, RowTarget)):
-        table = sql.SQL("{}.{}").format(sql.Identifier(config.target_schema), sql.Identifier(row_target.table))
-        rows = _fetch(conn, sql.SQL(
-            "SELECT kafka_topic, kafka_partition, kafka_offset, count(*) FROM {} GROUP BY 1, 2, 3").format(table))
-        present: dict[TopicPartition, Counter] = defaultdict(Counter)
-        for topic, partition, offset, count in rows:
-            present[(topic, partition)][offset] = count
-        for key in sorted(set(lso) | set(present)):
-            expected = expected_offsets.get(key, set())
-            got = present.get(key, Counter())
-            duplicated = sum(c - 1 for c in got.values() if c > 1)
-            missing = len(expected - set(got))
-            unexpected = len(set(got) - expected)
-            name = f"{row_target.table}:{key[0]}:{key[1]}"
+    dead_per_partition = Counter((t, p) for t, p, _o in snap.dead)
+    for table, present in snap.rows.items():
+        for tp in sorted(set(ranges) | set(present)):
+            rng = range_of(tp)
+            end = rng.check_end(tail_missing)
+            expected = {o for o in valid.get(tp, ()) if rng.earliest <= o < end}
+            result = compare_rows(expected, present.get(tp, Counter()), rng, tail_missing)
+            name = f"{table}:{tp[0]}:{tp[1]}"
             partitions[name] = {
-                "expected": len(expected), "rows": sum(got.values()), "duplicated": duplicated,
-                "missing": missing, "unexpected": unexpected, "lso": lso.get(key),
-                "dead_lettered": sum(1 for (t, p, _o) in dead if (t, p) == key),
+                "expected": result.expected, "rows": result.rows, "duplicated": result.duplicated,
+                "missing": result.missing, "unexpected": result.unexpected, "lso": rng.lso if tp in ranges else None,
+                "dead_lettered": dead_per_partition[tp], "earliest": rng.earliest, "stored_offset": rng.stored,
+                "checked_to": end, "rows_below_earliest": result.rows_below_earliest,
+                "beyond_offsets": result.beyond_offsets, "not_yet_applied": not_yet_applied[tp],
             }
-            if duplicated or missing or unexpected:
+            if result.duplicated or result.missing or result.unexpected or result.beyond_offsets:
                 mismatches.append(name)
 
+    by_class: Counter = Counter()
+    wrongly: list[dict[str, Any]] = []
+    not_in_kafka: list[dict[str, Any]] = []
+    dead_beyond = 0
+    for (t, p, o), (error, code, value) in sorted(snap.dead.items()):
+        error_class = dead_letter_class(code, error)
+        by_class[error_class] += 1
+        # Kafka's copy while Kafka holds it; the stored raw value once it is gone.
+        value_parses = side.dead_seen[(t, p, o)] if (t, p, o) in side.dead_seen else parses(spec, value)
+        reason = dead_letter_verdict(error_class, value_parses)
+        entry = {"topic": t, "partition": p, "offset": o, "class": error_class, "sqlstate": code,
+                 "error": error[:200]}
+        if reason:
+            wrongly.append({**entry, "reason": reason})
+        held = ranges.get((t, p))
+        if (t, p, o) not in side.dead_seen and (held is None or o >= held.earliest):
+            not_in_kafka.append(entry)
+        if stores and o >= (snap.stored.get((t, p)) or 0):
+            dead_beyond += 1
+    missing_dead = sum(len(v) for v in malformed.values())
+    for failed, name in ((missing_dead, "dead_letters"), (wrongly, "dead_letters:wrongly_quarantined"),
+                         (not_in_kafka, "dead_letters:not_in_kafka"), (dead_beyond, "dead_letters:beyond_offsets")):
+        if failed:
+            mismatches.append(name)
+
     totals: dict[str, Any] = {}
+    unverified: list[dict[str, str]] = []
+    gone = sorted(f"{t}[{p}]" for (t, p), rng in ranges.items() if rng.earliest > 0)
     for index, target in enumerate(aggregates):
         columns = list(target.increments)
-        table = sql.SQL("{}.{}").format(sql.Identifier(config.target_schema), sql.Identifier(target.table))
-        actual = {
-            tuple(row[: len(target.group_by)]): dict(zip(columns, row[len(target.group_by):], strict=True))
-            for row in _fetch(conn, sql.SQL("SELECT {}, {} FROM {}").format(
-                sql.SQL(", ").join(map(sql.Identifier, target.group_by)),
-                sql.SQL(", ").join(map(sql.Identifier, columns)), table))
-        }
-        wrong = [
-            group for group in set(actual) | set(expected_totals[index])
-            if any(actual.get(group, {}).get(c, 0) != expected_totals[index].get(group, Counter())[c]
-                   for c in columns)
-        ]
+        expected_totals: dict[tuple, Counter] = defaultdict(Counter)
+        for region in regions:
+            for group, counter in side.sums[region][index].items():
+                expected_totals[group].update(counter)
+        carrier, below = carrier_for(spec, target), snap.below_earliest[index]
+        checked_against = "kafka"
+        if gone and below is None:
+            reason = (f"records below the earliest offset of {', '.join(gone)} are gone from Kafka and no row "
+                      f"target carries the inputs of {target.table} ({', '.join(target.group_by)}, "
+                      f"{', '.join(s for s in target.increments.values() if s) or 'counts'})")
+            unverified.append({"target": target.table, "reason": reason})
+        elif gone and carrier is not None and below is not None:
+            checked_against = f"kafka, and {carrier.table} below the earliest offsets"
+            for group, counter in below.items():
+                expected_totals[group].update(counter)
+        actual = snap.actual[index]
+        verified = not (gone and below is None)
+        wrong = wrong_keys(actual, expected_totals, columns) if verified else []
         totals[target.table] = {
             "keys": len(actual),
-            "keys_wrong": len(wrong),
-            **{f"expected_{c}": sum(g[c] for g in expected_totals[index].values()) for c in columns},
-            **{f"actual_{c}": sum(int(v.get(c) or 0) for v in actual.values()) for c in columns},
+            "keys_wrong": len(wrong) if verified else None,
+            "verified": verified,
+            "checked_against": checked_against if verified else None,
+            "wrong_keys": [list(k) for k in wrong[:SAMPLE]],
+            **{f"expected_{c}": sum(g[c] for g in expected_totals.values()) for c in columns},
+            **{f"actual_{c}": sum(as_number(v.get(c)) for v in actual.values()) for c in columns},
         }
         if wrong:
             mismatches.append(target.table)
 
-    missing_dead = sorted(expected_dead - set(dead))
-    if missing_dead:
-        mismatches.append("dead_letters")
-    conn.close()
     summary = {
-        "committed_records": sum(len(v) for v in expected_offsets.values()) + len(expected_dead)
-        + sum(1 for k in dead if k not in expected_dead),
+        "committed_records": sum(committed.values()),
         "duplicated": sum(p["duplicated"] for p in partitions.values()),
         "missing": sum(p["missing"] for p in partitions.values()),
         "unexpected": sum(p["unexpected"] for p in partitions.values()),
-        "dead_lettered": len(dead),
-        "malformed_not_quarantined": len(missing_dead),
+        "dead_lettered": len(snap.dead),
+        "malformed_not_quarantined": missing_dead,
+        "wrongly_quarantined": len(wrongly),
+        "dead_letters_not_in_kafka": len(not_in_kafka),
+        "dead_letters_by_class": dict(sorted(by_class.items())),
+        "rows_below_earliest": sum(p["rows_below_earliest"] for p in partitions.values()),
+        "beyond_offsets": sum(p["beyond_offsets"] for p in partitions.values()) + dead_beyond,
+        "not_yet_applied": sum(not_yet_applied.values()),
+        "retention_gap_offsets": sum(r.retention_gap for r in ranges.values()),
+        "offsets_ahead": sum(r.offsets_ahead for r in ranges.values()),
+        "unverified_aggregates": len(unverified),
     }
-    return {"pipeline": config.pipeline, "ok": not mismatches, "mismatches": mismatches,
-            "summary": summary, "aggregates": totals, "partitions": partitions}
+    return {
+        "pipeline": config.pipeline, "ok": not mismatches, "mismatches": mismatches, "summary": summary,
+        "aggregates": totals, "partitions": partitions, "kafka": kafka_report, "unverified": unverified,
+        "dead_letters": {"by_class": summary["dead_letters_by_class"], "wrongly_quarantined": wrongly[:SAMPLE],
+                         "not_in_kafka": not_in_kafka[:SAMPLE]},
+        "snapshot": {
+            "isolation": "repeatable read, read only", "delivery": config.delivery, "stores_offsets": stores,
+            "driver_running": running, "pending": pending,
+            "records_above_stored_offsets": "missing" if tail_missing else "not_yet_applied",
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
-    report = audit(config, load_spec(config.spec))
+    parser = argparse.ArgumentParser(description="Audit a pipeline's target against Kafka", add_help=False)
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds the read of Kafka may take (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--pending", choices=PENDING_POLICIES, default="auto",
+                        help="records above the stored offsets: auto (not yet applied while a driver runs, "
+                        "missing otherwise), missing, allowed")
+    args, rest = parser.parse_known_args(argv)
+    config = parse_args(rest)
+    try:
+        report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending)
+    except AuditTimeout as exc:
+        print(str(exc), file=sys.stderr)
+        print(json.dumps({"pipeline": config.pipeline, "ok": False, "error": str(exc),
+                          "unfinished": exc.unfinished}, indent=2, sort_keys=True))
+        return 2
     print(json.dumps(report, indent=2, sort_keys=True, default=str))
     return 0 if report["ok"] else 1
 

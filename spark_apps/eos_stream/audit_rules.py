@@ -1,0 +1,257 @@
+"""The audit's rules, as pure functions: which dead letters are legitimate, which
+rows Kafka can still vouch for, which range of Kafka a target is compared with,
+and when a read of Kafka is finished. ``audit.py`` does the I/O around them.
+
+See ``audit.py``'s docstring and ``docs/audit.md`` for the rules in prose.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_apps.eos_stream.records import RecordError, parse_record
+from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
+
+TopicPartition = tuple[str, int]
+
+# What ``pending`` accepts: how records above the stored offsets are counted.
+PENDING_POLICIES = ("auto", "missing", "allowed")
+
+
+class AuditTimeout(TimeoutError):
+    """The audit did not finish reading Kafka in time; names what was left."""
+
+    def __init__(self, message: str, unfinished: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.unfinished = unfinished
+
+
+# --- dead letters -------------------------------------------------------------
+
+
+def parses(spec: PipelineSpec, value: bytes | None) -> bool:
+    """Whether ``parse_record``, the one definition of a valid record, accepts ``value``."""
+    try:
+        parse_record(spec, value)
+    except RecordError:
+        return False
+    return True
+
+
+def dead_letter_verdict(error_class: str, value_parses: bool) -> str | None:
+    """Why a dead letter is illegitimate, or None when quarantining it was right.
+
+    :param error_class: from ``errors.dead_letter_class``.
+    :param value_parses: whether ``parse_record`` accepts the record's value
+        (Kafka's copy while Kafka holds it, the stored raw value after that).
+    """
+    if error_class.startswith("not_data:"):
+        return f"SQLSTATE {error_class.split(':', 1)[1]} is not a data error: a valid record must be retried, " \
+               "never quarantined"
+    if error_class == "parse" and value_parses:
+        return "no SQLSTATE (a parse or validation error) but parse_record accepts the value: " \
+               "a valid record wrongly quarantined"
+    return None
+
+
+
+# --- ranges -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """What the audit knows about one partition, and the ranges it derives.
+
+    :param earliest: Kafka's earliest offset (below it, records are gone).
+    :param lso: Kafka's last stable offset (read_committed end).
+    :param stored: the pipeline's stored next offset in the snapshot (None: none stored).
+    :param stores_offsets: whether the delivery mode stores offsets with the data.
+    """
+
+    earliest: int
+    lso: int
+    stored: int | None
+    stores_offsets: bool
+
+    @property
+    def applied_end(self) -> int:
+        """End of what the target claims to hold: the stored offset, or the LSO
+        for modes that keep no offsets. Never beyond the LSO (a stored offset
+        beyond it is reported as ``offsets_ahead``)."""
+        if not self.stores_offsets:
+            return self.lso
+        return min(self.stored or 0, self.lso)
+
+    def check_end(self, tail_missing: bool) -> int:
+        """End of the range compared record by record with Kafka."""
+        return self.lso if tail_missing else max(self.applied_end, self.earliest)
+
+    @property
+    def retention_gap(self) -> int:
+        """Offsets the pipeline never applied that Kafka no longer holds."""
+        if self.stores_offsets and self.stored is not None and self.stored < self.earliest:
+            return self.earliest - self.stored
+        return 0
+
+    @property
+    def offsets_ahead(self) -> int:
+        """Stored offsets beyond anything Kafka has (a recreated or truncated topic)."""
+        if self.stores_offsets and self.stored is not None and self.stored > self.lso:
+            return self.stored - self.lso
+        return 0
+
+
+def tail_counts_as_missing(pending: str, running: bool) -> bool:
+    """Whether committed records above the stored offsets are "missing" (a
+    stopped pipeline should have them) or "not yet applied" (a running one will)."""
+    if pending not in PENDING_POLICIES:
+        raise ValueError(f"pending must be one of {PENDING_POLICIES}, got {pending!r}")
+    if pending == "auto":
+        return not running
+    return pending == "missing"
+
+
+@dataclass
+class RowComparison:
+    expected: int
+    rows: int
+    duplicated: int
+    missing: int
+    unexpected: int
+    rows_below_earliest: int
+    beyond_offsets: int
+
+
+def compare_rows(expected: set[int], present: Mapping[int, int], rng: PartitionRange,
+                 tail_missing: bool) -> RowComparison:
+    """One row target's rows of one partition against Kafka.
+
+    :param expected: offsets of valid, not dead-lettered committed records in
+        ``[earliest, check_end)``.
+    :param present: row count per offset in the target.
+    """
+    duplicated = sum(c - 1 for c in present.values() if c > 1)
+    below = sum(c for o, c in present.items() if o < rng.earliest)
+    # Rows below Kafka's earliest offset cannot be checked against it: Kafka
+    # deleted their records (retention, delete_records), not the pipeline.
+    checked = {o for o in present if o >= rng.earliest}
+    beyond = 0
+    if rng.stores_offsets:
+        # Rows commit with their offsets, so a row at or above the stored
+        # offset would be applied again by the next batch.
+        beyond = sum(c for o, c in present.items() if o >= (rng.stored or 0))
+    return RowComparison(
+        expected=len(expected), rows=sum(present.values()), duplicated=duplicated,
+        missing=len(expected - set(present)), unexpected=len(checked - expected),
+        rows_below_earliest=below, beyond_offsets=beyond,
+    )
+
+
+def carrier_for(spec: PipelineSpec, aggregate: AggregateTarget) -> RowTarget | None:
+    """The first row target holding every input of ``aggregate`` (its key and
+    increment fields): where Kafka has deleted the records, the aggregate is
+    checked against that target's rows instead."""
+    needed = set(aggregate.group_by) | {s for s in aggregate.increments.values() if s}
+    for target in spec.targets:
+        if isinstance(target, RowTarget) and needed <= set(target.columns):
+            return target
+    return None
+
+
+def as_number(value: Any) -> Any:
+    """Decimal sums from PostgreSQL compare equal to ints, but JSON needs plain numbers."""
+    if value is None:
+        return 0
+    if hasattr(value, "is_integer") and not isinstance(value, float):  # Decimal
+        return int(value) if value == int(value) else float(value)
+    return value
+
+
+def wrong_keys(actual: Mapping[tuple, Mapping[str, Any]], expected: Mapping[tuple, Counter],
+               columns: Iterable[str]) -> list[tuple]:
+    """Keys whose stored totals differ from the expected ones (a key absent on one
+    side counts as all zeros there)."""
+    cols = list(columns)
+    empty: Counter = Counter()
+    return sorted(
+        (key for key in set(actual) | set(expected)
+         if any(as_number(actual.get(key, {}).get(c)) != expected.get(key, empty)[c] for c in cols)),
+        key=repr,
+    )
+
+
+# --- reading Kafka --------------------------------------------------------------
+
+
+@dataclass
+class ReadProgress:
+    """Which partitions still have offsets to read, by offset alone.
+
+    A partition is finished when a record at or past its end offset arrives,
+    when the consumer's position reaches the end (markers and aborted records
+    advance it without delivering anything), or at end-of-partition. It never
+    relies on receiving a record, so a partition whose remaining offsets are
+    all markers or deleted cannot hold the read open; if the broker still
+    never lets it finish, the deadline ends the read and names it.
+
+    :param ends: end offset (exclusive) per partition.
+    :param starts: first offset to read per partition.
+    :param deadline: ``clock()`` value after which the read gives up.
+    """
+
+    ends: dict[TopicPartition, int]
+    starts: dict[TopicPartition, int]
+    deadline: float
+    clock: Callable[[], float] = time.monotonic
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
+    pending: set[TopicPartition] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pending = {tp for tp, end in self.ends.items() if self.starts.get(tp, 0) < end}
+        self.positions = {tp: self.starts.get(tp, 0) for tp in self.pending}
+
+    def record(self, tp: TopicPartition, offset: int) -> bool:
+        """Notes a delivered record; True when it lies in the range to read."""
+        if tp not in self.pending:
+            return False
+        self.positions[tp] = offset + 1
+        if offset + 1 >= self.ends[tp]:
+            self.pending.discard(tp)
+        return offset < self.ends[tp]
+
+    def position(self, tp: TopicPartition, position: int) -> None:
+        """Notes the consumer's position (negative: not known yet)."""
+        if tp in self.pending and position >= 0:
+            self.positions[tp] = max(self.positions[tp], position)
+            if position >= self.ends[tp]:
+                self.pending.discard(tp)
+
+    def end_of_partition(self, tp: TopicPartition, offset: int) -> None:
+        """End-of-partition at ``offset``: the LSO now, which is at least the end."""
+        self.position(tp, offset)
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    def check_deadline(self, timeout: float) -> None:
+        """Raises AuditTimeout naming every unfinished partition once the deadline passed."""
+        if self.pending and self.clock() >= self.deadline:
+            unfinished = [
+                {"topic": t, "partition": p, "position": self.positions[(t, p)], "end": self.ends[(t, p)],
+                 "left": self.ends[(t, p)] - self.positions[(t, p)]}
+                for t, p in sorted(self.pending)
+            ]
+            names = ", ".join(f"{u['topic']}[{u['partition']}] at offset {u['position']} of {u['end']}"
+                              for u in unfinished)
+            raise AuditTimeout(
+                f"audit timed out after {timeout:g}s reading Kafka; {len(unfinished)} partition(s) did not "
+                f"finish: {names}. The remaining offsets could not be read (a broker not serving them, or "
+                "only markers and deleted records the client never moved past); rerun with a longer "
+                "--timeout or check the partitions",
+                unfinished,
+            )

@@ -1,0 +1,297 @@
+"""The audit trusted both ways, on the real stack: green only when the target is
+right (a valid record wrongly quarantined is red), red only when it is wrong
+(records Kafka deleted, a stream still running), and never hung by partitions
+whose remaining offsets are markers or deleted records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import IsolationLevel, Producer
+from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from psycopg2 import sql
+
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.streaming import ROOT, audit, pg_connect, pipeline_config, run_app, start_app
+
+pytestmark = pytest.mark.integration
+
+
+def _event(seq: int) -> bytes:
+    return json.dumps({"event_id": f"ev-{seq}", "account_id": f"acct-{seq % 17:05d}", "amount_cents": seq % 900 - 300,
+                       "ts": "2026-01-01T00:00:00+00:00", "seq": seq}).encode()
+
+
+def _produce(bootstrap: str, topic: str, partition: int, count: int, txn_id: str, *, first_seq: int,
+             abort: bool = False) -> None:
+    """One transaction of ``count`` ledger events into one partition, committed or aborted."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for seq in range(first_seq, first_seq + count):
+        producer.produce(topic, value=_event(seq), partition=partition)
+    producer.flush(30)
+    if abort:
+        producer.abort_transaction(30)
+    else:
+        producer.commit_transaction(30)
+
+
+def _offsets(bootstrap: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
+    """(earliest, LSO) per partition."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = [KafkaTP(topic, p) for p in admin.list_topics(topic, timeout=15).topics[topic].partitions]
+    out = []
+    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+        futures = admin.list_offsets({tp: spec for tp in partitions}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=30)
+        out.append({tp.partition: future.result().offset for tp, future in futures.items()})
+    return out[0], out[1]
+
+
+def _delete_before(bootstrap: str, topic: str, partition: int, offset: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([KafkaTP(topic, partition, offset)], operation_timeout=30).values():
+        future.result(30)
+
+
+def _audit_cli(config: dict[str, Any], tmp_path: Path, *flags: str, timeout: float) -> dict[str, Any]:
+    """The audit CLI as a child process with its own time limit, so a hang fails the test."""
+    path = tmp_path / f"{config['pipeline']}-audit-cli.json"
+    path.write_text(json.dumps(config))
+    started = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.audit", "--config", str(path), *flags],
+                                capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the audit did not finish in {timeout:g}s") from None
+    report = json.loads(result.stdout)
+    report.update(exit_code=result.returncode, stderr=result.stderr, seconds=round(time.monotonic() - started, 1))
+    return report
+
+
+def test_retention_deleted_prefix_keeps_an_exact_target_green(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config = pipeline_config(stack, tmp_path, f"aret{unique_name}")
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=2)
+    produce_ledger(bootstrap, 3000, topic=topic, abort_every=4, batch_size=250, seed=21,
+                   transactional_id=f"ar{unique_name}")
+    run = run_app(config, tmp_path, label="retention")
+    assert run.process.returncode == 0, run.log()[-3000:]
+    assert audit(config, tmp_path)["ok"]
+
+    _earliest, lso = _offsets(bootstrap, topic)
+    _delete_before(bootstrap, topic, 0, lso[0] // 2)  # what retention does to the oldest segments
+    report = audit(config, tmp_path)
+    summary, balances = report["summary"], report["aggregates"]["account_balances"]
+    print(f"\nafter deleting partition 0 below {lso[0] // 2}: ok={report['ok']} mismatches={report['mismatches']} "
+          f"unexpected={summary['unexpected']} rows_below_earliest={summary.get('rows_below_earliest')} "
+          f"balances wrong={balances['keys_wrong']} of {balances['keys']} ({balances.get('checked_against')})")
+    assert report["ok"], report
+    assert summary["unexpected"] == 0 and summary["missing"] == 0 and balances["keys_wrong"] == 0
+    assert summary["rows_below_earliest"] > 0
+    assert summary["committed_records"] + summary["rows_below_earliest"] == 3000
+    assert "ledger_events" in balances["checked_against"]
+
+    # Below the earliest offset a dead letter is judged by its stored raw value.
+    target, meta = sql.Identifier(config["target_schema"]), sql.Identifier(config["meta_schema"])
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute(sql.SQL(
+            "DELETE FROM {t}.ledger_events WHERE kafka_partition = 0 AND kafka_offset = (SELECT kafka_offset"
+            " FROM {t}.ledger_events WHERE kafka_partition = 0 ORDER BY kafka_offset LIMIT 1 OFFSET 5)"
+            " RETURNING kafka_topic, kafka_offset, event_id, account_id, amount_cents, ts, seq").format(t=target))
+        t, o, event_id, account, amount, ts, seq = cur.fetchone()
+        cur.execute(sql.SQL("UPDATE {t}.account_balances SET balance_cents = balance_cents - %s,"
+                            " event_count = event_count - 1 WHERE account_id = %s").format(t=target), (amount, account))
+        raw = json.dumps({"event_id": event_id, "account_id": account, "amount_cents": amount,
+                          "ts": ts.isoformat(), "seq": seq}).encode()
+        cur.execute(sql.SQL('INSERT INTO {m}.dead_letters (pipeline, topic, partition, "offset", value, error)'
+                            " VALUES (%s, %s, 0, %s, %s, 'missing required field')").format(m=meta),
+                    (config["pipeline"], t, o, raw))
+        cur.execute("COMMIT")
+    valid_quarantined = audit(config, tmp_path)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("UPDATE {m}.dead_letters SET value = %s").format(m=meta), (b"{not json",))
+    malformed_quarantined = audit(config, tmp_path)
+    print(f"a dead letter below the earliest offset: valid value -> ok={valid_quarantined['ok']} "
+          f"{valid_quarantined['mismatches']}; malformed value -> ok={malformed_quarantined['ok']}")
+    assert valid_quarantined["mismatches"] == ["dead_letters:wrongly_quarantined"], valid_quarantined
+    assert malformed_quarantined["ok"], malformed_quarantined
+
+    # Still red when the part Kafka no longer holds is wrong: one row there twice.
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("INSERT INTO {t} SELECT * FROM {t} WHERE kafka_partition = 0 AND kafka_offset = "
+                            "(SELECT min(kafka_offset) FROM {t} WHERE kafka_partition = 0)").format(
+                    t=sql.Identifier(config["target_schema"], "ledger_events")))
+    conn.close()
+    damaged = audit(config, tmp_path)
+    assert not damaged["ok"] and damaged["summary"]["duplicated"] == 1, damaged
+    assert "account_balances" in damaged["mismatches"]  # the carrier now disagrees with the balances
+
+
+def test_a_valid_record_wrongly_quarantined_is_red(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config = pipeline_config(stack, tmp_path, f"aquar{unique_name}")
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=1)
+    produce_ledger(bootstrap, 1500, topic=topic, seed=22, transactional_id=f"aq{unique_name}")
+    run = run_app(config, tmp_path, label="quarantine")
+    assert run.process.returncode == 0, run.log()[-3000:]
+    assert audit(config, tmp_path)["ok"]
+
+    target, meta = sql.Identifier(config["target_schema"]), sql.Identifier(config["meta_schema"])
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        # What the record-by-record fallback did under a lock-timeout storm: the
+        # record's row and its share of the balance are gone, a dead letter instead.
+        cur.execute("BEGIN")
+        cur.execute(sql.SQL(
+            "DELETE FROM {t}.ledger_events WHERE kafka_offset = (SELECT kafka_offset FROM {t}.ledger_events"
+            " ORDER BY kafka_offset LIMIT 1 OFFSET 700) RETURNING kafka_topic, kafka_partition, kafka_offset,"
+            " event_id, account_id, amount_cents, ts, seq").format(t=target))
+        t, p, o, event_id, account, amount, ts, seq = cur.fetchone()
+        cur.execute(sql.SQL("UPDATE {t}.account_balances SET balance_cents = balance_cents - %s,"
+                            " event_count = event_count - 1 WHERE account_id = %s").format(t=target), (amount, account))
+        raw = json.dumps({"event_id": event_id, "account_id": account, "amount_cents": amount,
+                          "ts": ts.isoformat(), "seq": seq}).encode()
+        cur.execute(sql.SQL('INSERT INTO {m}.dead_letters (pipeline, topic, partition, "offset", value, error,'
+                            " sqlstate) VALUES (%s, %s, %s, %s, %s, %s, %s)").format(m=meta),
+                    (config["pipeline"], t, p, o, raw,
+                     "rejected by the database: canceling statement due to lock timeout", "55P03"))
+        cur.execute("COMMIT")
+
+    def set_sqlstate(code: str | None) -> dict[str, Any]:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("UPDATE {m}.dead_letters SET sqlstate = %s WHERE pipeline = %s").format(m=meta),
+                        (code, config["pipeline"]))
+        return audit(config, tmp_path)
+
+    try:
+        lock_timeout = audit(config, tmp_path)
+        no_sqlstate = set_sqlstate(None)
+        data_error = set_sqlstate("22001")  # the database rejected the value itself: legitimate
+    finally:
+        conn.close()
+    for name, report in (("55P03", lock_timeout), ("no sqlstate", no_sqlstate), ("22001", data_error)):
+        print(f"\ndead letter with {name}: ok={report['ok']} mismatches={report['mismatches']} "
+              f"by_class={report['summary'].get('dead_letters_by_class')} "
+              f"wrongly_quarantined={report['summary'].get('wrongly_quarantined')}")
+    assert not lock_timeout["ok"], lock_timeout
+    assert lock_timeout["mismatches"] == ["dead_letters:wrongly_quarantined"]
+    assert lock_timeout["summary"]["dead_letters_by_class"] == {"not_data:55P03": 1}
+    (why,) = lock_timeout["dead_letters"]["wrongly_quarantined"]
+    assert (why["offset"], why["sqlstate"]) == (o, "55P03") and "not a data error" in why["reason"]
+
+    assert not no_sqlstate["ok"], no_sqlstate
+    assert no_sqlstate["mismatches"] == ["dead_letters:wrongly_quarantined"]
+    assert no_sqlstate["summary"]["dead_letters_by_class"] == {"parse": 1}
+    assert "parse_record accepts the value" in no_sqlstate["dead_letters"]["wrongly_quarantined"][0]["reason"]
+
+    assert data_error["ok"], data_error
+    assert data_error["summary"]["dead_letters_by_class"] == {"data_exception": 1}
+
+
+def test_an_audit_while_the_stream_runs_does_not_false_alarm(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config = pipeline_config(stack, tmp_path, f"arun{unique_name}", trigger="processingTime",
+                             trigger_interval="1 second", max_offsets_per_trigger=150, run_seconds=240)
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=2)
+    produce_ledger(bootstrap, 1500, topic=topic, seed=23, transactional_id=f"arun-a{unique_name}")
+    producing_error: list[BaseException] = []
+
+    def keep_producing() -> None:
+        try:
+            for i in range(10):
+                produce_ledger(bootstrap, 150, topic=topic, seed=100 + i, first_seq=10_000 + 150 * i,
+                               batch_size=50, abort_every=3, transactional_id=f"arun-b{unique_name}")
+                time.sleep(1.0)
+        except BaseException as exc:  # surfaced by the assertion below
+            producing_error.append(exc)
+
+    producer = threading.Thread(target=keep_producing)
+    driver = start_app(config, tmp_path, label="running")
+    reports: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not driver.events("batch") and time.monotonic() < deadline and driver.process.poll() is None:
+            time.sleep(0.5)
+        assert driver.events("batch"), driver.log()[-3000:]
+        producer.start()
+        for _ in range(4):
+            reports.append(audit(config, tmp_path))
+            time.sleep(2.0)
+        producer.join(120)
+        meta = sql.Identifier(config["meta_schema"])
+        conn = pg_connect(stack)
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("INSERT INTO {}.stream_control (pipeline, stop_requested_at, requested_by)"
+                                " VALUES (%s, now(), 'test') ON CONFLICT (pipeline) DO UPDATE"
+                                " SET stop_requested_at = now()").format(meta), (config["pipeline"],))
+        conn.close()
+        driver.wait(120)
+    finally:
+        if driver.process.poll() is None:
+            driver.kill()
+    assert not producing_error, producing_error
+    for i, report in enumerate(reports):
+        s = report["summary"]
+        running = report.get("snapshot", {}).get("driver_running")
+        print(f"\naudit {i} during the run: ok={report['ok']} driver_running={running} "
+              f"compared={s['committed_records']} not_yet_applied={s.get('not_yet_applied')} "
+              f"missing={s['missing']} mismatches={report['mismatches']}")
+    assert all(r["ok"] for r in reports), [r for r in reports if not r["ok"]]
+    assert all(r["snapshot"]["driver_running"] for r in reports)
+    assert any(r["summary"]["not_yet_applied"] > 0 for r in reports)  # some audit ran behind the stream
+
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DELETE FROM {}.stream_control").format(sql.Identifier(config["meta_schema"])))
+    conn.close()
+    drained = run_app({**config, "trigger": "availableNow", "run_seconds": 0}, tmp_path, label="drain")
+    assert drained.process.returncode == 0, drained.log()[-3000:]
+    final = audit(config, tmp_path)
+    assert final["ok"] and final["summary"]["not_yet_applied"] == 0, final
+    assert final["summary"]["committed_records"] == 3000
+
+
+def test_partitions_left_with_markers_or_nothing_do_not_hang_the_audit(
+        stack: dict, tmp_path: Path, unique_name: str) -> None:
+    config = pipeline_config(stack, tmp_path, f"ahang{unique_name}")
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=3)
+    for partition in range(3):
+        _produce(bootstrap, topic, partition, 50, f"ah{partition}{unique_name}", first_seq=100 * partition)
+    # Partition 0 ends with an aborted transaction: aborted records and markers only.
+    _produce(bootstrap, topic, 0, 40, f"ah0{unique_name}", first_seq=1000, abort=True)
+    run = run_app(config, tmp_path, label="markers")
+    assert run.process.returncode == 0, run.log()[-3000:]
+    _earliest, lso = _offsets(bootstrap, topic)
+    _delete_before(bootstrap, topic, 1, lso[1])  # partition 1: every record deleted
+    _delete_before(bootstrap, topic, 2, lso[2] - 1)  # partition 2: only its last commit marker left
+    earliest, _lso = _offsets(bootstrap, topic)
+    assert earliest[1] == lso[1] and earliest[2] == lso[2] - 1
+
+    report = _audit_cli(config, tmp_path, timeout=90)
+    print(f"\naudit over marker-only and emptied partitions: exit {report['exit_code']} in {report['seconds']}s, "
+          f"ok={report['ok']} committed={report['summary']['committed_records']} "
+          f"rows_below_earliest={report['summary']['rows_below_earliest']}")
+    assert report["ok"] and report["exit_code"] == 0, report
+    assert report["summary"]["committed_records"] == 50
+    assert report["summary"]["rows_below_earliest"] == 100
+
+    timed_out = _audit_cli(config, tmp_path, "--timeout", "0.001", timeout=90)
+    print(f"with --timeout 0.001: exit {timed_out['exit_code']}: {timed_out['stderr'].strip()}")
+    assert timed_out["exit_code"] == 2 and timed_out["ok"] is False
+    assert timed_out["stderr"].startswith("audit timed out after 0.001s reading Kafka;")
+    assert f"{topic}[0] at offset 0 of {lso[0]}" in timed_out["stderr"]
+    assert f"{topic}[1]" not in timed_out["stderr"]  # nothing left to read there
+    assert {(u["topic"], u["partition"]) for u in timed_out["unfinished"]} >= {(topic, 0)}

@@ -1,0 +1,258 @@
+"""The audit's pure rules: dead-letter verdicts, ranges against Kafka's earliest
+offset and the stored offsets, row comparison, aggregate carriers, and the
+read progress that must never wait for a record that cannot come."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from spark_apps.eos_stream.audit_rules import (
+    AuditTimeout,
+    PartitionRange,
+    ReadProgress,
+    as_number,
+    carrier_for,
+    compare_rows,
+    dead_letter_verdict,
+    parses,
+    tail_counts_as_missing,
+    wrong_keys,
+)
+from spark_apps.eos_stream.errors import dead_letter_class
+from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
+
+VALID = json.dumps({"event_id": "e1", "account_id": "acct-00001", "amount_cents": 5,
+                    "ts": "2026-01-01T00:00:00+00:00", "seq": 1}).encode()
+
+
+def _verdict(sqlstate: str | None, error: str, value: bytes | None) -> str | None:
+    return dead_letter_verdict(dead_letter_class(sqlstate, error), parses(LEDGER, value))
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "value", "wrong"),
+    [
+        ("55P03", VALID, "SQLSTATE 55P03 is not a data error"),  # lock timeout: the weather
+        ("57014", VALID, "SQLSTATE 57014 is not a data error"),  # statement timeout
+        ("40P01", VALID, "SQLSTATE 40P01 is not a data error"),  # deadlock
+        ("42P01", VALID, "SQLSTATE 42P01 is not a data error"),  # a missing table is not the record's fault
+        (None, VALID, "parse_record accepts the value"),  # "parse error" on a record that parses
+        (None, b"{not json", None),  # the app's own parse error
+        (None, None, None),  # a tombstone
+        ("22001", VALID, None),  # value too long: valid JSON the database rejects
+        ("23505", VALID, None),  # integrity
+    ],
+)
+def test_dead_letter_verdicts(sqlstate: str | None, value: bytes | None, wrong: str | None) -> None:
+    verdict = _verdict(sqlstate, "rejected", value)
+    if wrong is None:
+        assert verdict is None
+    else:
+        assert verdict is not None and wrong in verdict
+
+
+def test_a_missing_required_field_is_a_legitimate_parse_dead_letter() -> None:
+    value = json.dumps({"event_id": "e1", "amount_cents": 5}).encode()
+    assert _verdict(None, "missing required field 'account_id'", value) is None
+
+
+def test_range_compares_up_to_the_stored_offset_and_flags_gaps() -> None:
+    running = PartitionRange(earliest=100, lso=500, stored=400, stores_offsets=True)
+    assert running.applied_end == 400
+    assert running.check_end(tail_missing=False) == 400
+    assert running.check_end(tail_missing=True) == 500
+    assert running.retention_gap == 0 and running.offsets_ahead == 0
+    gap = PartitionRange(earliest=100, lso=500, stored=40, stores_offsets=True)
+    assert gap.retention_gap == 60
+    assert gap.check_end(tail_missing=False) == 100  # nothing below the earliest offset to compare
+    ahead = PartitionRange(earliest=0, lso=500, stored=700, stores_offsets=True)
+    assert ahead.offsets_ahead == 200 and ahead.applied_end == 500
+    never = PartitionRange(earliest=0, lso=500, stored=None, stores_offsets=True)
+    assert never.applied_end == 0 and never.retention_gap == 0
+    no_offsets = PartitionRange(earliest=0, lso=500, stored=None, stores_offsets=False)
+    assert no_offsets.applied_end == 500 and no_offsets.check_end(tail_missing=False) == 500
+
+
+def test_pending_policy() -> None:
+    assert tail_counts_as_missing("auto", running=False) is True
+    assert tail_counts_as_missing("auto", running=True) is False
+    assert tail_counts_as_missing("missing", running=True) is True
+    assert tail_counts_as_missing("allowed", running=False) is False
+    with pytest.raises(ValueError, match="pending must be one of"):
+        tail_counts_as_missing("sometimes", running=False)
+
+
+def test_rows_below_the_earliest_offset_are_not_unexpected() -> None:
+    rng = PartitionRange(earliest=10, lso=20, stored=20, stores_offsets=True)
+    present = Counter({o: 1 for o in range(0, 20)})
+    result = compare_rows(set(range(10, 20)), present, rng, tail_missing=True)
+    assert (result.unexpected, result.missing, result.duplicated) == (0, 0, 0)
+    assert result.rows_below_earliest == 10 and result.rows == 20
+
+
+def test_row_comparison_counts_each_kind_of_wrong() -> None:
+    rng = PartitionRange(earliest=10, lso=30, stored=20, stores_offsets=True)
+    present = Counter({5: 2, 11: 1, 12: 1, 25: 1})  # dup below earliest, 13-19 missing, 25 beyond the offsets
+    result = compare_rows(set(range(10, 20)), present, rng, tail_missing=False)
+    assert result.duplicated == 1
+    assert result.missing == 8  # 10 and 13..19
+    assert result.unexpected == 1  # 25: not a record the target should hold
+    assert result.beyond_offsets == 1
+    assert result.rows_below_earliest == 2
+
+
+def test_no_stored_offsets_with_rows_is_beyond_offsets() -> None:
+    rng = PartitionRange(earliest=0, lso=5, stored=None, stores_offsets=True)
+    assert compare_rows(set(), Counter({0: 1}), rng, tail_missing=False).beyond_offsets == 1
+    loose = PartitionRange(earliest=0, lso=5, stored=None, stores_offsets=False)
+    assert compare_rows({0}, Counter({0: 1}), loose, tail_missing=False).beyond_offsets == 0
+
+
+def test_carrier_is_the_row_target_holding_the_aggregate_inputs() -> None:
+    balances = next(t for t in LEDGER.targets if isinstance(t, AggregateTarget))
+    assert carrier_for(LEDGER, balances) == LEDGER.targets[0]
+    narrow = PipelineSpec(
+        name="narrow",
+        fields=(Field("account_id", "text"), Field("amount_cents", "bigint")),
+        targets=(RowTarget("ids", columns=("account_id",)),
+                 AggregateTarget("sums", group_by=("account_id",), increments={"total": "amount_cents"})),
+    )
+    assert carrier_for(narrow, narrow.targets[1]) is None  # amount_cents is in no row target
+    assert not any(isinstance(t, AggregateTarget) for t in LEDGER_EVENTS_ONLY.targets)
+
+
+def test_wrong_keys_treats_absent_as_zero_and_decimals_as_numbers() -> None:
+    from decimal import Decimal
+
+    actual = {("a",): {"n": Decimal(3)}, ("b",): {"n": 0}}
+    assert wrong_keys(actual, {("a",): Counter(n=3)}, ["n"]) == []
+    assert wrong_keys(actual, {("a",): Counter(n=2), ("c",): Counter(n=1)}, ["n"]) == [("a",), ("c",)]
+    assert as_number(Decimal("2.5")) == 2.5 and as_number(None) == 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_read_progress_finishes_by_offset_not_by_records() -> None:
+    a, b, c, d = ("t", 0), ("t", 1), ("t", 2), ("t", 3)
+    progress = ReadProgress(ends={a: 11, b: 11, c: 5, d: 0}, starts={a: 0, b: 11, c: 2, d: 0},
+                            deadline=10.0, clock=Clock())
+    assert progress.pending == {a, c}  # b: all deleted (earliest == end); d: empty
+    assert progress.record(a, 9) is True  # the last record; a commit marker follows at 10
+    assert a in progress.pending
+    progress.position(a, -1001)  # not known yet: nothing changes
+    assert a in progress.pending
+    progress.position(a, 11)  # the client moved past the marker
+    assert a not in progress.pending
+    progress.end_of_partition(c, 5)
+    assert progress.done
+    assert progress.record(a, 12) is False  # a prefetched record past the end is not yielded
+
+
+def test_read_progress_times_out_naming_the_partitions() -> None:
+    clock = Clock()
+    a, b = ("orders", 0), ("orders", 1)
+    progress = ReadProgress(ends={a: 100, b: 50}, starts={a: 0, b: 0}, deadline=30.0, clock=clock)
+    progress.record(b, 49)
+    progress.check_deadline(30)  # before the deadline: nothing
+    clock.now = 30.0
+    with pytest.raises(AuditTimeout) as caught:
+        progress.check_deadline(30)
+    message = str(caught.value)
+    assert message.startswith("audit timed out after 30s reading Kafka; 1 partition(s) did not finish: "
+                              "orders[0] at offset 0 of 100")
+    assert caught.value.unfinished == [{"topic": "orders", "partition": 0, "position": 0, "end": 100, "left": 100}]
+
+
+# --- the report, from a synthetic snapshot and Kafka side (no I/O) ----------------
+
+
+def _side(aggregates: int, applied: dict[int, dict], tail: dict[int, dict], tp=("t", 0)):
+    """A KafkaSide from {offset: record} per region (None: malformed)."""
+    from spark_apps.eos_stream.audit import KafkaSide
+
+    side = KafkaSide(aggregates)
+    for region, records in enumerate((applied, tail)):
+        for offset, record in records.items():
+            side.committed[region][tp] += 1
+            if record is None:
+                side.malformed[region][tp].add(offset)
+                continue
+            side.valid[region][tp].add(offset)
+            if aggregates:
+                side.sums[region][0][(record["account_id"],)]["total"] += record["amount_cents"]
+    return side
+
+
+NARROW = PipelineSpec(
+    name="narrow",
+    fields=(Field("account_id", "text"), Field("amount_cents", "bigint")),
+    targets=(RowTarget("ids", columns=("account_id",)),
+             AggregateTarget("sums", group_by=("account_id",), increments={"total": "amount_cents"})),
+)
+
+
+def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals: int):
+    from spark_apps.eos_stream.audit import Snapshot, _report
+    from spark_apps.eos_stream.config import PipelineConfig
+
+    applied = {o: {"account_id": "a", "amount_cents": 10} for o in range(earliest, 8)}
+    tail = {o: {"account_id": "a", "amount_cents": 10} for o in range(8, 10)}
+    snap = Snapshot(running=running, stored={("t", 0): 8}, dead={}, rows={"ids": {("t", 0): Counter(rows)}},
+                    actual=[{("a",): {"total": totals}}], below_earliest=[None])
+    ranges = {("t", 0): PartitionRange(earliest, 10, 8, True)}
+    return _report(PipelineConfig(pipeline="p", topics=["t"]), NARROW, [NARROW.targets[1]], snap, ranges,
+                   _side(1, applied, tail), running=running, pending="auto")
+
+
+def test_report_counts_the_tail_as_not_yet_applied_while_a_driver_runs() -> None:
+    report = _narrow_report(earliest=0, running=True, rows={o: 1 for o in range(8)}, totals=80)
+    assert report["ok"], report
+    assert report["summary"]["not_yet_applied"] == 2 and report["summary"]["committed_records"] == 8
+    stopped = _narrow_report(earliest=0, running=False, rows={o: 1 for o in range(8)}, totals=80)
+    assert not stopped["ok"] and stopped["summary"]["missing"] == 2
+    assert stopped["mismatches"] == ["ids:t:0", "sums"]
+
+
+def test_report_leaves_an_aggregate_without_carrier_unverified_once_kafka_deleted_inputs() -> None:
+    report = _narrow_report(earliest=3, running=True, rows={o: 1 for o in range(8)}, totals=80)
+    assert report["ok"], report  # rows 0-2 are below the earliest offset: not unexpected
+    assert report["summary"]["rows_below_earliest"] == 3
+    sums = report["aggregates"]["sums"]
+    assert sums["verified"] is False and sums["keys_wrong"] is None
+    (entry,) = report["unverified"]
+    assert entry["target"] == "sums" and "no row target carries the inputs of sums" in entry["reason"]
+    whole = _narrow_report(earliest=0, running=True, rows={o: 1 for o in range(8)}, totals=70)
+    assert not whole["ok"] and whole["aggregates"]["sums"]["keys_wrong"] == 1  # all inputs in Kafka: checked
+
+
+def test_report_reparses_the_stored_value_of_a_dead_letter_kafka_no_longer_holds() -> None:
+    from spark_apps.eos_stream.audit import Snapshot, _report
+    from spark_apps.eos_stream.config import PipelineConfig
+
+    valid = json.dumps({"account_id": "a", "amount_cents": 1}).encode()
+    config = PipelineConfig(pipeline="p", topics=["t"])
+    ranges = {("t", 0): PartitionRange(5, 10, 10, True)}
+    rows = {"ids": {("t", 0): Counter({o: 1 for o in range(1, 10)})}}
+
+    def report(value: bytes, sqlstate: str | None):
+        snap = Snapshot(running=False, stored={("t", 0): 10}, dead={("t", 0, 0): ("whatever", sqlstate, value)},
+                        rows=rows, actual=[], below_earliest=[])
+        spec = PipelineSpec(name="rows", fields=NARROW.fields, targets=(NARROW.targets[0],))
+        side = _side(0, {o: {} for o in range(5, 10)}, {})
+        return _report(config, spec, [], snap, ranges, side, running=False, pending="auto")
+
+    assert report(b"{not json", None)["ok"]
+    wrong = report(valid, None)
+    assert wrong["mismatches"] == ["dead_letters:wrongly_quarantined"]
+    assert report(valid, "23505")["ok"]
+    assert report(valid, "57014")["summary"]["dead_letters_by_class"] == {"not_data:57014": 1}
