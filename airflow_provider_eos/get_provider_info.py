@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_eos import __version__
+from airflow_provider_eos.settings import provider_config
 
 INTEGRATION = "Exactly-once streaming"
 HOOKS = [
@@ -46,4 +47,6 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": INTEGRATION, "python-modules": OPERATORS}],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": SENSORS}],
         "triggers": [{"integration-name": INTEGRATION, "python-modules": TRIGGERS}],
+        # Deployment settings ([eos] in airflow.cfg): where snapshots and pipeline configs live.
+        "config": provider_config(),
     }

@@ -1,13 +1,19 @@
 """eos_recovery: put a pipeline's target back to a snapshot and replay Kafka from it.
 
-gate (LSO lag 0) -> lock -> stop stream -> choose snapshot -> retention check ->
-restore (scratch validation, single-transaction swap) -> replay (availableNow
-from the restored offsets) -> wait caught up -> audit -> resume the supervised
-stream -> summary; the lock is released whatever happened.
+check_conf -> gate (no partition stuck) -> lock -> stop stream -> choose
+snapshot -> retention check -> restore (scratch validation, single-transaction
+swap; the old tables kept aside) -> replay (availableNow from the restored
+offsets; the stop request stays set) -> wait caught up -> audit -> finalize
+(drop the old tables) -> resume the supervised stream with the pipeline's own
+config -> summary. If replay, caught-up or audit fails, ``rollback`` puts the
+old tables back and the run fails; the stream stays stopped either way. The
+lock is released whatever happened.
 
 Params: snapshot (``latest``, an id, or an ISO-8601 timestamp: newest before
 it), pipeline, dry_run (plan only: snapshot, offsets, retention check; changes
-nothing), resume (trigger ``resume_dag_id`` at the end).
+nothing), resume (trigger ``resume_dag_id`` at the end), quiet_seconds. The
+snapshot store and the pipeline config directory are deployment settings
+(``[eos]`` provider config), never run conf: a conf with any other key is refused.
 """
 
 from __future__ import annotations
@@ -15,38 +21,64 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_eos import settings
 from airflow_provider_eos.operators.audit import AuditOperator
 from airflow_provider_eos.operators.replay import CaughtUpOperator, ReplayOperator, RetentionCheckOperator
-from airflow_provider_eos.operators.restore import RecoveryLockOperator, RequestStopOperator, RestoreOperator
+from airflow_provider_eos.operators.restore import (
+    FinalizeRestoreOperator,
+    RecoveryLockOperator,
+    RequestStopOperator,
+    RestoreOperator,
+    RollbackRestoreOperator,
+)
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 
 POSTGRES_CONN_ID = os.environ.get("EOS_POSTGRES_CONN_ID", "eos_postgres")
 KAFKA_CONN_ID = os.environ.get("EOS_KAFKA_CONN_ID", "kafka_default")
 SPARK_CONN_ID = os.environ.get("EOS_SPARK_CONN_ID", "spark_default")
-CONFIG_DIR = os.environ.get("EOS_PIPELINE_CONFIG_DIR", "/opt/eos/pipelines")
-SNAPSHOT_STORE = os.environ.get("EOS_SNAPSHOT_STORE", "/tmp/eos-snapshots")
 LOCK_TTL = float(os.environ.get("EOS_RECOVERY_LOCK_TTL", DEFAULT_LOCK_TTL))
-CONFIG = "{{ params.config_dir }}/{{ params.pipeline }}.json"
+
+
+def _resolved(*keys: str) -> str:
+    """A template for what ``check_conf`` pinned for this run (rendered natively)."""
+    return "{{ ti.xcom_pull(task_ids='check_conf')" + "".join(f"['{key}']" for key in keys) + " }}"
+
+
+CONFIG = _resolved("pipeline_config")
+STORE = _resolved("snapshot_store")
 DRY_RUN = "{{ params.dry_run }}"
 PINNED = "{{ ti.xcom_pull(task_ids='choose_snapshot')['snapshot']['snapshot_id'] }}"
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
-         "wait_caught_up", "audit")
+         "wait_caught_up", "audit", "finalize")
+# The keys of eos_stream's Params that a pipeline config decides; the rest keep eos_stream's defaults.
+STREAM_KEYS = ("pipeline", "topics", "spec", "delivery", "trigger", "trigger_interval", "max_offsets_per_trigger",
+               "checkpoint_dir", "target_schema", "meta_schema", "max_batch_attempts")
+
+PARAMS: dict[str, Param] = {
+    "snapshot": Param("latest", type="string", minLength=1,
+                      description="'latest', a snapshot id, or an ISO-8601 timestamp (newest before it)"),
+    "pipeline": Param("ledger", type="string", pattern=settings.PIPELINE_NAME_PATTERN,
+                      description="pipeline name: its config is <[eos] pipeline_config_dir>/<pipeline>.json"),
+    "dry_run": Param(False, type="boolean", description="print the plan, change nothing"),
+    "resume": Param(True, type="boolean",
+                    description="trigger the supervised stream's DAG with the pipeline's config at the end"),
+    "resume_dag_id": Param("eos_stream", type="string"),
+    "quiet_seconds": Param(0, type="number", minimum=0,
+                           description="also require no micro-batch for this long (the running lock decides)"),
+}
 
 
-def pipeline_topics(config_path: str) -> list[str]:
-    """Jinja macro: the topics of a pipeline config (a list, rendered natively)."""
-    try:
-        return list(json.loads(Path(config_path).read_text())["topics"])
-    except (OSError, ValueError, KeyError):
-        return ["__missing_pipeline_config__"]  # the lock task then fails with the real reason
+def stream_conf(config: Any) -> dict[str, Any]:
+    """The ``eos_stream`` run conf that resumes exactly this pipeline (a PipelineConfig)."""
+    data = json.loads(config.to_json())
+    return {key: data[key] for key in STREAM_KEYS}
 
 
 common: dict[str, Any] = {"pipeline_config": CONFIG, "postgres_conn_id": POSTGRES_CONN_ID}
@@ -59,25 +91,29 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
-    user_defined_macros={"pipeline_topics": pipeline_topics},
     tags=["eos", "recovery"],
     doc_md=__doc__,
-    params={
-        "snapshot": Param("latest", type="string", minLength=1,
-                          description="'latest', a snapshot id, or an ISO-8601 timestamp (newest before it)"),
-        "pipeline": Param("ledger", type="string", minLength=1, description="pipeline name"),
-        "dry_run": Param(False, type="boolean", description="print the plan, change nothing"),
-        "resume": Param(True, type="boolean", description="trigger the supervised stream's DAG at the end"),
-        "resume_dag_id": Param("eos_stream", type="string"),
-        "config_dir": Param(CONFIG_DIR, type="string", description="directory of <pipeline>.json configs"),
-        "snapshot_store": Param(SNAPSHOT_STORE, type="string", description="local dir or object storage URL"),
-        "quiet_seconds": Param(0, type="number", minimum=0,
-                               description="also require no micro-batch for this long (the running lock decides)"),
-    },
+    params=PARAMS,
 ):
+
+    @task
+    def check_conf(**context: Any) -> dict[str, Any]:
+        """Refuses a conf with undeclared keys or a bad pipeline name before anything is touched, and pins
+        the deployment's snapshot store and the pipeline's config file for the rest of the run."""
+        from airflow_provider_eos.snapshots import load_pipeline_config
+
+        settings.check_run_conf(context["dag_run"].conf, PARAMS)
+        pipeline = settings.check_pipeline_name(context["params"]["pipeline"])
+        path = settings.pipeline_config_path(pipeline)
+        config = load_pipeline_config(str(path), pipeline=pipeline)
+        return {"pipeline": pipeline, "pipeline_config": str(path), "snapshot_store": settings.snapshot_store(),
+                "aside_retention_days": settings.aside_retention_days(), "topics": list(config.topics),
+                "stream_conf": stream_conf(config)}
+
+    checked = check_conf()
     gate = LastStableOffsetLagSensor(
         task_id="gate",
-        topics="{{ pipeline_topics(params.config_dir ~ '/' ~ params.pipeline ~ '.json') }}",
+        topics=_resolved("topics"),
         kafka_config_id=KAFKA_CONN_ID,
         watch_mode="gate",
         poke_interval=2,
@@ -88,25 +124,41 @@ with DAG(
     # The control-table stop request, then wait until no driver holds the pipeline's running lock.
     stop = RequestStopOperator(task_id="stop_stream", quiet_seconds="{{ params.quiet_seconds }}",
                                plan_only=DRY_RUN, **locked)
-    choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}",
-                             snapshot_store="{{ params.snapshot_store }}", plan_only=True, **common)
-    retention = RetentionCheckOperator(task_id="retention_check", snapshot=PINNED,
-                                       snapshot_store="{{ params.snapshot_store }}", kafka_config_id=KAFKA_CONN_ID,
-                                       **common)
-    restore = RestoreOperator(task_id="restore", snapshot=PINNED, snapshot_store="{{ params.snapshot_store }}",
-                              quiet_seconds="{{ params.quiet_seconds }}", plan_only=DRY_RUN, **locked)
+    choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}", snapshot_store=STORE,
+                             plan_only=True, **common)
+    retention = RetentionCheckOperator(task_id="retention_check", snapshot=PINNED, snapshot_store=STORE,
+                                       kafka_config_id=KAFKA_CONN_ID, **common)
+    # keep_old: the replaced tables stay aside until replay and audit prove the new state (finalize drops
+    # them) or one of them fails (rollback puts them back).
+    restore = RestoreOperator(task_id="restore", snapshot=PINNED, snapshot_store=STORE, keep_old=True,
+                              kafka_config_id=KAFKA_CONN_ID, quiet_seconds="{{ params.quiet_seconds }}",
+                              plan_only=DRY_RUN, **locked)
     replay = ReplayOperator(task_id="replay", kafka_config_id=KAFKA_CONN_ID, spark_conn_id=SPARK_CONN_ID,
                             plan_only=DRY_RUN, **locked)
     caught_up = CaughtUpOperator(task_id="wait_caught_up", replay_task_id="replay", kafka_config_id=KAFKA_CONN_ID,
                                  plan_only=DRY_RUN, **locked)
     audit = AuditOperator(task_id="audit", plan_only=DRY_RUN, **locked)
+    # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
+    finalize = FinalizeRestoreOperator(task_id="finalize", restore_task_id="restore",
+                                       retention_days=_resolved("aside_retention_days"), plan_only=DRY_RUN, **locked)
+    # Only a run whose restore swapped can roll back; one refused earlier (conf, gate, lock, stop,
+    # retention, restore) changed no table, and must not touch a lock another run may hold.
+    needs_rollback = ShortCircuitOperator(
+        task_id="needs_rollback",
+        trigger_rule="one_failed",
+        python_callable=lambda restored, dry_run: bool((restored or {}).get("aside_schema")) and not bool(dry_run),
+        op_kwargs={"restored": "{{ ti.xcom_pull(task_ids='restore') }}", "dry_run": DRY_RUN},
+    )
+    rollback = RollbackRestoreOperator(task_id="rollback", restore_task_id="restore", **locked)
     should_resume = ShortCircuitOperator(
         task_id="should_resume",
         python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),
         op_kwargs={"resume": "{{ params.resume }}", "dry_run": DRY_RUN},
         ignore_downstream_trigger_rules=False,
     )
+    # The pipeline's own config, not the resumed DAG's defaults: the stream that was stopped.
     resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id="{{ params.resume_dag_id }}",
+                                   conf={key: _resolved("stream_conf", key) for key in STREAM_KEYS},
                                    wait_for_completion=False)
 
     @task(trigger_rule="none_failed")
@@ -137,6 +189,9 @@ with DAG(
     release = RecoveryLockOperator(task_id="release_lock", action="release", plan_only=DRY_RUN,
                                    **common).as_teardown(setups=lock)
 
-    gate >> lock >> stop >> choose >> retention >> restore >> replay >> caught_up >> audit >> should_resume
-    should_resume >> resume >> done
-    audit >> done >> release
+    checked >> gate >> lock >> stop >> choose >> retention >> restore >> replay >> caught_up >> audit
+    audit >> finalize >> should_resume >> resume >> done
+    finalize >> done
+    [replay, caught_up, audit] >> needs_rollback >> rollback
+    # The lock is held until the rollback is done, so no other recovery starts on a half-way target.
+    [done, rollback] >> release

@@ -4,24 +4,23 @@ the caught-up check."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
-from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin, timed_step
+from airflow_provider_eos import settings
+from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin, timed_step
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotStore, retention_gaps
 
-APP = Path(__file__).resolve().parents[2] / "spark_apps" / "eos_stream" / "app.py"
+if TYPE_CHECKING:
+    from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
+
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
@@ -30,6 +29,10 @@ DEFAULT_SPARK_CONF = {
 
 class RetentionGapError(AirflowException):
     """Kafka no longer holds (part of) what a replay needs: replaying would lose data silently."""
+
+
+class PipelineNotStoppedError(AirflowException):
+    """No stop request holds the pipeline: a supervisor may start a driver that fights the replay."""
 
 
 def _nested(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
@@ -85,14 +88,15 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param snapshot: ``latest``, an id, an ISO-8601 timestamp, or None for the database (templated).
-    :param snapshot_store: local directory or object storage URL (templated).
+    :param snapshot_store: local directory or object storage URL (templated); default: the
+        deployment's ``[eos] snapshot_store`` (see :mod:`airflow_provider_eos.settings`), read at execute time.
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store")
 
-    def __init__(self, *, pipeline_config: Any, snapshot: str | None = LATEST, snapshot_store: Any = DEFAULT_STORE,
+    def __init__(self, *, pipeline_config: Any, snapshot: str | None = LATEST, snapshot_store: Any = None,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
                  pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -108,7 +112,8 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
         config = self.load_config()
         if self.snapshot:
             try:
-                manifest = SnapshotStore(self.snapshot_store).select(config.pipeline, str(self.snapshot))
+                store = SnapshotStore(self.snapshot_store or settings.snapshot_store())
+                manifest = store.select(config.pipeline, str(self.snapshot))
             except SnapshotError as exc:
                 raise AirflowException(f"pipeline {config.pipeline!r}: {exc}") from exc
             needed, what = manifest.offsets(), f"snapshot {manifest.snapshot_id}"
@@ -129,13 +134,22 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     Replays Kafka into the (restored) database from the offsets stored in it.
 
     Reads the stored offsets, checks Kafka still retains them (fails before
-    starting anything otherwise), clears the pipeline's stop request, then runs
-    the streaming app once with ``trigger=availableNow`` through
-    :class:`~airflow.providers.apache.spark.hooks.spark_submit.SparkSubmitHook`.
-    In ``exactly_once`` delivery every run starts a fresh checkpoint from the
-    database's offsets, so the replay begins exactly at the restored point.
-    Succeeds when the stored offsets reached the last stable offsets seen at its
-    start on every partition.
+    starting anything otherwise), then runs the streaming app once with
+    ``trigger=availableNow`` through the provider's one submit path,
+    :class:`~airflow_provider_eos.hooks.stream_submit.EosStreamSubmitHook`
+    (``spark_apps`` shipped for non-local masters; the database password and
+    the Kafka client options only in the environment or a private properties
+    file, never on the command line). In ``exactly_once`` delivery every run
+    starts a fresh checkpoint from the database's offsets, so the replay begins
+    exactly at the restored point. Succeeds when the stored offsets reached the
+    last stable offsets seen at its start on every partition.
+
+    The pipeline's stop request stays set for the whole replay: the replay run
+    alone gets ``ignore_stop_request``, so no supervisor can restart the stream
+    under the recovery, and the replay driver's own start bumps the pipeline's
+    epoch, fencing any driver that still holds an older one. The replay reads
+    Kafka through ``kafka_config_id`` (its ``bootstrap.servers``), the cluster
+    the retention check and the caught-up check look at.
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param postgres_conn_id: the target database connection, default "eos_postgres"
@@ -145,6 +159,9 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param spark_conf: extra Spark conf.
     :param driver_memory: spark-submit driver memory.
     :param checkpoint_dir: override the config's checkpoint root.
+    :param kafka_options: extra Kafka client options (Java client names, without ``kafka.``), merged
+        over the config's; passed through the environment because they may hold secrets.
+    :param require_stop_request: refuse to replay unless a stop request holds the pipeline (default True).
     :param hold_lock: hold the target's recovery lock while working (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the plan (offsets, retention) without running.
@@ -156,7 +173,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str = "kafka_default", spark_conn_id: str = "spark_default",
                  jars: str | None = None, spark_conf: dict[str, str] | None = None, driver_memory: str = "1g",
-                 checkpoint_dir: str | None = None, hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
+                 checkpoint_dir: str | None = None, kafka_options: dict[str, str] | None = None,
+                 require_stop_request: bool = True, hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
@@ -167,10 +185,13 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         self.spark_conf = spark_conf
         self.driver_memory = driver_memory
         self.checkpoint_dir = checkpoint_dir
+        self.kafka_options = kafka_options
+        self.require_stop_request = require_stop_request
         self.hold_lock = hold_lock
         self.lock_ttl = lock_ttl
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
+        self._submit: EosStreamSubmitHook | None = None
 
     def _row_counts(self, config: Any) -> dict[str, int]:
         from spark_apps.eos_stream import meta_tables
@@ -210,9 +231,13 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         if _truthy(self.plan_only):
             return {**plan, "dry_run": True}
         with self.lock_guard(config, context):
+            if self.require_stop_request:
+                stopped_at = self.hook.stream_activity(config.meta_schema, config.pipeline).get("stop_requested_at")
+                if stopped_at is None:
+                    raise PipelineNotStoppedError(
+                        f"pipeline {config.pipeline!r} has no stop request: a supervisor could start a driver "
+                        "that fights the replay for the target. Stop it first (the recovery's stop_stream step).")
             counts_before = self._row_counts(config)
-            self.hook.set_stop_request(config.meta_schema, config.pipeline, False,
-                                       by=f"replay {context.get('run_id')}")
             self._run_app(config)
         after = self._stored(config)
         behind = {f"{t}[{p}]": lso - after.get((t, p), 0) for (t, p), lso in lso_at_start.items()
@@ -231,36 +256,45 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         self.log.info("replay done: %s", {k: v for k, v in result.items() if k != "retention"})
         return result
 
-    def _run_app(self, config: Any) -> None:
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    def replay_config(self, config: Any) -> dict[str, Any]:
+        """The replay run's app config: the pipeline's, run once to the end, past the stop request."""
+        from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
 
-        password = config.postgres.password
         data = json.loads(config.to_json())  # no password, no kafka options
         data["trigger"] = "availableNow"
+        data["run_seconds"] = 0
+        # The stop request keeps supervisors off the target; only this run may write through it.
+        data["ignore_stop_request"] = True
+        data["kafka_bootstrap"] = kafka_bootstrap_from_connection(self.kafka_config_id)
         if self.checkpoint_dir:
             data["checkpoint_dir"] = self.checkpoint_dir
-        jars = self.jars or os.environ.get("EOS_SPARK_JARS")
-        bin_dir = str(Path(sys.executable).parent)
-        env = {
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-        }
-        if password:
-            env["EOS_PG_PASSWORD"] = password
-        with tempfile.TemporaryDirectory(prefix="eos-replay-") as tmp:
-            config_path = Path(tmp) / f"{config.pipeline}.json"
-            config_path.write_text(json.dumps(data))
-            hook = SparkSubmitHook(
-                conn_id=self.spark_conn_id,
-                conf={**DEFAULT_SPARK_CONF, **(self.spark_conf or {})},
-                jars=jars,
-                driver_memory=self.driver_memory,
-                name=f"eos-replay-{config.pipeline}",
-                application_args=["--config", str(config_path)],
-                env_vars=env,
-            )
-            hook.submit(str(APP))
+        return data
+
+    def _run_app(self, config: Any) -> None:
+        from airflow_provider_eos.hooks.stream_submit import EXIT_OK, EosStreamSubmitHook
+
+        data = self.replay_config(config)
+        kafka_options = {**config.kafka_options, **(self.kafka_options or {})}
+        self._submit = EosStreamSubmitHook(
+            conn_id=self.spark_conn_id,
+            jars=self.jars,
+            postgres_password=config.postgres.password,
+            kafka_options=kafka_options or None,
+            conf={**DEFAULT_SPARK_CONF, **(self.spark_conf or {})},
+            driver_memory=self.driver_memory,
+            name=f"eos-replay-{config.pipeline}",
+        )
+        try:
+            result = self._submit.run_app(data)
+        finally:
+            self._submit.cleanup()
+        if result.returncode != EXIT_OK:
+            raise AirflowException(f"replay run of pipeline {config.pipeline!r} failed: {result.reason()}")
+        self.log.info("replay run of pipeline %s %s in %.1fs", config.pipeline, result.reason(), result.duration_s)
+
+    def on_kill(self) -> None:
+        if self._submit is not None:
+            self._submit.on_kill()
 
 
 class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):

@@ -126,6 +126,53 @@ def _processed_and_snapshotted(stack: dict, tmp_path: Path, name: str) -> tuple[
     return config, env, reference
 
 
+def _stop_requested(stack: dict, config: dict) -> bool:
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("SELECT stop_requested_at IS NOT NULL FROM {}.stream_control WHERE pipeline = %s")
+                        .format(sql.Identifier(config["meta_schema"])), (config["pipeline"],))
+            row = cur.fetchone()
+        return bool(row and row[0])
+    finally:
+        conn.close()
+
+
+def _aside_schemas(stack: dict, config: dict, with_tables: bool = False) -> list[str]:
+    """A restore's aside schemas (``<target_schema>_old_<time>``), or only those still holding tables."""
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT nspname FROM pg_namespace n WHERE starts_with(nspname, %s) AND (NOT %s OR"
+                        " EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind = 'r'))"
+                        " ORDER BY 1", (config["target_schema"][:40] + "_old_", with_tables))
+            return [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def _triggered_stream_runs(env: dict[str, str], pipeline: str) -> list[dict]:
+    """Confs of the eos_stream runs a recovery triggered for ``pipeline``; the runs are deleted
+    (no scheduler runs in the tests, and none must find them later)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with engine.begin() as conn:
+            rows = conn.execute(sqlalchemy.text(
+                "SELECT run_id, conf FROM dag_run WHERE dag_id = 'eos_stream'")).fetchall()
+            confs = {run_id: json.loads(conf) if isinstance(conf, str) else conf for run_id, conf in rows}
+            mine = {run_id: conf for run_id, conf in confs.items() if (conf or {}).get("pipeline") == pipeline}
+            for run_id in mine:
+                conn.execute(sqlalchemy.text("DELETE FROM task_instance WHERE dag_id = 'eos_stream'"
+                                             " AND run_id = :run"), {"run": run_id})
+                conn.execute(sqlalchemy.text("DELETE FROM dag_run WHERE dag_id = 'eos_stream'"
+                                             " AND run_id = :run"), {"run": run_id})
+            return list(mine.values())
+    finally:
+        engine.dispose()
+
+
 def _assert_recovered(stack: dict, config: dict, tmp_path: Path, reference: dict) -> None:
     report = audit(config, tmp_path)
     assert report["ok"], report
@@ -152,28 +199,38 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     [dry] = _dag_test(env, [["eos_recovery", {**conf, "dry_run": True}]], tmp_path)
     assert dry["state"] == "success", dry
     assert _state(stack, config) == damaged  # the dry run changed nothing
-    [real] = _dag_test(env, [["eos_recovery", {**conf, "dry_run": False}]], tmp_path)
+    # resume: the triggered eos_stream run is only created (dag.test runs this DAG alone); its conf is checked.
+    [real] = _dag_test(env, [["eos_recovery", {**conf, "dry_run": False, "resume": True}]], tmp_path)
     assert real["state"] == "success", real
-    assert real["tasks"]["resume_stream"] == "skipped" and real["tasks"]["release_lock"] == "success"
+    assert real["tasks"]["resume_stream"] == "success" and real["tasks"]["release_lock"] == "success"
+    assert real["tasks"]["finalize"] == "success" and real["tasks"]["rollback"] == "skipped", real
     summary = real["summary"]  # rows restored, events replayed, seconds per step
     assert summary["rows_restored"] > 0 and summary["events_replayed"] > 0 and summary["audit"]["ok"], summary
     steps = summary["seconds_per_step"]
     assert set(steps) == {"lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
-                          "wait_caught_up", "audit"} and all(v is not None and v >= 0 for v in steps.values()), steps
+                          "wait_caught_up", "audit", "finalize"} and all(v is not None and v >= 0
+                                                                        for v in steps.values()), steps
     _assert_recovered(stack, config, tmp_path, reference)
+    # The replay ran past the stop request without clearing it: nothing could restart the stream meanwhile.
+    assert _stop_requested(stack, config), "the recovery cleared the stop request"
+    assert _aside_schemas(stack, config) == []  # finalize dropped the old tables
+    [resumed] = _triggered_stream_runs(env, name)
+    given = {"pipeline", "topics", "delivery", "trigger", "max_offsets_per_trigger", "checkpoint_dir",
+             "target_schema", "meta_schema"}
+    assert {k: resumed.get(k) for k in given} == {k: config[k] for k in given}, resumed
 
 
 def _task_state(env: dict[str, str], dag_id: str, logical_date: str, task_id: str) -> str | None:
-    """A task's state in Airflow's metadata database, read directly."""
+    """A task's state in Airflow's metadata database, read directly. By run id: ``dag.test`` names a run
+    after its logical date, while SQLite stores the date in a format a bound string never equals."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     try:
         with engine.connect() as conn:
             return conn.execute(sqlalchemy.text(
-                "SELECT ti.state FROM task_instance ti JOIN dag_run dr ON dr.dag_id = ti.dag_id"
-                " AND dr.run_id = ti.run_id WHERE ti.dag_id = :dag AND ti.task_id = :task"
-                " AND dr.logical_date = :when"), {"dag": dag_id, "task": task_id, "when": logical_date}).scalar()
+                "SELECT state FROM task_instance WHERE dag_id = :dag AND task_id = :task AND run_id = :run"),
+                {"dag": dag_id, "task": task_id, "run": f"manual__{logical_date}"}).scalar()
     finally:
         engine.dispose()
 
@@ -229,3 +286,31 @@ def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay
     assert rerun["run_id"] == dead_holder and rerun["state"] == "success", rerun
     assert rerun["tasks"]["release_lock"] == "success"
     _assert_recovered(stack, config, tmp_path, reference)
+
+
+def test_failed_replay_rolls_back_to_the_state_before_the_recovery(stack, tmp_path, unique_name) -> None:
+    name = f"rb{unique_name}"
+    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name)
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:  # the state the recovery finds: rows lost and balances off
+        t = sql.Identifier(config["target_schema"])
+        cur.execute(sql.SQL("DELETE FROM {}.ledger_events WHERE seq % 7 = 0").format(t))
+        cur.execute(sql.SQL("UPDATE {}.account_balances SET balance_cents = balance_cents + 1").format(t))
+    conn.close()
+    before = _state(stack, config)
+    assert before != reference
+
+    # The replay's spark-submit cannot load the Kafka connector: it fails after the swap committed.
+    broken = {**env, "EOS_SPARK_JARS": str(tmp_path / "no-such-connector.jar")}
+    conf = {"pipeline": name, "snapshot": "latest", "resume": True, "quiet_seconds": 1, "dry_run": False}
+    [run] = _dag_test(broken, [["eos_recovery", conf]], tmp_path)
+    tasks = run["tasks"]
+    assert run["state"] == "failed" and tasks["restore"] == "success" and tasks["replay"] == "failed", run
+    assert tasks["rollback"] == "success" and tasks["finalize"] == "upstream_failed", run
+    assert tasks["resume_stream"] != "success" and tasks["release_lock"] == "success", run
+    # Exactly the state the recovery found: rows, balances, offsets, dead letters.
+    after = _state(stack, config)
+    assert after == before, {k: (after[k], before[k]) for k in after if after[k] != before[k]}
+    assert _stop_requested(stack, config)  # the pipeline stays stopped for a human to decide
+    assert _aside_schemas(stack, config, with_tables=True) == []  # the old tables went back, none left aside
+    assert _triggered_stream_runs(env, name) == []

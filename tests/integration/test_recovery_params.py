@@ -1,0 +1,108 @@
+"""Trigger conf never chooses where eos_recovery / eos_snapshot read or write (issue 10, section 5).
+
+Each run goes through ``dag.test()`` on the real DAGs, metadata DB and stack.
+A path-traversing pipeline name, and a snapshot store or config directory in
+the conf, must be refused before anything is touched: no meta schema created
+(the lock step creates it), no stop request, no lock row. A valid conf passes
+the same first check, so the refusals are the conf's doing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from spark_apps.ledger.generator import ensure_topic
+from tests.conftest import ROOT
+from tests.integration.test_recovery_dag import _airflow_env
+from tests.streaming import pg_connect, pipeline_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+RUN_ONE = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+dag_id, conf = sys.argv[2], json.loads(sys.argv[3])
+try:
+    run = bag.get_dag(dag_id).test(run_conf=conf)
+except Exception as exc:  # Param validation refuses the run before it exists
+    out = {"refused_at_trigger": f"{type(exc).__name__}: {exc}"}
+else:
+    out = {"state": str(run.state), "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()}}
+print("RESULT " + json.dumps(out))
+"""
+# The steps that may run on a refused run: the refusal itself, and the rollback guard
+# that finds no restore to undo.
+MAY_SUCCEED_WHEN_REFUSED = {"needs_rollback"}
+
+
+def _run(env: dict[str, str], dag_id: str, conf: dict[str, Any]) -> dict[str, Any]:
+    result = subprocess.run([sys.executable, "-c", RUN_ONE, str(ROOT / "dags"), dag_id, json.dumps(conf)],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, (result.stdout + result.stderr)[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _schemas(stack: dict[str, str], names: list[str]) -> list[str]:
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s) ORDER BY 1", (names,))
+            return [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def _assert_refused(result: dict[str, Any], conf: dict[str, Any]) -> None:
+    if "refused_at_trigger" in result:  # the Param's pattern: the run never existed
+        return
+    tasks = result["tasks"]
+    assert result["state"] == "failed" and tasks.get("check_conf") == "failed", (conf, result)
+    ran = {t for t, s in tasks.items() if s in ("success", "running")} - MAY_SUCCEED_WHEN_REFUSED
+    assert not ran, (conf, result)
+
+
+def test_trigger_conf_cannot_choose_paths_or_traverse(stack, tmp_path, unique_name) -> None:
+    name, outside = f"par{unique_name}", f"out{unique_name}"
+    config_dir, store = tmp_path / "pipelines", tmp_path / "store"
+    config_dir.mkdir()
+    config = pipeline_config(stack, tmp_path, name)
+    (config_dir / f"{name}.json").write_text(json.dumps(config))
+    # A config the deployment never offered, one level up: what "../<outside>" would reach.
+    (tmp_path / f"{outside}.json").write_text(json.dumps(pipeline_config(stack, tmp_path, outside)))
+    # A foreign config directory offering the same pipeline name with other schemas.
+    foreign_dir = tmp_path / "foreign-configs"
+    foreign_dir.mkdir()
+    (foreign_dir / f"{name}.json").write_text(json.dumps(
+        pipeline_config(stack, tmp_path, name, meta_schema=f"m_foreign{unique_name}",
+                        target_schema=f"t_foreign{unique_name}")))
+    foreign_store = tmp_path / "foreign-store"
+    for topic in (config["topics"][0], f"ledger.{outside}"):
+        ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=2)
+    env = _airflow_env(stack, config_dir, store)
+    watched = [f"m_{name}", f"t_{name}", f"m_{outside}", f"t_{outside}", f"m_foreign{unique_name}",
+               f"t_foreign{unique_name}"]
+
+    refused_confs = [
+        ("eos_recovery", {"pipeline": f"../{outside}", "snapshot": "latest", "resume": False}),
+        ("eos_recovery", {"pipeline": "..", "resume": False}),
+        ("eos_recovery", {"pipeline": name, "snapshot_store": str(foreign_store), "resume": False}),
+        ("eos_recovery", {"pipeline": name, "config_dir": str(foreign_dir), "resume": False}),
+        ("eos_snapshot", {"pipeline": name, "snapshot_store": str(foreign_store)}),
+        ("eos_snapshot", {"pipeline": f"../{outside}"}),
+    ]
+    for dag_id, conf in refused_confs:
+        result = _run(env, dag_id, conf)
+        _assert_refused(result, conf)
+        assert _schemas(stack, watched) == [], (conf, result)  # nothing touched in the database
+        assert not foreign_store.exists(), (conf, result)
+
+    # The same first check passes a valid conf: the run goes on to the gate and the (dry-run) lock.
+    ok = _run(env, "eos_recovery", {"pipeline": name, "dry_run": True, "resume": False})
+    assert ok["tasks"]["check_conf"] == "success" and ok["tasks"]["gate"] == "success", ok
