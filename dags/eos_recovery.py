@@ -57,9 +57,9 @@ DRY_RUN = "{{ params.dry_run }}"
 PINNED = "{{ ti.xcom_pull(task_ids='choose_snapshot')['snapshot']['snapshot_id'] }}"
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
          "wait_caught_up", "audit", "finalize")
-# The keys of eos_stream's Params that a pipeline config decides; the rest keep eos_stream's defaults.
-STREAM_KEYS = ("pipeline", "topics", "spec", "delivery", "trigger", "trigger_interval", "max_offsets_per_trigger",
-               "checkpoint_dir", "target_schema", "meta_schema", "max_batch_attempts")
+# eos_stream reads everything else from the same pipeline config, so the pipeline's name
+# resumes exactly the stream that was stopped, in the mode its definition gives.
+STREAM_KEYS = ("pipeline",)
 
 PARAMS: dict[str, Param] = {
     "snapshot": Param("latest", type="string", minLength=1,
@@ -77,8 +77,7 @@ PARAMS: dict[str, Param] = {
 
 def stream_conf(config: Any) -> dict[str, Any]:
     """The ``eos_stream`` run conf that resumes exactly this pipeline (a PipelineConfig)."""
-    data = json.loads(config.to_json())
-    return {key: data[key] for key in STREAM_KEYS}
+    return {key: getattr(config, key) for key in STREAM_KEYS}
 
 
 common: dict[str, Any] = {"pipeline_config": CONFIG, "postgres_conn_id": POSTGRES_CONN_ID}

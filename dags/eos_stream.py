@@ -1,17 +1,47 @@
 """Run one exactly-once Kafka -> Spark -> PostgreSQL pipeline (and stop it).
 
-``eos_stream``: trigger with a config to run a pipeline; ``availableNow`` processes what the
-topics hold and succeeds (one incremental batch per run), ``processingTime`` runs until
-``eos_stream_stop`` (or ``run_seconds``) stops it. Connections: ``kafka_default``,
-``eos_postgres``, ``spark_default``.
+``eos_stream``: trigger with ``{"pipeline": "<name>"}`` to run that pipeline as the
+deployment defines it in ``<[eos] pipeline_config_dir>/<name>.json`` (topics, spec,
+delivery, target and meta schemas, checkpoint root). A run conf may tune how it runs
+(trigger, batch size, restarts), never where it reads or writes: an undeclared key is
+refused. ``availableNow`` processes what the topics hold and succeeds (one incremental
+batch per run), ``processingTime`` runs until ``eos_stream_stop`` (or ``run_seconds``)
+stops it. Connections: ``kafka_default``, ``eos_postgres``, ``spark_default``.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import DAG, Param
+from typing import Any
 
+from airflow.sdk import DAG, Param, task
+
+from airflow_provider_eos import settings
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
+
+# Run-time knobs a conf may set; None means "as the pipeline config says".
+TUNING = ("trigger", "trigger_interval", "max_offsets_per_trigger", "max_batch_attempts")
+
+
+def _pinned(key: str) -> str:
+    """A template for what ``check_conf`` resolved for this run (rendered natively)."""
+    return "{{ ti.xcom_pull(task_ids='check_conf')['" + key + "'] }}"
+
+
+@task
+def check_conf(**context: Any) -> dict[str, Any]:
+    """Refuses undeclared conf keys and bad pipeline names, then resolves the pipeline's
+    definition from the deployment's config directory, with this run's tuning on top."""
+    from airflow_provider_eos.snapshots import load_pipeline_config
+
+    settings.check_run_conf(context["dag_run"].conf, context["params"])
+    pipeline = settings.check_pipeline_name(context["params"]["pipeline"])
+    config = load_pipeline_config(str(settings.pipeline_config_path(pipeline)), pipeline=pipeline)
+    resolved = {key: getattr(config, key) for key in (
+        "pipeline", "topics", "spec", "delivery", "checkpoint_dir", "target_schema", "meta_schema", *TUNING)}
+    resolved.update({key: context["params"][key] for key in TUNING if context["params"].get(key) is not None})
+    return resolved
+
 
 with DAG(
     dag_id="eos_stream",
@@ -20,37 +50,36 @@ with DAG(
     max_active_runs=1,
     render_template_as_native_obj=True,
     tags=["eos"],
+    doc_md=__doc__,
     params={
-        "pipeline": Param("ledger", type="string", minLength=1, description="keys offsets, progress, dead letters"),
-        "topics": Param(["ledger.events"], type="array", items={"type": "string"}, minItems=1),
-        "spec": Param("spark_apps.ledger.spec:LEDGER", type="string", description="module:ATTRIBUTE"),
-        "delivery": Param("exactly_once", enum=["exactly_once", "two_phase", "idempotent", "at_least_once"]),
-        "trigger": Param("availableNow", enum=["availableNow", "processingTime"]),
-        "trigger_interval": Param("5 seconds", type="string"),
-        "max_offsets_per_trigger": Param(20000, type="integer", minimum=1),
-        "checkpoint_dir": Param("/tmp/eos-checkpoints", type="string"),
-        "target_schema": Param("public", type="string"),
-        "meta_schema": Param("eos", type="string"),
-        "max_batch_attempts": Param(3, type="integer", minimum=1),
+        "pipeline": Param("ledger", type="string", pattern=settings.PIPELINE_NAME_PATTERN,
+                          description="its definition is <[eos] pipeline_config_dir>/<pipeline>.json"),
+        "trigger": Param(None, type=["null", "string"], enum=[None, "availableNow", "processingTime"],
+                         description="null: the pipeline config's"),
+        "trigger_interval": Param(None, type=["null", "string"], description="null: the pipeline config's"),
+        "max_offsets_per_trigger": Param(None, type=["null", "integer"], minimum=1,
+                                         description="null: the pipeline config's"),
+        "max_batch_attempts": Param(None, type=["null", "integer"], minimum=1,
+                                    description="null: the pipeline config's"),
         "create_targets": Param(False, type="boolean"),
         "run_seconds": Param(0, type="number", minimum=0, description="processingTime: 0 = until stopped"),
         "max_restarts": Param(3, type="integer", minimum=0),
         "restart_backoff": Param(10, type="number", minimum=0),
     },
 ) as stream_dag:
-    StreamingPipelineOperator(
+    check_conf() >> StreamingPipelineOperator(
         task_id="run_pipeline",
-        pipeline="{{ params.pipeline }}",
-        topics="{{ params.topics }}",
-        spec="{{ params.spec }}",
-        delivery="{{ params.delivery }}",
-        trigger="{{ params.trigger }}",
-        trigger_interval="{{ params.trigger_interval }}",
-        max_offsets_per_trigger="{{ params.max_offsets_per_trigger }}",
-        checkpoint_dir="{{ params.checkpoint_dir }}",
-        target_schema="{{ params.target_schema }}",
-        meta_schema="{{ params.meta_schema }}",
-        max_batch_attempts="{{ params.max_batch_attempts }}",
+        pipeline=_pinned("pipeline"),
+        topics=_pinned("topics"),
+        spec=_pinned("spec"),
+        delivery=_pinned("delivery"),
+        trigger=_pinned("trigger"),
+        trigger_interval=_pinned("trigger_interval"),
+        max_offsets_per_trigger=_pinned("max_offsets_per_trigger"),
+        checkpoint_dir=_pinned("checkpoint_dir"),
+        target_schema=_pinned("target_schema"),
+        meta_schema=_pinned("meta_schema"),
+        max_batch_attempts=_pinned("max_batch_attempts"),
         create_targets="{{ params.create_targets }}",
         run_seconds="{{ params.run_seconds }}",
         max_restarts="{{ params.max_restarts }}",
@@ -61,11 +90,12 @@ with DAG(
     dag_id="eos_stream_stop",
     schedule=None,
     catchup=False,
+    render_template_as_native_obj=True,
     tags=["eos"],
     params={
-        "pipeline": Param("ledger", type="string", minLength=1),
-        "meta_schema": Param("eos", type="string"),
+        "pipeline": Param("ledger", type="string", pattern=settings.PIPELINE_NAME_PATTERN,
+                          description="its definition is <[eos] pipeline_config_dir>/<pipeline>.json"),
     },
 ) as stop_dag:
-    StopPipelineOperator(task_id="stop_pipeline", pipeline="{{ params.pipeline }}",
-                         meta_schema="{{ params.meta_schema }}")
+    check_conf() >> StopPipelineOperator(task_id="stop_pipeline", pipeline=_pinned("pipeline"),
+                                         meta_schema=_pinned("meta_schema"))

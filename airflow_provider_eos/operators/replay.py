@@ -13,10 +13,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
-from airflow_provider_eos import settings
 from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin, timed_step
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
-from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotStore, retention_gaps
+from airflow_provider_eos.snapshots import LATEST, SnapshotError, retention_gaps
 
 if TYPE_CHECKING:
     from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
@@ -112,7 +111,7 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
         config = self.load_config()
         if self.snapshot:
             try:
-                store = SnapshotStore(self.snapshot_store or settings.snapshot_store())
+                store = self.resolve_store()
                 manifest = store.select(config.pipeline, str(self.snapshot))
             except SnapshotError as exc:
                 raise AirflowException(f"pipeline {config.pipeline!r}: {exc}") from exc

@@ -65,9 +65,9 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.hooks.snapshot import DependentObjectsError, aside_schema_name
 from airflow_provider_eos.operators.replay import KafkaOffsetsMixin
-from airflow_provider_eos.operators.snapshot import DEFAULT_STORE, PipelineOperatorMixin, timed_step
+from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin, timed_step
 from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, holder_of, take_lock
-from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotManifest, SnapshotStore
+from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotManifest
 
 __all__ = ["DependentObjectsError", "FenceOperator", "FinalizeRestoreOperator", "RecoveryLockOperator",
            "RecoveryLockedError", "RequestStopOperator", "RestoreOperator", "RollbackRestoreOperator",
@@ -173,7 +173,8 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param snapshot: ``latest``, a snapshot id or an ISO-8601 timestamp (templated).
-    :param snapshot_store: local directory or object storage URL (templated).
+    :param snapshot_store: local directory or object storage URL (templated); default: the deployment's
+        ``[eos] snapshot_store``, read at execute time.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param quiet_seconds: also count a micro-batch finished more recently than this as running
         (0, the default: the running lock alone decides).
@@ -207,7 +208,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         *,
         pipeline_config: Any,
         snapshot: str = LATEST,
-        snapshot_store: Any = DEFAULT_STORE,
+        snapshot_store: Any = None,
         postgres_conn_id: str = "eos_postgres",
         quiet_seconds: float | str = 0.0,
         require_stop_request: bool = True,
@@ -240,7 +241,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         self.pg_bin_dir = pg_bin_dir
 
     def choose(self, config: Any) -> SnapshotManifest:
-        store = SnapshotStore(self.snapshot_store)
+        store = self.resolve_store()
         try:
             manifest = store.select(config.pipeline, str(self.snapshot or LATEST))
         except SnapshotError as exc:
@@ -310,7 +311,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
     def _restore(self, config: Any, manifest: SnapshotManifest, holder: str) -> dict[str, Any]:
         timings: dict[str, float] = {}
         clock = time.monotonic()
-        store = SnapshotStore(self.snapshot_store)
+        store = self.resolve_store()
         with tempfile.TemporaryDirectory(prefix="eos-restore-") as tmp:
             try:
                 dump = store.fetch_dump(manifest, Path(tmp) / "dump.pgc")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,8 +25,6 @@ from airflow_provider_eos.snapshots import (
     new_snapshot_id,
     sha256_file,
 )
-
-DEFAULT_STORE = os.environ.get("EOS_SNAPSHOT_STORE", "/tmp/eos-snapshots")
 
 
 def timed_step(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -57,6 +54,13 @@ class PipelineOperatorMixin:
     @cached_property
     def hook(self) -> SnapshotHook:
         return SnapshotHook(postgres_conn_id=self.postgres_conn_id, pg_bin_dir=self.pg_bin_dir)
+
+    def resolve_store(self) -> SnapshotStore:
+        """The store this step reads or writes: its own ``snapshot_store``, else the deployment's
+        ``[eos] snapshot_store``, resolved now rather than when the DAG file was parsed."""
+        from airflow_provider_eos import settings
+
+        return SnapshotStore(getattr(self, "snapshot_store", None) or settings.snapshot_store())
 
     def load_config(self) -> Any:
         try:
@@ -130,7 +134,8 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
     summary (XCom).
 
     :param pipeline_config: the pipeline's config, a dict or a JSON file path (templated).
-    :param snapshot_store: local directory or object storage URL (templated).
+    :param snapshot_store: local directory or object storage URL (templated); default: the deployment's
+        ``[eos] snapshot_store``, read at execute time.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param keep_last: keep the newest N snapshots of the pipeline (0: keep all).
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql (default: PATH or EOS_PG_BIN_DIR).
@@ -143,7 +148,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
         self,
         *,
         pipeline_config: Any,
-        snapshot_store: Any = DEFAULT_STORE,
+        snapshot_store: Any = None,
         postgres_conn_id: str = "eos_postgres",
         keep_last: int | str = 24,
         pg_bin_dir: str | None = None,
@@ -159,7 +164,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        store = SnapshotStore(self.snapshot_store)
+        store = self.resolve_store()
         started = time.monotonic()
         snapshot_id = new_snapshot_id()
         conn = self.hook.connect()

@@ -78,11 +78,19 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
     started = time.monotonic()
     p = make_pipeline("dag")
     p.produce(800, abort_every=4)
-    conf = {"pipeline": p.name, "topics": [p.topic], "target_schema": p.config["target_schema"],
-            "meta_schema": p.config["meta_schema"], "create_targets": True,
-            "checkpoint_dir": p.config["checkpoint_dir"], "trigger": "availableNow", "max_restarts": 0}
-    run, output = _dag_test(airflow_env, "eos_stream", conf)
-    assert run == {"state": "success", "tasks": {"run_pipeline": "success"}}, output[-5000:]
+    # The pipeline's definition comes from the deployment's config directory; the conf only names
+    # it and tunes the run (a conf that tried to choose a topic or a schema would be refused).
+    config_dir = p.tmp_path / "pipelines"
+    config_dir.mkdir()
+    (config_dir / f"{p.name}.json").write_text(json.dumps(p.config))
+    dirs = {"EOS_PIPELINE_CONFIG_DIR": str(config_dir)}
+    refused, output = _dag_test(airflow_env, "eos_stream", {"pipeline": p.name, "topics": ["elsewhere"]}, dirs)
+    assert refused == {"state": "failed", "tasks": {"check_conf": "failed", "run_pipeline": "upstream_failed"}}, \
+        output[-5000:]
+    conf = {"pipeline": p.name, "create_targets": True, "trigger": "availableNow", "max_restarts": 0}
+    run, output = _dag_test(airflow_env, "eos_stream", conf, dirs)
+    assert run == {"state": "success", "tasks": {"check_conf": "success", "run_pipeline": "success"}}, \
+        output[-5000:]
     assert "EOS-BATCH" in output and p.stack["EOS_PG_PASSWORD"] not in output
     report = p.audit()
     assert report["ok"] and report["summary"]["committed_records"] == 800, report

@@ -214,10 +214,8 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     # The replay ran past the stop request without clearing it: nothing could restart the stream meanwhile.
     assert _stop_requested(stack, config), "the recovery cleared the stop request"
     assert _aside_schemas(stack, config) == []  # finalize dropped the old tables
-    [resumed] = _triggered_stream_runs(env, name)
-    given = {"pipeline", "topics", "delivery", "trigger", "max_offsets_per_trigger", "checkpoint_dir",
-             "target_schema", "meta_schema"}
-    assert {k: resumed.get(k) for k in given} == {k: config[k] for k in given}, resumed
+    # Just the name: eos_stream reads the rest of this very pipeline's definition from the same config.
+    assert _triggered_stream_runs(env, name) == [{"pipeline": name}]
 
 
 def _task_state(env: dict[str, str], dag_id: str, logical_date: str, task_id: str) -> str | None:
