@@ -22,6 +22,9 @@ _NON_LIBPQ_EXTRAS = frozenset(
      "azure_conn_id", "enable_log_db_messages", "sqlalchemy_scheme", "sqlalchemy_query", "sqlalchemy_options"}
 )
 _DEFAULT_APPLICATION_NAME = "airflow-eos"
+# The recovery lock table (airflow_provider_eos.hooks.snapshot.LOCK_TABLE; not imported, that
+# module pulls in the snapshot machinery).
+_RECOVERY_LOCKS = "recovery_locks"
 
 
 class EosPostgresHook(PostgresHook):
@@ -267,6 +270,59 @@ class EosPostgresHook(PostgresHook):
         from spark_apps.eos_stream.control import running_lock_key
 
         return self._advisory_lock_held(running_lock_key(pipeline))
+
+    def running_lock_holder(self, pipeline: str) -> dict[str, Any] | None:
+        """Who holds the pipeline's running lock: the backend's ``pid``, ``application_name``,
+        ``client_addr``, ``client_port``, ``backend_start`` and ``age_seconds``; None when no
+        driver is connected. For logs: the backend pid is the database's, not the driver's."""
+        from spark_apps.eos_stream.control import running_lock_key
+
+        with self.cursor() as cur:
+            cur.execute(
+                "WITH k AS (SELECT hashtextextended(%s, 0) AS key)"
+                " SELECT a.pid, a.application_name, host(a.client_addr) AS client_addr, a.client_port,"
+                " a.backend_start, EXTRACT(EPOCH FROM (now() - a.backend_start))::float8 AS age_seconds"
+                " FROM pg_locks l CROSS JOIN k JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid"
+                " LIMIT 1",
+                (running_lock_key(pipeline),),
+            )
+            row = cur.fetchone()
+        if row is None:
+            return None
+        out = dict(row)
+        out["backend_start"] = out["backend_start"].isoformat() if out["backend_start"] else None
+        return out
+
+    def recovery_hold(self, pipeline: str, target_schema: str, ttl_seconds: float) -> dict[str, Any] | None:
+        """The live recovery of the pipeline's target, or None.
+
+        A recovery holds its row ``<database>/<target_schema>/<pipeline>`` in
+        ``<meta_schema>.recovery_locks`` (see ``airflow_provider_eos.recovery_lock``) and
+        heartbeats it; a row whose heartbeat is older than ``ttl_seconds`` belongs to a
+        dead run and holds nothing. Returns ``holder``, ``acquired_at``, ``heartbeat_at``
+        and ``heartbeat_age_seconds`` (database clock)."""
+        with self.cursor() as cur:
+            if not self._exists(cur, _RECOVERY_LOCKS):
+                return None
+            cur.execute(
+                sql.SQL(
+                    "SELECT holder, acquired_at, heartbeat_at,"
+                    " EXTRACT(EPOCH FROM (now() - heartbeat_at))::float8 AS heartbeat_age_seconds"
+                    " FROM {} WHERE lock_key = current_database() || '/' || %s || '/' || %s"
+                    " AND heartbeat_at >= now() - make_interval(secs => %s)"
+                ).format(self._table(_RECOVERY_LOCKS)),
+                (target_schema, pipeline, float(ttl_seconds)),
+            )
+            row = cur.fetchone()
+        if row is None:
+            return None
+        out = dict(row)
+        for key in ("acquired_at", "heartbeat_at"):
+            out[key] = out[key].isoformat()
+        return out
 
     def _advisory_lock_held(self, key: str) -> bool:
         from spark_apps.eos_stream.control import advisory_lock_held

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowException
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+# The app's exit when the database fenced it (``spark_apps.eos_stream.fencing.EXIT_FENCED``; not
+# imported: this module must load without the app's psycopg2-based modules on the import path).
+EXIT_FENCED = 3
 EVENT_PREFIX = "EOS-"
 PASSWORD_ENV = "EOS_PG_PASSWORD"
 KAFKA_OPTIONS_ENV = "EOS_KAFKA_OPTIONS_JSON"
@@ -91,12 +95,23 @@ class AppRunResult:
         error = self.last_error
         return self.returncode == EXIT_CONFIG or bool(error and error.get("kind") == "config")
 
+    @property
+    def fenced(self) -> bool:
+        """The database took the target away from this driver (a newer driver, a restore, a
+        fence): it wrote nothing after that, and a restart must begin from the stored offsets."""
+        error = self.last_error
+        return self.returncode == EXIT_FENCED or bool(
+            self.returncode != EXIT_OK and error and error.get("kind") == "fenced")
+
     def reason(self) -> str:
         """One line: why this run ended."""
         if self.returncode == EXIT_OK:
             stopped = self.of("stopped")
             return f"stopped ({stopped[-1].get('reason')})" if stopped else "finished"
         error = self.last_error
+        if self.fenced:
+            detail = error.get("message") if error and error.get("kind") == "fenced" else "no EOS-ERROR line"
+            return f"fenced (exit {self.returncode}): {detail}"
         if error:
             return f"exit {self.returncode}: {error.get('kind')}: {error.get('message')}"
         if self.returncode < 0:
@@ -193,6 +208,8 @@ class EosStreamSubmitHook(SparkSubmitHook):
         else:
             self._env_vars = env
         self.events: list[tuple[str, dict[str, Any]]] = []
+        # Called with each EOS- event as it arrives (the supervisor logs what it means at once).
+        self.on_event: Callable[[str, dict[str, Any]], None] | None = None
         self.config_path: str | None = None
 
     def _write_secret_properties(self) -> str:
@@ -248,6 +265,11 @@ class EosStreamSubmitHook(SparkSubmitHook):
                 event = parse_event(raw.strip())
                 if event is not None:
                     self.events.append(event)
+                    if self.on_event is not None:
+                        try:
+                            self.on_event(*event)
+                        except Exception:  # a logging callback must never stop the log reader
+                            self.log.exception("on_event callback failed for %s", event[0])
                 yield raw
 
         super()._process_spark_submit_log(tee())

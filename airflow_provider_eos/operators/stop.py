@@ -22,7 +22,8 @@ class StopPipelineOperator(BaseOperator):
     status ``stopped``. "Stopped" is observed through the database, so it works across hosts:
     the stream operator holds a PostgreSQL advisory lock (the pipeline's supervisor lock) for
     as long as it supervises the app, and releases it only after spark-submit has exited. This
-    operator waits until no session holds that lock.
+    operator waits until no session holds that lock. A supervisor in its restart backoff
+    (its app crashed) sees the request within a few seconds and ends without restarting.
 
     A hard stop is not done here: if the pipeline has not stopped within ``timeout`` (a batch
     that takes longer, a hung driver), the task fails saying so; mark the stream task failed

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
+from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 from spark_apps.eos_stream.config import DELIVERY_MODES
 
 TRIGGERS = ("availableNow", "processingTime")
@@ -23,6 +24,14 @@ _OWN_KEYS = frozenset(
      "max_offsets_per_trigger", "checkpoint_dir", "target_schema", "meta_schema", "max_batch_attempts",
      "create_targets", "run_seconds", "stop_poll_seconds", "postgres"}
 )
+# After a fenced exit, how long the driver's own database sessions may take to end (the
+# backend sees the closed socket at once; this covers a busy server) before a running
+# lock that is still held is taken for another driver's.
+OWN_LOCK_RELEASE_SECONDS = 10.0
+# How often the supervisor looks again while a recovery holds the pipeline at its start.
+RECOVERY_POLL_SECONDS = 5.0
+# How often a restart backoff looks for a stop request or a recovery before it ends.
+BACKOFF_POLL_SECONDS = 5.0
 
 
 def _as_bool(value: Any) -> bool:
@@ -33,6 +42,11 @@ def _as_bool(value: Any) -> bool:
 
 class PipelineConfigError(AirflowFailException):
     """The pipeline configuration is wrong: the app exited 2; retrying will not help."""
+
+
+class PipelineTakenOverError(AirflowException):
+    """The app was fenced and another driver of the pipeline now holds its running lock:
+    starting this one again would make two drivers fence each other in turn."""
 
 
 def kafka_bootstrap_from_connection(kafka_config_id: str) -> str:
@@ -48,11 +62,22 @@ class StreamingPipelineOperator(BaseOperator):
     """
     Runs one pipeline with spark-submit and supervises it until it ends.
 
-    Before the first start it clears any stop request of the pipeline and takes the pipeline's
-    supervisor lock (a PostgreSQL advisory lock, so two tasks never run one pipeline). An app
-    exit 1 (or death by a signal) is retried with exponential backoff up to ``max_restarts``
-    times, each end logged with its reason (the last ``EOS-ERROR`` line); exit 2 (configuration
-    error) fails at once without Airflow retries. ``trigger='availableNow'`` processes what is in
+    Before the first start it takes the pipeline's supervisor lock (a PostgreSQL advisory lock,
+    so two tasks never run one pipeline), waits while a recovery holds the pipeline (up to
+    ``recovery_wait`` seconds), then clears any stop request. A driver found connected at that
+    point has no supervisor (an orphan of a lost worker, or one started by hand): it is logged,
+    and the new driver fences it by bumping the pipeline's epoch at its start.
+
+    How an app run ends decides what comes next. Exit 0 ends the task. Exit 2 (configuration
+    error) fails at once without Airflow retries. Whatever else ended it, a pending stop request
+    or a live recovery (see ``recovery_lock_ttl``) ends the task with status ``stopped``, and
+    no restart. Exit 3 (fenced: the database took the target from the driver) restarts at once
+    from the database's offsets, at most ``max_fenced_restarts`` times, and fails instead when
+    another driver now holds the pipeline's running lock. Exit 1 (or death by a signal) is
+    retried with exponential backoff up to ``max_restarts`` times; the stop request and the
+    recovery are read again during the backoff and at its end, right before the restart (a
+    recovery's stop step passes while no driver runs, i.e. in a backoff). Each end is logged
+    with its reason (the last ``EOS-ERROR`` line). ``trigger='availableNow'`` processes what is in
     the topics (one incremental batch per DAG run) and succeeds; ``'processingTime'`` runs until a
     stop is requested (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or
     ``run_seconds`` have passed. ``on_kill`` ends the spark-submit process group (no JVM is left).
@@ -86,6 +111,12 @@ class StreamingPipelineOperator(BaseOperator):
     :param max_restarts: restarts after retryable failures before the task fails.
     :param restart_backoff: seconds before the first restart; doubled each time.
     :param max_backoff: upper bound of one backoff.
+    :param max_fenced_restarts: immediate restarts after fenced exits (3) before the task fails;
+        counted apart from ``max_restarts``, and bounded so two writers cannot fence each other forever.
+    :param recovery_lock_ttl: a recovery lock row (``<meta_schema>.recovery_locks``) whose heartbeat
+        is older than this belongs to a dead run and holds nothing (the recovery's own ``lock_ttl``).
+    :param recovery_wait: seconds to wait at the first start while a recovery holds the pipeline
+        (the recovery DAG triggers the stream before its teardown releases the lock) before failing.
     :return: (XCom) a summary dict: status, attempts with their end reasons, batches, rows, offsets.
     """
 
@@ -93,7 +124,7 @@ class StreamingPipelineOperator(BaseOperator):
         "pipeline", "topics", "spec", "delivery", "trigger", "trigger_interval", "max_offsets_per_trigger",
         "checkpoint_dir", "target_schema", "meta_schema", "max_batch_attempts", "create_targets",
         "run_seconds", "extra_config", "kafka_config_id", "postgres_conn_id", "spark_conn_id", "max_restarts",
-        "restart_backoff",
+        "restart_backoff", "max_fenced_restarts",
     )
     ui_color = "#e8f4ff"
 
@@ -127,6 +158,9 @@ class StreamingPipelineOperator(BaseOperator):
         max_restarts: int | str = 3,
         restart_backoff: float | str = 10.0,
         max_backoff: float = 300.0,
+        max_fenced_restarts: int | str = 3,
+        recovery_lock_ttl: float = DEFAULT_LOCK_TTL,
+        recovery_wait: float = 600.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -157,6 +191,10 @@ class StreamingPipelineOperator(BaseOperator):
         self.max_restarts = max_restarts
         self.restart_backoff = restart_backoff
         self.max_backoff = max_backoff
+        self.max_fenced_restarts = max_fenced_restarts
+        self.recovery_lock_ttl = recovery_lock_ttl
+        self.recovery_wait = recovery_wait
+        self._orphan: dict[str, Any] | None = None
         self._hook: EosStreamSubmitHook | None = None
         self._killed = threading.Event()
         self._lock_conn: Any = None
@@ -178,8 +216,8 @@ class StreamingPipelineOperator(BaseOperator):
         clash = _OWN_KEYS & set(self.extra_config)
         if clash:
             raise AirflowFailException(f"extra_config must not set {sorted(clash)}: use the operator's arguments")
-        if int(self.max_restarts) < 0:
-            raise AirflowFailException("max_restarts must be >= 0")
+        if int(self.max_restarts) < 0 or int(self.max_fenced_restarts) < 0:
+            raise AirflowFailException("max_restarts and max_fenced_restarts must be >= 0")
 
     def pg_hook(self) -> EosPostgresHook:
         return EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
@@ -239,10 +277,83 @@ class StreamingPipelineOperator(BaseOperator):
                 "task: its supervisor lock is held"
             )
         try:
+            self._wait_for_recovery(pg, pipeline)
             pg.clear_stop(pipeline)
+            self._orphan = self._find_orphan(pg, pipeline)
             return self._supervise(pg, config)
         finally:
             self._release_lock()
+
+    def hold_reason(self, pg: EosPostgresHook, pipeline: str) -> str | None:
+        """Why the pipeline must not be (re)started now: its stop request, or a recovery that
+        holds its target (the recovery keeps the stop request set too; the lock row also
+        covers a stop request cleared by hand). None: it may start."""
+        stop_at = pg.stop_requested_at(pipeline)
+        if stop_at is not None:
+            return f"a stop was requested at {stop_at}"
+        hold = pg.recovery_hold(pipeline, self.target_schema, float(self.recovery_lock_ttl))
+        if hold is not None:
+            return (f"recovery {hold['holder']} holds the pipeline's target (since {hold['acquired_at']}, "
+                    f"heartbeat {hold['heartbeat_age_seconds']:.0f}s ago)")
+        return None
+
+    def _wait_for_recovery(self, pg: EosPostgresHook, pipeline: str) -> None:
+        """Never clear a recovery's stop request or fence its replay: wait for it to end. The
+        recovery DAG itself triggers the stream before its teardown releases the lock."""
+        deadline = time.monotonic() + float(self.recovery_wait)
+        while (hold := pg.recovery_hold(pipeline, self.target_schema, float(self.recovery_lock_ttl))) is not None:
+            if time.monotonic() >= deadline:
+                raise AirflowException(
+                    f"pipeline {pipeline!r}: recovery {hold['holder']} still holds its target after "
+                    f"{float(self.recovery_wait):g}s (since {hold['acquired_at']}); not starting under it"
+                )
+            self.log.info("Pipeline %r: recovery %s holds its target (heartbeat %.0fs ago); waiting for it to end",
+                          pipeline, hold["holder"], hold["heartbeat_age_seconds"])
+            if self._killed.wait(RECOVERY_POLL_SECONDS):
+                raise AirflowException(f"pipeline {pipeline!r} was killed while waiting for a recovery to end")
+
+    def _find_orphan(self, pg: EosPostgresHook, pipeline: str) -> dict[str, Any] | None:
+        """A driver connected while this task holds the supervisor lock has no supervisor."""
+        holder = pg.running_lock_holder(pipeline)
+        if holder is not None:
+            self.log.warning(
+                "Pipeline %r: a driver without a supervisor holds the running lock (database backend pid %s, "
+                "application %r, client %s:%s, connected since %s): an orphan of a lost worker, or a driver "
+                "started by hand. The new driver fences it (it bumps the pipeline's epoch at start); the orphan "
+                "commits nothing more, exits 3 within stop_poll_seconds (or at its in-flight batch) and frees "
+                "the running lock, which the new driver waits up to 60s for.",
+                pipeline, holder["pid"], holder["application_name"], holder["client_addr"], holder["client_port"],
+                holder["backend_start"])
+        return holder
+
+    def _on_event(self, pipeline: str, kind: str, data: dict[str, Any]) -> None:
+        # "resume" comes after the new driver bumped the epoch and got the running lock:
+        # the orphan can no longer write, and it has gone.
+        if kind == "resume" and self._orphan is not None and "fenced_at_epoch" not in self._orphan:
+            self.log.warning("Pipeline %r: the orphan driver (database backend pid %s) was fenced and has exited; "
+                             "the new driver holds the running lock at epoch %s", pipeline, self._orphan["pid"],
+                             data.get("epoch"))
+            self._orphan = {**self._orphan, "fenced_at_epoch": data.get("epoch")}
+
+    def _backoff_unless_held(self, pg: EosPostgresHook, pipeline: str, delay: float) -> str | None:
+        """Sleeps ``delay`` seconds, then returns :meth:`hold_reason`. Also looks every
+        ``BACKOFF_POLL_SECONDS`` meanwhile, so a stop ends a long backoff early (a
+        StopPipelineOperator waits for this task to release its supervisor lock)."""
+        deadline = time.monotonic() + delay
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self._killed.wait(min(remaining, BACKOFF_POLL_SECONDS)):
+                raise AirflowException(f"pipeline {pipeline!r} was killed while waiting to restart")
+            if remaining > BACKOFF_POLL_SECONDS and (held := self.hold_reason(pg, pipeline)) is not None:
+                return held
+        return self.hold_reason(pg, pipeline)
+
+    def _other_driver(self, pg: EosPostgresHook, pipeline: str) -> dict[str, Any] | None:
+        """The driver holding the running lock once this task's own (exited) driver's sessions are gone."""
+        deadline = time.monotonic() + OWN_LOCK_RELEASE_SECONDS
+        while (holder := pg.running_lock_holder(pipeline)) is not None and time.monotonic() < deadline:
+            if self._killed.wait(0.5):
+                raise AirflowException(f"pipeline {pipeline!r} was killed while checking its running lock")
+        return holder
 
     def _release_lock(self) -> None:
         conn, self._lock_conn = self._lock_conn, None
@@ -258,7 +369,7 @@ class StreamingPipelineOperator(BaseOperator):
                     if config["trigger"] == "processingTime" and float(config["run_seconds"]) > 0 else None)
         attempts: list[dict[str, Any]] = []
         results: list[AppRunResult] = []
-        restarts = 0
+        restarts = fenced_restarts = 0
         status = "failed"
         while True:
             if deadline is not None:
@@ -271,6 +382,7 @@ class StreamingPipelineOperator(BaseOperator):
             self.log.info("Starting pipeline %r, attempt %d (trigger %s, delivery %s)",
                           pipeline, attempt, config["trigger"], config["delivery"])
             hook = self.submit_hook(pg)
+            hook.on_event = lambda kind, data: self._on_event(pipeline, kind, data)
             self._hook = hook
             try:
                 result = hook.run_app(config)
@@ -290,21 +402,50 @@ class StreamingPipelineOperator(BaseOperator):
                 raise PipelineConfigError(
                     f"pipeline {pipeline!r}: configuration error, not restarted: {info['reason']}"
                 )
-            stop_at = pg.stop_requested_at(pipeline)
-            if stop_at is not None:
-                self.log.warning("Pipeline %r failed (%s) while a stop was requested at %s: not restarting",
-                                 pipeline, info["reason"], stop_at)
+            # Fenced or failed, a stop or a recovery wins: it may be the very reason of the fence.
+            held = self.hold_reason(pg, pipeline)
+            if held is not None:
+                self.log.warning("Pipeline %r ended (%s) while %s: not restarting", pipeline, info["reason"], held)
                 status = "stopped"
                 break
+            if result.fenced:
+                other = self._other_driver(pg, pipeline)
+                if other is not None:
+                    raise PipelineTakenOverError(
+                        f"pipeline {pipeline!r} was fenced ({info['reason']}) and another driver now holds its "
+                        f"running lock (database backend pid {other['pid']}, application "
+                        f"{other['application_name']!r}, client {other['client_addr']}:{other['client_port']}, "
+                        f"connected since {other['backend_start']}): it took the pipeline over. Not starting a "
+                        "second driver; stop that one first if this task should run the pipeline."
+                    )
+                if fenced_restarts >= int(self.max_fenced_restarts):
+                    raise AirflowException(self._exhausted_message(
+                        pipeline, attempts, f"fenced restarts exhausted ({fenced_restarts} restarts, "
+                        f"max_fenced_restarts {int(self.max_fenced_restarts)}): something keeps taking the "
+                        "target over"))
+                fenced_restarts += 1
+                # No backoff: nothing is broken, the new driver resumes from the stored offsets.
+                self.log.warning("Pipeline %r was fenced: restarting at once from the database's offsets "
+                                 "(fenced restart %d of %d). %s", pipeline, fenced_restarts,
+                                 int(self.max_fenced_restarts), info["reason"])
+                continue
             if restarts >= int(self.max_restarts):
                 raise AirflowException(self._exhausted_message(pipeline, attempts))
-            restarts += 1
-            delay = self.backoff(restarts)
+            delay = self.backoff(restarts + 1)
             self.log.warning("Restarting pipeline %r in %.1fs (restart %d of %d) because: %s",
-                             pipeline, delay, restarts, int(self.max_restarts), info["reason"])
-            if self._killed.wait(delay):
-                raise AirflowException(f"pipeline {pipeline!r} was killed while waiting to restart")
+                             pipeline, delay, restarts + 1, int(self.max_restarts), info["reason"])
+            # A recovery may stop the stream and begin its restore during the backoff: its stop
+            # step passes while no driver is connected. Read again right before restarting.
+            held = self._backoff_unless_held(pg, pipeline, delay)
+            if held is not None:
+                self.log.warning("Pipeline %r: not restarting (read during the backoff, before the restart): %s",
+                                 pipeline, held)
+                status = "stopped"
+                break
+            restarts += 1
         summary = self._summary(config, status, attempts, results, restarts)
+        summary["fenced_restarts"] = fenced_restarts
+        summary["orphan"] = self._orphan
         self.log.info("Pipeline %r %s: %s", pipeline, status, summary)
         return summary
 
@@ -315,6 +456,7 @@ class StreamingPipelineOperator(BaseOperator):
         return {
             "attempt": attempt,
             "returncode": result.returncode,
+            "fenced": result.fenced,
             "reason": result.reason(),
             "duration_s": result.duration_s,
             "run_id": starts[-1].get("run_id") if starts else None,
@@ -324,9 +466,9 @@ class StreamingPipelineOperator(BaseOperator):
         }
 
     @staticmethod
-    def _exhausted_message(pipeline: str, attempts: list[dict[str, Any]]) -> str:
-        lines = [f"pipeline {pipeline!r} failed {len(attempts)} times; restarts exhausted "
-                 f"({len(attempts) - 1} restarts). How each attempt ended:"]
+    def _exhausted_message(pipeline: str, attempts: list[dict[str, Any]], why: str | None = None) -> str:
+        why = why or f"restarts exhausted ({len(attempts) - 1} restarts)"
+        lines = [f"pipeline {pipeline!r} failed {len(attempts)} times; {why}. How each attempt ended:"]
         lines += [f"  attempt {a['attempt']} ({a['duration_s']:.0f}s, {a['batches']} batches): {a['reason']}"
                   for a in attempts]
         return "\n".join(lines)

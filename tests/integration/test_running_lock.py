@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from spark_apps.eos_stream.control import AlreadyRunning, driver_running, hold_running_lock
+from spark_apps.eos_stream.fencing import EXIT_FENCED
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.integration.test_snapshot_restore import PG_CONN, connections_env
 from tests.streaming import pg_connect, pipeline_config, start_app
@@ -63,7 +64,10 @@ def test_stop_step_returns_when_the_driver_is_gone(stack: dict, tmp_path: Path, 
                                        timeout_seconds=120).execute({"run_id": "stop-test"})
         took = time.monotonic() - started
         assert activity["driver_running"] is False and activity["stop_requested_at"]
-        assert run.process.wait(timeout=60) == 0  # a graceful stop at a batch boundary
+        # The stop step also bumps the epoch (a stop for recovery fences): the driver ends at a
+        # batch boundary, fenced (3) if it sees the new epoch first, else stopped (0).
+        assert run.process.wait(timeout=60) in (0, EXIT_FENCED), run.log()[-3000:]
+        assert activity["epoch"] > run.events("resume")[0]["epoch"]
         print(f"stop step returned {took:.1f}s after the request")
     finally:
         if run.process.poll() is None:

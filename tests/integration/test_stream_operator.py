@@ -1,7 +1,7 @@
 """StreamingPipelineOperator and StopPipelineOperator against the real stack: a run in
 availableNow mode is exact and leaks no password; a SIGKILLed driver is restarted; a poison
 record ends in quarantine; exhausted restarts fail clearly; on_kill leaves no JVM; a stop
-request ends a processingTime run (after a restart)."""
+request ends a processingTime run (after a restart); a fenced driver is restarted at once."""
 
 from __future__ import annotations
 
@@ -245,3 +245,47 @@ def test_on_kill_leaves_no_spark_jvm(make_pipeline):
     _gone, alive = psutil.wait_procs(tree, timeout=20)
     assert not alive, [(proc.pid, proc.name()) for proc in alive]
     assert not p.pg().supervisor_running(p.name), "the supervisor lock must be released"
+
+
+def test_a_fenced_driver_is_restarted_at_once_from_the_database(make_pipeline, airflow_conns):
+    """Something takes the target over (a fence operator, a newer driver): the driver exits 3 and
+    the supervisor starts a new one at once, not after its restart backoff, which resumes from
+    the database's offsets; fenced restarts are counted apart from max_restarts."""
+    from spark_apps.eos_stream import fencing
+
+    p = make_pipeline("opfence")
+    p.produce(1500, seed=41, transactional_id=f"a{p.name}")
+    watcher = Watcher(p.operator(trigger="processingTime", trigger_interval="1 second", max_offsets_per_trigger=500,
+                                 restart_backoff=600, max_restarts=0))
+    watcher.start()
+    try:
+        first = watcher.live_hook(event="batch", timeout=240)
+        conn = pg_connect(airflow_conns)
+        conn.autocommit = False
+        epoch = fencing.bump_epoch(conn, p.config["meta_schema"], p.name, by="test", reason="fence operator")
+        conn.close()
+        fenced_at = time.monotonic()
+        second = watcher.live_hook(event="resume", after=first, timeout=120)
+        restarted_in = time.monotonic() - fenced_at
+        p.produce(500, seed=42, first_seq=1500, transactional_id=f"b{p.name}")
+        caught_up = StreamCaughtUpSensor(task_id="caught_up", pipeline=p.name, topics=[p.topic],
+                                         meta_schema=p.config["meta_schema"], deferrable=False,
+                                         poke_interval=1, timeout=180)
+        assert caught_up.execute({})["total_lag"] == 0
+        StopPipelineOperator(task_id="stop", pipeline=p.name, meta_schema=p.config["meta_schema"],
+                             stop_timeout=120, poll_interval=0.5).execute({})
+        watcher.join(60)
+    finally:
+        if watcher.is_alive():
+            watcher.op.on_kill()
+            watcher.join(60)
+    assert watcher.error is None, watcher.error
+    summary = watcher.result
+    print(f"\nfenced at epoch {epoch}: new driver resumed {restarted_in:.1f}s later (backoff would be 600s); "
+          f"attempts {[a['reason'][:80] for a in summary['attempts']]}")
+    assert summary["status"] == "stopped" and summary["restarts"] == 0 and summary["fenced_restarts"] == 1, summary
+    assert summary["attempts"][0]["fenced"] and summary["attempts"][0]["returncode"] == 3, summary["attempts"][0]
+    resumed = next(data for kind, data in second.events if kind == "resume")
+    assert resumed["epoch"] > epoch
+    report = p.audit()
+    assert report["ok"] and report["summary"]["committed_records"] == 2000, report

@@ -89,10 +89,35 @@ def test_event_parsing_and_reasons():
     assert AppRunResult(0, [("stopped", {"reason": "stop requested"})]).reason() == "stopped (stop requested)"
 
 
+HOLD = {"holder": "recovery-run-1", "acquired_at": "2026-01-01T00:00:00", "heartbeat_at": "2026-01-01T00:00:01",
+        "heartbeat_age_seconds": 3.0}
+DRIVER = {"pid": 4242, "application_name": "eos-stream", "client_addr": "127.0.0.1", "client_port": 50000,
+          "backend_start": "2026-01-01T00:00:00", "age_seconds": 60.0}
+
+
 class FakePg:
-    def __init__(self, stop_at: str | None = None) -> None:
-        self.stop_at = stop_at
+    """The bookkeeping hook's answers, as sequences: each call takes the next one (the last repeats)."""
+
+    def __init__(self, stop_at: str | None = None, stops: list[str | None] | None = None,
+                 holds: list[dict[str, Any] | None] | None = None,
+                 drivers: list[dict[str, Any] | None] | None = None) -> None:
+        self.stops = list(stops) if stops is not None else [stop_at]
+        self.holds = list(holds) if holds is not None else [None]
+        self.drivers = list(drivers) if drivers is not None else [None]
         self.cleared: list[str] = []
+        self.calls: list[str] = []
+
+    @staticmethod
+    def _next(answers: list[Any]) -> Any:
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    def recovery_hold(self, pipeline: str, target_schema: str, ttl_seconds: float) -> dict[str, Any] | None:
+        self.calls.append("hold")
+        return self._next(self.holds)
+
+    def running_lock_holder(self, pipeline: str) -> dict[str, Any] | None:
+        self.calls.append("driver")
+        return self._next(self.drivers)
 
     def app_target(self) -> dict[str, Any]:
         return {"host": "db", "port": 5432, "dbname": "d", "user": "u"}
@@ -107,7 +132,8 @@ class FakePg:
         self.cleared.append(pipeline)
 
     def stop_requested_at(self, pipeline: str) -> str | None:
-        return self.stop_at
+        self.calls.append("stop")
+        return self._next(self.stops)
 
 
 class FakeConn:
@@ -118,17 +144,22 @@ class FakeConn:
 class FakeSubmit:
     def __init__(self, results: list[AppRunResult], configs: list[dict[str, Any]]) -> None:
         self.results, self.configs = results, configs
+        self.on_event: Any = None
 
     def run_app(self, config: dict[str, Any]) -> AppRunResult:
         self.configs.append(dict(config))
-        return self.results.pop(0)
+        result = self.results.pop(0)
+        for kind, data in result.events:
+            if self.on_event is not None:
+                self.on_event(kind, data)
+        return result
 
     def cleanup(self) -> None:
         pass
 
 
 def _operator(monkeypatch, results: list[AppRunResult], pg: FakePg | None = None, **kwargs: Any):
-    op = StreamingPipelineOperator(task_id="t", pipeline="p", topics=["a"], restart_backoff=0.01, **kwargs)
+    op = StreamingPipelineOperator(task_id="t", pipeline="p", topics=["a"], **{"restart_backoff": 0.01, **kwargs})
     configs: list[dict[str, Any]] = []
     pg = pg or FakePg()
     monkeypatch.setattr(op, "pg_hook", lambda: pg)
@@ -182,3 +213,116 @@ def test_processing_time_restart_gets_the_remaining_run_seconds(conns, monkeypat
                                run_seconds=100, max_restarts=1)
     op.execute({})
     assert configs[0]["run_seconds"] <= 100 and 90 < configs[1]["run_seconds"] < configs[0]["run_seconds"] + 0.01
+
+
+# ---------------------------------------------------------------- fencing, stops, recoveries, orphans
+FENCED = AppRunResult(3, [("error", {"kind": "fenced", "message": "pipeline 'p' was fenced: its epoch is 7"})])
+SLOW_BACKOFF = 3600.0  # a test that waited for it would hit pytest's timeout
+
+
+def test_fenced_result_and_reason():
+    assert FENCED.fenced and FENCED.reason() == "fenced (exit 3): pipeline 'p' was fenced: its epoch is 7"
+    assert AppRunResult(3).fenced and AppRunResult(3).reason() == "fenced (exit 3): no EOS-ERROR line"
+    assert not AppRunResult(1).fenced and not AppRunResult(0, [("error", {"kind": "fenced"})]).fenced
+    assert not FENCED.config_error
+
+
+@pytest.mark.timeout(30)
+def test_fenced_exit_restarts_at_once_counted_apart(conns, monkeypatch):
+    op, configs, _ = _operator(monkeypatch, [FENCED, AppRunResult(0, [BATCH])], restart_backoff=SLOW_BACKOFF,
+                               max_restarts=0)
+    summary = op.execute({})
+    assert len(configs) == 2 and summary["status"] == "finished"
+    assert summary["restarts"] == 0 and summary["fenced_restarts"] == 1
+    assert summary["attempts"][0]["fenced"] is True and summary["attempts"][0]["reason"].startswith("fenced (exit 3)")
+
+
+@pytest.mark.parametrize("pg", [FakePg(stop_at="2026-01-01T00:00:00"), FakePg(holds=[None, HOLD])],
+                         ids=["stop requested", "recovery holds"])
+def test_fenced_while_a_stop_or_a_recovery_holds_does_not_start(conns, monkeypatch, pg):
+    op, configs, _ = _operator(monkeypatch, [FENCED], pg=pg, restart_backoff=SLOW_BACKOFF)
+    summary = op.execute({})
+    assert summary["status"] == "stopped" and len(configs) == 1 and summary["fenced_restarts"] == 0
+
+
+def test_fenced_while_another_driver_runs_fails_saying_so(conns, monkeypatch):
+    monkeypatch.setattr("airflow_provider_eos.operators.stream.OWN_LOCK_RELEASE_SECONDS", 0.2)
+    pg = FakePg(drivers=[None, DRIVER])  # none at the start; one holds the running lock after the fence
+    op, configs, _ = _operator(monkeypatch, [FENCED, AppRunResult(0)], pg=pg)
+    with pytest.raises(AirflowException, match=r"another driver now holds its running lock.*backend pid 4242"):
+        op.execute({})
+    assert len(configs) == 1, "never two drivers"
+
+
+def test_own_drivers_lock_lingering_briefly_is_not_another_driver(conns, monkeypatch):
+    pg = FakePg(drivers=[None, DRIVER, None])  # our exited driver's backend still ends
+    op, configs, _ = _operator(monkeypatch, [FENCED, AppRunResult(0)], pg=pg)
+    assert op.execute({})["status"] == "finished" and len(configs) == 2
+
+
+def test_fenced_restarts_are_bounded(conns, monkeypatch):
+    op, configs, _ = _operator(monkeypatch, [FENCED, FENCED, FENCED], max_fenced_restarts=2, max_restarts=5)
+    with pytest.raises(AirflowException, match=r"fenced restarts exhausted \(2 restarts"):
+        op.execute({})
+    assert len(configs) == 3
+
+
+@pytest.mark.parametrize("pg", [FakePg(stops=[None, "2026-01-01T00:00:00"]),
+                                FakePg(holds=[None, None, HOLD])], ids=["stop requested", "recovery holds"])
+def test_stop_or_recovery_during_the_backoff_prevents_the_restart(conns, monkeypatch, pg):
+    """The issue's review: the stop step passed while the supervisor slept in its backoff,
+    and the supervisor restarted the app during the restore."""
+    op, configs, _ = _operator(monkeypatch, [AppRunResult(-9), AppRunResult(0, [BATCH])], pg=pg, max_restarts=3)
+
+    class Backoff:
+        def wait(self, seconds: float) -> bool:
+            pg.calls.append("backoff")
+            return False
+
+        def is_set(self) -> bool:
+            return False
+
+    op._killed = Backoff()  # type: ignore[assignment]
+    summary = op.execute({})
+    assert summary["status"] == "stopped" and len(configs) == 1 and summary["restarts"] == 0
+    after = pg.calls[len(pg.calls) - pg.calls[::-1].index("backoff"):]
+    assert after and after[0] == "stop", f"the stop request is read again after the backoff: {pg.calls[-5:]}"
+
+
+def test_a_recovery_holding_the_pipeline_delays_the_first_start(conns, monkeypatch):
+    monkeypatch.setattr("airflow_provider_eos.operators.stream.RECOVERY_POLL_SECONDS", 0.01)
+    pg = FakePg(holds=[HOLD, HOLD, None])
+    op, configs, _ = _operator(monkeypatch, [AppRunResult(0)], pg=pg)
+    assert op.execute({})["status"] == "finished" and len(configs) == 1
+    assert pg.calls[:3] == ["hold", "hold", "hold"] and pg.cleared == ["p"], "the stop is cleared only after"
+
+
+def test_a_recovery_that_never_ends_fails_the_start(conns, monkeypatch):
+    monkeypatch.setattr("airflow_provider_eos.operators.stream.RECOVERY_POLL_SECONDS", 0.01)
+    pg = FakePg(holds=[HOLD])
+    op, configs, _ = _operator(monkeypatch, [AppRunResult(0)], pg=pg, recovery_wait=0.05)
+    with pytest.raises(AirflowException, match="recovery recovery-run-1 still holds its target"):
+        op.execute({})
+    assert configs == [] and pg.cleared == [], "neither started nor the recovery's stop cleared"
+
+
+def test_an_orphan_found_at_start_is_reported_fenced(conns, monkeypatch, capsys):
+    pg = FakePg(drivers=[DRIVER, None])
+    resume = ("resume", {"epoch": 9, "stored_offsets": "{}"})
+    op, _configs, _ = _operator(monkeypatch, [AppRunResult(0, [resume, BATCH])], pg=pg)
+    summary = op.execute({})
+    assert summary["orphan"]["pid"] == 4242 and summary["orphan"]["fenced_at_epoch"] == 9
+    captured = capsys.readouterr()  # the task logger writes through structlog
+    text = captured.out + captured.err
+    assert "a driver without a supervisor holds the running lock (database backend pid 4242" in text
+    assert "was fenced and has exited; the new driver holds the running lock at epoch 9" in text
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_ends_a_long_backoff_early(conns, monkeypatch):
+    """A StopPipelineOperator waits for the supervisor lock: a 300s backoff must not keep it waiting."""
+    monkeypatch.setattr("airflow_provider_eos.operators.stream.BACKOFF_POLL_SECONDS", 0.01)
+    pg = FakePg(stops=[None, None, "2026-01-01T00:00:00"])
+    op, configs, _ = _operator(monkeypatch, [AppRunResult(1), AppRunResult(0)], pg=pg, restart_backoff=SLOW_BACKOFF)
+    summary = op.execute({})
+    assert summary["status"] == "stopped" and len(configs) == 1 and summary["restarts"] == 0
