@@ -2,8 +2,11 @@
 
     spark-submit --jars <spark-sql-kafka...> spark_apps/eos_stream/app.py --config pipeline.json
 
-Exit codes: 0 finished or stopped on request; 1 failed (retryable: a
-supervisor restarts it); 2 configuration error (retrying will not help).
+Exit codes: 0 finished or stopped on request (also before the first batch);
+1 failed (retryable: a supervisor restarts it); 2 configuration error
+(retrying will not help); 3 fenced (``fencing.EXIT_FENCED``: this driver no
+longer owns the target; start again from the database's offsets, unless a
+stop or a recovery holds the pipeline).
 Lines starting with ``EOS-`` are machine-readable progress for the supervisor.
 """
 
@@ -20,9 +23,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import preflight
+from spark_apps.eos_stream import fencing, preflight
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
-from spark_apps.eos_stream.control import AlreadyRunning, StopSignal, hold_running_lock
+from spark_apps.eos_stream.control import AlreadyRunning, StopSignal, hold_running_lock, stop_requested
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
@@ -89,13 +92,35 @@ def run(config: PipelineConfig) -> int:
     dsn = config.postgres.dsn_kwargs()
     conn = connect(dsn, describe=config.postgres.describe())
     guard_conn = connect(dsn, describe=config.postgres.describe())
+    control_conn = connect(dsn, describe=config.postgres.describe())
+    control_conn.autocommit = True  # polled from the main thread while the sink's transaction runs on another
     preflight.check_two_phase(conn, mode, config.postgres.describe())
-    hold_running_lock(guard_conn, config.pipeline)
     # First of all: an in-doubt batch of a dead driver holds locks on the
-    # pipeline's tables (DDL below would wait on it), and its offsets are part
-    # of the resume point read below.
+    # pipeline's tables (DDL below would wait on it) and the pipeline lock
+    # (the epoch bump would), and its offsets are part of the resume point.
     in_doubt = resolve_in_doubt(conn, config.pipeline)
     preflight.ensure_meta_tables(conn, config.meta_schema)
+    honour_stop = not config.ignore_stop_request
+    # A driver about to honour a stop must not fence anyone on its way out
+    # (the recovery's replay run may be the one writing).
+    if honour_stop and (reason := stop_requested(control_conn, config.meta_schema, config.pipeline)):
+        emit("stopped", reason=reason, before_first_batch=True)
+        return EXIT_OK
+    # Claim the pipeline like Kafka's init_transactions: any older driver (an
+    # orphan of a dead supervisor) can commit nothing from here on, notices
+    # within stop_poll_seconds and exits, freeing the running lock below.
+    epoch = fencing.bump_epoch(conn, config.meta_schema, config.pipeline, by=run_id, reason="driver start")
+    hold_running_lock(guard_conn, config.pipeline)
+    with control_conn.cursor() as cur:
+        now = fencing.current_epoch(cur, config.meta_schema, config.pipeline)
+    if now != epoch:  # a newer driver or a recovery claimed it while this one waited for the lock
+        raise fencing.Fenced(f"pipeline {config.pipeline!r} was fenced while this driver waited for its "
+                             f"running lock: its epoch is {now}, this driver got {epoch}")
+    # A stop requested while the running lock was still held by the previous
+    # driver: a supervisor's restart must not slip a batch in under a recovery.
+    if honour_stop and (reason := stop_requested(control_conn, config.meta_schema, config.pipeline)):
+        emit("stopped", reason=reason, before_first_batch=True)
+        return EXIT_OK
     if config.create_targets:
         preflight.create_targets(conn, spec, config.target_schema, mode)
     preflight.check_targets(conn, spec, config.target_schema, mode)
@@ -107,7 +132,7 @@ def run(config: PipelineConfig) -> int:
     # -2 is Kafka's "earliest" for a partition the pipeline has never applied.
     starting = {(t, p): stored.get((t, p), -2) for t, ps in partitions.items() for p in ps}
     emit("resume", stored_offsets=_offsets_json(stored), stale_stages_dropped=dropped,
-         in_doubt_committed=[t["gid"] for t in in_doubt])
+         in_doubt_committed=[t["gid"] for t in in_doubt], epoch=epoch)
 
     from pyspark.sql import SparkSession
 
@@ -138,13 +163,23 @@ def run(config: PipelineConfig) -> int:
         target_schema=config.target_schema,
         meta_schema=config.meta_schema,
         max_batch_attempts=config.max_batch_attempts,
+        epoch=epoch,
+        transient_retry_seconds=config.transient_retry_seconds,
+        reconnect=lambda: connect(dsn, describe=config.postgres.describe()),
+        notify=emit,
     )
 
     def write_batch(batch_df: Any, batch_id: int) -> None:
-        end = offset_log.read(batch_id) or {}
-        start = offset_log.read(batch_id - 1) if batch_id > 0 else None
-        if start is None:
-            start = starting
+        end = offset_log.read(batch_id)
+        start = offset_log.read(batch_id - 1) if batch_id > 0 else starting
+        if mode.stores_offsets and (end is None or start is None):
+            # Data committed without its end offsets would be applied again by
+            # the next run; a wrong start would defeat the ownership check.
+            missing = batch_id if end is None else batch_id - 1
+            raise RuntimeError(f"Spark's offset log {checkpoint}/offsets has no entry for batch {missing}: "
+                               "refusing to commit a batch without the offsets it starts and ends at")
+        end = end or {}
+        start = start if start is not None else starting
 
         def fill_stage(stage_name: str, keep_raw: bool) -> None:
             write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw)
@@ -154,6 +189,7 @@ def run(config: PipelineConfig) -> int:
         result = sink.process(batch_id, start, end, fill_stage)
         emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
              record_by_record=result.record_by_record, timings_ms=result.timings_ms,
+             transient_retries=result.transient_retries,
              end_offsets=_offsets_json(end))
 
     spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id))
@@ -164,16 +200,28 @@ def run(config: PipelineConfig) -> int:
         writer = writer.trigger(processingTime=config.trigger_interval)
     query = writer.queryName(f"eos-{config.pipeline}").start()
 
-    control_conn = connect(dsn, describe=config.postgres.describe())
-    control_conn.autocommit = True  # its own connection: the sink's transaction runs on another thread
-    stop = StopSignal(control_conn, config.meta_schema, config.pipeline, config.run_seconds)
-    while query.isActive:
-        query.awaitTermination(max(1, round(config.stop_poll_seconds)))
-        reason = stop.requested()
-        if reason and query.isActive:
-            stop.at_batch_boundary(query)
-            emit("stopped", reason=reason)
-            break
+    stop = StopSignal(control_conn, config.meta_schema, config.pipeline, config.run_seconds,
+                      epoch=epoch, honour_requests=honour_stop)
+    try:
+        while query.isActive:
+            query.awaitTermination(max(1, round(config.stop_poll_seconds)))  # raises once the query failed
+            fenced = stop.fenced() if query.isActive else None
+            if fenced:
+                # A batch in flight fails its own ownership check; an idle driver
+                # must not keep the running lock from its successor.
+                stop.at_batch_boundary(query, wait_seconds=30)
+                raise fencing.Fenced(fenced)
+            reason = stop.requested()
+            if reason and query.isActive:
+                stop.at_batch_boundary(query)
+                emit("stopped", reason=reason)
+                break
+    except Exception:
+        if sink.fenced is not None:  # the batch's own reason, not Spark's wrapping of it
+            raise fencing.Fenced(sink.fenced) from None
+        raise
+    if sink.fenced is not None:
+        raise fencing.Fenced(sink.fenced)
     if query.exception() is not None:
         raise RuntimeError(f"streaming query failed: {query.exception()}")
     spark.stop()
@@ -204,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         emit("error", kind="config", message=str(exc))
         print(f"eos-stream: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except fencing.Fenced as exc:
+        emit("error", kind="fenced", message=str(exc))
+        print(f"eos-stream: fenced: {exc}", file=sys.stderr)
+        return fencing.EXIT_FENCED
     except (TargetUnavailable, preflight.KafkaUnavailable, AlreadyRunning) as exc:
         emit("error", kind="unavailable", message=str(exc))
         print(f"eos-stream: {exc}", file=sys.stderr)

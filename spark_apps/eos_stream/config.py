@@ -15,7 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-PIPELINE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
 DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once", "two_phase")
 TRIGGERS = ("availableNow", "processingTime")
 
@@ -62,7 +62,17 @@ class PipelineConfig:
         processed record by record and failing records are quarantined.
     :param create_targets: create the spec's target tables if missing.
     :param run_seconds: continuous mode stops by itself after this long (0: never).
-    :param stop_poll_seconds: how often the driver looks for a stop request.
+    :param stop_poll_seconds: how often the driver looks for a stop request
+        and for a changed pipeline epoch (a fenced driver exits within this).
+    :param ignore_stop_request: neither check the stop request at start nor
+        poll it later. Only for the recovery's replay run: the recovery keeps
+        the stop request set for its whole duration, so that no supervisor
+        restarts the stream under it, and its own replay must still run.
+    :param transient_retry_seconds: total time one batch may spend being
+        retried in the driver after transient database errors (lock and
+        statement timeouts, deadlocks, lost connections...), with capped
+        exponential backoff; after it the driver exits 1 (retryable).
+        Transient errors never count toward ``max_batch_attempts``.
     :param kafka_options: extra Kafka client options for Spark (without 'kafka.').
     """
 
@@ -81,6 +91,8 @@ class PipelineConfig:
     create_targets: bool = False
     run_seconds: float = 0
     stop_poll_seconds: float = 1.0
+    ignore_stop_request: bool = False
+    transient_retry_seconds: float = 300
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold SASL secrets
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
 
@@ -99,6 +111,8 @@ class PipelineConfig:
             raise ConfigError("max_offsets_per_trigger must be positive")
         if self.max_batch_attempts < 1:
             raise ConfigError("max_batch_attempts must be at least 1")
+        if self.transient_retry_seconds < 0:
+            raise ConfigError("transient_retry_seconds must be 0 or more (0: no retry in the driver)")
         return self
 
     def librdkafka_options(self) -> dict[str, str]:

@@ -9,7 +9,7 @@ from typing import Any
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream import fencing, meta_tables
 
 
 class AlreadyRunning(RuntimeError):
@@ -72,24 +72,54 @@ def driver_running(conn: PgConnection, pipeline: str) -> bool:
     return advisory_lock_held(conn, running_lock_key(pipeline))
 
 
+def stop_requested(conn: PgConnection, meta_schema: str, pipeline: str) -> str | None:
+    """Why the pipeline must not run now (its stop request), or None."""
+    return StopSignal(conn, meta_schema, pipeline, 0).requested()
+
+
 class StopSignal:
     """Polled by the driver's main thread between awaits.
 
-    :param conn: an autocommit connection used only to read the control table.
+    :param conn: an autocommit connection used only to read the control and epoch tables.
     :param run_seconds: stop after this long (0: never).
+    :param epoch: the epoch this driver started at; ``fenced`` reports when it
+        changed (None: never fenced).
+    :param honour_requests: False for the recovery's replay run, which runs
+        while the recovery itself holds the stop request.
     """
 
-    def __init__(self, conn: PgConnection, meta_schema: str, pipeline: str, run_seconds: float) -> None:
+    def __init__(self, conn: PgConnection, meta_schema: str, pipeline: str, run_seconds: float,
+                 epoch: int | None = None, honour_requests: bool = True) -> None:
         self.conn = conn
+        self.meta_schema = meta_schema
         self.pipeline = pipeline
+        self.epoch = epoch
+        self.honour_requests = honour_requests
         self.deadline = time.monotonic() + run_seconds if run_seconds > 0 else None
         self.query_sql = sql.SQL("SELECT stop_requested_at FROM {} WHERE pipeline = %s").format(
             meta_tables.table(meta_schema, meta_tables.CONTROL)
         )
 
+    def fenced(self) -> str | None:
+        """Why this driver no longer owns the pipeline, or None.
+
+        Batches check the epoch themselves; this catches the idle driver (a
+        continuous trigger with no new data), which would otherwise hold the
+        running lock, and keep a successor waiting, until its next batch."""
+        if self.epoch is None:
+            return None
+        with self.conn.cursor() as cur:
+            now = fencing.current_epoch(cur, self.meta_schema, self.pipeline)
+        if now != self.epoch:
+            return (f"pipeline {self.pipeline!r} was fenced: its epoch is {now}, this driver started at "
+                    f"epoch {self.epoch}")
+        return None
+
     def requested(self) -> str | None:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return "run_seconds elapsed"
+        if not self.honour_requests:
+            return None
         with self.conn.cursor() as cur:
             cur.execute(self.query_sql, (self.pipeline,))
             row = cur.fetchone()

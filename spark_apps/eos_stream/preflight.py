@@ -42,10 +42,12 @@ def check_two_phase(conn: PgConnection, mode: DeliveryMode, where: str) -> None:
 
 
 def ensure_meta_tables(conn: PgConnection, meta_schema: str) -> None:
+    """Creates the bookkeeping tables, and adds the columns newer versions
+    write (``sqlstate`` on dead letters) to tables an older version made."""
     with conn.cursor() as cur:
         # Two apps starting at once must not race on CREATE IF NOT EXISTS.
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('eos:ddl', 0))")
-        for statement in meta_tables.ddl_statements(meta_schema):
+        for statement in [*meta_tables.ddl_statements(meta_schema), *meta_tables.upgrade_statements(meta_schema)]:
             cur.execute(statement)
     conn.commit()
 

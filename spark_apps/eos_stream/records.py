@@ -47,6 +47,11 @@ def _check_value(spec_field: Field, value: Any) -> Any:
         return value
     if not isinstance(value, str):
         raise RecordError(f"field {spec_field.name!r} must be a string, got {type(value).__name__}")
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL: COPY into the staging table would
+        # fail the whole batch on the executors, where no SQLSTATE reaches the
+        # poison guard, so the record could never be quarantined.
+        raise RecordError(f"field {spec_field.name!r} contains a NUL character, which PostgreSQL text cannot store")
     return value
 
 

@@ -87,7 +87,7 @@ def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
     from airflow_provider_eos.hooks.snapshot import SnapshotHook
     from airflow_provider_eos.operators.restore import RestoreOperator
     from airflow_provider_eos.operators.snapshot import SnapshotOperator
-    from tests.integration.test_snapshot_restore import PG_BIN, PG_CONN, connections_env
+    from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_BIN, PG_CONN, connections_env
 
     os.environ.update(connections_env(stack))
     config, gid = _left_in_doubt(stack, tmp_path, f"tpr{unique_name}", at_batch=3)
@@ -98,15 +98,19 @@ def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
     snap = SnapshotOperator(task_id="snap", **common).execute({"run_id": "t"})  # sees the 2 committed batches
     hook = SnapshotHook(postgres_conn_id=PG_CONN)
     hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
-    restored = RestoreOperator(task_id="restore", quiet_seconds=0, release_lock=True, **common
-                               ).execute({"run_id": "restore-in-doubt"})
+    restored = RestoreOperator(task_id="restore", quiet_seconds=0, release_lock=True, kafka_config_id=KAFKA_CONN,
+                               **common).execute({"run_id": "restore-in-doubt"})
     assert restored["snapshot_id"] == snap["snapshot_id"] and restored["in_doubt_rolled_back"] == [gid]
     assert _prepared(stack, config["pipeline"]) == []
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], False)  # as ReplayOperator does
 
-    replay = run_app(config, tmp_path, label="replay")
+    # The recovery keeps the stop request for its whole duration; only its own
+    # replay run may write meanwhile.
+    held = run_app(config, tmp_path, label="restarted-under-recovery")
+    assert held.process.returncode == 0 and held.events("batch") == [], held.log()[-3000:]
+    replay = run_app({**config, "ignore_stop_request": True}, tmp_path, label="replay")
     assert replay.process.returncode == 0, replay.log()[-3000:]
     assert replay.events("resume")[0]["in_doubt_committed"] == []
+    hook.set_stop_request(config["meta_schema"], config["pipeline"], False)
     report = audit(config, tmp_path)
     assert report["ok"], report
     assert report["summary"]["committed_records"] == 3002 and report["summary"]["duplicated"] == 0

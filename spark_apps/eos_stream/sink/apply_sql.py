@@ -93,7 +93,10 @@ def apply_batch_statement(
 
 def _aggregate_upsert(table: sql.Composed, target: AggregateTarget) -> sql.Composed:
     # Deltas are summed per key first, so each key is written once per batch:
-    # concurrent writers never fight over one row within a batch.
+    # concurrent writers never fight over one row within a batch. Keys are
+    # written in one stable order (ORDER BY the group keys), so two pipelines
+    # upserting overlapping keys of one aggregate table lock them in the same
+    # order: one waits for the other instead of both deadlocking.
     columns = list(target.increments)
     deltas = [
         sql.SQL("sum({})").format(sql.Identifier(source)) if source else sql.SQL("count(*)")
@@ -105,7 +108,7 @@ def _aggregate_upsert(table: sql.Composed, target: AggregateTarget) -> sql.Compo
     ]
     return sql.SQL(
         "INSERT INTO {table} ({keys}, {cols}) SELECT {keys}, {deltas} FROM fresh WHERE _error IS NULL"
-        " GROUP BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+        " GROUP BY {keys} ORDER BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
     ).format(
         table=table,
         keys=_ident_list(target.group_by),
@@ -116,12 +119,13 @@ def _aggregate_upsert(table: sql.Composed, target: AggregateTarget) -> sql.Compo
 
 
 def quarantine_record_statement(stage: sql.Composed, meta_schema: str) -> sql.Composed:
-    """Dead-letters one staged record with the database error that rejected it.
+    """Dead-letters one staged record with the database error that rejected it
+    and that error's SQLSTATE (only ever a data error: see ``errors.classify``).
 
-    Binds %(pipeline)s, %(topic)s, %(partition)s, %(offset)s, %(error)s."""
+    Binds %(pipeline)s, %(topic)s, %(partition)s, %(offset)s, %(error)s, %(sqlstate)s."""
     return sql.SQL(
-        "INSERT INTO {dlq} (pipeline, topic, partition, \"offset\", key, value, error)"
-        " SELECT %(pipeline)s, _topic, _partition, _offset, _key, _value, %(error)s FROM {stage}"
+        "INSERT INTO {dlq} (pipeline, topic, partition, \"offset\", key, value, error, sqlstate)"
+        " SELECT %(pipeline)s, _topic, _partition, _offset, _key, _value, %(error)s, %(sqlstate)s FROM {stage}"
         " WHERE _topic = %(topic)s AND _partition = %(partition)s AND _offset = %(offset)s LIMIT 1"
         " ON CONFLICT DO NOTHING"
     ).format(dlq=meta_tables.table(meta_schema, meta_tables.DEAD_LETTERS), stage=stage)

@@ -12,21 +12,44 @@ next run is still exact in ``exactly_once``):
    below them is skipped in SQL (``skip_applied``), so nothing applies twice.
 5. a retried or speculative Spark task stages a partition twice: the apply
    keeps one copy per (topic, partition, offset) (``dedupe``).
-6. a record the database rejects on every attempt: attempts are counted
+6. a record the database rejects on every attempt with a *data* error
+   (SQLSTATE class 22 or 23, ``errors.classify``): failed attempts are counted
    outside the transaction; past ``max_batch_attempts`` the batch is applied
-   record by record, rejected records go to the dead-letter table in the same
-   transaction as the rest, and the stream moves on.
+   record by record, rejected records go to the dead-letter table (with their
+   SQLSTATE) in the same transaction as the rest, and the stream moves on.
+7. fenced: under the pipeline lock, before writing anything, the batch finds
+   the pipeline's epoch changed (a newer driver, a restore, a stop for
+   recovery, the fence operator) or a partition's stored ``next_offset``
+   *below* the batch's start (the target was put back: applying would leave a
+   gap). The transaction rolls back (two_phase: before PREPARE), nothing is
+   written, no attempt is counted, and the driver exits ``EXIT_FENCED`` (3);
+   a restart resumes from the database's offsets. Stored offsets *above* the
+   start are not fencing: those records are skipped as in 4.
+8. a transient error (connection, serialization failure, deadlock, lock or
+   statement timeout, admin shutdown, out of resources: ``errors.classify``):
+   the transaction rolls back, nothing is counted, and the driver retries the
+   whole batch (staging included, on a new connection if the old one broke)
+   with capped exponential backoff for ``transient_retry_seconds``; after
+   that it exits 1 and a supervisor restarts it from the stored offsets. In
+   two_phase, a failed COMMIT PREPARED leaves the batch prepared: the retry
+   commits it first (``resolve_in_doubt``) and then applies nothing. Any
+   other error (a missing table, a permission, a bug) rolls back and fails
+   the run at once, uncounted: neither is the record's fault.
+9. a transient (or other) error during record-by-record processing: the
+   record is NOT quarantined; the whole batch rolls back (records already
+   applied under their savepoints with it) and is handled as in 8, still
+   record by record on its next attempt, since the counted failures stand.
 
 ``two_phase`` is ``exactly_once`` with the commit split in two, as in Flink's
 XA sink: the writer ends with PREPARE TRANSACTION under a deterministic id
 (``in_doubt.transaction_id``), the committer issues COMMIT PREPARED. One more
 transition:
 
-7. after PREPARE, before COMMIT PREPARED (in doubt): the prepared transaction
-   survives the crash, holding its locks. The next start finds it by its id's
-   prefix and commits it before reading the stored offsets
-   (``in_doubt.resolve_in_doubt``), so the batch is applied once and the run
-   continues after it.
+10. after PREPARE, before COMMIT PREPARED (in doubt): the prepared transaction
+    survives the crash, holding its locks. The next start finds it by its id's
+    prefix and commits it before reading the stored offsets
+    (``in_doubt.resolve_in_doubt``), so the batch is applied once and the run
+    continues after it.
 
 ``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
 replay point), which is what makes it the baseline that shows duplicates.
@@ -45,8 +68,9 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
+from spark_apps.eos_stream import errors, fencing
 from spark_apps.eos_stream.sink import apply_sql
-from spark_apps.eos_stream.sink.in_doubt import transaction_id
+from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt, transaction_id
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix
@@ -87,6 +111,7 @@ class BatchResult:
     dead_lettered: int
     record_by_record: bool
     timings_ms: dict[str, int]
+    transient_retries: int = 0
 
 
 @dataclass
@@ -111,12 +136,14 @@ class BatchWriter:
         offsets: OffsetsStore,
         target_schema: str,
         meta_schema: str,
+        epoch: int | None = None,
     ) -> None:
         self.conn = conn
         self.spec = spec
         self.mode = mode
         self.offsets = offsets
         self.meta_schema = meta_schema
+        self.epoch = epoch
         self._statement = functools.partial(
             apply_sql.apply_batch_statement,
             spec,
@@ -141,6 +168,7 @@ class BatchWriter:
             self.conn.tpc_begin(gid)
         with self.conn.cursor() as cur:
             self.offsets.lock(cur)
+            self._check_ownership(cur, start_offsets)
             if record_by_record:
                 applied, dead = self._apply_each(cur, stage, params)
             else:
@@ -154,10 +182,26 @@ class BatchWriter:
             self.conn.tpc_prepare()  # durable from here on: a crash leaves it in doubt, not lost
         return PreparedBatch(self.conn, batch_id, applied, dead, gid)
 
+    def _check_ownership(self, cur, start_offsets: Mapping[TopicPartition, int]) -> None:
+        """Raises ``Fenced`` unless this driver still owns the target (under the
+        pipeline lock, before the batch writes anything).
+
+        Modes without stored offsets have no replay point in the database to
+        compare with, so only their epoch is checked."""
+        if self.epoch is None:
+            return
+        starts = start_offsets if self.mode.stores_offsets else {}
+        problem = fencing.ownership_problem(cur, self.meta_schema, self.offsets.pipeline, self.epoch, starts)
+        if problem:
+            raise fencing.Fenced(problem)
+
     def abort(self) -> None:
         """Rolls back whatever this batch left open, a prepared transaction included."""
         if not self.mode.two_phase:
-            self.conn.rollback()
+            try:
+                self.conn.rollback()
+            except psycopg2.Error:
+                pass  # the connection is gone, and its transaction died with it
             return
         try:
             self.conn.tpc_rollback()  # ROLLBACK, or ROLLBACK PREPARED once prepared
@@ -188,9 +232,14 @@ class BatchWriter:
                 dead += int(row[1])
                 cur.execute("RELEASE SAVEPOINT eos_record")
             except psycopg2.Error as exc:
+                if errors.classify(exc) != "data":
+                    # Not this record's fault (a lock timeout, a lost connection,
+                    # a missing grant): quarantining it would lose a valid
+                    # event. The whole batch rolls back instead.
+                    raise
                 cur.execute("ROLLBACK TO SAVEPOINT eos_record")
                 error = f"rejected by the database: {(exc.pgerror or str(exc)).strip()}"
-                cur.execute(quarantine, {**record, "error": error})
+                cur.execute(quarantine, {**record, "error": error, "sqlstate": errors.sqlstate_of(exc)})
                 dead += 1
         return applied, dead
 
@@ -226,9 +275,21 @@ class BatchSink:
 
     :param conn: driver connection used for the apply transaction.
     :param guard_conn: a second connection, autocommit, for attempt counting.
-    :param fill_stage: callable(stage_name, keep_raw) that makes the executors
-        COPY the batch into the staging table (Spark-specific, injected).
+    :param epoch: the pipeline epoch this driver got when it started
+        (``fencing.bump_epoch``); every batch proves it is still current.
+        None skips the ownership check (tests of the apply path alone).
+    :param transient_retry_seconds: how long one batch is retried in the
+        driver after transient errors before the run fails (0: never retried).
+    :param reconnect: opens a new apply connection when a transient error
+        broke the old one (None: the retry fails if the connection is gone).
+    :param notify: called as ``notify(event, **fields)`` for each transient
+        retry (the app prints it as an ``EOS-RETRY`` line).
+
+    ``process`` takes fill_stage, a callable(stage_name, keep_raw) that makes
+    the executors COPY the batch into the staging table (Spark-specific, injected).
     """
+
+    MAX_BACKOFF_SECONDS = 30.0
 
     def __init__(
         self,
@@ -241,6 +302,10 @@ class BatchSink:
         target_schema: str,
         meta_schema: str,
         max_batch_attempts: int,
+        epoch: int | None = None,
+        transient_retry_seconds: float = 300.0,
+        reconnect: Callable[[], PgConnection] | None = None,
+        notify: Callable[..., None] | None = None,
     ) -> None:
         self.conn = conn
         self.spec = spec
@@ -249,10 +314,16 @@ class BatchSink:
         self.meta_schema = meta_schema
         self.offsets = OffsetsStore(meta_schema, pipeline)
         self.guard = PoisonGuard(guard_conn, meta_schema, pipeline, max_batch_attempts)
-        self.writer = BatchWriter(conn, spec, mode, self.offsets, target_schema, meta_schema)
+        self.writer = BatchWriter(conn, spec, mode, self.offsets, target_schema, meta_schema, epoch)
         self.committer = BatchCommitter()
+        self.transient_retry_seconds = transient_retry_seconds
+        self._reconnect = reconnect
+        self._notify = notify or (lambda event, **fields: None)
         self._crash_point = _fault_injection()
         self._batches_this_run = 0
+        # Why this driver was fenced, once a batch found out. foreachBatch runs
+        # in the driver process, so run() reads it after the query has failed.
+        self.fenced: str | None = None
 
     def process(
         self,
@@ -261,10 +332,49 @@ class BatchSink:
         end_offsets: Mapping[TopicPartition, int],
         fill_stage: Callable[[str, bool], None],
     ) -> BatchResult:
+        """Applies one micro-batch exactly once, or raises.
+
+        Raises ``fencing.Fenced`` (and sets ``fenced``) when this driver no
+        longer owns the target; re-raises a data error after counting it, an
+        "other" error at once, and a transient error once
+        ``transient_retry_seconds`` of retrying it are spent."""
         self._batches_this_run += 1
         key = batch_key(start_offsets)
-        failed_before = self.guard.begin_attempt(key)
-        record_by_record = self.guard.should_isolate(failed_before)
+        deadline = time.monotonic() + self.transient_retry_seconds
+        delay = 1.0
+        retries = 0
+        while True:
+            try:
+                if retries:
+                    self._prepare_retry()
+                result = self._attempt(key, batch_id, start_offsets, end_offsets, fill_stage)
+            except fencing.Fenced as exc:
+                self.fenced = str(exc)
+                raise
+            except Exception as exc:
+                kind = errors.classify(exc)
+                self.guard.record_failure(key, f"{kind}: {type(exc).__name__}: {exc}", counted=kind == "data")
+                if kind != "transient" or time.monotonic() + delay > deadline:
+                    raise
+                retries += 1
+                self._notify("retry", batch_id=batch_id, retry=retries, error_class=kind,
+                             sqlstate=errors.sqlstate_of(exc), message=str(exc).strip()[:500],
+                             retry_in_seconds=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, self.MAX_BACKOFF_SECONDS)
+                continue
+            result.transient_retries = retries
+            return result
+
+    def _attempt(
+        self,
+        key: str,
+        batch_id: int,
+        start_offsets: Mapping[TopicPartition, int],
+        end_offsets: Mapping[TopicPartition, int],
+        fill_stage: Callable[[str, bool], None],
+    ) -> BatchResult:
+        record_by_record = self.guard.should_isolate(self.guard.failed_attempts(key))
         stage_name = f"{stage_prefix(self.pipeline)}{batch_id}"
         clock = _Stopwatch()
         try:
@@ -277,15 +387,28 @@ class BatchSink:
             self.committer.commit(prepared)
             clock.lap("commit")
             self._crash_point("after_commit", self._batches_this_run)
-        except Exception as exc:
+        except Exception:
             self.writer.abort()
-            self.guard.record_failure(key, f"{type(exc).__name__}: {exc}")
             raise
         self.guard.finished(key)
         with self.conn.cursor() as cur:
             cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
         self.conn.commit()
         return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record, clock.laps)
+
+    def _prepare_retry(self) -> None:
+        """A new connection if the old one broke; in two_phase, this batch's own
+        prepared transaction committed if COMMIT PREPARED was what failed (it
+        passed the ownership check and holds the pipeline lock, so the retry
+        would wait on it forever; committed, the retry's records are all below
+        the stored offsets and apply nothing)."""
+        if self.conn.closed:
+            if self._reconnect is None:
+                raise RuntimeError("the apply connection broke and there is no way to open a new one")
+            self.conn = self._reconnect()
+            self.writer.conn = self.conn
+        if self.mode.two_phase:
+            resolve_in_doubt(self.conn, self.pipeline)
 
 
 class _Stopwatch:

@@ -9,7 +9,7 @@ from psycopg2.extensions import connection as PgConnection
 from psycopg2.extensions import cursor as PgCursor
 from psycopg2.extras import execute_values
 
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream import fencing, meta_tables
 
 TopicPartition = tuple[str, int]
 
@@ -39,8 +39,10 @@ class OffsetsStore:
         """Serializes all writers of this pipeline until the transaction ends.
 
         A zombie driver (an old attempt still running) then waits, and once it
-        gets the lock its records are already below the stored offsets."""
-        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("eos:" + self.pipeline,))
+        gets the lock its records are already below the stored offsets. The
+        same lock as epoch bumps and restore swaps (``fencing.lock_pipeline``),
+        so a batch's ownership check and its writes see one state."""
+        fencing.lock_pipeline(cur, self.pipeline)
 
     def advance(self, cur: PgCursor, end_offsets: Mapping[TopicPartition, int], batch_id: int) -> None:
         """Moves stored offsets forward (never back) inside the caller's transaction."""

@@ -1,9 +1,13 @@
-"""Counts attempts per batch so a deterministic failure cannot loop forever.
+"""Counts failed attempts per batch so a deterministic failure cannot loop forever.
 
-Attempts are written in autocommit, outside the sink transaction: when a
-poisoned batch rolls back, its attempt is still counted. After
-``max_attempts`` failures the batch is processed record by record and the
-records the database rejects are quarantined.
+Only data errors count (``errors.classify``: SQLSTATE class 22 or 23, or the
+app's own ``RecordError``): poison means the data, never the weather. A lock
+timeout, a deadlock or a lost connection is retried in the driver and never
+brings a batch closer to record-by-record processing. Failures are written in
+autocommit, outside the sink transaction, so a rolled-back batch's failure is
+still counted. After ``max_attempts`` counted failures the batch is processed
+record by record and only the records the database rejects with a data error
+are quarantined.
 """
 
 from __future__ import annotations
@@ -35,31 +39,31 @@ class PoisonGuard:
         self.pipeline = pipeline
         self.max_attempts = max_attempts
 
-    def begin_attempt(self, key: str) -> int:
-        """Records one more attempt; returns how many attempts failed before it."""
+    def failed_attempts(self, key: str) -> int:
+        """How many attempts of the batch failed with a data error so far."""
         with self.conn.cursor() as cur:
             cur.execute(
-                sql.SQL(
-                    "INSERT INTO {t} (pipeline, batch_key, attempts) VALUES (%s, %s, 1)"
-                    " ON CONFLICT (pipeline, batch_key) DO UPDATE SET attempts = {t}.attempts + 1,"
-                    " updated_at = now() RETURNING attempts"
-                ).format(t=self.table),
+                sql.SQL("SELECT attempts FROM {t} WHERE pipeline = %s AND batch_key = %s").format(t=self.table),
                 (self.pipeline, key),
             )
             row = cur.fetchone()
-            assert row is not None
-            return int(row[0]) - 1
+        return int(row[0]) if row else 0
 
     def should_isolate(self, failed_before: int) -> bool:
         return failed_before >= self.max_attempts
 
-    def record_failure(self, key: str, error: str) -> None:
+    def record_failure(self, key: str, error: str, counted: bool) -> None:
+        """Keeps the batch's last error; ``counted`` (a data error) also adds one
+        failed attempt. Uncounted errors are kept only so an operator sees why
+        the batch is slow, with the attempt count left as it was."""
         with self.conn.cursor() as cur:
             cur.execute(
-                sql.SQL("UPDATE {t} SET last_error = %s WHERE pipeline = %s AND batch_key = %s").format(
-                    t=self.table
-                ),
-                (error[:2000], self.pipeline, key),
+                sql.SQL(
+                    "INSERT INTO {t} (pipeline, batch_key, attempts, last_error) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (pipeline, batch_key) DO UPDATE SET attempts = {t}.attempts + EXCLUDED.attempts,"
+                    " last_error = EXCLUDED.last_error, updated_at = now()"
+                ).format(t=self.table),
+                (self.pipeline, key, 1 if counted else 0, error[:2000]),
             )
 
     def finished(self, key: str) -> None:
