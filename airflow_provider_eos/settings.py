@@ -21,17 +21,18 @@ into the serialized DAG.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spark_apps.eos_stream.config import PIPELINE_NAME
+
 SECTION = "eos"
 # A pipeline name becomes a file name (<dir>/<pipeline>.json) and a store directory:
 # the leading letter or digit rules out ".", ".." and hidden names, the class rules out "/".
-PIPELINE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
-_PIPELINE_NAME = re.compile(PIPELINE_NAME_PATTERN)
+# One definition, the app's; anchored here for JSON Schema (a DAG Param's "pattern").
+PIPELINE_NAME_PATTERN = f"^{PIPELINE_NAME.pattern}$"
 
 
 class SettingsError(ValueError):
@@ -111,7 +112,7 @@ def aside_retention_days() -> float:
 
 def check_pipeline_name(name: Any) -> str:
     """``name`` when it is a valid pipeline name, else :class:`SettingsError`."""
-    if not isinstance(name, str) or not _PIPELINE_NAME.fullmatch(name):
+    if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name):
         raise SettingsError(f"invalid pipeline name {name!r}: it must match {PIPELINE_NAME_PATTERN}")
     return name
 

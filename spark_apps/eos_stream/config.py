@@ -106,7 +106,8 @@ class PipelineConfig:
         if not PIPELINE_NAME.fullmatch(self.pipeline):
             # The name prefixes staging tables and two-phase transaction ids, so
             # one pipeline's name must never be a prefix-with-separator of another's.
-            raise ConfigError(f"pipeline name {self.pipeline!r} must be 1-100 letters, digits, '_', '-' or '.'")
+            raise ConfigError(f"pipeline name {self.pipeline!r} must be 1-100 letters, digits, '_', '-' or '.', "
+                              "starting with a letter or digit")
         if self.max_offsets_per_trigger <= 0:
             raise ConfigError("max_offsets_per_trigger must be positive")
         if self.max_batch_attempts < 1:
