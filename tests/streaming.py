@@ -106,6 +106,24 @@ def pg_connect(stack: dict[str, str]):
     return conn
 
 
+def ledger_rows(stack: dict[str, str], schema: str) -> int:
+    """Rows in ``<schema>.ledger_events`` (0 while the table does not exist yet)."""
+    from psycopg2 import sql
+
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.ledger_events").format(
+                sql.Identifier(schema)).as_string(cur),))
+            if cur.fetchone() == (None,):
+                return 0
+            cur.execute(sql.SQL("SELECT count(*) FROM {}.ledger_events").format(sql.Identifier(schema)))
+            row = cur.fetchone()
+            return int(row[0]) if row else 0
+    finally:
+        conn.close()
+
+
 def audit(config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     config_path = tmp_path / f"{config['pipeline']}-audit.json"
     config_path.write_text(json.dumps(config))

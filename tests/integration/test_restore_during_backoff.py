@@ -21,26 +21,12 @@ from psycopg2 import sql
 from airflow_provider_eos.operators.restore import RecoveryLockOperator, RequestStopOperator
 from spark_apps.eos_stream import fencing
 from tests.integration.test_stream_operator import Watcher, airflow_conns, make_pipeline  # noqa: F401 (fixtures)
-from tests.streaming import pg_connect, start_app
+from tests.streaming import ledger_rows, pg_connect, start_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 BACKOFF = 10.0  # long enough for stop + fence + rewind (~1s), short enough that the supervisor wakes mid-replay
 RECOVERY_RUN = "recovery-during-backoff"
-
-
-def _rows(stack: dict, schema: str) -> int:
-    conn = pg_connect(stack)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.ledger_events").format(
-                sql.Identifier(schema)).as_string(cur),))
-            if cur.fetchone() == (None,):
-                return 0
-            cur.execute(sql.SQL("SELECT count(*) FROM {}.ledger_events").format(sql.Identifier(schema)))
-            return int(cur.fetchone()[0])
-    finally:
-        conn.close()
 
 
 def _rewind_partition_0(stack: dict, config: dict, to_offset: int) -> tuple[int, int]:
@@ -82,9 +68,9 @@ def test_restore_while_the_supervisor_is_in_restart_backoff(make_pipeline, airfl
     try:
         first = watcher.live_hook(event="batch", timeout=240)
         deadline = time.monotonic() + 240
-        while _rows(stack, config["target_schema"]) < 3000 and time.monotonic() < deadline:
+        while ledger_rows(stack, config["target_schema"]) < 3000 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _rows(stack, config["target_schema"]) == 3000
+        assert ledger_rows(stack, config["target_schema"]) == 3000
         driver_epoch = first.events[[k for k, _ in first.events].index("resume")][1]["epoch"]
 
         os.killpg(first.pid, signal.SIGKILL)  # the driver dies; the supervisor sleeps BACKOFF seconds

@@ -22,12 +22,11 @@ from typing import Any
 
 import psutil
 import pytest
-from psycopg2 import sql
 
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from spark_apps.eos_stream.control import running_lock_key
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 (fixtures)
-from tests.streaming import ROOT, pg_connect
+from tests.streaming import ROOT, ledger_rows, pg_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 # The worker imports the provider and the app from here (its working directory comes first on
@@ -77,20 +76,6 @@ def _running_lock_holders(stack: dict, pipeline: str) -> int:
         conn.close()
 
 
-def _rows(stack: dict, schema: str) -> int:
-    conn = pg_connect(stack)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.ledger_events").format(
-                sql.Identifier(schema)).as_string(cur),))
-            if cur.fetchone() == (None,):
-                return 0
-            cur.execute(sql.SQL("SELECT count(*) FROM {}.ledger_events").format(sql.Identifier(schema)))
-            return int(cur.fetchone()[0])
-    finally:
-        conn.close()
-
-
 def _wait(condition: Any, timeout: float, what: str, worker: subprocess.Popen, log_path: Path) -> float:
     started = time.monotonic()
     while not condition():
@@ -117,7 +102,7 @@ def test_sigkilled_supervisor_then_retry_ends_with_one_driver(make_pipeline, air
     first = _start_worker(args, first_log)
     retry: subprocess.Popen | None = None
     try:
-        _wait(lambda: _rows(stack, schema) == 2000, 240, "2000 rows applied", first, first_log)
+        _wait(lambda: ledger_rows(stack, schema) == 2000, 240, "2000 rows applied", first, first_log)
         (orphan,) = _drivers(p.name)
         first.send_signal(signal.SIGKILL)  # the worker dies; its driver does not
         assert first.wait(30) == -signal.SIGKILL
@@ -135,7 +120,7 @@ def test_sigkilled_supervisor_then_retry_ends_with_one_driver(make_pipeline, air
         assert gone, f"the orphan is still running 150s after the retry started:\n{retry_log.read_text()[-4000:]}"
         orphan_gone_s = time.monotonic() - retry_started
         p.produce(1000, seed=32, first_seq=2000, transactional_id=f"b{p.name}")
-        caught_up_s = _wait(lambda: _rows(stack, schema) == 3000, 240, "3000 rows applied", retry, retry_log)
+        caught_up_s = _wait(lambda: ledger_rows(stack, schema) == 3000, 240, "3000 rows applied", retry, retry_log)
         drivers = _drivers(p.name)
         holders = _running_lock_holders(stack, p.name)
         assert len(drivers) == 1 and drivers[0].pid != orphan.pid, drivers
