@@ -28,13 +28,37 @@ def _pinned(key: str) -> str:
     return "{{ ti.xcom_pull(task_ids='check_conf')['" + key + "'] }}"
 
 
+def _pipeline_param() -> Param:
+    return Param("ledger", type="string", pattern=settings.PIPELINE_NAME_PATTERN,
+                 description="its definition is <[eos] pipeline_config_dir>/<pipeline>.json")
+
+
+STREAM_PARAMS: dict[str, Param] = {
+    "pipeline": _pipeline_param(),
+    "trigger": Param(None, type=["null", "string"], enum=[None, "availableNow", "processingTime"],
+                     description="null: the pipeline config's"),
+    "trigger_interval": Param(None, type=["null", "string"], description="null: the pipeline config's"),
+    "max_offsets_per_trigger": Param(None, type=["null", "integer"], minimum=1,
+                                     description="null: the pipeline config's"),
+    "max_batch_attempts": Param(None, type=["null", "integer"], minimum=1,
+                                description="null: the pipeline config's"),
+    "create_targets": Param(False, type="boolean"),
+    "run_seconds": Param(0, type="number", minimum=0, description="processingTime: 0 = until stopped"),
+    "max_restarts": Param(3, type="integer", minimum=0),
+    "restart_backoff": Param(10, type="number", minimum=0),
+}
+STOP_PARAMS: dict[str, Param] = {"pipeline": _pipeline_param()}
+
+
 @task
-def check_conf(**context: Any) -> dict[str, Any]:
+def check_conf(declared: list[str], **context: Any) -> dict[str, Any]:
     """Refuses undeclared conf keys and bad pipeline names, then resolves the pipeline's
-    definition from the deployment's config directory, with this run's tuning on top."""
+    definition from the deployment's config directory, with this run's tuning on top.
+
+    :param declared: the DAG's own Param names (``context["params"]`` already has the conf merged in)."""
     from airflow_provider_eos.snapshots import load_pipeline_config
 
-    settings.check_run_conf(context["dag_run"].conf, context["params"])
+    settings.check_run_conf(context["dag_run"].conf, declared)
     pipeline = settings.check_pipeline_name(context["params"]["pipeline"])
     config = load_pipeline_config(str(settings.pipeline_config_path(pipeline)), pipeline=pipeline)
     resolved = {key: getattr(config, key) for key in (
@@ -51,23 +75,9 @@ with DAG(
     render_template_as_native_obj=True,
     tags=["eos"],
     doc_md=__doc__,
-    params={
-        "pipeline": Param("ledger", type="string", pattern=settings.PIPELINE_NAME_PATTERN,
-                          description="its definition is <[eos] pipeline_config_dir>/<pipeline>.json"),
-        "trigger": Param(None, type=["null", "string"], enum=[None, "availableNow", "processingTime"],
-                         description="null: the pipeline config's"),
-        "trigger_interval": Param(None, type=["null", "string"], description="null: the pipeline config's"),
-        "max_offsets_per_trigger": Param(None, type=["null", "integer"], minimum=1,
-                                         description="null: the pipeline config's"),
-        "max_batch_attempts": Param(None, type=["null", "integer"], minimum=1,
-                                    description="null: the pipeline config's"),
-        "create_targets": Param(False, type="boolean"),
-        "run_seconds": Param(0, type="number", minimum=0, description="processingTime: 0 = until stopped"),
-        "max_restarts": Param(3, type="integer", minimum=0),
-        "restart_backoff": Param(10, type="number", minimum=0),
-    },
+    params=STREAM_PARAMS,
 ) as stream_dag:
-    check_conf() >> StreamingPipelineOperator(
+    check_conf(list(STREAM_PARAMS)) >> StreamingPipelineOperator(
         task_id="run_pipeline",
         pipeline=_pinned("pipeline"),
         topics=_pinned("topics"),
@@ -92,10 +102,7 @@ with DAG(
     catchup=False,
     render_template_as_native_obj=True,
     tags=["eos"],
-    params={
-        "pipeline": Param("ledger", type="string", pattern=settings.PIPELINE_NAME_PATTERN,
-                          description="its definition is <[eos] pipeline_config_dir>/<pipeline>.json"),
-    },
+    params=STOP_PARAMS,
 ) as stop_dag:
-    check_conf() >> StopPipelineOperator(task_id="stop_pipeline", pipeline=_pinned("pipeline"),
-                                         meta_schema=_pinned("meta_schema"))
+    check_conf(list(STOP_PARAMS)) >> StopPipelineOperator(
+        task_id="stop_pipeline", pipeline=_pinned("pipeline"), meta_schema=_pinned("meta_schema"))
