@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +37,29 @@ def delete_topics(bootstrap: str, *topics: str) -> None:
             fut.result(30)
         except Exception:
             pass
+
+
+def wait_for_markers(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
+    """Wait until every partition's last stable offset reaches its high watermark.
+
+    A producer's commit or abort returns once the coordinator has logged the decision; the
+    markers reach the partitions a moment later. Call this only when no transaction should be
+    open any more: it raises if one still is after ``timeout``."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = [TopicPartition(topic, p) for p in admin.list_topics(topic, timeout=15).topics[topic].partitions]
+    deadline = time.monotonic() + timeout
+    while True:
+        ends = []
+        for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+            futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, isolation_level=level,
+                                         request_timeout=15)
+            ends.append({tp.partition: future.result().offset for tp, future in futures.items()})
+        if ends[0] == ends[1]:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}: a transaction is still open after {timeout:g}s "
+                                 f"(high watermarks {ends[0]}, last stable offsets {ends[1]})")
+        time.sleep(0.1)
 
 
 @contextmanager

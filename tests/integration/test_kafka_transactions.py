@@ -15,7 +15,7 @@ from airflow_provider_eos.hooks.kafka_offsets import (
     KafkaTopicNotFoundError,
     KafkaUnreachableError,
 )
-from tests.helpers.kafka import create_topic, delete_topics, kafka_conn_uri_env
+from tests.helpers.kafka import create_topic, delete_topics, kafka_conn_uri_env, wait_for_markers
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +91,7 @@ def test_read_committed_sees_only_committed_batches(kafka_bootstrap, topic):
     assert _read_committed(kafka_bootstrap, topic) == [b"committed-0", b"committed-1", b"committed-2"]
 
     p.commit_transaction(30)
+    wait_for_markers(kafka_bootstrap, topic)
     assert _read_committed(kafka_bootstrap, topic) == [
         b"committed-0",
         b"committed-1",
@@ -115,6 +116,7 @@ def test_hook_reads_hw_and_lso(kafka_bootstrap, topic):
     assert during.lag == 3
 
     p.commit_transaction(30)
+    wait_for_markers(kafka_bootstrap, topic)
     after = hook.partition_offsets([topic])[key]
     # The commit marker takes offset 3.
     assert after.high_watermark == after.last_stable == 4
@@ -122,6 +124,7 @@ def test_hook_reads_hw_and_lso(kafka_bootstrap, topic):
     p.begin_transaction()
     _produce(p, topic, "aborted", n=2)
     p.abort_transaction(30)
+    wait_for_markers(kafka_bootstrap, topic)
     aborted = hook.partition_offsets([topic])[key]
     # Only aborted records + marker after the commit: HW == LSO even though records exist.
     assert aborted.high_watermark == aborted.last_stable == 7
