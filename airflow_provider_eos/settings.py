@@ -42,7 +42,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Setting:
     key: str
-    env: str
+    env: str  # "" when no environment variable falls back for it
     default: str
     description: str
     example: str
@@ -77,7 +77,29 @@ ASIDE_RETENTION_DAYS = Setting(
     example="14",
     type="float",
 )
-SETTINGS = (SNAPSHOT_STORE, PIPELINE_CONFIG_DIR, ASIDE_RETENTION_DAYS)
+KAFKA_CONN_ID = Setting(
+    key="kafka_conn_id",
+    env="",
+    default="kafka_default",
+    description="Kafka connection of a pipeline whose definition names none.",
+    example="kafka_default",
+)
+POSTGRES_CONN_ID = Setting(
+    key="postgres_conn_id",
+    env="",
+    default="eos_postgres",
+    description="Postgres connection (the target database) of a pipeline whose definition names none.",
+    example="eos_postgres",
+)
+SPARK_CONN_ID = Setting(
+    key="spark_conn_id",
+    env="",
+    default="spark_default",
+    description="Spark connection (the master spark-submit uses) of a pipeline whose definition names none.",
+    example="spark_default",
+)
+CONNECTION_SETTINGS = {"kafka": KAFKA_CONN_ID, "postgres": POSTGRES_CONN_ID, "spark": SPARK_CONN_ID}
+SETTINGS = (SNAPSHOT_STORE, PIPELINE_CONFIG_DIR, ASIDE_RETENTION_DAYS, *CONNECTION_SETTINGS.values())
 
 
 def get(setting: Setting, environ: Mapping[str, str] | None = None) -> str:
@@ -87,6 +109,8 @@ def get(setting: Setting, environ: Mapping[str, str] | None = None) -> str:
     value = conf.get(SECTION, setting.key, fallback=None)
     if value:
         return str(value)
+    if not setting.env:
+        return setting.default
     env = os.environ if environ is None else environ
     return env.get(setting.env) or setting.default
 
@@ -97,6 +121,11 @@ def snapshot_store() -> str:
 
 def pipeline_config_dir() -> str:
     return get(PIPELINE_CONFIG_DIR)
+
+
+def connection_defaults() -> dict[str, str]:
+    """The deployment's default connection ids, by role (kafka, postgres, spark)."""
+    return {role: get(setting) for role, setting in CONNECTION_SETTINGS.items()}
 
 
 def aside_retention_days() -> float:

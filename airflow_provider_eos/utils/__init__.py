@@ -1,0 +1,1 @@
+"""Pure logic of the provider: no Airflow imports, unit-tested on its own."""

@@ -1,0 +1,305 @@
+"""One pipeline, defined once: a typed model, validated once, loaded from the deployment.
+
+A deployment keeps one file per pipeline in the directory that ``[eos] pipeline_config_dir``
+names, ``<name>.yaml`` (or ``.yml``/``.json``; JSON is YAML). The DAG factory reads the
+directory when the DAG processor parses the DAG file, and passes each pipeline's validated
+definition to its tasks, so a worker runs exactly what the scheduler showed and never reads
+the directory again. Why files and not an Airflow Variable: the definitions are code the
+team reviews and deploys with its DAGs (git-sync, an image), they are needed at parse time
+(a Variable read at parse time queries the metadata database on every parse), and a file per
+pipeline lets teams own their pipelines separately.
+
+Nothing here imports Airflow: the model is pure data plus validation.
+
+Example ``orders.yaml``::
+
+    name: orders
+    topics: [orders.events]
+    spec: my_company.specs.orders:ORDERS
+    delivery: exactly_once
+    target_schema: orders
+    meta_schema: orders_eos
+    checkpoint_dir: s3a://bucket/checkpoints/orders
+    connections: {kafka: kafka_orders, postgres: pg_orders}
+    stream: {trigger: processingTime, trigger_interval: 5 seconds}
+    snapshot: {schedule: "@hourly", keep_last: 48}
+    health: {schedule: "*/5 * * * *", hanging_after: 900}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
+
+from spark_apps.eos_stream.config import DELIVERY_MODES, PIPELINE_NAME, TRIGGERS
+
+SUFFIXES = (".yaml", ".yml", ".json")
+# module.path:ATTRIBUTE, as the app's spec loader takes it.
+SPEC_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+# A schema name the app quotes as an identifier; kept plain so it reads the same everywhere.
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+class PipelineDefinitionError(ValueError):
+    """A pipeline definition is missing or wrong; the message names the file and the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConnectionIds(_Section):
+    """Airflow connection ids; ``None`` takes the deployment's default (``[eos] *_conn_id``)."""
+
+    kafka: str | None = None
+    postgres: str | None = None
+    spark: str | None = None
+
+    def resolved(self, defaults: Mapping[str, str]) -> ConnectionIds:
+        """These ids with every unset one taken from ``defaults`` (keys kafka, postgres, spark)."""
+        return ConnectionIds(**{key: getattr(self, key) or defaults[key] for key in ("kafka", "postgres", "spark")})
+
+
+class StreamSettings(_Section):
+    """How the stream runs.
+
+    :param trigger: ``processingTime`` runs until stopped; ``availableNow`` processes what the
+        topics hold and ends (give it a ``schedule`` to run it periodically).
+    :param schedule: the stream DAG's schedule (cron or preset); ``None``: triggered by hand or
+        by a recovery's resume. A continuous stream is started once and runs until stopped.
+    """
+
+    trigger: str = "processingTime"
+    trigger_interval: str = "5 seconds"
+    max_offsets_per_trigger: PositiveInt = 20000
+    max_batch_attempts: PositiveInt = 3
+    transient_retry_seconds: NonNegativeFloat = 300
+    max_restarts: NonNegativeInt = 3
+    restart_backoff: NonNegativeFloat = 10
+    create_targets: bool = False
+    schedule: str | None = None
+
+    @field_validator("trigger")
+    @classmethod
+    def _known_trigger(cls, value: str) -> str:
+        if value not in TRIGGERS:
+            raise ValueError(f"unknown trigger {value!r}; choose one of {', '.join(TRIGGERS)}")
+        return value
+
+
+class SnapshotSettings(_Section):
+    """Scheduled snapshots of the targets with their replay point (``schedule: null``: none)."""
+
+    schedule: str | None = "@hourly"
+    keep_last: PositiveInt = 24
+
+
+class HealthSettings(_Section):
+    """The scheduled health check.
+
+    :param stuck_after: seconds a partition's LSO may stay behind its high watermark before it
+        counts as stuck (an open transaction).
+    :param hanging_after: seconds stuck, measured across health-check runs, after which the
+        transaction counts as hanging and needs a person; Kafka aborts a live producer's
+        transaction after ``transaction.max.timeout.ms`` (15 minutes by default).
+    :param max_age_seconds: liveness: the newest batch may be this old.
+    :param max_lag: caught up: records per partition still to read.
+    :param prepared_older_than: seconds after which a prepared (two-phase) transaction is in doubt.
+    """
+
+    schedule: str | None = "*/5 * * * *"
+    stuck_after: PositiveFloat = 60
+    hanging_after: PositiveFloat = 900
+    max_age_seconds: PositiveFloat = 300
+    max_lag: NonNegativeInt = 0
+    prepared_older_than: NonNegativeFloat = 60
+    poke_interval: PositiveFloat = 10
+    sensor_timeout: PositiveFloat = 120
+
+
+class PipelineDefinition(_Section):
+    """Everything the provider needs to know about one pipeline.
+
+    :param name: keys offsets, progress, locks, snapshots and the DAG ids.
+    :param topics: Kafka topics the stream reads (``read_committed``).
+    :param spec: ``module:ATTRIBUTE`` of the app's PipelineSpec (what the records hold and
+        which targets they feed).
+    :param delivery: one of the app's delivery modes.
+    :param target_schema: schema of the target tables.
+    :param meta_schema: schema of the bookkeeping tables (offsets, epochs, dead letters...).
+    :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
+    """
+
+    name: str
+    topics: list[str] = Field(min_length=1)
+    spec: str
+    delivery: str = "exactly_once"
+    target_schema: str = "public"
+    meta_schema: str = "eos"
+    checkpoint_dir: str
+    connections: ConnectionIds = ConnectionIds()
+    stream: StreamSettings = StreamSettings()
+    snapshot: SnapshotSettings = SnapshotSettings()
+    health: HealthSettings = HealthSettings()
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not PIPELINE_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} must be 1-100 letters, digits, '_', '-' or '.', starting with a letter "
+                             "or digit")
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _distinct_topics(cls, value: list[str]) -> list[str]:
+        if any(not topic or topic.strip() != topic for topic in value) or len(set(value)) != len(value):
+            raise ValueError(f"topics must be distinct non-empty names without spaces, not {value!r}")
+        return value
+
+    @field_validator("spec")
+    @classmethod
+    def _spec_reference(cls, value: str) -> str:
+        if not SPEC_REFERENCE.fullmatch(value):
+            raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE")
+        return value
+
+    @field_validator("delivery")
+    @classmethod
+    def _known_delivery(cls, value: str) -> str:
+        if value not in DELIVERY_MODES:
+            raise ValueError(f"unknown delivery mode {value!r}; choose one of {', '.join(DELIVERY_MODES)}")
+        return value
+
+    @field_validator("target_schema", "meta_schema")
+    @classmethod
+    def _plain_schema(cls, value: str) -> str:
+        if not SCHEMA_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} must be a lower-case PostgreSQL name (letters, digits, '_')")
+        return value
+
+    def app_config(self, *, kafka_bootstrap: str, postgres: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+        """The streaming app's config (``spark_apps.eos_stream.config.PipelineConfig`` as a dict).
+
+        :param kafka_bootstrap: from the pipeline's Kafka connection.
+        :param postgres: host, port, dbname, user from its Postgres connection (never the password:
+            that travels in the app's environment).
+        :param overrides: app keys a run sets (``run_seconds``, ``ignore_stop_request``...).
+        """
+        if "password" in postgres:
+            raise PipelineDefinitionError("the database password never goes into the app's config")
+        config: dict[str, Any] = {
+            "pipeline": self.name,
+            "topics": list(self.topics),
+            "kafka_bootstrap": kafka_bootstrap,
+            "spec": self.spec,
+            "delivery": self.delivery,
+            "trigger": self.stream.trigger,
+            "trigger_interval": self.stream.trigger_interval,
+            "max_offsets_per_trigger": self.stream.max_offsets_per_trigger,
+            "max_batch_attempts": self.stream.max_batch_attempts,
+            "transient_retry_seconds": self.stream.transient_retry_seconds,
+            "create_targets": self.stream.create_targets,
+            "checkpoint_dir": self.checkpoint_dir,
+            "target_schema": self.target_schema,
+            "meta_schema": self.meta_schema,
+            "postgres": dict(postgres),
+        }
+        config.update(overrides)
+        return config
+
+
+def parse_definition(data: Any, *, source: str) -> PipelineDefinition:
+    """A validated definition from parsed YAML/JSON; errors name ``source`` and each bad field."""
+    if not isinstance(data, Mapping):
+        raise PipelineDefinitionError(f"{source}: a pipeline definition is a mapping, not {type(data).__name__}")
+    try:
+        return PipelineDefinition.model_validate(dict(data))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or '(top)'}: {error['msg']}" for error in exc.errors()
+        )
+        raise PipelineDefinitionError(f"{source}: invalid pipeline definition: {problems}") from None
+
+
+def load_definition(path: str | Path) -> PipelineDefinition:
+    """The definition in one file, whose stem must be the pipeline's name."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PipelineDefinitionError(f"cannot read pipeline definition {path}: {exc}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise PipelineDefinitionError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") \
+            from None
+    definition = parse_definition(data, source=str(path))
+    if definition.name != path.stem:
+        # The name picks the file when a task looks a pipeline up: they must agree.
+        raise PipelineDefinitionError(f"{path}: defines pipeline {definition.name!r}; name the file "
+                                      f"{definition.name}{path.suffix} or change its name to {path.stem!r}")
+    return definition
+
+
+def definition_files(directory: str | Path) -> list[Path]:
+    """The definition files in ``directory`` (not hidden, not in subdirectories), sorted."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise PipelineDefinitionError(f"the pipeline definition directory {root} does not exist "
+                                      "(set [eos] pipeline_config_dir)")
+    return sorted(p for p in root.iterdir()
+                  if p.suffix in SUFFIXES and p.is_file() and not p.name.startswith("."))
+
+
+def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinition], dict[str, str]]:
+    """Every pipeline in ``directory``: (valid definitions by name, error by file name).
+
+    One bad file never hides the others: each pipeline is independent, and its team sees its
+    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused."""
+    found: dict[str, PipelineDefinition] = {}
+    errors: dict[str, str] = {}
+    files = definition_files(directory)
+    stems = [p.stem for p in files]
+    for path in files:
+        if stems.count(path.stem) > 1:
+            errors[path.name] = f"{path}: more than one definition file for pipeline {path.stem!r}"
+            continue
+        try:
+            found[path.stem] = load_definition(path)
+        except PipelineDefinitionError as exc:
+            errors[path.name] = str(exc)
+    return found, errors
+
+
+def find_definition(directory: str | Path, name: str) -> PipelineDefinition:
+    """The one pipeline called ``name``; the error lists the pipelines that do exist."""
+    if not PIPELINE_NAME.fullmatch(name):
+        raise PipelineDefinitionError(f"invalid pipeline name {name!r}")
+    candidates = [Path(directory) / f"{name}{suffix}" for suffix in SUFFIXES]
+    present = [p for p in candidates if p.is_file()]
+    if len(present) == 1:
+        return load_definition(present[0])
+    if present:
+        raise PipelineDefinitionError(f"more than one definition file for pipeline {name!r}: "
+                                      f"{', '.join(str(p) for p in present)}")
+    known = sorted({p.stem for p in definition_files(directory)})
+    raise PipelineDefinitionError(f"no pipeline {name!r} in {directory}"
+                                  + (f"; defined there: {', '.join(known)}" if known else ""))
