@@ -275,19 +275,16 @@ class EosPostgresHook(PostgresHook):
         """Who holds the pipeline's running lock: the backend's ``pid``, ``application_name``,
         ``client_addr``, ``client_port``, ``backend_start`` and ``age_seconds``; None when no
         driver is connected. For logs: the backend pid is the database's, not the driver's."""
-        from spark_apps.eos_stream.control import running_lock_key
+        from spark_apps.eos_stream.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
 
         with self.cursor() as cur:
             cur.execute(
-                "WITH k AS (SELECT hashtextextended(%s, 0) AS key)"
-                " SELECT a.pid, a.application_name, host(a.client_addr) AS client_addr, a.client_port,"
-                " a.backend_start, EXTRACT(EPOCH FROM (now() - a.backend_start))::float8 AS age_seconds"
-                " FROM pg_locks l CROSS JOIN k JOIN pg_stat_activity a ON a.pid = l.pid"
-                " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                " AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid"
-                " LIMIT 1",
-                (running_lock_key(pipeline),),
+                sql.SQL(
+                    "SELECT a.pid, a.application_name, host(a.client_addr) AS client_addr, a.client_port,"
+                    " a.backend_start, EXTRACT(EPOCH FROM (now() - a.backend_start))::float8 AS age_seconds"
+                    " FROM pg_stat_activity a WHERE a.pid IN ({}) LIMIT 1"
+                ).format(ADVISORY_LOCK_HOLDERS_SQL),
+                {"key": running_lock_key(pipeline)},
             )
             row = cur.fetchone()
         if row is None:

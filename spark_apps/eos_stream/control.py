@@ -50,19 +50,21 @@ def hold_running_lock(conn: PgConnection, pipeline: str, wait_seconds: float = 6
         conn.autocommit = previous
 
 
+# The sessions holding the session-level advisory lock ``hashtextextended(%(key)s, 0)`` in
+# the connected database, one ``pid`` per row. One definition for every reader (the app, the
+# provider's hooks, the tests); read from pg_locks, so looking never takes the lock.
+ADVISORY_LOCK_HOLDERS_SQL = sql.SQL(
+    "SELECT l.pid FROM pg_locks l, (SELECT hashtextextended(%(key)s, 0) AS key) k"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid"
+)
+
+
 def advisory_lock_held(conn: PgConnection, key: str) -> bool:
-    """Whether any session holds the session-level advisory lock
-    ``hashtextextended(key, 0)`` in the connected database (read from pg_locks,
-    so looking never takes the lock)."""
+    """Whether any session holds the advisory lock of ``key`` (see ADVISORY_LOCK_HOLDERS_SQL)."""
     with conn.cursor() as cur:
-        cur.execute(
-            "WITH k AS (SELECT hashtextextended(%s, 0) AS key)"
-            " SELECT EXISTS (SELECT 1 FROM pg_locks, k WHERE locktype = 'advisory' AND granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " AND objsubid = 1 AND classid = ((k.key >> 32) & 4294967295)::oid"
-            " AND objid = (k.key & 4294967295)::oid)",
-            (key,),
-        )
+        cur.execute(sql.SQL("SELECT EXISTS ({})").format(ADVISORY_LOCK_HOLDERS_SQL), {"key": key})
         row = cur.fetchone()
     return bool(row and row[0])
 

@@ -22,9 +22,10 @@ from typing import Any
 
 import psutil
 import pytest
+from psycopg2 import sql
 
 from airflow_provider_eos.operators.stop import StopPipelineOperator
-from spark_apps.eos_stream.control import running_lock_key
+from spark_apps.eos_stream.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 (fixtures)
 from tests.streaming import ROOT, ledger_rows, pg_connect
 
@@ -65,12 +66,8 @@ def _running_lock_holders(stack: dict, pipeline: str) -> int:
     conn = pg_connect(stack)
     try:
         with conn.cursor() as cur:
-            cur.execute(
-                "WITH k AS (SELECT hashtextextended(%s, 0) AS key) SELECT count(*) FROM pg_locks, k"
-                " WHERE locktype = 'advisory' AND granted AND objsubid = 1"
-                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                " AND classid = ((k.key >> 32) & 4294967295)::oid AND objid = (k.key & 4294967295)::oid",
-                (running_lock_key(pipeline),))
+            cur.execute(sql.SQL("SELECT count(*) FROM ({}) holders").format(ADVISORY_LOCK_HOLDERS_SQL),
+                        {"key": running_lock_key(pipeline)})
             return int(cur.fetchone()[0])
     finally:
         conn.close()
