@@ -57,16 +57,17 @@ def lock_pipeline(cur: PgCursor, pipeline: str) -> None:
 
 
 def bump_epoch_statement(meta_schema: str) -> sql.Composed:
-    """SQL that takes the pipeline lock and bumps the epoch, returning the new one.
+    """SQL that bumps the epoch, returning the new one.
 
     Binds %(pipeline)s, %(by)s, %(reason)s. Built for embedding in another
-    transaction (a restore's swap script), so the caller owns the commit."""
+    transaction (a restore's swap script), so the caller owns the commit, and
+    the caller has taken the pipeline lock (``lock_pipeline``) first, before
+    any table lock, so that it never holds one while a batch ends."""
     return sql.SQL(
-        "SELECT pg_advisory_xact_lock(hashtextextended({key_prefix} || %(pipeline)s, 0));\n"
         "INSERT INTO {t} AS e (pipeline, epoch, changed_by, reason) VALUES (%(pipeline)s, 1, %(by)s, %(reason)s)"
         " ON CONFLICT (pipeline) DO UPDATE SET epoch = e.epoch + 1, changed_by = EXCLUDED.changed_by,"
         " reason = EXCLUDED.reason, changed_at = now() RETURNING epoch"
-    ).format(key_prefix=sql.Literal(pipeline_lock_key("")), t=meta_tables.table(meta_schema, meta_tables.EPOCHS))
+    ).format(t=meta_tables.table(meta_schema, meta_tables.EPOCHS))
 
 
 def bump_epoch(conn: PgConnection, meta_schema: str, pipeline: str, by: str, reason: str) -> int:
