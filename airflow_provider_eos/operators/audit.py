@@ -25,6 +25,8 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param postgres_conn_id: the target database connection, default "eos_postgres"
+    :param kafka_config_id: the Kafka connection whose ``bootstrap.servers`` the audit reads;
+        None: the pipeline config's ``kafka_bootstrap``.
     :param fail_on_mismatch: raise AuditMismatchError when the report is not ok.
     :param hold_lock: hold the target's recovery lock while auditing (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
@@ -35,11 +37,13 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     ui_color = "#f3e8fd"
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
-                 fail_on_mismatch: bool = True, hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
+                 kafka_config_id: str | None = None, fail_on_mismatch: bool = True, hold_lock: bool = False,
+                 lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
+        self.kafka_config_id = kafka_config_id
         self.fail_on_mismatch = fail_on_mismatch
         self.hold_lock = hold_lock
         self.lock_ttl = lock_ttl

@@ -50,6 +50,8 @@ class PipelineOperatorMixin:
     # Steps of a recovery run hold the target's recovery lock (see recovery_lock.py).
     hold_lock: bool = False
     lock_ttl: float = DEFAULT_LOCK_TTL
+    # When set, Kafka's bootstrap servers come from this connection, not from the config.
+    kafka_config_id: str | None = None
 
     @cached_property
     def hook(self) -> SnapshotHook:
@@ -70,8 +72,13 @@ class PipelineOperatorMixin:
 
     def app_config(self) -> Any:
         """The pipeline config with the database taken from the Airflow connection
-        (password included, for in-process use only)."""
+        (password included, for in-process use only), and Kafka's bootstrap servers from
+        ``kafka_config_id`` when the operator has one."""
         config = self.load_config()
+        if self.kafka_config_id:
+            from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
+
+            config.kafka_bootstrap = kafka_bootstrap_from_connection(self.kafka_config_id)
         params = self.hook.libpq_params()
         config.postgres.host = params["host"]
         config.postgres.port = params["port"]
