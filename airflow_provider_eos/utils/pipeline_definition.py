@@ -32,7 +32,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -70,9 +70,17 @@ class ConnectionIds(_Section):
     postgres: str | None = None
     spark: str | None = None
 
-    def resolved(self, defaults: Mapping[str, str]) -> ConnectionIds:
+    def resolved(self, defaults: Mapping[str, str]) -> ResolvedConnections:
         """These ids with every unset one taken from ``defaults`` (keys kafka, postgres, spark)."""
-        return ConnectionIds(**{key: getattr(self, key) or defaults[key] for key in ("kafka", "postgres", "spark")})
+        return ResolvedConnections(**{key: getattr(self, key) or defaults[key] for key in ResolvedConnections._fields})
+
+
+class ResolvedConnections(NamedTuple):
+    """The connection ids a pipeline's tasks use, every one set."""
+
+    kafka: str
+    postgres: str
+    spark: str
 
 
 class StreamSettings(_Section):

@@ -106,9 +106,9 @@ def test_provider_info_declares_the_eos_config_section() -> None:
     from airflow_provider_eos import settings
 
     section = get_provider_info()["config"][settings.SECTION]
-    assert set(section["options"]) == {"snapshot_store", "pipeline_config_dir", "aside_retention_days"}
+    assert set(section["options"]) == {"snapshot_store", "pipeline_config_dir", "aside_retention_days",
+                                       "kafka_conn_id", "postgres_conn_id", "spark_conn_id"}
     for option in section["options"].values():
-        # A default here would shadow the environment variable that comes after the provider config.
         assert option["default"] is None and option["type"] in ("string", "float") and option["description"]
 
 
@@ -119,32 +119,29 @@ def test_airflow_sees_the_eos_config_section() -> None:
     assert "snapshot_store" in configs[DIST]["eos"]["options"]
 
 
-@pytest.mark.parametrize(("provider", "env", "expected"), [
-    ("/from/provider", "/from/env", "/from/provider"),
-    (None, "/from/env", "/from/env"),
-    (None, None, "default"),
-])
-def test_settings_precedence_provider_config_then_env_then_default(monkeypatch, provider, env, expected) -> None:
+@pytest.mark.parametrize(("provider", "expected"), [("/from/provider", "/from/provider"), (None, "default")])
+def test_settings_come_from_the_provider_config_else_the_default(monkeypatch, provider, expected) -> None:
     from airflow_provider_eos import settings
 
     for setting in settings.SETTINGS:
         variable = f"AIRFLOW__{settings.SECTION.upper()}__{setting.key.upper()}"
-        for name, value in ((variable, provider), (setting.env, env)):
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
+        if provider is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, provider)
         assert settings.get(setting) == (setting.default if expected == "default" else expected)
     assert settings.snapshot_store() == (settings.SNAPSHOT_STORE.default if expected == "default" else expected)
 
 
-def test_settings_read_airflow_cfg(monkeypatch) -> None:
+def test_settings_read_airflow_cfg_and_no_environment_variable_of_their_own(monkeypatch) -> None:
     from airflow.configuration import conf
 
     from airflow_provider_eos import settings
 
     monkeypatch.delenv("AIRFLOW__EOS__SNAPSHOT_STORE", raising=False)
+    # The provider's own variables of earlier versions: a DAG file must not read them at parse time.
     monkeypatch.setenv("EOS_SNAPSHOT_STORE", "/from/env")
+    monkeypatch.setenv("EOS_PIPELINE_CONFIG_DIR", "/from/env")
     if not conf.has_section("eos"):
         conf.add_section("eos")
     conf.set("eos", "snapshot_store", "/from/cfg")
@@ -152,21 +149,17 @@ def test_settings_read_airflow_cfg(monkeypatch) -> None:
         assert settings.snapshot_store() == "/from/cfg"
     finally:
         conf.remove_option("eos", "snapshot_store")
-    assert settings.snapshot_store() == "/from/env"
+    assert settings.snapshot_store() == settings.SNAPSHOT_STORE.default
+    assert settings.pipeline_config_dir() == settings.PIPELINE_CONFIG_DIR.default
 
 
-@pytest.mark.parametrize("name", ["..", "../x", ".", ".hidden", "a/b", "/abs", "", "x" * 101, "a b", None])
-def test_pipeline_names_that_leave_the_config_dir_are_refused(name) -> None:
+def test_connection_defaults_come_from_the_provider_config(monkeypatch) -> None:
     from airflow_provider_eos import settings
 
-    with pytest.raises(settings.SettingsError):
-        settings.pipeline_config_path(name, config_dir="/opt/eos/pipelines")
-
-
-def test_pipeline_config_path_stays_in_the_config_dir(tmp_path) -> None:
-    from airflow_provider_eos import settings
-
-    assert settings.pipeline_config_path("ledger.v2-x_1", str(tmp_path)) == tmp_path / "ledger.v2-x_1.json"
+    monkeypatch.delenv("AIRFLOW__EOS__POSTGRES_CONN_ID", raising=False)
+    monkeypatch.setenv("AIRFLOW__EOS__KAFKA_CONN_ID", "kafka_team_a")
+    assert settings.connection_defaults() == {"kafka": "kafka_team_a", "postgres": "eos_postgres",
+                                              "spark": "spark_default"}
 
 
 def test_run_conf_with_undeclared_keys_is_refused() -> None:
@@ -182,9 +175,8 @@ def test_aside_retention_days_is_a_non_negative_number(monkeypatch) -> None:
     from airflow_provider_eos import settings
 
     monkeypatch.delenv("AIRFLOW__EOS__ASIDE_RETENTION_DAYS", raising=False)
-    monkeypatch.delenv("EOS_ASIDE_RETENTION_DAYS", raising=False)
     assert settings.aside_retention_days() == 7.0
-    monkeypatch.setenv("EOS_ASIDE_RETENTION_DAYS", "0.5")
+    monkeypatch.setenv("AIRFLOW__EOS__ASIDE_RETENTION_DAYS", "0.5")
     assert settings.aside_retention_days() == 0.5
     for bad in ("soon", "-1"):
         monkeypatch.setenv("AIRFLOW__EOS__ASIDE_RETENTION_DAYS", bad)

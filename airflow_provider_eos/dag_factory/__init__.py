@@ -1,0 +1,76 @@
+"""The DAG factory: one pipeline definition yields all of that pipeline's DAGs.
+
+A deployment's DAG file is two lines::
+
+    from airflow_provider_eos.dag_factory import pipeline_dags
+    globals().update(pipeline_dags())
+
+For every definition in ``[eos] pipeline_config_dir`` (see
+:mod:`airflow_provider_eos.utils.pipeline_definition`) it builds ``eos_stream__<name>``,
+``eos_stop__<name>``, ``eos_health__<name>``, ``eos_snapshot__<name>`` and
+``eos_recovery__<name>``. A definition that does not validate gets one ``eos_invalid__<file>``
+DAG whose only task fails with the error, and the other pipelines keep their DAGs: one team's
+typo never takes another team's recovery DAG away. Parsing reads the definition files and the
+provider config, never an environment variable of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_eos import settings
+from airflow_provider_eos.dag_factory.common import START_DATE, dag_id
+from airflow_provider_eos.dag_factory.health import build_health_dag
+from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
+from airflow_provider_eos.dag_factory.snapshot import build_snapshot_dag
+from airflow_provider_eos.dag_factory.stream import build_stop_dag, build_stream_dag
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, load_definitions
+
+__all__ = ["build_pipeline_dags", "dag_id", "pipeline_dags"]
+
+log = logging.getLogger(__name__)
+
+
+def build_pipeline_dags(definition: PipelineDefinition) -> list[DAG]:
+    """The stream, stop, health, snapshot and recovery DAGs of one pipeline."""
+    return [build_stream_dag(definition), build_stop_dag(definition), build_health_dag(definition),
+            build_snapshot_dag(definition), build_recovery_dag(definition)]
+
+
+@task
+def refuse_invalid_definition(error: str) -> Any:
+    raise ValueError(error)
+
+
+def _invalid_dag(file_name: str, error: str) -> DAG:
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(file_name).stem) or "unnamed"
+    doc = f"**This pipeline definition does not validate.**\n\n```\n{error}\n```"
+    with DAG(dag_id=f"eos_invalid__{stem}", schedule=None, start_date=START_DATE, catchup=False,
+             tags=["eos", "invalid"], doc_md=doc) as dag:
+        refuse_invalid_definition(error)
+    return dag
+
+
+def pipeline_dags(directory: str | Path | None = None) -> dict[str, DAG]:
+    """Every DAG of every pipeline defined in ``directory`` (default ``[eos] pipeline_config_dir``),
+    by DAG id. A missing directory yields none (a fresh deployment's DAG file still imports)."""
+    root = Path(directory or settings.pipeline_config_dir())
+    if not root.is_dir():
+        log.warning("eos: no pipeline definition directory at %s (set [eos] pipeline_config_dir): no pipeline DAGs",
+                    root)
+        return {}
+    definitions, errors = load_definitions(root)
+    dags: dict[str, DAG] = {}
+    for definition in definitions.values():
+        for dag in build_pipeline_dags(definition):
+            dags[dag.dag_id] = dag
+    for file_name, error in errors.items():
+        log.error("eos: %s", error)
+        dag = _invalid_dag(file_name, error)
+        dags[dag.dag_id] = dag
+    return dags

@@ -1,0 +1,43 @@
+"""What every DAG of a pipeline shares: its ids, tags, connections and run-conf checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow_provider_eos import settings
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, ResolvedConnections
+
+# A scheduled DAG's first interval; catchup is off everywhere, so only "now" matters.
+START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+KINDS = ("stream", "stop", "health", "snapshot", "recovery")
+
+
+def dag_id(kind: str, pipeline: str) -> str:
+    """``eos_<kind>__<pipeline>``: the id names the pipeline, so two pipelines never share a DAG."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown DAG kind {kind!r}; one of {KINDS}")
+    return f"eos_{kind}__{pipeline}"
+
+
+def tags(definition: PipelineDefinition, *more: str) -> list[str]:
+    return ["eos", f"pipeline:{definition.name}", *more]
+
+
+def connection_ids(definition: PipelineDefinition) -> ResolvedConnections:
+    """The definition's connection ids, the deployment's defaults (``[eos] *_conn_id``) for the rest."""
+    return definition.connections.resolved(settings.connection_defaults())
+
+
+def recovery_config(definition: PipelineDefinition) -> dict[str, Any]:
+    """The app config the snapshot and recovery operators take. Kafka's bootstrap servers and
+    the database come from the pipeline's connections when the task runs (the operators get
+    ``kafka_config_id`` and ``postgres_conn_id``), so neither is written here."""
+    return definition.app_config(kafka_bootstrap="", postgres={})
+
+
+def refuse_undeclared_conf(context: Any, declared: Iterable[str]) -> None:
+    """A run conf may tune how a run goes, never where it reads or writes: any key the DAG does
+    not declare as a Param is refused before anything is touched."""
+    settings.check_run_conf(context["dag_run"].conf, declared)

@@ -1,0 +1,94 @@
+"""``eos_health__<pipeline>``: is the pipeline healthy? One summary task fails with a readable verdict.
+
+Checks: the topics' last stable offset is not stuck (hanging Kafka transactions), a batch
+finished recently (liveness), stored offsets reach the LSO (caught up), no new dead letters,
+no in-doubt prepared transactions in the target database. A stream without new input writes
+no progress rows, so a stale liveness with caught-up passing is reported as idle, not failed.
+Thresholds and timing come from the definition's ``health`` section; a run conf may tighten or
+loosen the three thresholds below for that run.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import DAG, Param, task
+
+from airflow_provider_eos.dag_factory.common import (
+    START_DATE,
+    connection_ids,
+    dag_id,
+    refuse_undeclared_conf,
+    tags,
+)
+from airflow_provider_eos.operators.dead_letters import (
+    DeadLetterCheckOperator,
+    PreparedTransactionsCheckOperator,
+    StreamHealthSummaryOperator,
+)
+from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
+from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor, StreamLivenessSensor
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
+
+
+@task
+def check_health_conf(declared: list[str], **context: Any) -> None:
+    """Refuses conf keys the health DAG does not declare."""
+    refuse_undeclared_conf(context, declared)
+
+
+def build_health_dag(definition: PipelineDefinition) -> DAG:
+    health, conns = definition.health, connection_ids(definition)
+    params = {
+        "max_age_seconds": Param(health.max_age_seconds, type="number", minimum=1,
+                                 description="liveness: newest batch age"),
+        "max_lag": Param(health.max_lag, type="integer", minimum=0, description="caught up: records per partition"),
+        "prepared_older_than": Param(health.prepared_older_than, type="number", minimum=0),
+    }
+    # The whole run fits in the sensors' windows plus the quick checks.
+    run_timeout = timedelta(seconds=health.sensor_timeout + health.stuck_after + 120)
+    with DAG(
+        dag_id=dag_id("health", definition.name),
+        schedule=health.schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        dagrun_timeout=run_timeout,
+        render_template_as_native_obj=True,
+        tags=tags(definition, "health"),
+        doc_md=__doc__,
+        params=params,
+    ) as dag:
+        checked = check_health_conf(list(params))
+        lso = LastStableOffsetLagSensor(
+            task_id="lso_lag", topics=list(definition.topics), kafka_config_id=conns.kafka, watch_mode="health",
+            stuck_after=health.stuck_after, poke_interval=min(health.poke_interval, health.stuck_after),
+            timeout=health.sensor_timeout + health.stuck_after,
+        )
+        liveness = StreamLivenessSensor(
+            task_id="liveness", pipeline=definition.name, meta_schema=definition.meta_schema,
+            postgres_conn_id=conns.postgres, max_age_seconds="{{ params.max_age_seconds }}",
+            poke_interval=health.poke_interval, timeout=health.sensor_timeout,
+        )
+        caught_up = StreamCaughtUpSensor(
+            task_id="caught_up", pipeline=definition.name, topics=list(definition.topics),
+            meta_schema=definition.meta_schema, max_lag="{{ params.max_lag }}", kafka_config_id=conns.kafka,
+            postgres_conn_id=conns.postgres, poke_interval=health.poke_interval, timeout=health.sensor_timeout,
+        )
+        dead_letters = DeadLetterCheckOperator(
+            task_id="dead_letters", pipeline=definition.name, meta_schema=definition.meta_schema,
+            postgres_conn_id=conns.postgres,
+        )
+        in_doubt = PreparedTransactionsCheckOperator(
+            task_id="prepared_transactions", postgres_conn_id=conns.postgres,
+            older_than_seconds="{{ params.prepared_older_than }}",
+        )
+        checks = [lso, liveness, caught_up, dead_letters, in_doubt]
+        summary = StreamHealthSummaryOperator(
+            task_id="summary", check_task_ids=[t.task_id for t in checks],
+            liveness_task_id=liveness.task_id, caught_up_task_id=caught_up.task_id,
+        )
+        checked >> checks
+        checks >> summary
+    return dag

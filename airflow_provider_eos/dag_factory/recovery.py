@@ -1,0 +1,168 @@
+"""``eos_recovery__<pipeline>``: put the pipeline's target back to a snapshot and replay Kafka from it.
+
+check_conf -> gate (no partition stuck) -> lock -> stop stream -> choose snapshot -> retention
+check -> restore (scratch validation, single-transaction swap; the old tables kept aside) ->
+replay (availableNow from the restored offsets; the stop request stays set) -> wait caught up
+-> audit -> finalize (drop the old tables) -> resume ``eos_stream__<pipeline>`` (the same
+pipeline, in the mode its definition gives) -> summary. If replay, caught-up or audit fails,
+``rollback`` puts the old tables back and the run fails; the stream stays stopped either way.
+The lock is released whatever happened. Every step is this pipeline's own: recovering one
+pipeline never stops, pauses or blocks another.
+
+Params: snapshot (``latest``, an id, or an ISO-8601 timestamp: newest before it), dry_run
+(plan only: snapshot, offsets, retention check; changes nothing), resume (trigger the stream
+DAG at the end), quiet_seconds. The snapshot store is the deployment's ``[eos]
+snapshot_store``, never run conf: a conf with any other key is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow.providers.standard.operators.python import ShortCircuitOperator
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Param, task
+
+from airflow_provider_eos import settings
+from airflow_provider_eos.dag_factory.common import (
+    START_DATE,
+    connection_ids,
+    dag_id,
+    recovery_config,
+    refuse_undeclared_conf,
+    tags,
+)
+from airflow_provider_eos.operators.audit import AuditOperator
+from airflow_provider_eos.operators.replay import CaughtUpOperator, ReplayOperator, RetentionCheckOperator
+from airflow_provider_eos.operators.restore import (
+    FinalizeRestoreOperator,
+    RecoveryLockOperator,
+    RequestStopOperator,
+    RestoreOperator,
+    RollbackRestoreOperator,
+)
+from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
+from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
+
+STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
+         "wait_caught_up", "audit", "finalize")
+PARAMS: dict[str, Param] = {
+    "snapshot": Param("latest", type="string", minLength=1,
+                      description="'latest', a snapshot id, or an ISO-8601 timestamp (newest before it)"),
+    "dry_run": Param(False, type="boolean", description="print the plan, change nothing"),
+    "resume": Param(True, type="boolean", description="start this pipeline's stream DAG again at the end"),
+    "quiet_seconds": Param(0, type="number", minimum=0,
+                           description="also require no micro-batch for this long (the running lock decides)"),
+}
+STORE = "{{ ti.xcom_pull(task_ids='check_conf')['snapshot_store'] }}"
+RETENTION_DAYS = "{{ ti.xcom_pull(task_ids='check_conf')['aside_retention_days'] }}"
+DRY_RUN = "{{ params.dry_run }}"
+PINNED = "{{ ti.xcom_pull(task_ids='choose_snapshot')['snapshot']['snapshot_id'] }}"
+
+
+@task
+def check_conf(**context: Any) -> dict[str, Any]:
+    """Refuses a conf with undeclared keys before anything is touched, and pins the deployment's
+    snapshot store and aside retention for the rest of the run."""
+    refuse_undeclared_conf(context, PARAMS)
+    return {"snapshot_store": settings.snapshot_store(), "aside_retention_days": settings.aside_retention_days()}
+
+
+@task(trigger_rule="none_failed")
+def summary(**context: Any) -> dict[str, Any]:
+    """Rows restored, events replayed, seconds per step."""
+    ti = context["ti"]
+    out: dict[str, Any] = {"dry_run": context["params"]["dry_run"]}
+    restored = ti.xcom_pull(task_ids="restore") or {}
+    replayed = ti.xcom_pull(task_ids="replay") or {}
+    plan = ti.xcom_pull(task_ids="choose_snapshot") or {}
+    retention_report = ti.xcom_pull(task_ids="retention_check") or {}
+    out["snapshot"] = plan.get("snapshot")
+    out["retention"] = {k: retention_report.get(k) for k in ("needed", "earliest", "records_to_replay")}
+    out["rows_restored"] = restored.get("rows_restored")
+    out["restore_timings"] = restored.get("timings")
+    out["events_replayed"] = replayed.get("events_replayed")
+    out["replay_seconds"] = replayed.get("seconds")
+    audit_report = ti.xcom_pull(task_ids="audit") or {}
+    out["audit"] = {"ok": audit_report.get("ok"), "summary": audit_report.get("summary")}
+    # Every step after the gate returns its own duration (the gate is a sensor: its time is waiting).
+    out["seconds_per_step"] = {step: (ti.xcom_pull(task_ids=step) or {}).get("step_seconds")
+                               for step in STEPS if step != "gate"}
+    print("eos_recovery summary:\n" + json.dumps(out, indent=2, default=str))
+    return out
+
+
+def build_recovery_dag(definition: PipelineDefinition) -> DAG:
+    conns = connection_ids(definition)
+    common: dict[str, Any] = {"pipeline_config": recovery_config(definition), "postgres_conn_id": conns.postgres}
+    # Steps that change the target hold the pipeline's recovery lock.
+    locked: dict[str, Any] = {**common, "hold_lock": True, "lock_ttl": DEFAULT_LOCK_TTL}
+    with DAG(
+        dag_id=dag_id("recovery", definition.name),
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        render_template_as_native_obj=True,
+        tags=tags(definition, "recovery"),
+        doc_md=__doc__,
+        params=PARAMS,
+    ) as dag:
+        checked = check_conf()
+        # Deferred to the triggerer: waiting on a stuck partition holds no worker slot.
+        gate = LastStableOffsetLagSensor(task_id="gate", topics=list(definition.topics), kafka_config_id=conns.kafka,
+                                         watch_mode="gate", poke_interval=2, timeout=600, deferrable=True)
+        lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=DEFAULT_LOCK_TTL, plan_only=DRY_RUN,
+                                    **common)
+        # The control-table stop request, then wait until no driver holds the pipeline's running lock.
+        stop = RequestStopOperator(task_id="stop_stream", quiet_seconds="{{ params.quiet_seconds }}",
+                                   plan_only=DRY_RUN, **locked)
+        choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}", snapshot_store=STORE,
+                                 plan_only=True, **common)
+        retention = RetentionCheckOperator(task_id="retention_check", snapshot=PINNED, snapshot_store=STORE,
+                                           kafka_config_id=conns.kafka, **common)
+        # keep_old: the replaced tables stay aside until replay and audit prove the new state (finalize
+        # drops them) or one of them fails (rollback puts them back).
+        restore = RestoreOperator(task_id="restore", snapshot=PINNED, snapshot_store=STORE, keep_old=True,
+                                  kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
+                                  plan_only=DRY_RUN, **locked)
+        replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
+                                plan_only=DRY_RUN, **locked)
+        caught_up = CaughtUpOperator(task_id="wait_caught_up", replay_task_id="replay", kafka_config_id=conns.kafka,
+                                     plan_only=DRY_RUN, **locked)
+        audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN, **locked)
+        # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
+        finalize = FinalizeRestoreOperator(task_id="finalize", restore_task_id="restore",
+                                           retention_days=RETENTION_DAYS, plan_only=DRY_RUN, **locked)
+        # Only a run whose restore swapped can roll back; one refused earlier (conf, gate, lock, stop,
+        # retention, restore) changed no table, and must not touch a lock another run may hold.
+        needs_rollback = ShortCircuitOperator(
+            task_id="needs_rollback",
+            trigger_rule="one_failed",
+            python_callable=lambda restored, dry_run: bool((restored or {}).get("aside_schema")) and not bool(dry_run),
+            op_kwargs={"restored": "{{ ti.xcom_pull(task_ids='restore') }}", "dry_run": DRY_RUN},
+        )
+        rollback = RollbackRestoreOperator(task_id="rollback", restore_task_id="restore", **locked)
+        should_resume = ShortCircuitOperator(
+            task_id="should_resume",
+            python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),
+            op_kwargs={"resume": "{{ params.resume }}", "dry_run": DRY_RUN},
+            ignore_downstream_trigger_rules=False,
+        )
+        # This pipeline's own stream DAG: its definition gives the mode the stream had.
+        resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id=dag_id("stream", definition.name),
+                                       wait_for_completion=False)
+        done = summary()
+        # A teardown: runs whenever the lock was taken, and does not decide the run's state.
+        release = RecoveryLockOperator(task_id="release_lock", action="release", plan_only=DRY_RUN,
+                                       **common).as_teardown(setups=lock)
+
+        checked >> gate >> lock >> stop >> choose >> retention >> restore >> replay >> caught_up >> audit
+        audit >> finalize >> should_resume >> resume >> done
+        finalize >> done
+        [replay, caught_up, audit] >> needs_rollback >> rollback
+        # The lock is held until the rollback is done, so no other recovery starts on a half-way target.
+        [done, rollback] >> release
+    return dag
