@@ -4,10 +4,10 @@ Starts the local stack and Airflow's real services (api-server, scheduler,
 dag-processor, triggerer), then drives the DAGs through the REST API:
 
  1. produce ledger events transactionally (with aborted batches and a poison record);
- 2. start ``eos_stream`` and SIGKILL its Spark driver once mid-stream;
- 3. leave an open transaction behind a killed producer; ``eos_health_check`` catches the stuck LSO;
- 4. snapshot with ``eos_snapshot``, keep streaming, then damage the target;
- 5. ``eos_recovery`` restores, replays from the snapshot's offsets, audits and resumes;
+ 2. start ``eos_stream__ledger`` and SIGKILL its Spark driver once mid-stream;
+ 3. leave an open transaction behind a killed producer; ``eos_health__ledger`` catches the stuck LSO;
+ 4. snapshot with ``eos_snapshot__ledger``, keep streaming, then damage the target;
+ 5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes;
  6. a final audit against Kafka, a report on the terminal and in HTML.
 
     .venv/bin/python -m demo.story            (what `make demo` runs)
@@ -43,9 +43,12 @@ from spark_apps.ledger.spec import LEDGER  # noqa: E402
 PIPELINE = "ledger"
 TOPIC = "ledger.events"
 META, TARGET = "eos", "public"
-DAGS = ["eos_stream", "eos_stream_stop", "eos_health_check", "eos_snapshot", "eos_recovery"]
+# The ledger's DAGs, built by the DAG factory from .local/pipelines/ledger.yaml (scripts/airflow.sh).
+STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY = (f"eos_{kind}__{PIPELINE}"
+                                           for kind in ("stream", "stop", "health", "snapshot", "recovery"))
+DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY]
 # Unpaused just before first use: unpausing a scheduled DAG starts a run for its latest interval.
-UNPAUSE_AT_START = ["eos_stream", "eos_stream_stop", "eos_health_check", "eos_recovery"]
+UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY]
 
 OPEN_TRANSACTION_RECORDS = 20
 OPEN_TRANSACTION = """
@@ -212,7 +215,7 @@ class Story:
         return int(rows[0][0]) if rows else 0
 
     def stream_runs(self) -> list[str]:
-        return [r["dag_run_id"] for r in self.api.recent_runs("eos_stream")
+        return [r["dag_run_id"] for r in self.api.recent_runs(STREAM)
                 if (r.get("start_date") or "") >= self.started_at]
 
     def spark_drivers(self) -> list[psutil.Process]:
@@ -256,10 +259,9 @@ class Story:
         produced = produce_ledger(bootstrap, self.events, topic=TOPIC, abort_every=5, poison=1, seed=2026,
                                   transactional_id="demo-generator")
 
-        c.stage("triggering eos_stream (continuous, exactly_once) and waiting for its first batches")
-        stream_conf = {"trigger": "processingTime", "trigger_interval": "2 seconds", "max_batch_attempts": 2,
-                       "max_offsets_per_trigger": 4000, "create_targets": True, "restart_backoff": 3}
-        self.stream_run = self.api.trigger("eos_stream", stream_conf)
+        c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for its first batches")
+        # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
+        self.stream_run = self.api.trigger(STREAM, {})
         self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()), 240)
 
         c.stage("SIGKILL of the Spark driver mid-stream; the operator restarts it")
@@ -280,8 +282,8 @@ class Story:
         more = produce_ledger(bootstrap, 2000, topic=TOPIC, seed=7, first_seq=10_000_000,
                               transactional_id="demo-generator")
 
-        c.stage("eos_health_check (deferrable LSO sensor on the triggerer) must catch the stuck LSO")
-        health = self.run_dag("eos_health_check", {"stuck_after": 10}, budget=300, expect="failed")
+        c.stage(f"{HEALTH} (deferrable LSO sensor on the triggerer) must catch the stuck LSO")
+        health = self.run_dag(HEALTH, {}, budget=300, expect="failed")
         self.timings["stuck LSO detected after (s)"] = round(time.monotonic() - killed_at, 1)
         self.health_run = health
 
@@ -290,9 +292,9 @@ class Story:
                         lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(),
                         self.open_txn_timeout_ms / 1000 + 240)
 
-        c.stage("eos_snapshot: consistent pg_dump with its Kafka offsets")
-        self.api.unpause("eos_snapshot")
-        self.run_dag("eos_snapshot", {}, budget=300)
+        c.stage(f"{SNAPSHOT}: consistent pg_dump with its Kafka offsets")
+        self.api.unpause(SNAPSHOT)
+        self.run_dag(SNAPSHOT, {}, budget=300)
 
         c.stage("more events after the snapshot")
         later = produce_ledger(bootstrap, max(2000, self.events // 4), topic=TOPIC, seed=99,
@@ -309,10 +311,10 @@ class Story:
             sql.Identifier(TARGET), sql.Identifier(TARGET)))
         damaged = self.final_audit()
 
-        c.stage("eos_recovery: gate, stop, restore, replay, caught up, audit, resume")
-        recovery = self.run_dag("eos_recovery", {"snapshot": "latest"}, budget=900)
+        c.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume")
+        recovery = self.run_dag(RECOVERY, {"snapshot": "latest"}, budget=900)
         # In the order they ran.
-        ran = sorted((ti for ti in self.api.task_instances("eos_recovery", recovery) if ti.get("duration") is not None),
+        ran = sorted((ti for ti in self.api.task_instances(RECOVERY, recovery) if ti.get("duration") is not None),
                      key=lambda ti: ti.get("start_date") or "")
         steps = [(ti["task_id"], round(float(ti["duration"]), 2)) for ti in ran]
 
@@ -334,7 +336,7 @@ class Story:
         committed = sum(b.committed + b.poison + b.malformed for b in batches)
         aborted = sum(b.aborted for b in batches) + OPEN_TRANSACTION_RECORDS
         for run_id in self.stream_runs():
-            self.runs[f"eos_stream ({run_id})"] = self.api.run_state("eos_stream", run_id)
+            self.runs[f"{STREAM} ({run_id})"] = self.api.run_state(STREAM, run_id)
         result = {
             "events_produced": committed + aborted,
             "events_committed_by_producers": committed,

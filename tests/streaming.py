@@ -38,6 +38,29 @@ def pipeline_config(stack: dict[str, str], tmp_path: Path, name: str, **override
     return config
 
 
+def write_definition(config: dict[str, Any], directory: Path, **sections: dict[str, Any]) -> Path:
+    """``<directory>/<pipeline>.yaml``: the pipeline definition (airflow_provider_eos.utils.pipeline_definition)
+    of an app ``config`` made by :func:`pipeline_config`, with ``sections`` (stream, health, snapshot...)
+    merged over what the config implies. Kafka and the database come from the connections."""
+    stream = {key: config[key] for key in ("trigger", "trigger_interval", "max_offsets_per_trigger",
+                                           "max_batch_attempts", "create_targets") if key in config}
+    definition: dict[str, Any] = {
+        "name": config["pipeline"],
+        "topics": list(config["topics"]),
+        "spec": config.get("spec", "spark_apps.ledger.spec:LEDGER"),
+        "delivery": config.get("delivery", "exactly_once"),
+        "target_schema": config["target_schema"],
+        "meta_schema": config["meta_schema"],
+        "checkpoint_dir": config["checkpoint_dir"],
+        "stream": {**stream, **sections.pop("stream", {})},
+        **sections,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{config['pipeline']}.yaml"
+    path.write_text(json.dumps(definition, indent=2))  # JSON is YAML
+    return path
+
+
 @dataclass
 class AppRun:
     process: subprocess.Popen

@@ -41,14 +41,14 @@ def test_the_story_ends_exactly_once(demo_result: dict) -> None:
 
 def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     states = {name.split(" ")[0]: state for name, state in demo_result["runs"].items()}
-    assert states["eos_health_check"] == "failed"  # it caught the stuck LSO
-    assert states["eos_snapshot"] == "success"
-    assert states["eos_recovery"] == "success"
+    assert states["eos_health__ledger"] == "failed"  # it caught the stuck LSO
+    assert states["eos_snapshot__ledger"] == "success"
+    assert states["eos_recovery__ledger"] == "success"
     assert demo_result["stuck LSO detected after (s)"] > 0
 
 
 def test_the_lso_sensor_deferred_to_the_triggerer(demo_result: dict) -> None:
-    assert any(task.startswith("eos_health_check.") for task in demo_result["tasks_seen_deferred"])
+    assert any(task.startswith("eos_health__ledger.") for task in demo_result["tasks_seen_deferred"])
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -1,5 +1,5 @@
-"""dags/ against the real stack: a DagBag import has no errors; ``eos_stream`` (availableNow)
-runs a pipeline exactly with ``dag.test()``; ``eos_health_check`` passes on a healthy pipeline
+"""dags/ against the real stack: a DagBag import has no errors; a pipeline's ``eos_stream__<name>``
+(availableNow) runs it exactly with ``dag.test()``; its ``eos_health__<name>`` passes on a healthy pipeline
 (LSO sensor through its trigger) and, with a stale liveness limit and a new dead letter, its
 deferred liveness sensor times out and the summary fails with one readable verdict.
 
@@ -19,6 +19,7 @@ from psycopg2 import sql
 
 from tests.conftest import ROOT, STATE_DIR
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
+from tests.streaming import write_definition
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -71,35 +72,35 @@ def test_dagbag_imports_without_errors(airflow_env) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     bag = json.loads(result.stdout.strip().splitlines()[-1])
     assert bag["errors"] == {}
-    assert {"eos_stream", "eos_stream_stop", "eos_health_check"} <= set(bag["dags"])
+    # The local stack's ledger.yaml (scripts/airflow.sh) yields the ledger's five DAGs.
+    assert {f"eos_{kind}__ledger" for kind in ("stream", "stop", "health", "snapshot", "recovery")} <= set(bag["dags"])
 
 
 def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # noqa: F811 - imported fixture
     started = time.monotonic()
     p = make_pipeline("dag")
     p.produce(800, abort_every=4)
-    # The pipeline's definition comes from the deployment's config directory; the conf only names
-    # it and tunes the run (a conf that tried to choose a topic or a schema would be refused).
+    # The pipeline's definition comes from the deployment's definition directory; a conf only tunes
+    # the run (one that tried to choose a topic or a schema is refused).
     config_dir = p.tmp_path / "pipelines"
-    config_dir.mkdir()
-    (config_dir / f"{p.name}.json").write_text(json.dumps(p.config))
-    dirs = {"EOS_PIPELINE_CONFIG_DIR": str(config_dir)}
-    refused, output = _dag_test(airflow_env, "eos_stream", {"pipeline": p.name, "topics": ["elsewhere"]}, dirs)
-    assert refused == {"state": "failed", "tasks": {"check_conf": "failed", "run_pipeline": "upstream_failed"}}, \
+    write_definition({**p.config, "create_targets": True}, config_dir,
+                     health={"stuck_after": 2, "sensor_timeout": 6, "poke_interval": 1})
+    dirs = {"AIRFLOW__EOS__PIPELINE_CONFIG_DIR": str(config_dir)}
+    stream_dag = f"eos_stream__{p.name}"
+    refused, output = _dag_test(airflow_env, stream_dag, {"topics": ["elsewhere"]}, dirs)
+    assert refused == {"state": "failed", "tasks": {"resolve_run": "failed", "run_pipeline": "upstream_failed"}}, \
         output[-5000:]
-    conf = {"pipeline": p.name, "create_targets": True, "trigger": "availableNow", "max_restarts": 0}
-    run, output = _dag_test(airflow_env, "eos_stream", conf, dirs)
-    assert run == {"state": "success", "tasks": {"check_conf": "success", "run_pipeline": "success"}}, \
+    conf = {"trigger": "availableNow", "max_restarts": 0}
+    run, output = _dag_test(airflow_env, stream_dag, conf, dirs)
+    assert run == {"state": "success", "tasks": {"resolve_run": "success", "run_pipeline": "success"}}, \
         output[-5000:]
     assert "EOS-BATCH" in output and p.stack["EOS_PG_PASSWORD"] not in output
     report = p.audit()
     assert report["ok"] and report["summary"]["committed_records"] == 800, report
     stream_s = time.monotonic() - started
 
-    health_env = {"EOS_HEALTH_PIPELINE": p.name, "EOS_HEALTH_TOPICS": p.topic,
-                  "EOS_HEALTH_META_SCHEMA": p.config["meta_schema"], "EOS_HEALTH_STUCK_AFTER": "2",
-                  "EOS_HEALTH_SENSOR_TIMEOUT": "6", "EOS_HEALTH_POKE_INTERVAL": "1"}
-    run, output = _dag_test(airflow_env, "eos_health_check", {"max_age_seconds": 600}, health_env)
+    health_dag = f"eos_health__{p.name}"
+    run, output = _dag_test(airflow_env, health_dag, {"max_age_seconds": 600}, dirs)
     assert run["state"] == "success", output[-6000:]
     assert set(run["tasks"].values()) == {"success"}, run
     assert "Stream health: OK" in output
@@ -111,7 +112,7 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
                             " VALUES (%s, %s, 1, 4242, 'k', 'v', 'rejected by test')").format(
                                 sql.Identifier(p.config["meta_schema"])), (p.name, p.topic))
     time.sleep(2)
-    run, output = _dag_test(airflow_env, "eos_health_check", {"max_age_seconds": 1}, health_env)
+    run, output = _dag_test(airflow_env, health_dag, {"max_age_seconds": 1}, dirs)
     assert run["state"] == "failed", output[-6000:]
     tasks = run["tasks"]
     assert tasks["summary"] == "failed" and tasks["dead_letters"] == "failed"
@@ -119,4 +120,4 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
     assert tasks["caught_up"] == "success" and tasks["lso_lag"] == "success"
     assert "Stream health: FAILED (1 of 5 checks failed)" in output, output[-6000:]
     assert f"{p.topic}[1]@4242" in output and "idle (caught up, no new input)" in output
-    print(f"\neos_stream dag.test: {stream_s:.1f}s; both health runs: {time.monotonic() - started - stream_s:.1f}s")
+    print(f"\n{stream_dag} dag.test: {stream_s:.1f}s; both health runs: {time.monotonic() - started - stream_s:.1f}s")

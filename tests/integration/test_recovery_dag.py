@@ -1,5 +1,5 @@
-"""End to end: run the pipeline, snapshot it (eos_snapshot DAG), process more,
-damage the target, then eos_recovery (dag.test) puts it back: the audit is
+"""End to end: run the pipeline, snapshot it (its eos_snapshot__<name> DAG), process more,
+damage the target, then its eos_recovery__<name> (dag.test) puts it back: the audit is
 exact and the tables equal the undamaged reference.
 
 Two kinds of damage: rows deleted, duplicated and balances corrupted by hand
@@ -22,7 +22,7 @@ from psycopg2 import sql
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.conftest import ROOT, STATE_DIR
-from tests.streaming import audit, pg_connect, pipeline_config, run_app
+from tests.streaming import audit, pg_connect, pipeline_config, run_app, write_definition
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,8 +51,8 @@ def _airflow_env(stack: dict[str, str], config_dir: Path, store: Path) -> dict[s
                          capture_output=True, check=True, timeout=60).stdout.decode()
     env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
     env.update({
-        "EOS_PIPELINE_CONFIG_DIR": str(config_dir),
-        "EOS_SNAPSHOT_STORE": str(store),
+        "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": str(config_dir),
+        "AIRFLOW__EOS__SNAPSHOT_STORE": str(store),
         "EOS_PG_BIN_DIR": "/usr/lib/postgresql/15/bin",
         "EOS_SPARK_JARS": stack["EOS_SPARK_JARS"],
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
@@ -108,14 +108,13 @@ def _processed_and_snapshotted(stack: dict, tmp_path: Path, name: str) -> tuple[
     config = pipeline_config(stack, tmp_path, name)
     topic = config["topics"][0]
     config_dir, store = tmp_path / "pipelines", tmp_path / "store"
-    config_dir.mkdir()
-    (config_dir / f"{name}.json").write_text(json.dumps(config))
+    write_definition(config, config_dir)
     env = _airflow_env(stack, config_dir, store)
     ensure_topic(bootstrap, topic, partitions=4)
 
     produce_ledger(bootstrap, 3000, topic=topic, abort_every=4, malformed=1, seed=5, transactional_id=f"a{name}")
     assert run_app(config, tmp_path, label="first").process.returncode == 0
-    [snap] = _dag_test(env, [["eos_snapshot", {"pipeline": name}]], tmp_path)
+    [snap] = _dag_test(env, [[f"eos_snapshot__{name}", {}]], tmp_path)
     assert snap["state"] == "success", snap
 
     produce_ledger(bootstrap, 2000, topic=topic, abort_every=3, malformed=2, seed=6, first_seq=10_000,
@@ -152,23 +151,19 @@ def _aside_schemas(stack: dict, config: dict, with_tables: bool = False) -> list
 
 
 def _triggered_stream_runs(env: dict[str, str], pipeline: str) -> list[dict]:
-    """Confs of the eos_stream runs a recovery triggered for ``pipeline``; the runs are deleted
-    (no scheduler runs in the tests, and none must find them later)."""
+    """Confs of the runs of ``pipeline``'s stream DAG (a recovery's resume creates one); they are
+    deleted (no scheduler runs in the tests, and none must find them later)."""
     import sqlalchemy
 
+    dag = f"eos_stream__{pipeline}"
     engine = sqlalchemy.create_engine(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
     try:
         with engine.begin() as conn:
-            rows = conn.execute(sqlalchemy.text(
-                "SELECT run_id, conf FROM dag_run WHERE dag_id = 'eos_stream'")).fetchall()
-            confs = {run_id: json.loads(conf) if isinstance(conf, str) else conf for run_id, conf in rows}
-            mine = {run_id: conf for run_id, conf in confs.items() if (conf or {}).get("pipeline") == pipeline}
-            for run_id in mine:
-                conn.execute(sqlalchemy.text("DELETE FROM task_instance WHERE dag_id = 'eos_stream'"
-                                             " AND run_id = :run"), {"run": run_id})
-                conn.execute(sqlalchemy.text("DELETE FROM dag_run WHERE dag_id = 'eos_stream'"
-                                             " AND run_id = :run"), {"run": run_id})
-            return list(mine.values())
+            rows = conn.execute(sqlalchemy.text("SELECT conf FROM dag_run WHERE dag_id = :dag"), {"dag": dag})
+            confs = [(json.loads(conf) if isinstance(conf, str) else conf) or {} for (conf,) in rows]
+            conn.execute(sqlalchemy.text("DELETE FROM task_instance WHERE dag_id = :dag"), {"dag": dag})
+            conn.execute(sqlalchemy.text("DELETE FROM dag_run WHERE dag_id = :dag"), {"dag": dag})
+            return confs
     finally:
         engine.dispose()
 
@@ -195,12 +190,13 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     damaged = _state(stack, config)
     assert not audit(config, tmp_path)["ok"]
 
-    conf = {"pipeline": name, "snapshot": "latest", "resume": False, "quiet_seconds": 1}
-    [dry] = _dag_test(env, [["eos_recovery", {**conf, "dry_run": True}]], tmp_path)
+    conf = {"snapshot": "latest", "resume": False, "quiet_seconds": 1}
+    recovery = f"eos_recovery__{name}"
+    [dry] = _dag_test(env, [[recovery, {**conf, "dry_run": True}]], tmp_path)
     assert dry["state"] == "success", dry
     assert _state(stack, config) == damaged  # the dry run changed nothing
-    # resume: the triggered eos_stream run is only created (dag.test runs this DAG alone); its conf is checked.
-    [real] = _dag_test(env, [["eos_recovery", {**conf, "dry_run": False, "resume": True}]], tmp_path)
+    # resume: the triggered stream run is only created (dag.test runs this DAG alone); its DAG is checked.
+    [real] = _dag_test(env, [[recovery, {**conf, "dry_run": False, "resume": True}]], tmp_path)
     assert real["state"] == "success", real
     assert real["tasks"]["resume_stream"] == "success" and real["tasks"]["release_lock"] == "success"
     assert real["tasks"]["finalize"] == "success" and real["tasks"]["rollback"] == "skipped", real
@@ -214,8 +210,8 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     # The replay ran past the stop request without clearing it: nothing could restart the stream meanwhile.
     assert _stop_requested(stack, config), "the recovery cleared the stop request"
     assert _aside_schemas(stack, config) == []  # finalize dropped the old tables
-    # Just the name: eos_stream reads the rest of this very pipeline's definition from the same config.
-    assert _triggered_stream_runs(env, name) == [{"pipeline": name}]
+    # This pipeline's own stream DAG, with no conf: its definition gives the mode the stream had.
+    assert _triggered_stream_runs(env, name) == [{}]
 
 
 def _task_state(env: dict[str, str], dag_id: str, logical_date: str, task_id: str) -> str | None:
@@ -253,14 +249,15 @@ def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay
     report = audit(config, tmp_path)
     assert not report["ok"] and report["summary"]["duplicated"] == 5000, report["summary"]
 
-    conf = {"pipeline": name, "snapshot": "latest", "resume": False, "quiet_seconds": 1, "dry_run": False}
+    conf = {"snapshot": "latest", "resume": False, "quiet_seconds": 1, "dry_run": False}
+    recovery = f"eos_recovery__{name}"
     first_run = "2026-01-02T03:04:05+00:00"
-    process, log = _start_dag_test(env, [["eos_recovery", conf, first_run]], tmp_path)
+    process, log = _start_dag_test(env, [[recovery, conf, first_run]], tmp_path)
     deadline, killed_in = time.monotonic() + 300, None
     while time.monotonic() < deadline and process.poll() is None:
-        if _task_state(env, "eos_recovery", first_run, "replay") == "running":
+        if _task_state(env, recovery, first_run, "replay") == "running":
             os.killpg(process.pid, signal.SIGKILL)  # the worker dies: restore done, replay just begun
-            killed_in = _task_state(env, "eos_recovery", first_run, "restore")
+            killed_in = _task_state(env, recovery, first_run, "restore")
             break
         time.sleep(0.2)
     process.wait(timeout=60)
@@ -274,13 +271,13 @@ def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay
     conn.close()
 
     # A new recovery is refused while the dead run's lock is fresh, and touches nothing.
-    [refused] = _dag_test(env, [["eos_recovery", conf]], tmp_path)
+    [refused] = _dag_test(env, [[recovery, conf]], tmp_path)
     assert refused["state"] == "failed" and refused["tasks"]["lock"] == "failed", refused
     assert refused["tasks"]["restore"] == "upstream_failed"
     assert _state(stack, config) == restored
 
     # Rerunning the killed run re-enters its lock; every step redoes or detects its work.
-    [rerun] = _dag_test(env, [["eos_recovery", conf, first_run]], tmp_path)
+    [rerun] = _dag_test(env, [[recovery, conf, first_run]], tmp_path)
     assert rerun["run_id"] == dead_holder and rerun["state"] == "success", rerun
     assert rerun["tasks"]["release_lock"] == "success"
     _assert_recovered(stack, config, tmp_path, reference)
@@ -300,8 +297,8 @@ def test_failed_replay_rolls_back_to_the_state_before_the_recovery(stack, tmp_pa
 
     # The replay's spark-submit cannot load the Kafka connector: it fails after the swap committed.
     broken = {**env, "EOS_SPARK_JARS": str(tmp_path / "no-such-connector.jar")}
-    conf = {"pipeline": name, "snapshot": "latest", "resume": True, "quiet_seconds": 1, "dry_run": False}
-    [run] = _dag_test(broken, [["eos_recovery", conf]], tmp_path)
+    conf = {"snapshot": "latest", "resume": True, "quiet_seconds": 1, "dry_run": False}
+    [run] = _dag_test(broken, [[f"eos_recovery__{name}", conf]], tmp_path)
     tasks = run["tasks"]
     assert run["state"] == "failed" and tasks["restore"] == "success" and tasks["replay"] == "failed", run
     assert tasks["rollback"] == "success" and tasks["finalize"] == "upstream_failed", run

@@ -1,10 +1,11 @@
-"""Trigger conf never chooses where eos_recovery / eos_snapshot read or write (issue 10, section 5).
+"""Trigger conf never chooses where a pipeline's recovery or snapshot DAG reads or writes (issue 10,
+section 5; issue 11: the DAG is the pipeline).
 
 Each run goes through ``dag.test()`` on the real DAGs, metadata DB and stack.
-A path-traversing pipeline name, and a snapshot store or config directory in
-the conf, must be refused before anything is touched: no meta schema created
-(the lock step creates it), no stop request, no lock row. A valid conf passes
-the same first check, so the refusals are the conf's doing."""
+Another pipeline's name (also a path-traversing one), a snapshot store, a config
+directory or schemas in the conf must be refused before anything is touched: no
+meta schema created (the lock step creates it), no stop request, no lock row. A
+valid conf passes the same first check, so the refusals are the conf's doing."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from spark_apps.ledger.generator import ensure_topic
 from tests.conftest import ROOT
 from tests.integration.test_recovery_dag import _airflow_env
-from tests.streaming import pg_connect, pipeline_config
+from tests.streaming import pg_connect, pipeline_config, write_definition
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -59,11 +60,11 @@ def _schemas(stack: dict[str, str], names: list[str]) -> list[str]:
         conn.close()
 
 
-def _assert_refused(result: dict[str, Any], conf: dict[str, Any]) -> None:
-    if "refused_at_trigger" in result:  # the Param's pattern: the run never existed
+def _assert_refused(result: dict[str, Any], conf: dict[str, Any], first_task: str) -> None:
+    if "refused_at_trigger" in result:  # a Param's schema: the run never existed
         return
     tasks = result["tasks"]
-    assert result["state"] == "failed" and tasks.get("check_conf") == "failed", (conf, result)
+    assert result["state"] == "failed" and tasks.get(first_task) == "failed", (conf, result)
     ran = {t for t, s in tasks.items() if s in ("success", "running")} - MAY_SUCCEED_WHEN_REFUSED
     assert not ran, (conf, result)
 
@@ -71,17 +72,14 @@ def _assert_refused(result: dict[str, Any], conf: dict[str, Any]) -> None:
 def test_trigger_conf_cannot_choose_paths_or_traverse(stack, tmp_path, unique_name) -> None:
     name, outside = f"par{unique_name}", f"out{unique_name}"
     config_dir, store = tmp_path / "pipelines", tmp_path / "store"
-    config_dir.mkdir()
     config = pipeline_config(stack, tmp_path, name)
-    (config_dir / f"{name}.json").write_text(json.dumps(config))
-    # A config the deployment never offered, one level up: what "../<outside>" would reach.
-    (tmp_path / f"{outside}.json").write_text(json.dumps(pipeline_config(stack, tmp_path, outside)))
-    # A foreign config directory offering the same pipeline name with other schemas.
+    write_definition(config, config_dir)
+    # A definition the deployment never offered, one level up: what "../<outside>" would reach.
+    write_definition(pipeline_config(stack, tmp_path, outside), tmp_path)
+    # A foreign definition directory offering the same pipeline name with other schemas.
     foreign_dir = tmp_path / "foreign-configs"
-    foreign_dir.mkdir()
-    (foreign_dir / f"{name}.json").write_text(json.dumps(
-        pipeline_config(stack, tmp_path, name, meta_schema=f"m_foreign{unique_name}",
-                        target_schema=f"t_foreign{unique_name}")))
+    write_definition(pipeline_config(stack, tmp_path, name, meta_schema=f"m_foreign{unique_name}",
+                                     target_schema=f"t_foreign{unique_name}"), foreign_dir)
     foreign_store = tmp_path / "foreign-store"
     for topic in (config["topics"][0], f"ledger.{outside}"):
         ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=2)
@@ -89,20 +87,23 @@ def test_trigger_conf_cannot_choose_paths_or_traverse(stack, tmp_path, unique_na
     watched = [f"m_{name}", f"t_{name}", f"m_{outside}", f"t_{outside}", f"m_foreign{unique_name}",
                f"t_foreign{unique_name}"]
 
+    recovery, snapshot = f"eos_recovery__{name}", f"eos_snapshot__{name}"
     refused_confs = [
-        ("eos_recovery", {"pipeline": f"../{outside}", "snapshot": "latest", "resume": False}),
-        ("eos_recovery", {"pipeline": "..", "resume": False}),
-        ("eos_recovery", {"pipeline": name, "snapshot_store": str(foreign_store), "resume": False}),
-        ("eos_recovery", {"pipeline": name, "config_dir": str(foreign_dir), "resume": False}),
-        ("eos_snapshot", {"pipeline": name, "snapshot_store": str(foreign_store)}),
-        ("eos_snapshot", {"pipeline": f"../{outside}"}),
+        (recovery, {"pipeline": f"../{outside}", "snapshot": "latest", "resume": False}),
+        (recovery, {"pipeline": outside, "resume": False}),
+        (recovery, {"snapshot_store": str(foreign_store), "resume": False}),
+        (recovery, {"config_dir": str(foreign_dir), "resume": False}),
+        (recovery, {"meta_schema": f"m_foreign{unique_name}", "target_schema": f"t_foreign{unique_name}"}),
+        (snapshot, {"snapshot_store": str(foreign_store)}),
+        (snapshot, {"pipeline": f"../{outside}"}),
     ]
+    first_task = {recovery: "check_conf", snapshot: "pin_snapshot_store"}
     for dag_id, conf in refused_confs:
         result = _run(env, dag_id, conf)
-        _assert_refused(result, conf)
+        _assert_refused(result, conf, first_task[dag_id])
         assert _schemas(stack, watched) == [], (conf, result)  # nothing touched in the database
         assert not foreign_store.exists(), (conf, result)
 
     # The same first check passes a valid conf: the run goes on to the gate and the (dry-run) lock.
-    ok = _run(env, "eos_recovery", {"pipeline": name, "dry_run": True, "resume": False})
+    ok = _run(env, recovery, {"dry_run": True, "resume": False})
     assert ok["tasks"]["check_conf"] == "success" and ok["tasks"]["gate"] == "success", ok

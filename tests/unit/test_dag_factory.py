@@ -1,0 +1,98 @@
+"""The DAG factory: each pipeline definition yields its own DAGs, ids, schedules and resume target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_eos.dag_factory import pipeline_dags
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = ("stream", "stop", "health", "snapshot", "recovery")
+
+
+def _definition(name: str, **more: object) -> dict:
+    return {"name": name, "topics": [f"{name}.events"], "spec": "spark_apps.ledger.spec:LEDGER",
+            "target_schema": f"t_{name}", "meta_schema": f"m_{name}", "checkpoint_dir": f"/tmp/cp/{name}", **more}
+
+
+@pytest.fixture
+def two_pipelines(tmp_path: Path) -> Path:
+    (tmp_path / "alpha.yaml").write_text(json.dumps(_definition(
+        "alpha", stream={"trigger": "availableNow", "schedule": "*/10 * * * *"},
+        snapshot={"schedule": None}, connections={"kafka": "kafka_alpha"})))
+    (tmp_path / "beta.yml").write_text(json.dumps(_definition("beta", delivery="two_phase")))
+    return tmp_path
+
+
+def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
+    dags = pipeline_dags(two_pipelines)
+    assert set(dags) == {f"eos_{kind}__{name}" for kind in KINDS for name in ("alpha", "beta")}
+    for name in ("alpha", "beta"):
+        for kind in KINDS:
+            dag = dags[f"eos_{kind}__{name}"]
+            assert {"eos", f"pipeline:{name}"} <= set(dag.tags)
+            if kind != "stop":  # one run at a time per pipeline, never across pipelines
+                assert dag.max_active_runs == 1, dag.dag_id
+    # Schedules come from each definition.
+    assert dags["eos_stream__alpha"].timetable.expression == "*/10 * * * *"
+    assert dags["eos_stream__beta"].timetable.__class__.__name__ == "NullTimetable"
+    assert dags["eos_snapshot__alpha"].timetable.__class__.__name__ == "NullTimetable"
+    assert dags["eos_snapshot__beta"].timetable.expression == "0 * * * *"
+    # What the tasks do comes from the definition, with the deployment's default connections for the rest.
+    alpha_run = dags["eos_stream__alpha"].get_task("run_pipeline")
+    assert (alpha_run.pipeline, alpha_run.topics, alpha_run.kafka_config_id, alpha_run.postgres_conn_id) == (
+        "alpha", ["alpha.events"], "kafka_alpha", "eos_postgres")
+    beta_run = dags["eos_stream__beta"].get_task("run_pipeline")
+    assert (beta_run.delivery, beta_run.meta_schema, beta_run.kafka_config_id) == ("two_phase", "m_beta",
+                                                                                   "kafka_default")
+    assert dags["eos_health__alpha"].get_task("lso_lag").topics == ["alpha.events"]
+    restore = dags["eos_recovery__beta"].get_task("restore")
+    assert restore.pipeline_config["pipeline"] == "beta" and restore.pipeline_config["target_schema"] == "t_beta"
+
+
+def test_a_recovery_resumes_its_own_pipeline_and_no_other(two_pipelines: Path) -> None:
+    dags = pipeline_dags(two_pipelines)
+    for name in ("alpha", "beta"):
+        resume = dags[f"eos_recovery__{name}"].get_task("resume_stream")
+        assert resume.trigger_dag_id == f"eos_stream__{name}"
+        assert not resume.conf  # the stream DAG's definition gives the mode; nothing to pass
+        # Every step of one pipeline's recovery works on that pipeline's own schemas.
+        for task in dags[f"eos_recovery__{name}"].tasks:
+            config = getattr(task, "pipeline_config", None)
+            if config is not None:
+                assert (config["pipeline"], config["meta_schema"]) == (name, f"m_{name}"), task.task_id
+
+
+def test_a_bad_definition_gets_an_invalid_dag_and_hides_no_other(two_pipelines: Path) -> None:
+    (two_pipelines / "gamma.yaml").write_text(json.dumps(_definition("gamma", delivery="sometimes")))
+    dags = pipeline_dags(two_pipelines)
+    assert "eos_invalid__gamma" in dags and "eos_stream__alpha" in dags and "eos_recovery__beta" in dags
+    assert not any(dag_id.endswith("__gamma") and not dag_id.startswith("eos_invalid") for dag_id in dags)
+    assert "delivery" in dags["eos_invalid__gamma"].doc_md
+
+
+def test_no_directory_no_dags(tmp_path: Path) -> None:
+    assert pipeline_dags(tmp_path / "missing") == {}
+
+
+def test_the_dags_folder_reads_the_provider_config_and_no_eos_environment(two_pipelines: Path) -> None:
+    """dags/ in a fresh interpreter: [eos] pipeline_config_dir (via AIRFLOW__EOS__...) decides, an
+    EOS_* variable of earlier versions is ignored, and there is no import error."""
+    code = ("import json, sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
+            "bag = DagBag(dag_folder=sys.argv[1])\n"
+            "print(json.dumps({'errors': {str(k): str(v) for k, v in bag.import_errors.items()},"
+            " 'dags': sorted(bag.dags)}))")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "AIRFLOW_HOME": str(two_pipelines / "airflow"),
+           "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": str(two_pipelines),
+           "EOS_PIPELINE_CONFIG_DIR": str(two_pipelines / "elsewhere")}
+    result = subprocess.run([sys.executable, "-c", code, str(ROOT / "dags")], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bag = json.loads(result.stdout.strip().splitlines()[-1])
+    assert bag["errors"] == {}
+    assert bag["dags"] == sorted(f"eos_{kind}__{name}" for kind in KINDS for name in ("alpha", "beta"))

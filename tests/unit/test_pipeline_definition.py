@@ -1,0 +1,121 @@
+"""The pipeline definition: one typed model, validated once, with errors that name the file and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_eos.utils.pipeline_definition import (
+    PipelineDefinitionError,
+    find_definition,
+    load_definition,
+    load_definitions,
+    parse_definition,
+)
+
+MINIMAL = {"name": "orders", "topics": ["orders.events"], "spec": "shop.specs:ORDERS",
+           "checkpoint_dir": "s3a://bucket/orders"}
+
+
+def _write(directory: Path, file_name: str, data: object) -> Path:
+    path = directory / file_name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_a_minimal_definition_gets_the_defaults() -> None:
+    d = parse_definition(MINIMAL, source="orders.yaml")
+    assert (d.delivery, d.target_schema, d.meta_schema) == ("exactly_once", "public", "eos")
+    assert d.stream.trigger == "processingTime" and d.stream.schedule is None
+    assert d.snapshot.schedule == "@hourly" and d.health.hanging_after == 900
+    assert d.connections.resolved({"kafka": "k", "postgres": "p", "spark": "s"}) == ("k", "p", "s")
+    assert d.model_copy(update={"connections": d.connections.model_copy(update={"kafka": "mine"})}) \
+        .connections.resolved({"kafka": "k", "postgres": "p", "spark": "s"}).kafka == "mine"
+
+
+def test_yaml_file_with_every_section(tmp_path: Path) -> None:
+    path = _write(tmp_path, "orders.yaml", """
+name: orders
+topics: [orders.events, orders.refunds]
+spec: shop.specs.orders:ORDERS
+delivery: two_phase
+target_schema: orders
+meta_schema: orders_eos
+checkpoint_dir: /data/checkpoints/orders
+connections: {kafka: kafka_orders}
+stream: {trigger: availableNow, schedule: "*/10 * * * *", max_offsets_per_trigger: 50000}
+snapshot: {schedule: null, keep_last: 3}
+health: {stuck_after: 30, hanging_after: 600}
+""")
+    d = load_definition(path)
+    assert d.delivery == "two_phase" and d.topics == ["orders.events", "orders.refunds"]
+    assert d.stream.schedule == "*/10 * * * *" and d.snapshot.schedule is None and d.health.stuck_after == 30
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"name": "../etc"}, "name"),
+    ({"name": ".hidden"}, "name"),
+    ({"topics": []}, "topics"),
+    ({"topics": ["a", "a"]}, "topics"),
+    ({"spec": "no_attribute"}, "spec"),
+    ({"delivery": "exactly_twice"}, "delivery"),
+    ({"target_schema": "Public; DROP"}, "target_schema"),
+    ({"stream": {"trigger": "continuous"}}, "stream.trigger"),
+    ({"stream": {"max_offsets_per_trigger": 0}}, "stream.max_offsets_per_trigger"),
+    ({"health": {"hanging_after": -1}}, "health.hanging_after"),
+    ({"kafka_bootstrap": "host:9092"}, "kafka_bootstrap"),  # the connection's, never the definition's
+    ({"postgres": {"password": "x"}}, "postgres"),
+])
+def test_a_bad_field_is_named_in_the_error(change: dict, field: str) -> None:
+    with pytest.raises(PipelineDefinitionError) as error:
+        parse_definition({**MINIMAL, **change}, source="orders.yaml")
+    assert str(error.value).startswith("orders.yaml: invalid pipeline definition") and f"{field}:" in str(error.value)
+
+
+def test_files_that_cannot_be_a_definition(tmp_path: Path) -> None:
+    with pytest.raises(PipelineDefinitionError, match="not valid YAML"):
+        load_definition(_write(tmp_path, "orders.yaml", "name: [unclosed"))
+    with pytest.raises(PipelineDefinitionError, match="a mapping, not list"):
+        load_definition(_write(tmp_path, "orders.yml", "- orders"))
+    with pytest.raises(PipelineDefinitionError, match=r"name the file orders\.json"):
+        load_definition(_write(tmp_path, "other.json", MINIMAL))
+
+
+def test_one_bad_file_hides_no_other_pipeline(tmp_path: Path) -> None:
+    _write(tmp_path, "orders.yaml", MINIMAL)
+    _write(tmp_path, "ledger.json", {**MINIMAL, "name": "ledger"})
+    _write(tmp_path, "broken.yaml", {**MINIMAL, "name": "broken", "delivery": "nope"})
+    _write(tmp_path, "twice.yaml", {**MINIMAL, "name": "twice"})
+    _write(tmp_path, "twice.json", {**MINIMAL, "name": "twice"})
+    _write(tmp_path, ".hidden.yaml", "not: [valid")
+    (tmp_path / "notes.txt").write_text("ignored")
+    valid, errors = load_definitions(tmp_path)
+    assert sorted(valid) == ["ledger", "orders"]
+    assert sorted(errors) == ["broken.yaml", "twice.json", "twice.yaml"]
+    assert "delivery" in errors["broken.yaml"] and "more than one definition" in errors["twice.yaml"]
+
+
+def test_find_definition_by_name(tmp_path: Path) -> None:
+    _write(tmp_path, "orders.yaml", MINIMAL)
+    assert find_definition(tmp_path, "orders").name == "orders"
+    with pytest.raises(PipelineDefinitionError, match=r"no pipeline 'ledger'.*defined there: orders"):
+        find_definition(tmp_path, "ledger")
+    with pytest.raises(PipelineDefinitionError, match="invalid pipeline name"):
+        find_definition(tmp_path, "../orders")
+    with pytest.raises(PipelineDefinitionError, match="does not exist"):
+        load_definitions(tmp_path / "missing")
+
+
+def test_app_config_carries_the_definition_and_never_a_password() -> None:
+    d = parse_definition({**MINIMAL, "stream": {"trigger": "availableNow", "max_batch_attempts": 5}}, source="x")
+    config = d.app_config(kafka_bootstrap="k:9092", postgres={"host": "pg", "port": 5432, "dbname": "d", "user": "u"},
+                          run_seconds=30)
+    assert config["pipeline"] == "orders" and config["kafka_bootstrap"] == "k:9092" and config["run_seconds"] == 30
+    assert config["trigger"] == "availableNow" and config["max_batch_attempts"] == 5
+    from spark_apps.eos_stream.config import from_dict
+
+    assert from_dict(config).validate().pipeline == "orders"  # the app accepts every key it gets
+    with pytest.raises(PipelineDefinitionError, match="password"):
+        d.app_config(kafka_bootstrap="k", postgres={"password": "secret"})
