@@ -1,0 +1,59 @@
+"""The second shipped spec (spark_apps.orders), a shape unlike the ledger's: a two-column aggregate
+key, an integer column and a value computed by the spec's transform. Under driver SIGKILLs at random
+moments exactly_once ends exact (no duplicate, no loss, every (sku, store) total right, the rejected
+lines quarantined and no valid one); the same crashes in at_least_once show duplicates and wrong
+totals, so the audit can fail on this shape too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_apps.ledger.generator import ensure_topic
+from spark_apps.orders.generator import produce_orders
+from tests.integration.test_crash_matrix import _crash_once, _kill_plan
+from tests.streaming import audit, pipeline_config, run_app
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LINES = 6000
+REJECTED = 3
+MALFORMED = 2
+
+
+def _crash_then_audit(stack: dict, tmp_path: Path, name: str, delivery: str) -> tuple[dict, int]:
+    config = pipeline_config(stack, tmp_path, name, delivery=delivery, spec="spark_apps.orders.spec:ORDERS",
+                             topics=[f"orders.{name}"], max_offsets_per_trigger=700)
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=3)
+    produced = produce_orders(stack["EOS_KAFKA_BOOTSTRAP"], LINES, topic=config["topics"][0], abort_every=4,
+                              malformed=MALFORMED, rejected=REJECTED, seed=3, orders_per_transaction=150,
+                              transactional_id=f"o{name}")
+    assert produced.committed == LINES and produced.aborted > 0
+    assert (produced.rejected, produced.malformed) == (REJECTED, MALFORMED)
+    kills = 0
+    for index, step in enumerate(_kill_plan(4, seed=len(name))):
+        kills += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
+    final = run_app(config, tmp_path, label=f"{delivery}-final", timeout=300)
+    assert final.process.returncode == 0, final.log()[-3000:]
+    return audit(config, tmp_path), kills
+
+
+def test_orders_exactly_once_under_sigkills(stack, tmp_path, unique_name) -> None:
+    report, kills = _crash_then_audit(stack, tmp_path, f"ord{unique_name}", "exactly_once")
+    summary, sales = report["summary"], report["aggregates"]["sku_store_sales"]
+    print(f"orders exactly_once: kills={kills} summary={summary} sales={sales}")
+    assert kills >= 3
+    assert summary["duplicated"] == 0 and summary["missing"] == 0 and summary["unexpected"] == 0
+    assert summary["committed_records"] == LINES + REJECTED + MALFORMED
+    assert summary["dead_lettered"] == REJECTED + MALFORMED and summary["wrongly_quarantined"] == 0
+    assert summary["malformed_not_quarantined"] == 0
+    assert sales["keys_wrong"] == 0 and report["ok"], report["mismatches"]
+
+
+def test_orders_at_least_once_shows_the_crashes(stack, tmp_path, unique_name) -> None:
+    report, kills = _crash_then_audit(stack, tmp_path, f"oal{unique_name}", "at_least_once")
+    summary, sales = report["summary"], report["aggregates"]["sku_store_sales"]
+    print(f"orders at_least_once: kills={kills} summary={summary} sales={sales}")
+    assert kills >= 3
+    assert summary["duplicated"] > 0 and sales["keys_wrong"] > 0 and not report["ok"]
