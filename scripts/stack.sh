@@ -9,9 +9,12 @@
 #   scripts/stack.sh start-postgres | stop-postgres
 #                             only the PostgreSQL cluster (tests start a second one
 #                             with other settings under another EOS_STATE_DIR)
+#   scripts/stack.sh start-spark | stop-spark
+#                             a Spark standalone cluster (one master, one worker)
+#                             from the pyspark distribution's own classes, for
+#                             spark://; not part of `start` (local[*] needs no daemon)
 #
-# Spark needs no daemon (local[*] inside spark-submit); Airflow's services are
-# started by scripts/airflow.sh. Settings come from the environment (see
+# Airflow's services are started by scripts/airflow.sh. Settings come from the environment (see
 # scripts/config.sh), so the same script serves other ports and timeouts.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -198,6 +201,65 @@ stop_kafka() {
   rm -f "$kafka_pid"
 }
 
+spark_dir="$EOS_STATE_DIR/spark"
+spark_master_pid="$spark_dir/master.pid"
+spark_worker_pid="$spark_dir/worker.pid"
+spark_master_url() { echo "spark://$EOS_BIND_HOST:$EOS_SPARK_MASTER_PORT"; }
+
+spark_home() {  # the pyspark distribution: bin/spark-class, jars/
+  "$EOS_VENV/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))'
+}
+
+spark_daemon() {  # $1 name, $2 pid file, $3... spark-class arguments
+  local name="$1" pid_file="$2" home; shift 2
+  home=$(spark_home) || die "pyspark is not installed in $EOS_VENV: run scripts/install.sh"
+  mkdir -p "$spark_dir/work" "$spark_dir/logs"
+  # Executors run the project's Python; SPARK_LOCAL_IP keeps every port on the bind host.
+  SPARK_HOME="$home" SPARK_LOCAL_IP="$EOS_BIND_HOST" SPARK_LOG_DIR="$spark_dir/logs" \
+    SPARK_WORKER_DIR="$spark_dir/work" PYSPARK_PYTHON="$EOS_VENV/bin/python" \
+    nohup "$home/bin/spark-class" "$@" >> "$spark_dir/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$pid_file"
+}
+
+spark_worker_registered() { grep -q "Successfully registered with master" "$spark_dir/logs/worker.log" 2>/dev/null; }
+
+start_spark() {
+  mkdir -p "$spark_dir"
+  if pid_alive "$spark_master_pid" && pid_alive "$spark_worker_pid"; then
+    log "spark master $(spark_master_url) is already running"; return 0
+  fi
+  require_free_port "$EOS_SPARK_MASTER_PORT" "the Spark master" EOS_SPARK_MASTER_PORT
+  require_free_port "$EOS_SPARK_WORKER_PORT" "the Spark worker" EOS_SPARK_WORKER_PORT
+  mkdir -p "$spark_dir/logs"; : > "$spark_dir/logs/worker.log"
+  spark_daemon master "$spark_master_pid" org.apache.spark.deploy.master.Master \
+    --host "$EOS_BIND_HOST" --port "$EOS_SPARK_MASTER_PORT" --webui-port "$EOS_SPARK_MASTER_UI_PORT"
+  wait_for 60 "spark master" port_open "$EOS_SPARK_MASTER_PORT" \
+    || die "the Spark master did not open $EOS_BIND_HOST:$EOS_SPARK_MASTER_PORT; see $spark_dir/logs/master.log"
+  spark_daemon worker "$spark_worker_pid" org.apache.spark.deploy.worker.Worker \
+    --host "$EOS_BIND_HOST" --port "$EOS_SPARK_WORKER_PORT" --webui-port "$EOS_SPARK_WORKER_UI_PORT" \
+    --cores "$EOS_SPARK_WORKER_CORES" --memory "$EOS_SPARK_WORKER_MEMORY" --work-dir "$spark_dir/work" \
+    "$(spark_master_url)"
+  wait_for 90 "spark worker" spark_worker_registered \
+    || die "the Spark worker did not register with $(spark_master_url); see $spark_dir/logs/worker.log"
+  log "spark master $(spark_master_url) is up with one worker ($EOS_SPARK_WORKER_CORES cores, $EOS_SPARK_WORKER_MEMORY)"
+}
+
+stop_pid_file() {  # $1 pid file, $2 name: TERM, then KILL after 30 s
+  if pid_alive "$1"; then
+    local pid; pid=$(cat "$1")
+    kill -TERM "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+    log "$2 stopped"
+  fi
+  rm -f "$1"
+}
+
+stop_spark() {
+  stop_pid_file "$spark_worker_pid" "spark worker"  # first: it kills the executors it launched
+  stop_pid_file "$spark_master_pid" "spark master"
+}
+
 write_env_file() {
   # Everything a client needs to reach this stack; the password stays in this
   # git-ignored file and in environment variables, never on a command line.
@@ -222,12 +284,15 @@ case "${1:-}" in
     start_kafka
     write_env_file
     log "ready; clients: source $EOS_STATE_DIR/stack.env" ;;
-  stop) stop_kafka; stop_postgres ;;
+  stop) stop_spark; stop_kafka; stop_postgres ;;
+  start-spark) start_spark ;;
+  stop-spark) stop_spark ;;
   start-postgres) mkdir -p "$EOS_STATE_DIR"; start_postgres ;;
   stop-postgres) stop_postgres ;;
   status)
     if pid_alive "$kafka_pid"; then echo "kafka: running (pid $(cat "$kafka_pid"))"; else echo "kafka: stopped"; fi
-    if [ -f "$pg_data/postmaster.pid" ]; then echo "postgres: running"; else echo "postgres: stopped"; fi ;;
-  reset) stop_kafka; stop_postgres; rm -rf "$kafka_dir" "$pg_dir" "$EOS_STATE_DIR/stack.env"; log "state removed" ;;
-  *) echo "usage: $0 start|stop|status|reset|start-postgres|stop-postgres" >&2; exit 2 ;;
+    if [ -f "$pg_data/postmaster.pid" ]; then echo "postgres: running"; else echo "postgres: stopped"; fi
+    if pid_alive "$spark_master_pid"; then echo "spark: running ($(spark_master_url))"; else echo "spark: stopped"; fi ;;
+  reset) stop_spark; stop_kafka; stop_postgres; rm -rf "$spark_dir"; rm -rf "$kafka_dir" "$pg_dir" "$EOS_STATE_DIR/stack.env"; log "state removed" ;;
+  *) echo "usage: $0 start|stop|status|reset|start-postgres|stop-postgres|start-spark|stop-spark" >&2; exit 2 ;;
 esac

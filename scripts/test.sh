@@ -9,11 +9,21 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/.."
 venv="${EOS_VENV:-.venv}"
 
+status=$(bash scripts/stack.sh status)
 started_stack=0
-if bash scripts/stack.sh status | grep -q ': stopped'; then
+if grep -qE '^(kafka|postgres): stopped' <<< "$status"; then
   started_stack=1
 fi
+# The Spark standalone cluster is started by the tests that need it (tests/conftest.py), which
+# stop it again; this catches a pytest killed by the wall timeout.
+spark_was_running=0
+if grep -q '^spark: running' <<< "$status"; then
+  spark_was_running=1
+fi
 stop_started() {
+  if [ "$spark_was_running" -eq 0 ]; then
+    bash scripts/stack.sh stop-spark > /dev/null || true
+  fi
   if [ "$started_stack" -eq 1 ]; then
     echo "test: stopping the stack this run started"
     bash scripts/stack.sh stop || true

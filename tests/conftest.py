@@ -55,3 +55,20 @@ def pg_conn(pg_dsn: str) -> Iterator:
     conn.autocommit = True
     yield conn
     conn.close()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(stack: dict[str, str]) -> Iterator[str]:
+    """A Spark standalone cluster (scripts/stack.sh start-spark): its master URL. Stopped at the end
+    of the session only if this session started it."""
+    script = str(ROOT / "scripts" / "stack.sh")
+    running = "spark: running" in subprocess.run(["bash", script, "status"], capture_output=True, text=True,
+                                                  check=True, timeout=60).stdout
+    if not running:
+        subprocess.run(["bash", script, "start-spark"], check=True, timeout=180)
+    host, port = os.environ.get("EOS_BIND_HOST", "127.0.0.1"), os.environ.get("EOS_SPARK_MASTER_PORT", "17077")
+    try:
+        yield f"spark://{host}:{port}"
+    finally:
+        if not running:
+            subprocess.run(["bash", script, "stop-spark"], check=False, timeout=120)
