@@ -59,7 +59,9 @@ class CmdlineWatch(threading.Thread):
                     self.executors.add(int(entry.name))
                 for label, needle in self.needles.items():
                     if needle in cmdline:
-                        self.hits.append((label, int(entry.name), cmdline[:300]))
+                        # Where it was, never the secret itself: a failure's message must not leak it.
+                        at = cmdline.index(needle)
+                        self.hits.append((label, int(entry.name), cmdline[max(0, at - 200):at] + f"<{label}>"))
             self.done.wait(0.3)
 
 
