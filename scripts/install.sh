@@ -2,7 +2,7 @@
 # Idempotent installer for a fresh Debian 12 machine (run as root, no stdin):
 #   1. Debian packages that are missing: JDK 17+, Maven, PostgreSQL server and
 #      client of one major version, procps, make, python3 with venv.
-#   2. .venv with `pip install -c constraints.txt -e .[dev]`.
+#   2. .venv with `pip install -c constraints.txt -e .[dev,spark]`.
 #   3. Maven-resolved jars: .local/kafka-libs (Kafka broker) and
 #      .local/spark-jars (Spark's Kafka source + PostgreSQL JDBC), with a
 #      project-local Maven repository in .local/m2.
@@ -91,10 +91,10 @@ if [ "$(cat "$py_marker" 2>/dev/null)" = "$py_hash" ] \
     && "$EOS_VENV/bin/python" -c 'import airflow_provider_eos, airflow, pyspark, pytest' >/dev/null 2>&1; then
   step "python packages up to date ($EOS_VENV)"
 else
-  step "pip install -c constraints.txt -e .[dev] (a few minutes on a fresh machine)"
+  step "pip install -c constraints.txt -e .[dev,spark] (a few minutes on a fresh machine)"
   pip_log="$log_dir/install-pip.log"
   (cd "$EOS_ROOT" && "$EOS_VENV/bin/pip" install --no-input --progress-bar off \
-      -c constraints.txt -e '.[dev]') > "$pip_log" 2>&1 \
+      -c constraints.txt -e '.[dev,spark]') > "$pip_log" 2>&1 \
     || { tail_log "$pip_log"; die "pip install failed (see $pip_log); if the package index is unreachable, check network/proxy and pip's index settings"; }
   echo "$py_hash" > "$py_marker"
 fi

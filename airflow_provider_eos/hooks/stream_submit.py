@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # The app's exit when the database fenced it (``spark_apps.eos_stream.fencing.EXIT_FENCED``; not
@@ -240,6 +240,12 @@ class EosStreamSubmitHook(SparkSubmitHook):
 
     def run_app(self, config: dict[str, Any]) -> AppRunResult:
         """Runs the app until it exits; never raises for the app's own failures."""
+        from spark_apps.eos_stream.pyspark_pairing import installed_versions, pairing_problem
+
+        # spark-submit comes from this environment's pyspark: refuse a mix of two Sparks before it starts.
+        problem = pairing_problem(installed_versions())
+        if problem:
+            raise AirflowFailException(f"cannot spark-submit the app: {problem}")
         self.events = []
         self._application_args = ["--config", self.write_config(config)]
         started = time.monotonic()

@@ -27,6 +27,7 @@ from spark_apps.eos_stream import fencing, preflight
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal, hold_running_lock, stop_requested
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
+from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
@@ -246,9 +247,10 @@ def root_cause(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        check_pyspark_pairing()
         config = parse_args(argv)
         return run(config)
-    except (ConfigError, SpecError) as exc:
+    except (ConfigError, SpecError, PysparkPairingError) as exc:
         emit("error", kind="config", message=str(exc))
         print(f"eos-stream: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

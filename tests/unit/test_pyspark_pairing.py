@@ -1,0 +1,37 @@
+"""pyspark and pyspark-client must be one Spark: the rule, and this environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_apps.eos_stream.pyspark_pairing import (
+    PysparkPairingError,
+    check_pyspark_pairing,
+    installed_versions,
+    pairing_problem,
+)
+
+
+@pytest.mark.parametrize(("versions", "expected"), [
+    ({"pyspark": "4.2.0", "pyspark-client": "4.2.0"}, None),
+    ({"pyspark": "4.2.0", "pyspark-client": None}, None),  # the full distribution alone is one Spark
+    ({"pyspark": "4.2.0", "pyspark-client": "4.1.1"}, "mix of two Sparks"),
+    ({"pyspark": None, "pyspark-client": "4.2.0"}, "pip install 'pyspark==4.2.0'"),
+    ({"pyspark": None, "pyspark-client": None}, "airflow-provider-eos[spark]"),
+])
+def test_pairing_rule(versions: dict, expected: str | None) -> None:
+    problem = pairing_problem(versions)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem is not None and expected in problem
+
+
+def test_this_environment_is_one_spark(monkeypatch) -> None:
+    assert installed_versions()["pyspark"] is not None
+    check_pyspark_pairing()
+    from spark_apps.eos_stream import pyspark_pairing
+
+    monkeypatch.setattr(pyspark_pairing, "installed_versions", lambda: {"pyspark": "4.2.0", "pyspark-client": "9.9"})
+    with pytest.raises(PysparkPairingError, match=r"pyspark 4\.2\.0 and pyspark-client 9\.9"):
+        check_pyspark_pairing()
