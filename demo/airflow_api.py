@@ -53,8 +53,12 @@ class AirflowApi:
         params = {"limit": limit, "order_by": "-start_date"}
         return self._call("GET", f"/dags/{dag_id}/dagRuns", params=params)["dag_runs"]
 
+    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        """One DAG run: state, start_date, end_date..."""
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+
     def run_state(self, dag_id: str, run_id: str) -> str:
-        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
+        return self.run(dag_id, run_id)["state"]
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]

@@ -63,9 +63,10 @@ def _table(rows: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    """:param report: ``summary`` (dict), ``lso_lag`` ({partition: [(seconds, lag)]}),
-    ``throughput`` ([(seconds, rows per second)]), ``recovery_steps`` ([(task, seconds)]),
-    ``runs`` ({dag: state})."""
+    """:param report: ``summary`` (the ledger's audit, dict), ``orders`` (the orders pipeline's
+    audit and what it did during the ledger's recovery, dict), ``lso_lag`` ({topic[partition]:
+    [(seconds, lag)]}), ``throughput`` ({series: [(seconds, rows per second)]}),
+    ``recovery_steps`` ([(task, seconds)]), ``runs`` ({dag: state})."""
     verdict = "EXACTLY ONCE" if report.get("exact") else "MISMATCH"
     color = "#2ca02c" if report.get("exact") else "#d62728"
     return f"""<!doctype html>
@@ -78,13 +79,14 @@ table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding
 </style></head><body>
 <h1>Kafka &rarr; Spark &rarr; PostgreSQL, exactly once</h1>
 <p class="verdict">{verdict}</p>
-<h2>Final audit</h2>{_table(report.get("summary", {}))}
+<h2>Final audit: ledger (crashed, hung, snapshotted, damaged, recovered)</h2>{_table(report.get("summary", {}))}
+<h2>Final audit: orders (streamed the whole time, through the ledger's recovery)</h2>{_table(report.get("orders", {}))}
 <h2>DAG runs</h2>{_table(report.get("runs", {}))}
-<h2>LastStableOffsetLag per partition (records)</h2>
+<h2>LastStableOffsetLag per topic partition (records)</h2>
 {line_chart(report.get("lso_lag", {}), "seconds since start", "HW - LSO")}
-<h2>Stream throughput</h2>
-{line_chart({"rows/s": report.get("throughput", [])}, "seconds since start", "rows per second")}
-<h2>Recovery steps</h2>
+<h2>Stream throughput per pipeline</h2>
+{line_chart(report.get("throughput", {}), "seconds since start", "rows per second")}
+<h2>The ledger's recovery steps</h2>
 {bar_chart(report.get("recovery_steps", []), "s")}
 </body></html>
 """

@@ -10,6 +10,13 @@ dag-processor, triggerer), then drives the DAGs through the REST API:
  5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes;
  6. a final audit against Kafka, a report on the terminal and in HTML.
 
+A second pipeline of another shape, ``orders`` (spark_apps/orders: order lines and sales per
+(sku, store)), streams through its own ``eos_stream__orders`` the whole time, undisturbed by
+the ledger's crash, hanging transaction and recovery, and is audited exactly at the end. A
+feed commits order lines every 2 s, so the report can show that the orders stream committed
+batches while the ledger's recovery held the ledger stopped, with the same DAG run and the
+same Spark driver before and after.
+
     .venv/bin/python -m demo.story            (what `make demo` runs)
 """
 
@@ -39,6 +46,8 @@ from spark_apps.eos_stream.audit import audit  # noqa: E402
 from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from spark_apps.ledger.spec import LEDGER  # noqa: E402
+from spark_apps.orders.generator import OrdersSummary, produce_orders  # noqa: E402
+from spark_apps.orders.spec import LINES_TABLE, ORDERS, SALES_TABLE  # noqa: E402
 
 PIPELINE = "ledger"
 TOPIC = "ledger.events"
@@ -46,9 +55,13 @@ META, TARGET = "eos", "public"
 # The ledger's DAGs, built by the DAG factory from .local/pipelines/ledger.yaml (scripts/airflow.sh).
 STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY = (f"eos_{kind}__{PIPELINE}"
                                            for kind in ("stream", "stop", "health", "snapshot", "recovery"))
-DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY]
+# The second pipeline (.local/pipelines/orders.yaml): its stream and stop DAGs are the ones used.
+ORDERS_PIPELINE, ORDERS_TOPIC = "orders", "orders.events"
+ORDERS_META, ORDERS_TARGET = "orders_eos", "orders"
+ORDERS_STREAM, ORDERS_STOP = f"eos_stream__{ORDERS_PIPELINE}", f"eos_stop__{ORDERS_PIPELINE}"
+DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP]
 # Unpaused just before first use: unpausing a scheduled DAG starts a run for its latest interval.
-UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY]
+UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP]
 
 OPEN_TRANSACTION_RECORDS = 20
 OPEN_TRANSACTION = """
@@ -94,48 +107,81 @@ class Console:
 
 
 class LsoSampler(threading.Thread):
-    """Samples HW - LSO per partition every second, for the report's plot."""
+    """Samples HW - LSO per partition of every demo topic each second, for the report's plot."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
         super().__init__(daemon=True)
         from confluent_kafka.admin import AdminClient
 
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
-        self.topic = topic
+        self.topics = topics
         self.samples: dict[str, list[tuple[float, float]]] = {}
         self.started = time.monotonic()
         self.stop_event = threading.Event()
 
-    def latest(self, committed: bool) -> dict[int, int]:
+    def latest(self, committed: bool, topic: str = TOPIC) -> dict[int, int]:
         """Latest offset per partition: the LSO when ``committed``, else the high watermark."""
         from confluent_kafka import IsolationLevel, TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
-        partitions = self.admin.list_topics(self.topic, timeout=10).topics[self.topic].partitions
-        request = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in partitions}
+        partitions = self.admin.list_topics(topic, timeout=10).topics[topic].partitions
+        request = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
         level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
         result = self.admin.list_offsets(request, isolation_level=level)
         return {tp.partition: result[tp].result().offset for tp in request}
 
-    def lag(self) -> dict[int, int]:
-        hw, lso = self.latest(committed=False), self.latest(committed=True)
+    def lag(self, topic: str = TOPIC) -> dict[int, int]:
+        hw, lso = self.latest(committed=False, topic=topic), self.latest(committed=True, topic=topic)
         return {partition: hw[partition] - lso.get(partition, hw[partition]) for partition in hw}
 
     def run(self) -> None:
         while not self.stop_event.wait(1.0):
+            for topic in self.topics:
+                try:
+                    for partition, lag in self.lag(topic).items():
+                        self.samples.setdefault(f"{topic}[{partition}]", []).append(
+                            (time.monotonic() - self.started, lag))
+                except Exception:  # a sample missed while the broker is busy is not worth failing the demo
+                    continue
+
+
+class OrdersFeed(threading.Thread):
+    """Keeps order lines flowing for the whole story, so the orders stream has work to commit
+    while the ledger crashes, hangs and is recovered. Every other transaction aborts."""
+
+    def __init__(self, bootstrap: str, lines_per_tick: int, interval: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.lines, self.interval = bootstrap, lines_per_tick, interval
+        self.summaries: list[OrdersSummary] = []
+        self.error: BaseException | None = None
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        tick = 0
+        while not self.stop_event.wait(self.interval):
+            tick += 1
             try:
-                for partition, lag in self.lag().items():
-                    self.samples.setdefault(f"partition {partition}", []).append(
-                        (time.monotonic() - self.started, lag))
-            except Exception:  # a sample missed while the broker is busy is not worth failing the demo
-                continue
+                # One producer id for the feed: each call's init_transactions fences the previous one.
+                self.summaries.append(produce_orders(
+                    self.bootstrap, self.lines, topic=ORDERS_TOPIC, orders_per_transaction=20, abort_every=2,
+                    seed=3000 + tick, first_seq=tick * 1_000_000, transactional_id="demo-orders-feed"))
+            except Exception as exc:  # reported by stop(): the demo must not claim a feed that died
+                self.error = exc
+                return
+
+    def stop(self) -> list[OrdersSummary]:
+        self.stop_event.set()
+        self.join(60)
+        if self.error is not None:
+            raise RuntimeError(f"the orders feed failed: {self.error}") from self.error
+        return self.summaries
 
 
 class Story:
     def __init__(self, events: int, open_txn_timeout_ms: int) -> None:
         self.events = events
         self.open_txn_timeout_ms = open_txn_timeout_ms
-        self.console = Console(total=14)
+        self.console = Console(total=16)
         self.timings: dict[str, float] = {}
         self.runs: dict[str, str] = {}
         self.deferred: set[str] = set()
@@ -191,6 +237,53 @@ class Story:
             raise RuntimeError(f"{dag_id} ended {state}, expected {expect} (failed tasks: {failed})")
         return run_id
 
+    def orders_batches(self) -> int:
+        """Batches the orders pipeline committed so far."""
+        if self.query("SELECT to_regclass(%s)", (f"{ORDERS_META}.stream_progress",))[0][0] is None:
+            return 0
+        rows = self.query(sql.SQL("SELECT count(*) FROM {}.stream_progress WHERE pipeline = %s").format(
+            sql.Identifier(ORDERS_META)), (ORDERS_PIPELINE,))
+        return int(rows[0][0])
+
+    def orders_through_recovery(self, recovery: str, instances: list[dict[str, Any]],
+                                drivers_before: set[int]) -> dict[str, Any]:
+        """What the orders stream did while the ledger was stopped by its recovery (from the ledger's
+        ``stop_stream`` to its ``resume_stream``): it kept its run and driver and kept committing."""
+        tasks = {ti["task_id"]: ti for ti in instances}
+        down_from = tasks["stop_stream"]["start_date"]
+        down_to = (tasks.get("resume_stream") or {}).get("end_date") or self.api.run(RECOVERY, recovery)["end_date"]
+        batches, rows, seconds = self.query(sql.SQL(
+            "SELECT count(*) FILTER (WHERE input_rows > 0), coalesce(sum(input_rows), 0),"
+            " extract(epoch FROM %s::timestamptz - %s::timestamptz)"
+            " FROM {}.stream_progress WHERE pipeline = %s AND recorded_at BETWEEN %s AND %s").format(
+            sql.Identifier(ORDERS_META)), (down_to, down_from, ORDERS_PIPELINE, down_from, down_to))[0]
+        runs = [r["dag_run_id"] for r in self.api.recent_runs(ORDERS_STREAM)
+                if (r.get("start_date") or "") >= self.started_at]
+        drivers_after = {process.pid for process in self.spark_drivers(ORDERS_PIPELINE)}
+        return {
+            "ledger_stopped_s": round(float(seconds), 1),
+            "batches_while_ledger_stopped": int(batches),
+            "records_while_ledger_stopped": int(rows),
+            "stream_runs": len(runs),
+            "stream_run_state_after": self.api.run_state(ORDERS_STREAM, self.orders_run),
+            "same_driver": bool(drivers_before) and drivers_before == drivers_after,
+        }
+
+    def orders_caught_up(self) -> bool:
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+
+        if self.query("SELECT to_regclass(%s)", (f"{ORDERS_META}.kafka_offsets",))[0][0] is None:
+            return False
+        admin = AdminClient({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]})
+        partitions = admin.list_topics(ORDERS_TOPIC, timeout=10).topics[ORDERS_TOPIC].partitions
+        request = {TopicPartition(ORDERS_TOPIC, p): OffsetSpec.latest() for p in partitions}
+        result = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
+        stored = dict(((t, p), o) for t, p, o in self.query(
+            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
+                sql.Identifier(ORDERS_META)), (ORDERS_PIPELINE,)))
+        return all(stored.get((ORDERS_TOPIC, tp.partition), -1) >= result[tp].result().offset for tp in request)
+
     def caught_up(self) -> bool:
         if not self.meta_ready():
             return False
@@ -218,11 +311,13 @@ class Story:
         return [r["dag_run_id"] for r in self.api.recent_runs(STREAM)
                 if (r.get("start_date") or "") >= self.started_at]
 
-    def spark_drivers(self) -> list[psutil.Process]:
+    def spark_drivers(self, pipeline: str = PIPELINE) -> list[psutil.Process]:
+        """The pipeline's Spark drivers: spark-submit names its application ``eos-<pipeline>``."""
         found = []
         for process in psutil.process_iter(["cmdline", "name"]):
-            cmdline = " ".join(process.info["cmdline"] or [])
-            if "java" in (process.info["name"] or "") and "eos_stream/app.py" in cmdline:
+            cmdline = process.info["cmdline"] or []
+            if ("java" in (process.info["name"] or "") and "eos_stream/app.py" in " ".join(cmdline)
+                    and f"eos-{pipeline}" in cmdline):
                 found.append(process)
         return found
 
@@ -247,6 +342,7 @@ class Story:
         c.stage(f"Airflow UI: {self.ui}  ({self.login_hint}); waiting for the DAGs to parse")
         self.api = AirflowApi(self.ui, *self.login)
         self.api.wait_for_dags(DAGS)
+        self.check_definitions(Path(airflow_env["AIRFLOW__EOS__PIPELINE_CONFIG_DIR"]))
         self.reset()
         for dag_id in UNPAUSE_AT_START:
             self.api.unpause(dag_id)
@@ -254,10 +350,21 @@ class Story:
         c.stage(f"producing {self.events} ledger events transactionally (aborted batches, one poison record)")
         bootstrap = self.stack["EOS_KAFKA_BOOTSTRAP"]
         ensure_topic(bootstrap, TOPIC, partitions=4)
-        self.sampler = LsoSampler(bootstrap, TOPIC)
+        ensure_topic(bootstrap, ORDERS_TOPIC, partitions=3)
+        self.sampler = LsoSampler(bootstrap, [TOPIC, ORDERS_TOPIC])
         self.sampler.start()
         produced = produce_ledger(bootstrap, self.events, topic=TOPIC, abort_every=5, poison=1, seed=2026,
                                   transactional_id="demo-generator")
+
+        c.stage(f"order lines (aborted transactions, rejected and malformed lines) into {ORDERS_STREAM}, "
+                "a second pipeline of another shape that streams from now to the end")
+        orders_produced = [produce_orders(bootstrap, self.events // 2, topic=ORDERS_TOPIC, abort_every=5,
+                                          malformed=1, rejected=2, seed=2027, transactional_id="demo-orders")]
+        # Continuous, 3 s batches, its own target and meta schemas: all in orders.yaml.
+        self.orders_run = self.api.trigger(ORDERS_STREAM, {})
+        self.wait_until("the orders stream's first batches", lambda: self.orders_batches() >= 1, 240)
+        feed = OrdersFeed(bootstrap, lines_per_tick=max(100, self.events // 50))
+        feed.start()
 
         c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for its first batches")
         # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
@@ -311,18 +418,31 @@ class Story:
             sql.Identifier(TARGET), sql.Identifier(TARGET)))
         damaged = self.final_audit()
 
-        c.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume")
+        c.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume; "
+                f"{ORDERS_STREAM} keeps streaming")
+        orders_drivers = {process.pid for process in self.spark_drivers(ORDERS_PIPELINE)}
         recovery = self.run_dag(RECOVERY, {"snapshot": "latest"}, budget=900)
+        instances = self.api.task_instances(RECOVERY, recovery)
         # In the order they ran.
-        ran = sorted((ti for ti in self.api.task_instances(RECOVERY, recovery) if ti.get("duration") is not None),
+        ran = sorted((ti for ti in instances if ti.get("duration") is not None),
                      key=lambda ti: ti.get("start_date") or "")
         steps = [(ti["task_id"], round(float(ti["duration"]), 2)) for ti in ran]
+        orders_through_recovery = self.orders_through_recovery(recovery, instances, orders_drivers)
 
-        c.stage("final audit against everything Kafka committed")
+        c.stage("final audit of the ledger against everything Kafka committed")
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
         final = self.final_audit()
 
-        c.stage("stopping the stream at a batch boundary")
+        c.stage(f"the orders feed stops; final audit of {ORDERS_PIPELINE}, then {ORDERS_STOP} stops its stream")
+        orders_produced += feed.stop()
+        self.wait_until("orders stream caught up with the LSO", self.orders_caught_up, 300)
+        orders_final = self.final_audit(ORDERS_PIPELINE)
+        self.run_dag(ORDERS_STOP, {}, budget=300)
+        self.wait_until(f"{ORDERS_STREAM} run to end",
+                        lambda: self.api.run_state(ORDERS_STREAM, self.orders_run) not in ("queued", "running"), 120)
+        self.runs[f"{ORDERS_STREAM} ({self.orders_run})"] = self.api.run_state(ORDERS_STREAM, self.orders_run)
+
+        c.stage("stopping the ledger stream at a batch boundary")
         self.query(sql.SQL("INSERT INTO {}.stream_control (pipeline, stop_requested_at, requested_by)"
                            " VALUES (%s, now(), 'demo') ON CONFLICT (pipeline) DO UPDATE SET"
                            " stop_requested_at = now(), requested_by = 'demo'").format(sql.Identifier(META)),
@@ -353,10 +473,42 @@ class Story:
             **self.timings,
             "recovery_steps_s": dict(steps),
             "tasks_seen_deferred": sorted(self.deferred),
-            "exact": final["ok"],
+            "ledger_exact": final["ok"],
         }
+        orders_committed = sum(p.committed + p.rejected + p.malformed for p in orders_produced)
+        orders_aborted = sum(p.aborted for p in orders_produced)
+        sales = orders_final["aggregates"]["sku_store_sales"]
+        result["orders"] = {
+            "lines_produced": orders_committed + orders_aborted,
+            "lines_committed_by_producers": orders_committed,
+            "lines_committed_in_kafka (audit)": orders_final["summary"]["committed_records"],
+            "lines_aborted": orders_aborted,
+            "rows_in_db": sum(p["rows"] for p in orders_final["partitions"].values()),
+            "duplicates": orders_final["summary"]["duplicated"],
+            "missing": orders_final["summary"]["missing"],
+            "sales_keys": sales["keys"],
+            "sales_exact": sales["keys_wrong"] == 0,
+            "dead_lettered": orders_final["summary"]["dead_lettered"],
+            "through_the_ledger_recovery": orders_through_recovery,
+            "exact": orders_final["ok"],
+        }
+        result["exact"] = final["ok"] and orders_final["ok"]
         self.write_html(result, steps)
         return result
+
+    def check_definitions(self, directory: Path) -> None:
+        """The demo drives and audits what the pipeline definitions (scripts/airflow.sh) describe:
+        a definition that drifted from the names below fails here, not as a wrong audit later."""
+        from airflow_provider_eos.utils.pipeline_definition import find_definition
+
+        for name, topic, target, meta, spec in (
+                (PIPELINE, TOPIC, TARGET, META, "spark_apps.ledger.spec:LEDGER"),
+                (ORDERS_PIPELINE, ORDERS_TOPIC, ORDERS_TARGET, ORDERS_META, "spark_apps.orders.spec:ORDERS")):
+            definition = find_definition(directory, name)
+            found = (definition.topics, definition.target_schema, definition.meta_schema, definition.spec)
+            if found != ([topic], target, meta, spec):
+                raise RuntimeError(f"pipeline {name!r} in {directory}: topics, target and meta schema, spec are "
+                                   f"{found}; the demo expects {([topic], target, meta, spec)}")
 
     def reset(self) -> None:
         """A rerun starts from a clean slate: the demo's topic, tables, offsets and snapshots."""
@@ -369,31 +521,47 @@ class Story:
         self.query(sql.SQL("DROP TABLE IF EXISTS {t}.ledger_events, {t}.account_balances").format(
             t=sql.Identifier(TARGET)))
         self.query(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(META)))
-        for folder in ("snapshots", "checkpoints"):
+        if ORDERS_TOPIC in admin.list_topics(timeout=10).topics:
+            admin.delete_topics([ORDERS_TOPIC])[ORDERS_TOPIC].result(30)
+            self.wait_until("old orders topic deleted",
+                            lambda: ORDERS_TOPIC not in admin.list_topics(timeout=10).topics, 60)
+        self.query(sql.SQL("DROP TABLE IF EXISTS {t}.{lines}, {t}.{sales}").format(
+            t=sql.Identifier(ORDERS_TARGET), lines=sql.Identifier(LINES_TABLE), sales=sql.Identifier(SALES_TABLE)))
+        self.query(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(ORDERS_META)))
+        for folder in ("snapshots", "checkpoints", "checkpoints-orders"):
             subprocess.run(["rm", "-rf", str(ROOT / ".local" / folder)], check=True)
 
-    def final_audit(self) -> dict[str, Any]:
+    def final_audit(self, pipeline: str = PIPELINE) -> dict[str, Any]:
+        ledger = pipeline == PIPELINE
         config = PipelineConfig(
-            pipeline=PIPELINE, topics=[TOPIC], kafka_bootstrap=self.stack["EOS_KAFKA_BOOTSTRAP"],
-            target_schema=TARGET, meta_schema=META,
+            pipeline=pipeline, topics=[TOPIC if ledger else ORDERS_TOPIC],
+            kafka_bootstrap=self.stack["EOS_KAFKA_BOOTSTRAP"], spec="spark_apps.ledger.spec:LEDGER" if ledger
+            else "spark_apps.orders.spec:ORDERS", target_schema=TARGET if ledger else ORDERS_TARGET,
+            meta_schema=META if ledger else ORDERS_META,
             postgres=PostgresTarget(host=self.stack["EOS_PG_HOST"], port=int(self.stack["EOS_PG_PORT"]),
                                     dbname=self.stack["EOS_PG_DB"], user=self.stack["EOS_PG_USER"],
                                     password=self.stack["EOS_PG_PASSWORD"]),
         )
         # Called once the stream has caught up with the LSO: whatever Kafka
         # committed and the target lacks is missing, not "not yet applied".
-        return audit(config, LEDGER, pending="missing")
+        return audit(config, LEDGER if ledger else ORDERS, pending="missing")
 
     def write_html(self, result: dict[str, Any], steps: list[tuple[str, float]]) -> None:
-        started = self.sampler.started
-        rows = self.query(sql.SQL(
-            "SELECT extract(epoch FROM recorded_at), input_rows, batch_duration_ms FROM {}.stream_progress"
-            " WHERE pipeline = %s ORDER BY recorded_at").format(sql.Identifier(META)), (PIPELINE,))
-        wall_offset = time.time() - (time.monotonic() - started)
-        throughput = [(float(t) - wall_offset, rows_ / max(ms or 1, 1) * 1000) for t, rows_, ms in rows if rows_]
+        wall_offset = time.time() - (time.monotonic() - self.sampler.started)
+        throughput: dict[str, list[tuple[float, float]]] = {}
+        for pipeline, meta in ((PIPELINE, META), (ORDERS_PIPELINE, ORDERS_META)):
+            rows = self.query(sql.SQL(
+                "SELECT extract(epoch FROM recorded_at), input_rows, batch_duration_ms FROM {}.stream_progress"
+                " WHERE pipeline = %s ORDER BY recorded_at").format(sql.Identifier(meta)), (pipeline,))
+            throughput[f"{pipeline} rows/s"] = [(float(t) - wall_offset, rows_ / max(ms or 1, 1) * 1000)
+                                                for t, rows_, ms in rows if rows_]
+        orders = dict(result["orders"])
+        orders.update({f"through the ledger's recovery: {k}": v
+                       for k, v in orders.pop("through_the_ledger_recovery").items()})
         page = html_report.render({
             "exact": result["exact"],
-            "summary": {k: v for k, v in result.items() if k not in ("recovery_steps_s",)},
+            "summary": {k: v for k, v in result.items() if k not in ("recovery_steps_s", "orders")},
+            "orders": orders,
             "runs": self.runs,
             "lso_lag": self.sampler.samples,
             "throughput": throughput,
@@ -414,9 +582,19 @@ def main() -> int:
     args = parser.parse_args()
     story = Story(args.events, args.open_txn_timeout_ms)
     result = story.run()
-    print("\n================ report ================")
+    print("\n================ report: ledger ================")
     for key, value in result.items():
-        print(f"{key:>32}: {value}")
+        if key not in ("orders", "exact"):
+            print(f"{key:>32}: {value}")
+    print("\n================ report: orders ================")
+    for key, value in result["orders"].items():
+        if isinstance(value, dict):
+            print(f"{key:>32}:")
+            for inner, detail in value.items():
+                print(f"{inner:>32}  {detail}")
+        else:
+            print(f"{key:>32}: {value}")
+    print(f"\n{'both pipelines exact':>32}: {result['exact']}")
     print(f"\nHTML report: {story.report_path}")
     print(f"Airflow UI:  {story.ui}  ({story.login_hint})")
     if args.json:

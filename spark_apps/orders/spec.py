@@ -19,6 +19,7 @@ from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, Row
 LINES_TABLE = "order_lines"
 SALES_TABLE = "sku_store_sales"
 SKU_MAX = 32
+BIGINT_MAX = 2**63 - 1
 
 
 def orders_ddl(schema: str, unique_coordinates: bool = False) -> list[sql.Composed]:
@@ -53,7 +54,13 @@ def line_total(record: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"quantity must be positive, got {record['quantity']}")
     if record["unit_price_cents"] < 0:
         raise ValueError(f"unit price must not be negative, got {record['unit_price_cents']}")
-    return {**record, "line_total_cents": record["quantity"] * record["unit_price_cents"]}
+    total = record["quantity"] * record["unit_price_cents"]
+    # The parser range-checks only the fields a producer sends. A total past bigint would
+    # fail the COPY into staging on an executor, where no SQLSTATE reaches the poison
+    # guard, so the batch could never pass: refuse the record here instead.
+    if total > BIGINT_MAX:
+        raise ValueError(f"line total {total} is out of range for bigint")
+    return {**record, "line_total_cents": total}
 
 
 _FIELDS = (

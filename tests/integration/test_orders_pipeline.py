@@ -1,14 +1,17 @@
 """The second shipped spec (spark_apps.orders), a shape unlike the ledger's: a two-column aggregate
 key, an integer column and a value computed by the spec's transform. Under driver SIGKILLs at random
-moments exactly_once ends exact (no duplicate, no loss, every (sku, store) total right, the rejected
-lines quarantined and no valid one); the same crashes in at_least_once show duplicates and wrong
-totals, so the audit can fail on this shape too."""
+moments exactly_once ends exact (no duplicate, no loss, every (sku, store) total right, the rejected,
+malformed and overflowing lines quarantined and no valid one); the same crashes in at_least_once show
+duplicates and wrong totals, so the audit can fail on this shape too. Without the transform's bigint
+check the overflowing line fails every batch that holds it (out of range in the staging COPY)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from spark_apps.ledger.generator import ensure_topic
 from spark_apps.orders.generator import produce_orders
@@ -20,6 +23,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LINES = 6000
 REJECTED = 3
 MALFORMED = 2
+# Valid fields whose product overflows bigint: only the spec's transform can refuse it.
+OVERFLOW = {"order_id": "overflow", "line_no": 1, "sku": "sku-0001", "store": "lyon", "quantity": 9,
+            "unit_price_cents": 2**62, "ts": "2026-01-01T00:00:00+00:00", "seq": -100}
+BAD = REJECTED + MALFORMED + 1
+
+
+def _commit(bootstrap: str, topic: str, value: bytes, transactional_id: str) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"overflow", value=value)
+    producer.commit_transaction(30)
 
 
 def _crash_then_audit(stack: dict, tmp_path: Path, name: str, delivery: str) -> tuple[dict, int]:
@@ -31,6 +46,7 @@ def _crash_then_audit(stack: dict, tmp_path: Path, name: str, delivery: str) -> 
                               transactional_id=f"o{name}")
     assert produced.committed == LINES and produced.aborted > 0
     assert (produced.rejected, produced.malformed) == (REJECTED, MALFORMED)
+    _commit(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], json.dumps(OVERFLOW).encode(), f"o{name}-overflow")
     kills = 0
     for index, step in enumerate(_kill_plan(4, seed=len(name))):
         kills += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
@@ -45,8 +61,8 @@ def test_orders_exactly_once_under_sigkills(stack, tmp_path, unique_name) -> Non
     print(f"orders exactly_once: kills={kills} summary={summary} sales={sales}")
     assert kills >= 3
     assert summary["duplicated"] == 0 and summary["missing"] == 0 and summary["unexpected"] == 0
-    assert summary["committed_records"] == LINES + REJECTED + MALFORMED
-    assert summary["dead_lettered"] == REJECTED + MALFORMED and summary["wrongly_quarantined"] == 0
+    assert summary["committed_records"] == LINES + BAD
+    assert summary["dead_lettered"] == BAD and summary["wrongly_quarantined"] == 0
     assert summary["malformed_not_quarantined"] == 0
     assert sales["keys_wrong"] == 0 and report["ok"], report["mismatches"]
 
