@@ -10,6 +10,7 @@ from airflow_provider_eos.settings import provider_config
 INTEGRATION = "Exactly-once streaming"
 HOOKS = [
     "airflow_provider_eos.hooks.kafka_offsets",
+    "airflow_provider_eos.hooks.kafka_transactions",
     "airflow_provider_eos.hooks.eos_postgres",
     "airflow_provider_eos.hooks.stream_submit",
     "airflow_provider_eos.hooks.snapshot",

@@ -42,11 +42,17 @@ it saw.
 
 The watch state serializes to plain JSON (:meth:`LsoWatch.to_json` /
 :meth:`LsoWatch.from_json`) so a deferred trigger can re-create itself from kwargs.
+
+Across runs (a scheduled health check watches for a few minutes at most, a hanging
+transaction is one stuck for 15 minutes or more) the stuck-since times travel as
+:class:`StoredPartition` rows, whose ``stuck_for`` is an *age* rather than a time:
+:meth:`LsoWatch.resume` seeds a watch with them and :meth:`LsoWatch.to_stored`
+gives them back, so the store can keep them on its own clock (the database's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -61,6 +67,26 @@ DEFAULT_TXN_MAX_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.
 DEFAULT_MARGIN_SECONDS = 60.0
 
 TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class StoredPartition:
+    """
+    A partition's stuck state as kept between watches (e.g. health-check runs).
+
+    :param topic: topic name.
+    :param partition: partition number.
+    :param high_watermark: HW when last seen (a lower HW later means the topic was recreated).
+    :param last_stable: the LSO that has been behind the HW since ``stuck_for`` seconds ago.
+    :param stuck_for: seconds since the partition was first seen with lag at this very LSO,
+        as of when the state was read.
+    """
+
+    topic: str
+    partition: int
+    high_watermark: int
+    last_stable: int
+    stuck_for: float
 
 
 @dataclass(frozen=True)
@@ -250,6 +276,8 @@ class LsoWatch:
         its coordinator and is classified ``hanging``.
     :param margin: seconds added to ``txn_max_timeout_ms`` to cover the
         coordinator's abort interval and clock noise.
+    :param hanging_after: seconds stuck after which a partition is ``hanging``; when
+        given it replaces ``txn_max_timeout_ms / 1000 + margin``.
     """
 
     def __init__(
@@ -257,6 +285,7 @@ class LsoWatch:
         stuck_after: float,
         txn_max_timeout_ms: int = DEFAULT_TXN_MAX_TIMEOUT_MS,
         margin: float = DEFAULT_MARGIN_SECONDS,
+        hanging_after: float | None = None,
     ) -> None:
         if stuck_after <= 0:
             raise ValueError(f"stuck_after must be positive, got {stuck_after!r}")
@@ -264,9 +293,12 @@ class LsoWatch:
             raise ValueError(f"txn_max_timeout_ms must be positive, got {txn_max_timeout_ms!r}")
         if margin < 0:
             raise ValueError(f"margin must not be negative, got {margin!r}")
+        if hanging_after is not None and hanging_after <= 0:
+            raise ValueError(f"hanging_after must be positive, got {hanging_after!r}")
         self.stuck_after = float(stuck_after)
         self.txn_max_timeout_ms = int(txn_max_timeout_ms)
         self.margin = float(margin)
+        self.hanging_after_override = None if hanging_after is None else float(hanging_after)
         self.started_at: float | None = None
         self.last_observed_at: float | None = None
         self._partitions: dict[TopicPartitionKey, _PartitionState] = {}
@@ -274,6 +306,8 @@ class LsoWatch:
     @property
     def hanging_after(self) -> float:
         """Seconds of no LSO progress after which a partition is ``hanging``."""
+        if self.hanging_after_override is not None:
+            return self.hanging_after_override
         return self.txn_max_timeout_ms / 1000.0 + self.margin
 
     def classify(self, lag: int, stuck_seconds: float) -> str:
@@ -312,7 +346,13 @@ class LsoWatch:
             if lag == 0:
                 since: float | None = None
                 advancing = True
-            elif before is not None and before.stuck_since is not None and before.last_stable == off.last_stable:
+            elif (
+                before is not None
+                and before.stuck_since is not None
+                and before.last_stable == off.last_stable
+                # A lower HW: the topic was recreated, this is another log.
+                and off.high_watermark >= before.high_watermark
+            ):
                 since = before.stuck_since
                 advancing = before.advancing
             else:
@@ -350,6 +390,38 @@ class LsoWatch:
     def watched_seconds(self, now: float) -> float:
         return 0.0 if self.started_at is None else now - self.started_at
 
+    # ------------------------------------------------------------ across runs
+    def resume(self, stored: Iterable[StoredPartition], now: float) -> None:
+        """
+        Seed the watch, before its first observation, with partitions kept by an
+        earlier watch: each counts as stuck since ``now - stuck_for``. The first
+        observation keeps that time only if the partition still has lag at the same
+        LSO (and its HW did not go back); otherwise it starts counting afresh, as for
+        any LSO move. Seeded partitions are not ``advancing``: the gate still waits to
+        see their LSO move.
+
+        :param stored: rows from :meth:`to_stored` of an earlier watch.
+        :param now: the clock of this watch's :meth:`observe` calls.
+        """
+        if self.started_at is not None:
+            raise ValueError("resume() must come before the first observe()")
+        for row in stored:
+            self._partitions[(row.topic, int(row.partition))] = _PartitionState(
+                int(row.high_watermark), int(row.last_stable), now - max(0.0, float(row.stuck_for)), False
+            )
+
+    def to_stored(self, now: float) -> list[StoredPartition]:
+        """
+        The partitions that had lag at the last observation, with for how long
+        (as of ``now``) their LSO has not moved: the state to keep for the next watch.
+        Partitions without lag are left out, so storing this list clears them.
+        """
+        return [
+            StoredPartition(key[0], key[1], st.high_watermark, st.last_stable, round(max(0.0, now - st.stuck_since), 3))
+            for key, st in sorted(self._partitions.items())
+            if st.stuck_since is not None
+        ]
+
     # ------------------------------------------------------------ JSON state
     def to_json(self) -> dict[str, Any]:
         """Plain-JSON state (str keys, numbers, lists) for trigger kwargs."""
@@ -357,6 +429,7 @@ class LsoWatch:
             "stuck_after": self.stuck_after,
             "txn_max_timeout_ms": self.txn_max_timeout_ms,
             "margin": self.margin,
+            "hanging_after": self.hanging_after_override,
             "started_at": self.started_at,
             "last_observed_at": self.last_observed_at,
             "partitions": [
@@ -378,6 +451,7 @@ class LsoWatch:
             stuck_after=data["stuck_after"],
             txn_max_timeout_ms=data["txn_max_timeout_ms"],
             margin=data["margin"],
+            hanging_after=data.get("hanging_after"),
         )
         watch.started_at = data.get("started_at")
         watch.last_observed_at = data.get("last_observed_at")
@@ -390,5 +464,6 @@ class LsoWatch:
     def __repr__(self) -> str:
         return (
             f"LsoWatch(stuck_after={self.stuck_after}, txn_max_timeout_ms={self.txn_max_timeout_ms}, "
-            f"margin={self.margin}, partitions={[_key_str(k) for k in sorted(self._partitions)]})"
+            f"margin={self.margin}, hanging_after={self.hanging_after}, "
+            f"partitions={[_key_str(k) for k in sorted(self._partitions)]})"
         )

@@ -1,6 +1,8 @@
 """``eos_health__<pipeline>``: is the pipeline healthy? One summary task fails with a readable verdict.
 
-Checks: the topics' last stable offset is not stuck (hanging Kafka transactions), a batch
+Checks: the topics' last stable offset is not stuck (an open Kafka transaction; one stuck across
+runs for longer than ``health.hanging_after`` is reported as hanging, with its producer and the
+abort that would end it), a batch
 finished recently (liveness), stored offsets reach the LSO (caught up), no new dead letters,
 no in-doubt prepared transactions in the target database. A stream without new input writes
 no progress rows, so a stale liveness with caught-up passing is reported as idle, not failed.
@@ -65,6 +67,10 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
             task_id="lso_lag", topics=list(definition.topics), kafka_config_id=conns.kafka, watch_mode="health",
             stuck_after=health.stuck_after, poke_interval=min(health.poke_interval, health.stuck_after),
             timeout=health.sensor_timeout + health.stuck_after,
+            # Stuck-since times kept in <meta>.lso_watch across runs: a run watches for minutes, a
+            # hanging transaction is one stuck for longer than hanging_after.
+            pipeline=definition.name, meta_schema=definition.meta_schema, postgres_conn_id=conns.postgres,
+            hanging_after=health.hanging_after,
         )
         liveness = StreamLivenessSensor(
             task_id="liveness", pipeline=definition.name, meta_schema=definition.meta_schema,

@@ -103,7 +103,8 @@ def snapshot_tables(hook: SnapshotHook, conn: Any, config: Any) -> tuple[list[tu
     bookkeeping table except staging leftovers and operational state: the
     control table (a restore must not undo a stop request), the epochs (a
     restore must never move an epoch back: a fenced driver would own the
-    target again) and the recovery locks."""
+    target again), the recovery locks and the health check's LSO watch (Kafka's state, not the
+    data's: a restore must not make a hanging transaction look younger)."""
     from spark_apps.eos_stream import meta_tables
     from spark_apps.eos_stream.spec import load_spec
 
@@ -116,7 +117,7 @@ def snapshot_tables(hook: SnapshotHook, conn: Any, config: Any) -> tuple[list[tu
             f"pipeline {config.pipeline!r}: target tables {missing} do not exist in schema {config.target_schema!r} "
             f"of database {hook.dbname!r}"
         )
-    excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, LOCK_TABLE}
+    excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, meta_tables.LSO_WATCH, LOCK_TABLE}
     meta = [t for t in hook.list_tables(conn, config.meta_schema)
             if t not in excluded and not t.startswith("stage_")]  # staging leftovers
     if meta_tables.OFFSETS not in meta:

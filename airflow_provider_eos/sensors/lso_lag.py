@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -10,17 +11,102 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
+from psycopg2 import sql
 
+from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
-from airflow_provider_eos.lso_lag import DEFAULT_MARGIN_SECONDS, DEFAULT_TXN_MAX_TIMEOUT_MS, LsoWatch
+from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook, open_transaction_of
+from airflow_provider_eos.lso_lag import (
+    DEFAULT_MARGIN_SECONDS,
+    DEFAULT_TXN_MAX_TIMEOUT_MS,
+    LsoReport,
+    LsoWatch,
+    StoredPartition,
+)
+from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
 from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
+from spark_apps.eos_stream import meta_tables
+
+# XCom key of the hanging partitions' details (producer, start offset, abort parameters).
+HANGING_XCOM_KEY = "eos_hanging"
+
+
+class LsoWatchStore:
+    """
+    Keeps a pipeline's stuck-since times in ``<meta_schema>.lso_watch`` between health-check runs.
+
+    Ages, not times, cross the boundary: :meth:`load` returns for how long each partition has
+    been stuck as the database's clock sees it, and :meth:`save` writes ``now() - age``, so
+    the stored times are on the database's clock whatever the clocks of the workers are.
+
+    :param postgres_conn_id: the pipeline's database connection.
+    :param meta_schema: the pipeline's bookkeeping schema.
+    """
+
+    def __init__(self, postgres_conn_id: str, meta_schema: str) -> None:
+        self.hook = EosPostgresHook(postgres_conn_id=postgres_conn_id, meta_schema=meta_schema)
+        self.meta_schema = meta_schema
+        self.table = meta_tables.table(meta_schema, meta_tables.LSO_WATCH)
+
+    def _ensure(self, cur: Any) -> None:
+        for statement in meta_tables.lso_watch_ddl_statements(self.meta_schema):
+            cur.execute(statement)
+
+    def load(self, pipeline: str) -> list[StoredPartition]:
+        """The partitions the pipeline's last run left stuck or lagging, aged by the database's clock."""
+        with self.hook.cursor() as cur:
+            self._ensure(cur)
+            cur.execute(
+                sql.SQL(
+                    "SELECT topic, partition, high_watermark, lso, "
+                    "greatest(0, extract(epoch FROM now() - stuck_since))::float8 AS stuck_for "
+                    "FROM {} WHERE pipeline = %s ORDER BY topic, partition"
+                ).format(self.table),
+                (pipeline,),
+            )
+            return [
+                StoredPartition(r["topic"], int(r["partition"]), int(r["high_watermark"]), int(r["lso"]),
+                                float(r["stuck_for"]))
+                for r in cur.fetchall()
+            ]
+
+    def save(self, pipeline: str, rows: Sequence[StoredPartition]) -> None:
+        """Replace the pipeline's rows with ``rows`` in one transaction (partitions left out are cleared).
+        A row whose LSO is unchanged keeps its stored ``stuck_since``: the same stuck episode, and
+        no drift from going through ages run after run."""
+        conn = self.hook.connect(autocommit=False)
+        try:
+            with conn, conn.cursor() as cur:
+                self._ensure(cur)
+                cur.execute(
+                    sql.SQL(
+                        "DELETE FROM {} WHERE pipeline = %s AND (topic, partition) NOT IN "
+                        "(SELECT * FROM unnest(%s::text[], %s::integer[]))"
+                    ).format(self.table),
+                    (pipeline, [r.topic for r in rows], [r.partition for r in rows]),
+                )
+                for r in rows:
+                    cur.execute(
+                        sql.SQL(
+                            "INSERT INTO {t} AS w (pipeline, topic, partition, lso, high_watermark, stuck_since, "
+                            "last_seen) VALUES (%s, %s, %s, %s, %s, now() - make_interval(secs => %s), now()) "
+                            "ON CONFLICT (pipeline, topic, partition) DO UPDATE SET "
+                            "stuck_since = CASE WHEN w.lso = EXCLUDED.lso "
+                            "AND w.high_watermark <= EXCLUDED.high_watermark "
+                            "THEN w.stuck_since ELSE EXCLUDED.stuck_since END, "
+                            "lso = EXCLUDED.lso, high_watermark = EXCLUDED.high_watermark, last_seen = now()"
+                        ).format(t=self.table),
+                        (pipeline, r.topic, r.partition, r.last_stable, r.high_watermark, float(r.stuck_for)),
+                    )
+        finally:
+            conn.close()
 
 # Seconds for the triggerer to deliver the gate's own give-up event before Airflow's
 # deferral timeout (which carries no report) would fire.
 GATE_DEFERRAL_SLACK = 10.0
 
 
-class LastStableOffsetLagSensor(BaseSensorOperator):
+class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
     """
     Waits on the LSO lag (``HW - LSO``) of every partition of ``topics``.
 
@@ -43,6 +129,15 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
     the watch state lives on the operator instance, so use ``mode='poke'`` (the
     default) -- in ``reschedule`` mode every poke would start a new watch.
 
+    Given ``pipeline`` and ``meta_schema``, each partition's stuck-since time is kept in
+    ``<meta_schema>.lso_watch`` across runs: a run starts from the stored times (kept only
+    while the LSO is the same value and still behind the HW), so a scheduled health check
+    that watches for a few minutes still sees a transaction stuck for longer than
+    ``hanging_after`` as ``hanging``. A ``hanging`` partition fails the check with its
+    producer (``describe-producers``), the transaction's start offset and the
+    :class:`~airflow_provider_eos.operators.hanging_transactions.HangingTransactionsOperator`
+    parameters that would abort it (also as XCom ``eos_hanging``); nothing is aborted here.
+
     :param topics: topic names to watch.
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
     :param watch_mode: ``health`` or ``gate`` (named ``watch_mode`` because ``mode`` is
@@ -54,12 +149,19 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
     :param margin: seconds added to ``txn_max_timeout_ms``.
     :param request_timeout: seconds allowed for each Admin API request.
     :param deferrable: defer to the trigger (default) instead of poking in the worker.
+    :param pipeline: the pipeline whose health this is; with ``meta_schema``, keeps the
+        stuck-since times across runs. None (the recovery gate): every run starts afresh.
+    :param meta_schema: the pipeline's bookkeeping schema (holds ``lso_watch``).
+    :param postgres_conn_id: the pipeline's database connection, default "eos_postgres".
+    :param hanging_after: seconds stuck (across runs) after which a partition is ``hanging``;
+        None: ``txn_max_timeout_ms`` / 1000 + ``margin``.
     :param timeout: (``BaseSensorOperator``) seconds; in ``gate`` mode the gate gives
         up at its last observation before it, with the stuck partitions in the error.
     """
 
-    template_fields: Sequence[str] = ("topics", "kafka_config_id", "watch_mode")
+    template_fields: Sequence[str] = ("topics", "kafka_config_id", "watch_mode", "pipeline", "meta_schema")
     ui_color = "#ffefeb"
+    check_name = "lso_lag"
 
     def __init__(
         self,
@@ -73,6 +175,10 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
         margin: float = DEFAULT_MARGIN_SECONDS,
         request_timeout: float = 10.0,
         deferrable: bool = True,
+        pipeline: str | None = None,
+        meta_schema: str | None = None,
+        postgres_conn_id: str = "eos_postgres",
+        hanging_after: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
@@ -85,6 +191,12 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
         self.margin = float(margin)
         self.request_timeout = float(request_timeout)
         self.deferrable = deferrable
+        self.pipeline = pipeline
+        self.meta_schema = meta_schema
+        self.postgres_conn_id = postgres_conn_id
+        self.hanging_after = None if hanging_after is None else float(hanging_after)
+        if self.hanging_after is not None and self.hanging_after <= 0:
+            raise ValueError(f"hanging_after must be positive, got {hanging_after!r}")
         self._watch: LsoWatch | None = None
         self._deadline: float | None = None
         self.last_report: dict[str, Any] | None = None
@@ -104,7 +216,100 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
                 pending[:0] = list(item)
         return names
 
-    def _trigger(self, deadline: float | None = None) -> LsoLagTrigger:
+    @property
+    def persistent(self) -> bool:
+        """Stuck-since times are kept across runs (``pipeline`` and ``meta_schema`` given)."""
+        return bool(self.pipeline and self.meta_schema)
+
+    def store(self) -> LsoWatchStore:
+        return LsoWatchStore(self.postgres_conn_id, str(self.meta_schema))
+
+    def new_watch(self) -> LsoWatch:
+        """A watch with this sensor's thresholds, seeded with the stored stuck-since times when persistent."""
+        watch = LsoWatch(
+            stuck_after=self.stuck_after,
+            txn_max_timeout_ms=self.txn_max_timeout_ms,
+            margin=self.margin,
+            hanging_after=self.hanging_after,
+        )
+        if self.persistent:
+            stored = self.store().load(str(self.pipeline))
+            watch.resume(stored, time.time())
+            if stored:
+                self.log.info(
+                    "Resuming from %s.%s: %s", self.meta_schema, meta_tables.LSO_WATCH,
+                    ", ".join(f"{r.topic}[{r.partition}] LSO {r.last_stable} for {r.stuck_for:.1f}s" for r in stored),
+                )
+        return watch
+
+    def save_watch(self, watch: LsoWatch) -> None:
+        """Store the watch's stuck-since times for the next run (no-op unless persistent)."""
+        if self.persistent:
+            self.store().save(str(self.pipeline), watch.to_stored(time.time()))
+
+    def hanging_details(self, report: LsoReport) -> list[dict[str, Any]]:
+        """
+        For each ``hanging`` partition of ``report``: its producer (``describe-producers``), the
+        open transaction's start offset and the abort operator's parameters, ready to trigger.
+        A failing ``describe-producers`` is reported in the entry (``error``), not raised.
+        """
+        if not report.hanging:
+            return []
+        hook = KafkaTransactionsHook(kafka_config_id=self.kafka_config_id)
+        details = []
+        for p in report.hanging:
+            entry: dict[str, Any] = {
+                "topic": p.topic, "partition": p.partition, "last_stable": p.last_stable, "lag": p.lag,
+                "stuck_seconds": p.stuck_seconds, "producer": None, "start_offset": None, "abort": None,
+            }
+            try:
+                row = open_transaction_of(hook.describe_producers(p.topic, p.partition), p.last_stable)
+            except Exception as err:
+                entry["error"] = f"describe-producers failed: {err}"
+                details.append(entry)
+                continue
+            if row is None:
+                entry["error"] = "describe-producers shows no open transaction (resolved since the LSO was read?)"
+            else:
+                start = int(row["CurrentTransactionStartOffset"])
+                entry["producer"] = {
+                    "producer_id": row.get("ProducerId"), "producer_epoch": row.get("ProducerEpoch"),
+                    "last_timestamp": row.get("LastTimestamp"), "coordinator_epoch": row.get("LatestCoordinatorEpoch"),
+                }
+                entry["start_offset"] = start
+                entry["abort"] = {
+                    "action": "abort", "kafka_config_id": self.kafka_config_id, "topic": p.topic,
+                    "partition": p.partition, "start_offset": start, "confirm_abort": True,
+                }
+            details.append(entry)
+        return details
+
+    def _stuck_error(self, context: Any, report: LsoReport, text: str) -> AirflowException:
+        """The failure for a stuck watch; hanging partitions get their producer and abort appended."""
+        details = self.hanging_details(report)
+        if not details:
+            return AirflowException(f"Kafka partitions with a stuck last stable offset:\n{text}")
+        ti = context.get("ti") if hasattr(context, "get") else None
+        if ti is not None:
+            ti.xcom_push(key=HANGING_XCOM_KEY, value=details)
+        lines = [
+            f"{len(details)} hanging transaction(s), stuck past hanging_after={report.hanging_after:g}s: "
+            "a person must abort them (nothing was aborted). HangingTransactionsOperator parameters:"
+        ]
+        for d in details:
+            where = (f"{d['topic']}[{d['partition']}] LSO {d['last_stable']} lag {d['lag']} "
+                     f"stuck {d['stuck_seconds']:.1f}s")
+            if d["abort"] is None:
+                lines.append(f"  {where}: {d.get('error')}")
+            else:
+                producer = d["producer"]
+                lines.append(
+                    f"  {where}: producer id {producer['producer_id']} epoch {producer['producer_epoch']}, "
+                    f"transaction started at offset {d['start_offset']}; abort: {json.dumps(d['abort'])}"
+                )
+        return AirflowException("Kafka partitions with a hanging transaction:\n" + "\n".join(lines) + f"\n{text}")
+
+    def _trigger(self, deadline: float | None = None, watch: LsoWatch | None = None) -> LsoLagTrigger:
         return LsoLagTrigger(
             topics=self.topic_list(),
             kafka_config_id=self.kafka_config_id,
@@ -115,6 +320,9 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
             margin=self.margin,
             request_timeout=self.request_timeout,
             deadline=deadline,
+            hanging_after=self.hanging_after,
+            # Read here, in the worker, so the triggerer never touches the database.
+            watch_state=None if watch is None else watch.to_json(),
         )
 
     def execute(self, context: Any) -> Any:
@@ -128,17 +336,25 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
             # (+ slack for delivering the event), only backs it up.
             deadline = time.time() + seconds
             seconds += float(self.poke_interval) + self.request_timeout + GATE_DEFERRAL_SLACK
-        self.defer(trigger=self._trigger(deadline), method_name="execute_complete", timeout=timedelta(seconds=seconds))
+        watch = self.new_watch() if self.persistent else None
+        self.defer(
+            trigger=self._trigger(deadline, watch), method_name="execute_complete", timeout=timedelta(seconds=seconds)
+        )
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         if not event:
             raise AirflowException("LSO lag trigger ended without an event")
         status = event.get("status")
+        if event.get("watch_state"):
+            self.save_watch(LsoWatch.from_json(event["watch_state"]))
         if status == "ok":
             self.log.info("LSO lag watch (%s) passed\n%s", event.get("mode"), event.get("message"))
             return event.get("report")
         if status == "stuck":
-            raise AirflowException(f"Kafka partitions with a stuck last stable offset:\n{event.get('message')}")
+            report = LsoReport.from_dict(event["report"]) if event.get("report") else None
+            if report is None:
+                raise AirflowException(f"Kafka partitions with a stuck last stable offset:\n{event.get('message')}")
+            raise self._stuck_error(context, report, str(event.get("message")))
         if status == "timeout":
             raise AirflowException(f"LSO gate timed out:\n{event.get('message')}")
         raise AirflowException(f"LSO lag watch failed: {event.get('message')}")
@@ -146,9 +362,7 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
     def poke(self, context: Any) -> PokeReturnValue:
         now = time.time()
         if self._watch is None:
-            self._watch = LsoWatch(
-                stuck_after=self.stuck_after, txn_max_timeout_ms=self.txn_max_timeout_ms, margin=self.margin
-            )
+            self._watch = self.new_watch()
             # BaseSensorOperator starts its timeout clock just before the first poke.
             timeout = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else float(self.timeout)
             self._deadline = now + timeout
@@ -159,11 +373,13 @@ class LastStableOffsetLagSensor(BaseSensorOperator):
         status = evaluate(self.watch_mode, self._watch, report, deadline, float(self.poke_interval))
         text = report.format() if self.watch_mode == HEALTH else f"{report.gate_summary()}\n{report.format()}"
         self.log.info("LSO lag (%s): %s\n%s", self.watch_mode, status or "watching", text)
+        if status is not None:
+            self.save_watch(self._watch)
         if status == "stuck":
-            raise AirflowException(f"Kafka partitions with a stuck last stable offset:\n{text}")
+            raise self._stuck_error(context, report, text)
         if status == "timeout":
             raise AirflowException(f"LSO gate timed out:\n{text}")
         return PokeReturnValue(is_done=status == "ok", xcom_value=self.last_report)
 
 
-__all__ = ["GATE", "HEALTH", "LastStableOffsetLagSensor"]
+__all__ = ["GATE", "HANGING_XCOM_KEY", "HEALTH", "LastStableOffsetLagSensor", "LsoWatchStore"]

@@ -65,7 +65,9 @@ def evaluate(
     return None
 
 
-def event_payload(mode: str, status: str, report: LsoReport) -> dict[str, Any]:
+def event_payload(mode: str, status: str, report: LsoReport, watch: LsoWatch | None = None) -> dict[str, Any]:
+    """The trigger's event: status, mode, the readable report and its dict, and the watch's
+    JSON state at the end (the sensor stores the stuck-since times from it)."""
     message = report.format()
     if mode == GATE:
         # The line that names the stuck partitions and for how long comes first.
@@ -75,6 +77,7 @@ def event_payload(mode: str, status: str, report: LsoReport) -> dict[str, Any]:
         "mode": mode,
         "message": message,
         "report": report.to_dict(),
+        "watch_state": None if watch is None else watch.to_json(),
     }
 
 
@@ -99,9 +102,12 @@ class LsoLagTrigger(BaseTrigger):
     :param poke_interval: seconds between two observations.
     :param txn_max_timeout_ms: the broker's ``transaction.max.timeout.ms`` (``hanging`` threshold).
     :param margin: seconds added to ``txn_max_timeout_ms`` before a partition is ``hanging``.
+    :param hanging_after: seconds stuck before a partition is ``hanging``, instead of
+        ``txn_max_timeout_ms`` + ``margin`` (None: those).
     :param request_timeout: seconds allowed for each Admin API request.
     :param watch_state: JSON state of an :class:`~airflow_provider_eos.lso_lag.LsoWatch`
-        to resume from (set by :meth:`serialize`).
+        to resume from (set by :meth:`serialize`, or by the sensor with the stuck-since
+        times of earlier runs); its thresholds win over the ones above.
     :param deadline: ``gate`` only: Unix time at which the gate gives up and reports
         what is stuck (absolute, so a triggerer restart does not extend it); None
         waits until the task's own timeout.
@@ -119,6 +125,7 @@ class LsoLagTrigger(BaseTrigger):
         request_timeout: float = 10.0,
         watch_state: dict[str, Any] | None = None,
         deadline: float | None = None,
+        hanging_after: float | None = None,
     ) -> None:
         super().__init__()
         self.deadline = None if deadline is None else float(deadline)
@@ -130,10 +137,16 @@ class LsoLagTrigger(BaseTrigger):
         self.txn_max_timeout_ms = int(txn_max_timeout_ms)
         self.margin = float(margin)
         self.request_timeout = float(request_timeout)
+        self.hanging_after = None if hanging_after is None else float(hanging_after)
         self.watch = (
             LsoWatch.from_json(watch_state)
             if watch_state
-            else LsoWatch(stuck_after=self.stuck_after, txn_max_timeout_ms=self.txn_max_timeout_ms, margin=self.margin)
+            else LsoWatch(
+                stuck_after=self.stuck_after,
+                txn_max_timeout_ms=self.txn_max_timeout_ms,
+                margin=self.margin,
+                hanging_after=self.hanging_after,
+            )
         )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -150,6 +163,7 @@ class LsoLagTrigger(BaseTrigger):
                 "request_timeout": self.request_timeout,
                 "watch_state": self.watch.to_json(),
                 "deadline": self.deadline,
+                "hanging_after": self.hanging_after,
             },
         )
 
@@ -177,7 +191,7 @@ class LsoLagTrigger(BaseTrigger):
             status = evaluate(self.mode, self.watch, report, self.deadline, self.poke_interval)
             if status is not None:
                 self.log.info("LSO lag watch (%s) finished: %s\n%s", self.mode, status, report)
-                yield TriggerEvent(event_payload(self.mode, status, report))
+                yield TriggerEvent(event_payload(self.mode, status, report, self.watch))
                 return
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self.poke_interval - elapsed))

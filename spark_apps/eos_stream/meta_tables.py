@@ -27,6 +27,10 @@ CONTROL = "stream_control"
 # The pipeline's epoch (fencing token, see ``fencing.py``). Operational state
 # like CONTROL: never in a snapshot, so a restore can never move it backwards.
 EPOCHS = "pipeline_epochs"
+# Since when each partition's LSO has been stuck, per pipeline, kept by the
+# health check across its runs (airflow_provider_eos.sensors.lso_lag). The app
+# never touches it; operational state, not data: a snapshot need not carry it.
+LSO_WATCH = "lso_watch"
 
 _SCHEMA_DDL = """CREATE SCHEMA IF NOT EXISTS {schema}"""
 _EPOCHS_DDL = """CREATE TABLE IF NOT EXISTS {schema}.{epochs} (
@@ -35,6 +39,16 @@ _EPOCHS_DDL = """CREATE TABLE IF NOT EXISTS {schema}.{epochs} (
         changed_by  text,
         reason      text,
         changed_at  timestamptz NOT NULL DEFAULT now())"""
+
+_LSO_WATCH_DDL = """CREATE TABLE IF NOT EXISTS {schema}.{lso_watch} (
+        pipeline        text        NOT NULL,
+        topic           text        NOT NULL,
+        partition       integer     NOT NULL,
+        lso             bigint      NOT NULL,
+        high_watermark  bigint      NOT NULL,
+        stuck_since     timestamptz NOT NULL,
+        last_seen       timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (pipeline, topic, partition))"""
 
 _DDL = [
     _SCHEMA_DDL,
@@ -98,6 +112,7 @@ def _names(schema: str) -> dict[str, sql.Identifier]:
         "progress": sql.Identifier(PROGRESS),
         "control": sql.Identifier(CONTROL),
         "epochs": sql.Identifier(EPOCHS),
+        "lso_watch": sql.Identifier(LSO_WATCH),
     }
 
 
@@ -115,6 +130,12 @@ def epochs_ddl_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
     """Just the schema and the epoch table: what a fence needs, without touching
     (and locking) the tables a running batch writes."""
     return [sql.SQL(stmt).format(**_names(schema)) for stmt in (_SCHEMA_DDL, _EPOCHS_DDL)]
+
+
+def lso_watch_ddl_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
+    """The schema and the health check's stuck-LSO table, created by the provider when it
+    first stores state (not in ``ddl_statements``: the app does not need it)."""
+    return [sql.SQL(stmt).format(**_names(schema)) for stmt in (_SCHEMA_DDL, _LSO_WATCH_DDL)]
 
 
 def table(schema: str, name: str) -> sql.Composed:

@@ -25,7 +25,8 @@ def two_pipelines(tmp_path: Path) -> Path:
     (tmp_path / "alpha.yaml").write_text(json.dumps(_definition(
         "alpha", stream={"trigger": "availableNow", "schedule": "*/10 * * * *"},
         snapshot={"schedule": None}, connections={"kafka": "kafka_alpha"})))
-    (tmp_path / "beta.yml").write_text(json.dumps(_definition("beta", delivery="two_phase")))
+    (tmp_path / "beta.yml").write_text(json.dumps(_definition("beta", delivery="two_phase",
+                                                              health={"hanging_after": 120})))
     return tmp_path
 
 
@@ -51,6 +52,11 @@ def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
     assert (beta_run.delivery, beta_run.meta_schema, beta_run.kafka_config_id) == ("two_phase", "m_beta",
                                                                                    "kafka_default")
     assert dags["eos_health__alpha"].get_task("lso_lag").topics == ["alpha.events"]
+    # The health check keeps each pipeline's stuck-since times in its own meta schema, across runs.
+    lso = dags["eos_health__beta"].get_task("lso_lag")
+    assert (lso.pipeline, lso.meta_schema, lso.postgres_conn_id, lso.hanging_after) == (
+        "beta", "m_beta", "eos_postgres", 120.0)
+    assert lso.persistent and dags["eos_health__alpha"].get_task("lso_lag").hanging_after == 900.0
     restore = dags["eos_recovery__beta"].get_task("restore")
     assert restore.pipeline_config["pipeline"] == "beta" and restore.pipeline_config["target_schema"] == "t_beta"
 

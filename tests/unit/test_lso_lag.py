@@ -14,6 +14,7 @@ from airflow_provider_eos.lso_lag import (
     LsoReport,
     LsoWatch,
     PartitionOffsets,
+    StoredPartition,
     lso_lag,
 )
 
@@ -193,3 +194,66 @@ def test_advancing_survives_json_and_old_state_without_it_loads():
 def test_invalid_settings_are_rejected(kwargs):
     with pytest.raises(ValueError):
         LsoWatch(**kwargs)
+
+
+# ---------------------------------------------------------------- stuck-since across runs
+def run_once(stored, now, frame, stuck_after=3, hanging_after=20):
+    """One health-check run: a fresh watch seeded with what the last run stored, one observation,
+    and what it stores for the next run (ages as of ``now``)."""
+    watch = LsoWatch(stuck_after=stuck_after, hanging_after=hanging_after)
+    watch.resume(stored, now)
+    report = watch.observe(now, frame)
+    return report, watch.to_stored(now)
+
+
+def test_stuck_time_accumulates_across_runs_until_hanging():
+    frame = {(T, 0): offs(9, 4), (T, 1): offs(0, 0)}
+    report, stored = run_once([], 100, frame)
+    assert classes(report) == {(T, 0): LAGGING, (T, 1): OK}
+    assert stored == [StoredPartition(T, 0, 9, 4, 0.0)]  # lag-free partitions are not kept
+    # The next run reads the row back 12 s later (the store ages it), and observes the same LSO.
+    aged = [StoredPartition(s.topic, s.partition, s.high_watermark, s.last_stable, s.stuck_for + 12) for s in stored]
+    report, stored = run_once(aged, 500, {(T, 0): offs(11, 4), (T, 1): offs(0, 0)})
+    assert classes(report)[(T, 0)] == OPEN and report.partitions[0].stuck_seconds == 12
+    assert stored == [StoredPartition(T, 0, 11, 4, 12.0)]
+    aged = [StoredPartition(T, 0, 11, 4, 21.5)]
+    report, _ = run_once(aged, 900, {(T, 0): offs(11, 4), (T, 1): offs(0, 0)})
+    assert classes(report)[(T, 0)] == HANGING and report.partitions[0].stuck_seconds == 21.5
+    assert report.hanging_after == 20 and [p.name for p in report.hanging] == [f"{T}[0]"]
+
+
+@pytest.mark.parametrize(
+    ("now", "expected_stuck", "expected_class"),
+    [
+        (offs(12, 6), 0.0, LAGGING),  # the LSO moved: a new episode
+        (offs(4, 4), 0.0, OK),  # lag 0: nothing to keep
+        (offs(3, 4), 0.0, OK),  # recreated, empty
+        (offs(8, 4), 0.0, LAGGING),  # same LSO but a lower HW: the topic was recreated
+    ],
+)
+def test_stored_stuck_since_resets_when_the_partition_changed(now, expected_stuck, expected_class):
+    report, stored = run_once([StoredPartition(T, 0, 9, 4, 30.0)], 50, {(T, 0): now})
+    assert report.partitions[0].stuck_seconds == expected_stuck
+    assert classes(report)[(T, 0)] == expected_class
+    assert stored == ([] if expected_class == OK else [StoredPartition(T, 0, now.high_watermark, now.last_stable, 0.0)])
+
+
+def test_stored_partitions_that_vanished_are_dropped_and_are_not_advancing():
+    report, stored = run_once([StoredPartition("gone", 0, 9, 4, 30.0), StoredPartition(T, 0, 9, 4, 1.0)], 10,
+                              {(T, 0): offs(9, 4)})
+    assert [p.name for p in report.partitions] == [f"{T}[0]"]
+    assert report.partitions[0].advancing is False  # the gate still waits to see it move
+    assert stored == [StoredPartition(T, 0, 9, 4, 1.0)]
+
+
+def test_resume_only_before_the_first_observation_and_hanging_after_round_trips():
+    watch = LsoWatch(stuck_after=3, hanging_after=20)
+    assert watch.hanging_after == 20
+    assert LsoWatch(stuck_after=3, txn_max_timeout_ms=10_000, margin=1).hanging_after == 11
+    watch.observe(0, {(T, 0): offs(1, 0)})
+    with pytest.raises(ValueError, match="before the first observe"):
+        watch.resume([], 1)
+    again = LsoWatch.from_json(json.loads(json.dumps(watch.to_json())))
+    assert again.hanging_after == 20 and classes(again.observe(20, {(T, 0): offs(1, 0)})) == {(T, 0): HANGING}
+    with pytest.raises(ValueError, match="hanging_after"):
+        LsoWatch(stuck_after=3, hanging_after=0)

@@ -206,3 +206,55 @@ def test_sensor_execute_complete():
         sensor.execute_complete({}, {"status": "stuck", "message": "table"})
     with pytest.raises(AirflowException, match="boom"):
         sensor.execute_complete({}, {"status": "error", "message": "boom"})
+
+
+def test_event_carries_the_watch_state_and_hanging_after_serializes():
+    trigger = LsoLagTrigger(topics=[T], mode="health", stuck_after=3, hanging_after=20)
+    kwargs = trigger.serialize()[1]
+    assert kwargs["hanging_after"] == 20 and kwargs["watch_state"]["hanging_after"] == 20
+    report = trigger.watch.observe(0, {(T, 0): PartitionOffsets(4, 1)})
+    payload = event_payload("health", "stuck", report, trigger.watch)
+    again = LsoWatch.from_json(json.loads(json.dumps(payload["watch_state"])))
+    assert again.to_stored(5)[0].stuck_for == 5 and again.hanging_after == 20
+    assert event_payload("health", "stuck", report)["watch_state"] is None
+
+
+def test_open_transaction_of_picks_the_producer_holding_the_lso():
+    from airflow_provider_eos.hooks.kafka_transactions import open_transaction_of
+
+    rows = [
+        {"ProducerId": 1, "ProducerEpoch": 0, "CurrentTransactionStartOffset": None},
+        {"ProducerId": 2, "ProducerEpoch": 3, "CurrentTransactionStartOffset": 40},
+        {"ProducerId": 3, "ProducerEpoch": 1, "CurrentTransactionStartOffset": 17},
+    ]
+    assert open_transaction_of(rows, 40)["ProducerId"] == 2
+    assert open_transaction_of(rows, 99)["ProducerId"] == 3  # the LSO moved: the oldest open one
+    assert open_transaction_of(rows[:1], 0) is None
+
+
+def test_sensor_hanging_failure_names_producer_and_abort(monkeypatch):
+    from airflow_provider_eos.hooks import kafka_transactions
+
+    monkeypatch.setattr(
+        kafka_transactions.KafkaTransactionsHook, "describe_producers",
+        lambda self, topic, partition: [{"ProducerId": 77, "ProducerEpoch": 2, "CurrentTransactionStartOffset": 1}],
+    )
+    watch = LsoWatch(stuck_after=1, hanging_after=5)
+    watch.observe(0, {(T, 0): PartitionOffsets(4, 1)})
+    report = watch.observe(6, {(T, 0): PartitionOffsets(4, 1)})
+    pushed = {}
+
+    class _Ti:
+        def xcom_push(self, key, value):
+            pushed[key] = value
+
+    sensor = LastStableOffsetLagSensor(task_id="lso", topics=[T], kafka_config_id="k", hanging_after=5)
+    with pytest.raises(AirflowException) as failure:
+        sensor.execute_complete({"ti": _Ti()}, event_payload("health", "stuck", report))
+    abort = {"action": "abort", "kafka_config_id": "k", "topic": T, "partition": 0, "start_offset": 1,
+             "confirm_abort": True}
+    assert pushed["eos_hanging"][0]["abort"] == abort
+    assert pushed["eos_hanging"][0]["producer"]["producer_id"] == 77
+    message = str(failure.value)
+    assert "hanging transaction" in message and "producer id 77 epoch 2" in message
+    assert json.dumps(abort) in message
