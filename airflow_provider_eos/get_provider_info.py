@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_eos import __version__
-from airflow_provider_eos.settings import provider_config
+from airflow_provider_eos.utils.provider_config import provider_config
 
 INTEGRATION = "Exactly-once streaming"
 HOOKS = [
@@ -13,7 +13,7 @@ HOOKS = [
     "airflow_provider_eos.hooks.kafka_transactions",
     "airflow_provider_eos.hooks.eos_postgres",
     "airflow_provider_eos.hooks.stream_submit",
-    "airflow_provider_eos.hooks.snapshot",
+    "airflow_provider_eos.hooks.pg_tools",
 ]
 OPERATORS = [
     "airflow_provider_eos.operators.stream",

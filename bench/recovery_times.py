@@ -63,7 +63,7 @@ def last_run_rate(stack: dict[str, str], config: dict[str, Any]) -> dict[str, An
 
 
 def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
-    from airflow_provider_eos.hooks.snapshot import SnapshotHook
+    from airflow_provider_eos.hooks.pg_tools import PgToolsHook
     from airflow_provider_eos.operators.replay import ReplayOperator
     from airflow_provider_eos.operators.restore import RestoreOperator
     from airflow_provider_eos.operators.snapshot import SnapshotOperator
@@ -96,7 +96,7 @@ def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
     steady_seconds = time.monotonic() - clock
     out["steady"] = {**last_run_rate(stack, config), "seconds": round(steady_seconds, 1),
                      "wall_rows_per_s": round(extra / steady_seconds, 1)}
-    hook = SnapshotHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
+    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
     hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
     clock = time.monotonic()
     restored = RestoreOperator(task_id="restore", snapshot_store=str(store), quiet_seconds=0, release_lock=True,

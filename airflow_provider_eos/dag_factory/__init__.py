@@ -23,12 +23,12 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from airflow_provider_eos import settings
 from airflow_provider_eos.dag_factory.common import START_DATE, dag_id
 from airflow_provider_eos.dag_factory.health import build_health_dag
 from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
 from airflow_provider_eos.dag_factory.snapshot import build_snapshot_dag
 from airflow_provider_eos.dag_factory.stream import build_stop_dag, build_stream_dag
+from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, load_definitions
 
 __all__ = ["build_pipeline_dags", "dag_id", "pipeline_dags"]
@@ -59,7 +59,7 @@ def _invalid_dag(file_name: str, error: str) -> DAG:
 def pipeline_dags(directory: str | Path | None = None) -> dict[str, DAG]:
     """Every DAG of every pipeline defined in ``directory`` (default ``[eos] pipeline_config_dir``),
     by DAG id. A missing directory yields none (a fresh deployment's DAG file still imports)."""
-    root = Path(directory or settings.pipeline_config_dir())
+    root = Path(directory or provider_config.pipeline_config_dir())
     if not root.is_dir():
         log.warning("eos: no pipeline definition directory at %s (set [eos] pipeline_config_dir): no pipeline DAGs",
                     root)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_provider_eos import settings
+from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, ResolvedConnections
 
 # A scheduled DAG's first interval; catchup is off everywhere, so only "now" matters.
@@ -27,7 +27,7 @@ def tags(definition: PipelineDefinition, *more: str) -> list[str]:
 
 def connection_ids(definition: PipelineDefinition) -> ResolvedConnections:
     """The definition's connection ids, the deployment's defaults (``[eos] *_conn_id``) for the rest."""
-    return definition.connections.resolved(settings.connection_defaults())
+    return definition.connections.resolved(provider_config.connection_defaults())
 
 
 def recovery_config(definition: PipelineDefinition) -> dict[str, Any]:
@@ -40,4 +40,4 @@ def recovery_config(definition: PipelineDefinition) -> dict[str, Any]:
 def refuse_undeclared_conf(context: Any, declared: Iterable[str]) -> None:
     """A run conf may tune how a run goes, never where it reads or writes: any key the DAG does
     not declare as a Param is refused before anything is touched."""
-    settings.check_run_conf(context["dag_run"].conf, declared)
+    provider_config.check_run_conf(context["dag_run"].conf, declared)

@@ -24,7 +24,6 @@ from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
 
-from airflow_provider_eos import settings
 from airflow_provider_eos.dag_factory.common import (
     START_DATE,
     connection_ids,
@@ -33,6 +32,7 @@ from airflow_provider_eos.dag_factory.common import (
     refuse_undeclared_conf,
     tags,
 )
+from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.operators.audit import AuditOperator
 from airflow_provider_eos.operators.replay import CaughtUpOperator, ReplayOperator, RetentionCheckOperator
 from airflow_provider_eos.operators.restore import (
@@ -42,8 +42,8 @@ from airflow_provider_eos.operators.restore import (
     RestoreOperator,
     RollbackRestoreOperator,
 )
-from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
+from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
@@ -67,7 +67,8 @@ def check_conf(**context: Any) -> dict[str, Any]:
     """Refuses a conf with undeclared keys before anything is touched, and pins the deployment's
     snapshot store and aside retention for the rest of the run."""
     refuse_undeclared_conf(context, PARAMS)
-    return {"snapshot_store": settings.snapshot_store(), "aside_retention_days": settings.aside_retention_days()}
+    return {"snapshot_store": provider_config.snapshot_store(),
+            "aside_retention_days": provider_config.aside_retention_days()}
 
 
 @task(trigger_rule="none_failed")

@@ -10,7 +10,6 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from airflow_provider_eos import settings
 from airflow_provider_eos.dag_factory.common import (
     START_DATE,
     connection_ids,
@@ -20,6 +19,7 @@ from airflow_provider_eos.dag_factory.common import (
     tags,
 )
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
+from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 
@@ -27,7 +27,7 @@ from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 def pin_snapshot_store(**context: Any) -> dict[str, str]:
     """Refuses any conf, and pins the deployment's snapshot store for this run."""
     refuse_undeclared_conf(context, ())
-    return {"snapshot_store": settings.snapshot_store()}
+    return {"snapshot_store": provider_config.snapshot_store()}
 
 
 def build_snapshot_dag(definition: PipelineDefinition) -> DAG:

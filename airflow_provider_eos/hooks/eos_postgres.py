@@ -1,17 +1,20 @@
-"""A PostgreSQL hook for the streaming app's bookkeeping tables (offsets, progress,
-dead letters, stop requests) and the database's in-doubt prepared transactions."""
+"""The provider's PostgreSQL hook: its one connection factory, and the pipelines' bookkeeping
+(offsets, progress, dead letters, stop requests, the running, supervisor and recovery locks,
+the health check's LSO watch) and the database's in-doubt prepared transactions."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg2
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from psycopg2 import sql
+from psycopg2.extensions import connection as PgConnection
 from psycopg2.extras import RealDictCursor
 
+from airflow_provider_eos.utils.lso_watch import StoredPartition
 from spark_apps.eos_stream import meta_tables
 
 TopicPartitionKey = tuple[str, int]
@@ -22,9 +25,19 @@ _NON_LIBPQ_EXTRAS = frozenset(
      "azure_conn_id", "enable_log_db_messages", "sqlalchemy_scheme", "sqlalchemy_query", "sqlalchemy_options"}
 )
 _DEFAULT_APPLICATION_NAME = "airflow-eos"
-# The recovery lock table (airflow_provider_eos.hooks.snapshot.LOCK_TABLE; not imported, that
-# module pulls in the snapshot machinery).
-_RECOVERY_LOCKS = "recovery_locks"
+
+
+def supervisor_lock_key(meta_schema: str, pipeline: str) -> str:
+    """The advisory lock a StreamingPipelineOperator holds while it supervises the pipeline."""
+    return f"eos-supervisor:{meta_schema}:{pipeline}"
+
+
+# The recovery locks' table, in each pipeline's meta schema (see hooks/recovery_lock.py).
+LOCK_TABLE = "recovery_locks"
+
+
+def lock_table(meta_schema: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(LOCK_TABLE))
 
 
 class EosPostgresHook(PostgresHook):
@@ -48,13 +61,18 @@ class EosPostgresHook(PostgresHook):
         self.meta_schema = meta_schema
 
     # ------------------------------------------------------------------ connections
-    def connection_params(self, include_password: bool = True) -> dict[str, Any]:
-        """libpq keyword arguments from the Airflow connection (extras such as sslmode included)."""
+    # The one connection factory of the provider's PostgreSQL hooks (PgToolsHook builds on it).
+    def libpq_params(self, dbname: str | None = None, include_password: bool = False) -> dict[str, Any]:
+        """libpq keyword arguments from the Airflow connection, its libpq extras (sslmode, ...)
+        included; the password only when asked for, for a connection of this process."""
         conn = self.get_connection(self.get_conn_id())
+        if not conn.host:
+            # No silent default host: the target must be named in the connection.
+            raise ValueError(f"connection {self.get_conn_id()!r} has no host")
         params: dict[str, Any] = {
-            "host": conn.host or "127.0.0.1",
+            "host": conn.host,
             "port": int(conn.port or 5432),
-            "dbname": self.database or conn.schema or "postgres",
+            "dbname": dbname or self.database or conn.schema or "postgres",
             "user": conn.login or "postgres",
         }
         if include_password and conn.password:
@@ -66,23 +84,32 @@ class EosPostgresHook(PostgresHook):
         params.setdefault("connect_timeout", 10)
         return params
 
+    @property
+    def dbname(self) -> str:
+        return str(self.libpq_params()["dbname"])
+
     def app_target(self) -> dict[str, Any]:
         """The app config's ``postgres`` section (host, port, dbname, user; never the password)."""
-        params = self.connection_params(include_password=False)
+        params = self.libpq_params()
         return {key: params[key] for key in ("host", "port", "dbname", "user")}
 
     def app_password(self) -> str | None:
         """The password, for the app's ``EOS_PG_PASSWORD`` environment variable only."""
         return self.get_connection(self.get_conn_id()).password or None
 
-    def connect(self, autocommit: bool = True) -> psycopg2.extensions.connection:
-        conn = psycopg2.connect(**self.connection_params())
+    def connect(self, dbname: str | None = None, application_name: str | None = None,
+                autocommit: bool = False) -> PgConnection:
+        """A psycopg2 connection (psycopg2's default: statements run in a transaction until commit)."""
+        params = self.libpq_params(dbname, include_password=True)
+        if application_name:
+            params["application_name"] = application_name
+        conn = psycopg2.connect(**params)
         conn.autocommit = autocommit
         return conn
 
     @contextlib.contextmanager
     def cursor(self) -> Iterator[RealDictCursor]:
-        conn = self.connect()
+        conn = self.connect(autocommit=True)
         try:
             with conn.cursor(cursor_factory=RealDictCursor) as cur:
                 yield cur
@@ -201,29 +228,163 @@ class EosPostgresHook(PostgresHook):
         return rows
 
     # ------------------------------------------------------------------ stop requests
-    def request_stop(self, pipeline: str, requested_by: str) -> str:
-        """Asks the running app to stop at the next batch boundary; returns the request time (ISO)."""
-        self.ensure_meta_tables()
-        with self.cursor() as cur:
+    # ------------------------------------------------------------------ stream state, stop requests, recovery locks
+    def list_tables(self, conn: PgConnection, schema: str) -> list[str]:
+        with conn.cursor() as cur:
             cur.execute(
-                sql.SQL(
-                    "INSERT INTO {} (pipeline, stop_requested_at, requested_by) VALUES (%s, now(), %s)"
-                    " ON CONFLICT (pipeline) DO UPDATE SET stop_requested_at = EXCLUDED.stop_requested_at,"
-                    " requested_by = EXCLUDED.requested_by RETURNING stop_requested_at"
-                ).format(self._table(meta_tables.CONTROL)),
-                (pipeline, requested_by),
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1",
+                (schema,),
             )
-            return cur.fetchone()["stop_requested_at"].isoformat()
+            return [r[0] for r in cur.fetchall()]
 
-    def clear_stop(self, pipeline: str) -> None:
-        """Clears a stop request (before a launch: an old request would stop the new run at once)."""
-        self.ensure_meta_tables()
-        with self.cursor() as cur:
-            cur.execute(
-                sql.SQL("UPDATE {} SET stop_requested_at = NULL WHERE pipeline = %s").format(
-                    self._table(meta_tables.CONTROL)),
-                (pipeline,),
-            )
+    def try_running_lock(self, pipeline: str) -> PgConnection | None:
+        """The pipeline's running lock on a connection of its own, or None when a
+        driver holds it. While the connection stays open no driver can start (a
+        starting driver waits for the lock, then exits); closing it releases it."""
+        from spark_apps.eos_stream.control import running_lock_key
+
+        conn = self.connect(application_name="eos-recovery")
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (running_lock_key(pipeline),))
+                got = bool((cur.fetchone() or (False,))[0])
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return None
+        return conn
+
+    def stream_activity(self, meta_schema: str, pipeline: str) -> dict[str, Any]:
+        """Whether a driver of the pipeline is connected (its running lock), whether a
+        supervisor (StreamingPipelineOperator) holds it, when it last recorded progress and
+        whether a stop is requested."""
+        from spark_apps.eos_stream.control import advisory_lock_held, driver_running
+
+        conn = self.connect()
+        try:
+            running = driver_running(conn, pipeline)
+            with conn.cursor() as cur:
+                result: dict[str, Any] = {"driver_running": running, "last_progress_at": None,
+                                          "supervisor_running": advisory_lock_held(
+                                              conn, supervisor_lock_key(meta_schema, pipeline)),
+                                          "stop_requested_at": None, "seconds_since": None}
+                cur.execute("SELECT to_regclass(%s), to_regclass(%s), now()", (
+                    f'"{meta_schema}"."{meta_tables.PROGRESS}"', f'"{meta_schema}"."{meta_tables.CONTROL}"'))
+                row = cur.fetchone()
+                assert row is not None
+                progress, control, now = row
+                if progress is not None:
+                    cur.execute(sql.SQL("SELECT max(recorded_at) FROM {} WHERE pipeline = %s").format(
+                        meta_tables.table(meta_schema, meta_tables.PROGRESS)), (pipeline,))
+                    last = (cur.fetchone() or (None,))[0]
+                    result["last_progress_at"] = last
+                    result["seconds_since"] = (now - last).total_seconds() if last else None
+                if control is not None:
+                    cur.execute(sql.SQL("SELECT stop_requested_at FROM {} WHERE pipeline = %s").format(
+                        meta_tables.table(meta_schema, meta_tables.CONTROL)), (pipeline,))
+                    result["stop_requested_at"] = (cur.fetchone() or (None,))[0]
+            conn.rollback()
+            return result
+        finally:
+            conn.close()
+
+    def set_stop_request(self, meta_schema: str, pipeline: str, requested: bool, by: str = "eos-recovery"
+                         ) -> str | None:
+        """Sets (the app stops at its next batch boundary, a supervisor does not restart it) or
+        clears (before a launch: an old request would stop the new run at once) the pipeline's
+        stop request in the control table. Returns the request's time (ISO), None when cleared."""
+
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                for statement in meta_tables.ddl_statements(meta_schema):
+                    cur.execute(statement)
+                cur.execute(
+                    sql.SQL("INSERT INTO {} (pipeline, stop_requested_at, requested_by) VALUES (%s, {}, %s)"
+                            " ON CONFLICT (pipeline) DO UPDATE SET stop_requested_at = EXCLUDED.stop_requested_at,"
+                            " requested_by = EXCLUDED.requested_by RETURNING stop_requested_at").format(
+                        meta_tables.table(meta_schema, meta_tables.CONTROL),
+                        sql.SQL("now()" if requested else "NULL")),
+                    (pipeline, by),
+                )
+                at = (cur.fetchone() or (None,))[0]
+            conn.commit()
+            return at.isoformat() if at else None
+        finally:
+            conn.close()
+
+    def acquire_lock(self, meta_schema: str, key: str, holder: str, ttl_seconds: float) -> dict[str, Any]:
+        """Takes the recovery lock row for ``key``, or refreshes it for its holder.
+
+        Re-entrant: the same holder (a DAG run id) gets it again, so a cleared or
+        rerun task of that run goes on. A row whose heartbeat is older than
+        ``ttl_seconds`` belonged to a run that died without its teardown, and is
+        taken over. Returns ``acquired`` and the holder row; ``taken_over_from``
+        names the dead holder when there was one."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                table = lock_table(meta_schema)
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(meta_schema)))
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (lock_key text PRIMARY KEY, holder text NOT NULL,"
+                    " acquired_at timestamptz NOT NULL DEFAULT now(),"
+                    " heartbeat_at timestamptz NOT NULL DEFAULT now())").format(table))
+                # Tables made before heartbeats existed.
+                cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS heartbeat_at timestamptz"
+                                    " NOT NULL DEFAULT now()").format(table))
+                cur.execute(sql.SQL("SELECT holder FROM {} WHERE lock_key = %s FOR UPDATE").format(table), (key,))
+                previous = (cur.fetchone() or (None,))[0]
+                cur.execute(sql.SQL(
+                    "INSERT INTO {t} (lock_key, holder) VALUES (%s, %s) ON CONFLICT (lock_key) DO UPDATE"
+                    " SET holder = EXCLUDED.holder, heartbeat_at = now(),"
+                    " acquired_at = CASE WHEN {t}.holder = EXCLUDED.holder THEN {t}.acquired_at ELSE now() END"
+                    " WHERE {t}.holder = EXCLUDED.holder OR {t}.heartbeat_at < now() - make_interval(secs => %s)"
+                    " RETURNING holder").format(t=table), (key, holder, ttl_seconds))
+                won = cur.fetchone() is not None
+                cur.execute(sql.SQL("SELECT holder, acquired_at, heartbeat_at FROM {} WHERE lock_key = %s")
+                            .format(table), (key,))
+                row = cur.fetchone()
+            conn.commit()
+        finally:
+            conn.close()
+        return {"acquired": won, "key": key, "holder": row[0] if row else None,
+                "acquired_at": row[1].isoformat() if row else None,
+                "heartbeat_at": row[2].isoformat() if row else None,
+                "taken_over_from": previous if won and previous not in (None, holder) else None}
+
+    def heartbeat_lock(self, meta_schema: str, key: str, holder: str) -> bool:
+        """Marks the holder alive; False when the lock is no longer its own."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE lock_key = %s AND holder = %s")
+                            .format(lock_table(meta_schema)), (key, holder))
+                alive = cur.rowcount > 0
+            conn.commit()
+            return alive
+        finally:
+            conn.close()
+
+    def release_lock(self, meta_schema: str, key: str, holder: str) -> bool:
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT to_regclass(%s)", (f'"{meta_schema}"."{LOCK_TABLE}"',))
+                if (cur.fetchone() or (None,))[0] is None:
+                    return False
+                cur.execute(sql.SQL("DELETE FROM {} WHERE lock_key = %s AND holder = %s").format(
+                    lock_table(meta_schema)), (key, holder))
+                released = cur.rowcount > 0
+            conn.commit()
+            return released
+        finally:
+            conn.close()
+
 
     def stop_requested_at(self, pipeline: str) -> str | None:
         with self.cursor() as cur:
@@ -241,16 +402,16 @@ class EosPostgresHook(PostgresHook):
     # A session-level advisory lock held by the StreamingPipelineOperator while it
     # supervises a pipeline: it keeps two supervisors off one pipeline, and lets a
     # StopPipelineOperator on another host see when the supervisor has ended.
-    # Key: hashtextextended('eos-supervisor:<meta_schema>:<pipeline>', 0).
+    # Key: hashtextextended(supervisor_lock_key(meta_schema, pipeline), 0).
 
-    def acquire_supervisor_lock(self, pipeline: str) -> psycopg2.extensions.connection | None:
+    def acquire_supervisor_lock(self, pipeline: str) -> PgConnection | None:
         """Takes the pipeline's supervisor lock; returns the connection that holds it (close it to
         release), or None when another session holds it."""
-        conn = self.connect()
+        conn = self.connect(autocommit=True)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_try_advisory_lock(hashtextextended('eos-supervisor:' || %s || ':' || %s, 0))",
-                            (self.meta_schema, pipeline))
+                cur.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                            (supervisor_lock_key(self.meta_schema, pipeline),))
                 row = cur.fetchone()
         except Exception:
             conn.close()
@@ -262,7 +423,7 @@ class EosPostgresHook(PostgresHook):
 
     def supervisor_running(self, pipeline: str) -> bool:
         """Whether some session holds the pipeline's supervisor lock (as seen in pg_locks)."""
-        return self._advisory_lock_held(f"eos-supervisor:{self.meta_schema}:{pipeline}")
+        return self._advisory_lock_held(supervisor_lock_key(self.meta_schema, pipeline))
 
     def driver_running(self, pipeline: str) -> bool:
         """Whether a driver of the pipeline is connected: every app holds its running
@@ -297,12 +458,12 @@ class EosPostgresHook(PostgresHook):
         """The live recovery of the pipeline's target, or None.
 
         A recovery holds its row ``<database>/<target_schema>/<pipeline>`` in
-        ``<meta_schema>.recovery_locks`` (see ``airflow_provider_eos.recovery_lock``) and
+        ``<meta_schema>.recovery_locks`` (see ``airflow_provider_eos.hooks.recovery_lock``) and
         heartbeats it; a row whose heartbeat is older than ``ttl_seconds`` belongs to a
         dead run and holds nothing. Returns ``holder``, ``acquired_at``, ``heartbeat_at``
         and ``heartbeat_age_seconds`` (database clock)."""
         with self.cursor() as cur:
-            if not self._exists(cur, _RECOVERY_LOCKS):
+            if not self._exists(cur, LOCK_TABLE):
                 return None
             cur.execute(
                 sql.SQL(
@@ -310,7 +471,7 @@ class EosPostgresHook(PostgresHook):
                     " EXTRACT(EPOCH FROM (now() - heartbeat_at))::float8 AS heartbeat_age_seconds"
                     " FROM {} WHERE lock_key = current_database() || '/' || %s || '/' || %s"
                     " AND heartbeat_at >= now() - make_interval(secs => %s)"
-                ).format(self._table(_RECOVERY_LOCKS)),
+                ).format(self._table(LOCK_TABLE)),
                 (target_schema, pipeline, float(ttl_seconds)),
             )
             row = cur.fetchone()
@@ -321,10 +482,68 @@ class EosPostgresHook(PostgresHook):
             out[key] = out[key].isoformat()
         return out
 
+    # ------------------------------------------------------------------ health check's LSO watch
+    # Ages, not times, cross this boundary: load_lso_watch returns for how long each partition has
+    # been stuck as the database's clock sees it, and save_lso_watch writes now() - age, so the
+    # stored times are on the database's clock whatever the clocks of the workers are.
+    def _ensure_lso_watch(self, cur: Any) -> None:
+        for statement in meta_tables.lso_watch_ddl_statements(self.meta_schema):
+            cur.execute(statement)
+
+    def load_lso_watch(self, pipeline: str) -> list[StoredPartition]:
+        """The partitions the pipeline's last health check left stuck, aged by the database's clock."""
+        with self.cursor() as cur:
+            self._ensure_lso_watch(cur)
+            cur.execute(
+                sql.SQL(
+                    "SELECT topic, partition, high_watermark, lso, "
+                    "greatest(0, extract(epoch FROM now() - stuck_since))::float8 AS stuck_for "
+                    "FROM {} WHERE pipeline = %s ORDER BY topic, partition"
+                ).format(self._table(meta_tables.LSO_WATCH)),
+                (pipeline,),
+            )
+            return [
+                StoredPartition(r["topic"], int(r["partition"]), int(r["high_watermark"]), int(r["lso"]),
+                                float(r["stuck_for"]))
+                for r in cur.fetchall()
+            ]
+
+    def save_lso_watch(self, pipeline: str, rows: Sequence[StoredPartition]) -> None:
+        """Replace the pipeline's rows with ``rows`` in one transaction (partitions left out are cleared).
+        A row whose LSO is unchanged keeps its stored ``stuck_since``: the same stuck episode, and
+        no drift from going through ages run after run."""
+        table = self._table(meta_tables.LSO_WATCH)
+        conn = self.connect()
+        try:
+            with conn, conn.cursor() as cur:
+                self._ensure_lso_watch(cur)
+                cur.execute(
+                    sql.SQL(
+                        "DELETE FROM {} WHERE pipeline = %s AND (topic, partition) NOT IN "
+                        "(SELECT * FROM unnest(%s::text[], %s::integer[]))"
+                    ).format(table),
+                    (pipeline, [r.topic for r in rows], [r.partition for r in rows]),
+                )
+                for r in rows:
+                    cur.execute(
+                        sql.SQL(
+                            "INSERT INTO {t} AS w (pipeline, topic, partition, lso, high_watermark, stuck_since, "
+                            "last_seen) VALUES (%s, %s, %s, %s, %s, now() - make_interval(secs => %s), now()) "
+                            "ON CONFLICT (pipeline, topic, partition) DO UPDATE SET "
+                            "stuck_since = CASE WHEN w.lso = EXCLUDED.lso "
+                            "AND w.high_watermark <= EXCLUDED.high_watermark "
+                            "THEN w.stuck_since ELSE EXCLUDED.stuck_since END, "
+                            "lso = EXCLUDED.lso, high_watermark = EXCLUDED.high_watermark, last_seen = now()"
+                        ).format(t=table),
+                        (pipeline, r.topic, r.partition, r.last_stable, r.high_watermark, float(r.stuck_for)),
+                    )
+        finally:
+            conn.close()
+
     def _advisory_lock_held(self, key: str) -> bool:
         from spark_apps.eos_stream.control import advisory_lock_held
 
-        conn = self.connect()
+        conn = self.connect(autocommit=True)
         try:
             return advisory_lock_held(conn, key)
         finally:

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from airflow_provider_eos.lso_lag import PartitionOffsets, TopicPartitionKey
+from airflow_provider_eos.utils.lso_watch import PartitionOffsets, TopicPartitionKey
 
 _UNREACHABLE_CODES = frozenset(
     {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}

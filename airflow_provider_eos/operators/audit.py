@@ -8,8 +8,9 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin, timed_step
-from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
+from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
+from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
+from airflow_provider_eos.utils.params import as_bool
 
 
 class AuditMismatchError(AirflowException):
@@ -52,11 +53,10 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any] | None:
-        from airflow_provider_eos.operators.restore import _truthy
         from spark_apps.eos_stream.audit import audit
         from spark_apps.eos_stream.spec import load_spec
 
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             self.log.info("dry run: audit skipped")
             return None
         config = self.app_config()

@@ -13,9 +13,10 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
-from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin, timed_step
-from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
-from airflow_provider_eos.snapshots import LATEST, SnapshotError, retention_gaps
+from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
+from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
+from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, retention_gaps
 
 if TYPE_CHECKING:
     from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
@@ -88,7 +89,8 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param snapshot: ``latest``, an id, an ISO-8601 timestamp, or None for the database (templated).
     :param snapshot_store: local directory or object storage URL (templated); default: the
-        deployment's ``[eos] snapshot_store`` (see :mod:`airflow_provider_eos.settings`), read at execute time.
+        deployment's ``[eos] snapshot_store`` (see :mod:`airflow_provider_eos.utils.provider_config`),
+        read at execute time.
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     """
@@ -119,7 +121,7 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
         else:
             conn = self.hook.connect()
             try:
-                needed = _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
+                needed = _flat(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
             finally:
                 conn.close()
             what = "from the database's stored offsets"
@@ -213,21 +215,19 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     def _stored(self, config: Any) -> dict[tuple[str, int], int]:
         conn = self.hook.connect()
         try:
-            return _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
+            return _flat(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
         finally:
             conn.close()
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_provider_eos.operators.restore import _truthy
-
         config = self.app_config()
         started = time.monotonic()
         before = self._stored(config)
         retention = self.check_retention(before, list(config.topics), "from the restored offsets")
         lso_at_start = _flat(retention["last_stable"])
         plan = {"offsets_before": _nested(before), "retention": retention}
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             return {**plan, "dry_run": True}
         with self.lock_guard(config, context):
             if self.require_stop_request:
@@ -334,8 +334,6 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow_provider_eos.operators.restore import _truthy
-
         config = self.load_config()
         target: dict[tuple[str, int], int] | None = None
         if self.replay_task_id:
@@ -344,7 +342,7 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
                 target = _flat(replay["lso_at_start"])
         if target is None:
             target = {k: v.last_stable for k, v in self.kafka_offsets(list(config.topics)).items()}
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             return self._check(config, target)
         with self.lock_guard(config, context):
             return self._wait(config, target)
@@ -352,7 +350,7 @@ class CaughtUpOperator(KafkaOffsetsMixin, BaseOperator):
     def _check(self, config: Any, target: dict[tuple[str, int], int]) -> dict[str, Any]:
         conn = self.hook.connect()
         try:
-            stored = _flat(self.hook.stored_offsets(conn, config.meta_schema, config.pipeline))
+            stored = _flat(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
         finally:
             conn.close()
         lag = {f"{t}[{p}]": o - stored.get((t, p), 0) for (t, p), o in target.items() if stored.get((t, p), 0) < o}

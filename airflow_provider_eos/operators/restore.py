@@ -63,11 +63,12 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.hooks.snapshot import DependentObjectsError, aside_schema_name
+from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, aside_schema_name
+from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
+from airflow_provider_eos.operators.base import PipelineOperatorMixin, holder_of, timed_step
 from airflow_provider_eos.operators.replay import KafkaOffsetsMixin
-from airflow_provider_eos.operators.snapshot import PipelineOperatorMixin, timed_step
-from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, holder_of, take_lock
-from airflow_provider_eos.snapshots import LATEST, SnapshotError, SnapshotManifest
+from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, SnapshotManifest
 
 __all__ = ["DependentObjectsError", "FenceOperator", "FinalizeRestoreOperator", "RecoveryLockOperator",
            "RecoveryLockedError", "RequestStopOperator", "RestoreOperator", "RollbackRestoreOperator",
@@ -155,7 +156,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
        checksum with the manifest (the target is not touched until this passes);
        then roll back the pipeline's in-doubt two_phase transactions, if any
        (they hold locks and belong to the state being replaced);
-    6. in ONE transaction of the target database (``SnapshotHook.swap_in``):
+    6. in ONE transaction of the target database (``PgToolsHook.swap_in``):
        take the swap lock (no snapshot runs meanwhile), bump the pipeline's
        epoch (a driver that somehow still runs is fenced at its next batch),
        move the current tables aside, run the dump's restore script, give the
@@ -258,7 +259,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         config = self.load_config()
         manifest = self.choose(config)
         plan = {"snapshot": manifest.summary(), "target_database": self.hook.dbname}
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             self.log.info("dry run: would restore %s", plan)
             return {**plan, "dry_run": True}
         others = sorted(set(manifest.other_pipelines) | set(self._current_others(config)))
@@ -363,7 +364,7 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
     """
     Takes or releases the recovery lock of a pipeline's target: a row keyed by
     ``database/target_schema/pipeline`` in ``{meta_schema}.recovery_locks``
-    holding the DAG run id (see :mod:`airflow_provider_eos.recovery_lock`). A
+    holding the DAG run id (see :mod:`airflow_provider_eos.hooks.recovery_lock`). A
     row survives worker crashes and is visible to every worker (unlike a
     session advisory lock). It is re-entrant for its own run, so a rerun of a
     crashed run goes on; one whose heartbeat is older than ``lock_ttl`` is
@@ -395,7 +396,7 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         key, holder = self.lock_key(config), holder_of(context)
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             return {"key": key, "holder": holder, "dry_run": True}
         if self.action == "release":
             return {"key": key, "released": self.hook.release_lock(config.meta_schema, key, holder)}
@@ -439,7 +440,7 @@ class RequestStopOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             return {"dry_run": True, **_jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
         with self.lock_guard(config, context):
             return self._stop(config, context)
@@ -510,7 +511,7 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             return {"dry_run": True, **_jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
         with self.lock_guard(config, context):
             if self.request_stop:
@@ -569,7 +570,7 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         aside = _aside_from(self, context)
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             return {"dry_run": True, "aside_schema": aside, "retention_days": self.retention_days}
         result: dict[str, Any] = {"aside_schema": aside, "dropped": False}
         with self.lock_guard(config, context):
@@ -588,7 +589,7 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
 class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
     """
     Puts back the state a restore replaced, for a recovery whose replay or audit
-    failed. In ONE transaction (``SnapshotHook.rollback_swap``): the restored
+    failed. In ONE transaction (``PgToolsHook.rollback_swap``): the restored
     tables are dropped, the aside tables moved back to the schemas the restore
     recorded (they keep their owners, grants, indexes and sequences: they are the
     same tables), and the epoch bumped. The data and the Kafka offsets come back
@@ -636,7 +637,7 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
         if not aside:
             raise AirflowException(f"pipeline {config.pipeline!r}: no aside schema to roll back to (the restore "
                                    "did not keep the old state: keep_old=False, or it did not swap)")
-        if _truthy(self.plan_only):
+        if as_bool(self.plan_only):
             return {"dry_run": True, "aside_schema": aside}
         with self.lock_guard(config, context), holding_running_lock(self, config.pipeline):
             in_doubt = roll_back_in_doubt(self, config)
@@ -645,11 +646,6 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
         self.log.warning("rolled back the restore of %s: %s", config.pipeline, result)
         return {**result, "in_doubt_rolled_back": in_doubt}
 
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from functools import cached_property
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,90 +12,17 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos import __version__
-from airflow_provider_eos.hooks.snapshot import LOCK_TABLE, SnapshotHook, target_lock_key
-from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL, holder_of, holding_lock
-from airflow_provider_eos.snapshots import (
-    SnapshotError,
+from airflow_provider_eos.hooks.eos_postgres import LOCK_TABLE
+from airflow_provider_eos.hooks.pg_tools import PgToolsHook
+from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
+from airflow_provider_eos.utils.snapshot_store import (
     SnapshotManifest,
-    SnapshotStore,
-    load_pipeline_config,
     new_snapshot_id,
     sha256_file,
 )
 
 
-def timed_step(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """Adds ``step_seconds`` to a dict XCom: the recovery summary reports time per step from it."""
-
-    @functools.wraps(execute)
-    def wrapper(self: Any, context: Any) -> Any:
-        started = time.monotonic()
-        result = execute(self, context)
-        if isinstance(result, dict):
-            result = {**result, "step_seconds": round(time.monotonic() - started, 3)}
-        return result
-
-    return wrapper
-
-
-class PipelineOperatorMixin:
-    """Shared by the recovery operators: the pipeline config and the snapshot hook."""
-
-    pipeline_config: Any
-    postgres_conn_id: str
-    pg_bin_dir: str | None
-    # Steps of a recovery run hold the target's recovery lock (see recovery_lock.py).
-    hold_lock: bool = False
-    lock_ttl: float = DEFAULT_LOCK_TTL
-    # When set, Kafka's bootstrap servers come from this connection, not from the config.
-    kafka_config_id: str | None = None
-
-    @cached_property
-    def hook(self) -> SnapshotHook:
-        return SnapshotHook(postgres_conn_id=self.postgres_conn_id, pg_bin_dir=self.pg_bin_dir)
-
-    def resolve_store(self) -> SnapshotStore:
-        """The store this step reads or writes: its own ``snapshot_store``, else the deployment's
-        ``[eos] snapshot_store``, resolved now rather than when the DAG file was parsed."""
-        from airflow_provider_eos import settings
-
-        return SnapshotStore(getattr(self, "snapshot_store", None) or settings.snapshot_store())
-
-    def load_config(self) -> Any:
-        try:
-            return load_pipeline_config(self.pipeline_config)
-        except SnapshotError as exc:
-            raise AirflowException(str(exc)) from exc
-
-    def app_config(self) -> Any:
-        """The pipeline config with the database taken from the Airflow connection
-        (password included, for in-process use only), and Kafka's bootstrap servers from
-        ``kafka_config_id`` when the operator has one."""
-        config = self.load_config()
-        if self.kafka_config_id:
-            from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
-
-            config.kafka_bootstrap = kafka_bootstrap_from_connection(self.kafka_config_id)
-        params = self.hook.libpq_params()
-        config.postgres.host = params["host"]
-        config.postgres.port = params["port"]
-        config.postgres.dbname = params["dbname"]
-        config.postgres.user = params["user"]
-        config.postgres.password = self.hook.connection.password
-        return config
-
-    def lock_key(self, config: Any) -> str:
-        return target_lock_key(self.hook.dbname, config.target_schema, config.pipeline)
-
-    def lock_guard(self, config: Any, context: Any) -> AbstractContextManager[Any]:
-        """Holds the recovery lock for this run while the step works (when ``hold_lock``)."""
-        if not self.hold_lock:
-            return nullcontext({})
-        return holding_lock(self.hook, config.meta_schema, self.lock_key(config), holder_of(context),
-                            float(self.lock_ttl))
-
-
-def snapshot_tables(hook: SnapshotHook, conn: Any, config: Any) -> tuple[list[tuple[str, str]], dict]:
+def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tuple[str, str]], dict]:
     """The pipeline's target tables (from its spec; all must exist) and every
     bookkeeping table except staging leftovers and operational state: the
     control table (a restore must not undo a stop request), the epochs (a

@@ -58,7 +58,7 @@ class StopPipelineOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
         by = self.requested_by or f"airflow:{self.dag_id}.{self.task_id}"
-        requested_at = hook.request_stop(self.pipeline, by)
+        requested_at = hook.set_stop_request(self.meta_schema, self.pipeline, True, by=by)
         self.log.info("Stop of pipeline %r requested at %s by %s", self.pipeline, requested_at, by)
         result: dict[str, Any] = {"pipeline": self.pipeline, "requested_at": requested_at, "stopped": None,
                                   "was_running": None, "waited_s": 0.0, "last_progress": None}

@@ -13,8 +13,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
-from airflow_provider_eos.recovery_lock import DEFAULT_LOCK_TTL
+from airflow_provider_eos.utils.params import as_bool
 from spark_apps.eos_stream.config import DELIVERY_MODES
 
 TRIGGERS = ("availableNow", "processingTime")
@@ -33,11 +34,6 @@ RECOVERY_POLL_SECONDS = 5.0
 # How often a restart backoff looks for a stop request or a recovery before it ends.
 BACKOFF_POLL_SECONDS = 5.0
 
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 class PipelineConfigError(AirflowFailException):
@@ -238,7 +234,7 @@ class StreamingPipelineOperator(BaseOperator):
             "target_schema": self.target_schema,
             "meta_schema": self.meta_schema,
             "max_batch_attempts": int(self.max_batch_attempts),
-            "create_targets": _as_bool(self.create_targets),
+            "create_targets": as_bool(self.create_targets),
             "run_seconds": float(self.run_seconds) if self.trigger == "processingTime" else 0,
             "stop_poll_seconds": float(self.stop_poll_seconds),
             "postgres": pg.app_target(),
@@ -278,7 +274,7 @@ class StreamingPipelineOperator(BaseOperator):
             )
         try:
             self._wait_for_recovery(pg, pipeline)
-            pg.clear_stop(pipeline)
+            pg.set_stop_request(self.meta_schema, pipeline, False, by=f"airflow:{self.dag_id}.{self.task_id}")
             self._orphan = self._find_orphan(pg, pipeline)
             return self._supervise(pg, config)
         finally:

@@ -11,95 +11,23 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
-from psycopg2 import sql
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
 from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook, open_transaction_of
-from airflow_provider_eos.lso_lag import (
+from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
+from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
+from airflow_provider_eos.utils.lso_watch import (
     DEFAULT_MARGIN_SECONDS,
     DEFAULT_TXN_MAX_TIMEOUT_MS,
     LsoReport,
     LsoWatch,
-    StoredPartition,
 )
-from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
-from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
 from spark_apps.eos_stream import meta_tables
 
 # XCom key of the hanging partitions' details (producer, start offset, abort parameters).
 HANGING_XCOM_KEY = "eos_hanging"
 
-
-class LsoWatchStore:
-    """
-    Keeps a pipeline's stuck-since times in ``<meta_schema>.lso_watch`` between health-check runs.
-
-    Ages, not times, cross the boundary: :meth:`load` returns for how long each partition has
-    been stuck as the database's clock sees it, and :meth:`save` writes ``now() - age``, so
-    the stored times are on the database's clock whatever the clocks of the workers are.
-
-    :param postgres_conn_id: the pipeline's database connection.
-    :param meta_schema: the pipeline's bookkeeping schema.
-    """
-
-    def __init__(self, postgres_conn_id: str, meta_schema: str) -> None:
-        self.hook = EosPostgresHook(postgres_conn_id=postgres_conn_id, meta_schema=meta_schema)
-        self.meta_schema = meta_schema
-        self.table = meta_tables.table(meta_schema, meta_tables.LSO_WATCH)
-
-    def _ensure(self, cur: Any) -> None:
-        for statement in meta_tables.lso_watch_ddl_statements(self.meta_schema):
-            cur.execute(statement)
-
-    def load(self, pipeline: str) -> list[StoredPartition]:
-        """The partitions the pipeline's last run left stuck or lagging, aged by the database's clock."""
-        with self.hook.cursor() as cur:
-            self._ensure(cur)
-            cur.execute(
-                sql.SQL(
-                    "SELECT topic, partition, high_watermark, lso, "
-                    "greatest(0, extract(epoch FROM now() - stuck_since))::float8 AS stuck_for "
-                    "FROM {} WHERE pipeline = %s ORDER BY topic, partition"
-                ).format(self.table),
-                (pipeline,),
-            )
-            return [
-                StoredPartition(r["topic"], int(r["partition"]), int(r["high_watermark"]), int(r["lso"]),
-                                float(r["stuck_for"]))
-                for r in cur.fetchall()
-            ]
-
-    def save(self, pipeline: str, rows: Sequence[StoredPartition]) -> None:
-        """Replace the pipeline's rows with ``rows`` in one transaction (partitions left out are cleared).
-        A row whose LSO is unchanged keeps its stored ``stuck_since``: the same stuck episode, and
-        no drift from going through ages run after run."""
-        conn = self.hook.connect(autocommit=False)
-        try:
-            with conn, conn.cursor() as cur:
-                self._ensure(cur)
-                cur.execute(
-                    sql.SQL(
-                        "DELETE FROM {} WHERE pipeline = %s AND (topic, partition) NOT IN "
-                        "(SELECT * FROM unnest(%s::text[], %s::integer[]))"
-                    ).format(self.table),
-                    (pipeline, [r.topic for r in rows], [r.partition for r in rows]),
-                )
-                for r in rows:
-                    cur.execute(
-                        sql.SQL(
-                            "INSERT INTO {t} AS w (pipeline, topic, partition, lso, high_watermark, stuck_since, "
-                            "last_seen) VALUES (%s, %s, %s, %s, %s, now() - make_interval(secs => %s), now()) "
-                            "ON CONFLICT (pipeline, topic, partition) DO UPDATE SET "
-                            "stuck_since = CASE WHEN w.lso = EXCLUDED.lso "
-                            "AND w.high_watermark <= EXCLUDED.high_watermark "
-                            "THEN w.stuck_since ELSE EXCLUDED.stuck_since END, "
-                            "lso = EXCLUDED.lso, high_watermark = EXCLUDED.high_watermark, last_seen = now()"
-                        ).format(t=self.table),
-                        (pipeline, r.topic, r.partition, r.last_stable, r.high_watermark, float(r.stuck_for)),
-                    )
-        finally:
-            conn.close()
 
 # Seconds for the triggerer to deliver the gate's own give-up event before Airflow's
 # deferral timeout (which carries no report) would fire.
@@ -221,8 +149,8 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         """Stuck-since times are kept across runs (``pipeline`` and ``meta_schema`` given)."""
         return bool(self.pipeline and self.meta_schema)
 
-    def store(self) -> LsoWatchStore:
-        return LsoWatchStore(self.postgres_conn_id, str(self.meta_schema))
+    def store(self) -> EosPostgresHook:
+        return EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=str(self.meta_schema))
 
     def new_watch(self) -> LsoWatch:
         """A watch with this sensor's thresholds, seeded with the stored stuck-since times when persistent."""
@@ -233,7 +161,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
             hanging_after=self.hanging_after,
         )
         if self.persistent:
-            stored = self.store().load(str(self.pipeline))
+            stored = self.store().load_lso_watch(str(self.pipeline))
             watch.resume(stored, time.time())
             if stored:
                 self.log.info(
@@ -245,7 +173,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
     def save_watch(self, watch: LsoWatch) -> None:
         """Store the watch's stuck-since times for the next run (no-op unless persistent)."""
         if self.persistent:
-            self.store().save(str(self.pipeline), watch.to_stored(time.time()))
+            self.store().save_lso_watch(str(self.pipeline), watch.to_stored(time.time()))
 
     def hanging_details(self, report: LsoReport) -> list[dict[str, Any]]:
         """
@@ -382,4 +310,4 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         return PokeReturnValue(is_done=status == "ok", xcom_value=self.last_report)
 
 
-__all__ = ["GATE", "HANGING_XCOM_KEY", "HEALTH", "LastStableOffsetLagSensor", "LsoWatchStore"]
+__all__ = ["GATE", "HANGING_XCOM_KEY", "HEALTH", "LastStableOffsetLagSensor"]

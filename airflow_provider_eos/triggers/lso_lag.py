@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_eos.lso_lag import (
+from airflow_provider_eos.utils.lso_watch import (
     DEFAULT_MARGIN_SECONDS,
     DEFAULT_TXN_MAX_TIMEOUT_MS,
     LsoReport,
@@ -105,7 +105,7 @@ class LsoLagTrigger(BaseTrigger):
     :param hanging_after: seconds stuck before a partition is ``hanging``, instead of
         ``txn_max_timeout_ms`` + ``margin`` (None: those).
     :param request_timeout: seconds allowed for each Admin API request.
-    :param watch_state: JSON state of an :class:`~airflow_provider_eos.lso_lag.LsoWatch`
+    :param watch_state: JSON state of an :class:`~airflow_provider_eos.utils.lso_watch.LsoWatch`
         to resume from (set by :meth:`serialize`, or by the sensor with the stuck-since
         times of earlier runs); its thresholds win over the ones above.
     :param deadline: ``gate`` only: Unix time at which the gate gives up and reports

@@ -15,7 +15,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
-from airflow_provider_eos.hooks.snapshot import DependentObjectsError, SnapshotHook, aside_schema_name
+from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, PgToolsHook, aside_schema_name
 from airflow_provider_eos.operators.replay import RetentionCheckOperator, RetentionGapError
 from airflow_provider_eos.operators.restore import (
     FenceOperator,
@@ -24,7 +24,7 @@ from airflow_provider_eos.operators.restore import (
     RollbackRestoreOperator,
     StreamStillRunningError,
 )
-from airflow_provider_eos.snapshots import DUMP, SnapshotStore
+from airflow_provider_eos.utils.snapshot_store import DUMP, SnapshotStore
 from spark_apps.eos_stream import fencing
 from spark_apps.eos_stream.control import AlreadyRunning, hold_running_lock
 from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_CONN, _damage, _restore, make_snapped, target_state
@@ -39,7 +39,7 @@ def snapped(stack, tmp_path_factory):
     return make_snapped(stack, tmp_path_factory)
 
 
-def _epoch(hook: SnapshotHook, config: dict) -> int:
+def _epoch(hook: PgToolsHook, config: dict) -> int:
     conn = hook.connect()
     try:
         with conn.cursor() as cur:
@@ -51,7 +51,7 @@ def _epoch(hook: SnapshotHook, config: dict) -> int:
         conn.close()
 
 
-def _asides(hook: SnapshotHook, config: dict) -> list[str]:
+def _asides(hook: PgToolsHook, config: dict) -> list[str]:
     conn = hook.connect()
     try:
         with conn.cursor() as cur:
@@ -236,7 +236,7 @@ def test_rollback_puts_the_old_state_back_exactly(snapped) -> None:
         FinalizeRestoreOperator(**{**rollback, "task_id": "f", "aside_schema": config["target_schema"]}).execute({})
 
 
-def _half_replay(hook: SnapshotHook, config: dict) -> None:
+def _half_replay(hook: PgToolsHook, config: dict) -> None:
     """What a replay that failed half-way leaves: some rows and offsets moved on."""
     conn = hook.connect()
     with conn.cursor() as cur:

@@ -13,12 +13,12 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
-from airflow_provider_eos.hooks.snapshot import SnapshotHook, scratch_prefix
+from airflow_provider_eos.hooks.pg_tools import PgToolsHook, scratch_prefix
+from airflow_provider_eos.hooks.recovery_lock import holding_lock
 from airflow_provider_eos.operators.replay import RetentionCheckOperator, RetentionGapError
 from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator, StreamStillRunningError
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
-from airflow_provider_eos.recovery_lock import holding_lock
-from airflow_provider_eos.snapshots import DUMP, MANIFEST, SnapshotManifest, SnapshotStore
+from airflow_provider_eos.utils.snapshot_store import DUMP, MANIFEST, SnapshotManifest, SnapshotStore
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import pipeline_config, run_app
 
@@ -39,7 +39,7 @@ def connections_env(stack: dict[str, str]) -> dict[str, str]:
     }
 
 
-def target_state(hook: SnapshotHook, config: dict) -> dict:
+def target_state(hook: PgToolsHook, config: dict) -> dict:
     """Count and checksum of every table of the pipeline, as the snapshot measures them."""
     conn = hook.connect()
     try:
@@ -78,7 +78,7 @@ def make_snapped(stack, tmp_path_factory) -> dict:
     store = tmp / "store"
     summary = SnapshotOperator(task_id="snap", pipeline_config=str(config_file), snapshot_store=str(store),
                                postgres_conn_id=PG_CONN, keep_last=3, pg_bin_dir=PG_BIN).execute({"run_id": "t"})
-    hook = SnapshotHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
+    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
     return {"config": config, "config_file": config_file, "store": store, "summary": summary, "hook": hook,
             "tmp": tmp, "state": target_state(hook, config)}
 
@@ -90,7 +90,7 @@ def _restore(snapped, **kwargs) -> RestoreOperator:
     return RestoreOperator(**args)
 
 
-def _damage(hook: SnapshotHook, config: dict) -> None:
+def _damage(hook: PgToolsHook, config: dict) -> None:
     conn = hook.connect()
     schema = sql.Identifier(config["target_schema"])
     with conn.cursor() as cur:
@@ -211,7 +211,7 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
     import uuid
 
     os.environ.update(connections_env(stack))
-    hook = SnapshotHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
+    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
     meta, key = f"m_lock{uuid.uuid4().hex[:8]}", "db/t/ledger"
     assert hook.acquire_lock(meta, key, "run-a", 2)["acquired"]
     again = hook.acquire_lock(meta, key, "run-a", 2)  # run-a cleared and rerun after its worker died

@@ -84,7 +84,7 @@ def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
     """Seed 001's procedure for a commit left in doubt: restore the snapshot
     (which rolls the orphan back, since it belongs to the state being replaced)
     and replay Kafka from the snapshot's offsets."""
-    from airflow_provider_eos.hooks.snapshot import SnapshotHook
+    from airflow_provider_eos.hooks.pg_tools import PgToolsHook
     from airflow_provider_eos.operators.restore import RestoreOperator
     from airflow_provider_eos.operators.snapshot import SnapshotOperator
     from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_BIN, PG_CONN, connections_env
@@ -96,7 +96,7 @@ def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
     common = {"pipeline_config": str(config_file), "postgres_conn_id": PG_CONN, "pg_bin_dir": PG_BIN,
               "snapshot_store": str(tmp_path / "store")}
     snap = SnapshotOperator(task_id="snap", **common).execute({"run_id": "t"})  # sees the 2 committed batches
-    hook = SnapshotHook(postgres_conn_id=PG_CONN)
+    hook = PgToolsHook(postgres_conn_id=PG_CONN)
     hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
     restored = RestoreOperator(task_id="restore", quiet_seconds=0, release_lock=True, kafka_config_id=KAFKA_CONN,
                                **common).execute({"run_id": "restore-in-doubt"})

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from airflow_provider_eos.lso_lag import (
+from airflow_provider_eos.utils.lso_watch import (
     HANGING,
     LAGGING,
     OK,

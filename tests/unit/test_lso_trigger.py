@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from airflow_provider_eos.lso_lag import LsoWatch, PartitionOffsets
 from airflow_provider_eos.sensors.lso_lag import GATE_DEFERRAL_SLACK, LastStableOffsetLagSensor
 from airflow_provider_eos.triggers.lso_lag import LsoLagTrigger, evaluate, event_payload
+from airflow_provider_eos.utils.lso_watch import LsoWatch, PartitionOffsets
 
 T = "orders"
 

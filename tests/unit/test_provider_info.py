@@ -103,9 +103,9 @@ def test_import_dotted_rejects_a_missing_path() -> None:
 
 # ---------------------------------------------------------------- deployment settings ([eos] provider config)
 def test_provider_info_declares_the_eos_config_section() -> None:
-    from airflow_provider_eos import settings
+    from airflow_provider_eos.utils import provider_config
 
-    section = get_provider_info()["config"][settings.SECTION]
+    section = get_provider_info()["config"][provider_config.SECTION]
     assert set(section["options"]) == {"snapshot_store", "pipeline_config_dir", "aside_retention_days",
                                        "kafka_conn_id", "postgres_conn_id", "spark_conn_id"}
     for option in section["options"].values():
@@ -121,22 +121,23 @@ def test_airflow_sees_the_eos_config_section() -> None:
 
 @pytest.mark.parametrize(("provider", "expected"), [("/from/provider", "/from/provider"), (None, "default")])
 def test_settings_come_from_the_provider_config_else_the_default(monkeypatch, provider, expected) -> None:
-    from airflow_provider_eos import settings
+    from airflow_provider_eos.utils import provider_config
 
-    for setting in settings.SETTINGS:
-        variable = f"AIRFLOW__{settings.SECTION.upper()}__{setting.key.upper()}"
+    for setting in provider_config.SETTINGS:
+        variable = f"AIRFLOW__{provider_config.SECTION.upper()}__{setting.key.upper()}"
         if provider is None:
             monkeypatch.delenv(variable, raising=False)
         else:
             monkeypatch.setenv(variable, provider)
-        assert settings.get(setting) == (setting.default if expected == "default" else expected)
-    assert settings.snapshot_store() == (settings.SNAPSHOT_STORE.default if expected == "default" else expected)
+        assert provider_config.get(setting) == (setting.default if expected == "default" else expected)
+    default = provider_config.SNAPSHOT_STORE.default
+    assert provider_config.snapshot_store() == (default if expected == "default" else expected)
 
 
 def test_settings_read_airflow_cfg_and_no_environment_variable_of_their_own(monkeypatch) -> None:
     from airflow.configuration import conf
 
-    from airflow_provider_eos import settings
+    from airflow_provider_eos.utils import provider_config
 
     monkeypatch.delenv("AIRFLOW__EOS__SNAPSHOT_STORE", raising=False)
     # The provider's own variables of earlier versions: a DAG file must not read them at parse time.
@@ -146,39 +147,39 @@ def test_settings_read_airflow_cfg_and_no_environment_variable_of_their_own(monk
         conf.add_section("eos")
     conf.set("eos", "snapshot_store", "/from/cfg")
     try:
-        assert settings.snapshot_store() == "/from/cfg"
+        assert provider_config.snapshot_store() == "/from/cfg"
     finally:
         conf.remove_option("eos", "snapshot_store")
-    assert settings.snapshot_store() == settings.SNAPSHOT_STORE.default
-    assert settings.pipeline_config_dir() == settings.PIPELINE_CONFIG_DIR.default
+    assert provider_config.snapshot_store() == provider_config.SNAPSHOT_STORE.default
+    assert provider_config.pipeline_config_dir() == provider_config.PIPELINE_CONFIG_DIR.default
 
 
 def test_connection_defaults_come_from_the_provider_config(monkeypatch) -> None:
-    from airflow_provider_eos import settings
+    from airflow_provider_eos.utils import provider_config
 
     monkeypatch.delenv("AIRFLOW__EOS__POSTGRES_CONN_ID", raising=False)
     monkeypatch.setenv("AIRFLOW__EOS__KAFKA_CONN_ID", "kafka_team_a")
-    assert settings.connection_defaults() == {"kafka": "kafka_team_a", "postgres": "eos_postgres",
+    assert provider_config.connection_defaults() == {"kafka": "kafka_team_a", "postgres": "eos_postgres",
                                               "spark": "spark_default"}
 
 
 def test_run_conf_with_undeclared_keys_is_refused() -> None:
-    from airflow_provider_eos import settings
+    from airflow_provider_eos.utils import provider_config
 
-    settings.check_run_conf({"pipeline": "ledger"}, ["pipeline", "snapshot"])
-    settings.check_run_conf(None, ["pipeline"])
-    with pytest.raises(settings.SettingsError, match="snapshot_store"):
-        settings.check_run_conf({"pipeline": "ledger", "snapshot_store": "/elsewhere"}, ["pipeline"])
+    provider_config.check_run_conf({"pipeline": "ledger"}, ["pipeline", "snapshot"])
+    provider_config.check_run_conf(None, ["pipeline"])
+    with pytest.raises(provider_config.SettingsError, match="snapshot_store"):
+        provider_config.check_run_conf({"pipeline": "ledger", "snapshot_store": "/elsewhere"}, ["pipeline"])
 
 
 def test_aside_retention_days_is_a_non_negative_number(monkeypatch) -> None:
-    from airflow_provider_eos import settings
+    from airflow_provider_eos.utils import provider_config
 
     monkeypatch.delenv("AIRFLOW__EOS__ASIDE_RETENTION_DAYS", raising=False)
-    assert settings.aside_retention_days() == 7.0
+    assert provider_config.aside_retention_days() == 7.0
     monkeypatch.setenv("AIRFLOW__EOS__ASIDE_RETENTION_DAYS", "0.5")
-    assert settings.aside_retention_days() == 0.5
+    assert provider_config.aside_retention_days() == 0.5
     for bad in ("soon", "-1"):
         monkeypatch.setenv("AIRFLOW__EOS__ASIDE_RETENTION_DAYS", bad)
-        with pytest.raises(settings.SettingsError):
-            settings.aside_retention_days()
+        with pytest.raises(provider_config.SettingsError):
+            provider_config.aside_retention_days()

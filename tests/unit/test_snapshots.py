@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_eos.lso_lag import PartitionOffsets
 from airflow_provider_eos.operators.restore import check_stream_stopped
-from airflow_provider_eos.snapshots import (
+from airflow_provider_eos.utils.lso_watch import PartitionOffsets
+from airflow_provider_eos.utils.snapshot_store import (
     DUMP,
     MANIFEST,
     MARKER,
@@ -85,7 +85,7 @@ def test_store_save_list_fetch_retention(tmp_path) -> None:
     store = SnapshotStore(str(tmp_path))
     dump = tmp_path / "src.pgc"
     dump.write_bytes(b"PGDMP-fake")
-    from airflow_provider_eos.snapshots import sha256_file
+    from airflow_provider_eos.utils.snapshot_store import sha256_file
 
     saved = []
     for h in range(4):

@@ -128,7 +128,8 @@ class FakePg:
     def acquire_supervisor_lock(self, pipeline: str) -> Any:
         return FakeConn()
 
-    def clear_stop(self, pipeline: str) -> None:
+    def set_stop_request(self, meta_schema: str, pipeline: str, requested: bool, by: str = "") -> None:
+        assert not requested  # the stream operator only clears an old request before a launch
         self.cleared.append(pipeline)
 
     def stop_requested_at(self, pipeline: str) -> str | None:

@@ -34,14 +34,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import psycopg2
-from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk.exceptions import AirflowException
 from psycopg2 import errors as pg_errors
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from airflow_provider_eos.snapshots import SnapshotManifest, TableState
+from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.utils.snapshot_store import SnapshotManifest, TableState
 
 _NORMALIZE = (
     "SET TIME ZONE 'UTC'",
@@ -288,9 +287,10 @@ def compare(expected: Iterable[TableState], actual: dict[TableRef, TableState]) 
     return problems
 
 
-class SnapshotHook(PostgresHook):
+class PgToolsHook(EosPostgresHook):
     """
-    Snapshots and restores a pipeline's tables with the PostgreSQL client tools.
+    Snapshots and restores a pipeline's tables with the PostgreSQL client tools, over the
+    bookkeeping hook's connections (:class:`~airflow_provider_eos.hooks.eos_postgres.EosPostgresHook`).
 
     :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
         (its schema field is the database).
@@ -299,43 +299,12 @@ class SnapshotHook(PostgresHook):
     :param lock_timeout: seconds a restore waits for table locks before giving up.
     """
 
-    conn_name_attr = "postgres_conn_id"
-    hook_name = "EOS snapshot (PostgreSQL)"
+    hook_name = "EOS PostgreSQL tools (pg_dump, pg_restore, psql)"
 
     def __init__(self, *args: Any, pg_bin_dir: str | None = None, lock_timeout: float = 30.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pg_bin_dir = pg_bin_dir or os.environ.get("EOS_PG_BIN_DIR") or ""
         self.lock_timeout = lock_timeout
-
-    # ------------------------------------------------------------------ connections
-    def libpq_params(self, dbname: str | None = None) -> dict[str, Any]:
-        conn = self.connection
-        if not conn.host:
-            # No silent default host: the target must be named in the connection.
-            raise ValueError(f"connection {getattr(self, self.conn_name_attr)!r} has no host")
-        params: dict[str, Any] = {
-            "host": conn.host,
-            "port": int(conn.port or 5432),
-            "user": conn.login,
-            "dbname": dbname or self.database or conn.schema or "postgres",
-        }
-        sslmode = conn.extra_dejson.get("sslmode")
-        if sslmode:
-            params["sslmode"] = sslmode
-        return params
-
-    @property
-    def dbname(self) -> str:
-        return str(self.libpq_params()["dbname"])
-
-    def connect(self, dbname: str | None = None, application_name: str = "eos-snapshot") -> PgConnection:
-        password = self.connection.password
-        return psycopg2.connect(
-            connect_timeout=10,
-            application_name=application_name,
-            **self.libpq_params(dbname),
-            **({"password": password} if password else {}),
-        )
 
     def tool_env(self) -> dict[str, str]:
         """Environment for the client tools: the password travels here, never in argv."""
@@ -365,15 +334,6 @@ class SnapshotHook(PostgresHook):
             cur.execute(statement)
 
     # ------------------------------------------------------------------ reading state
-    def list_tables(self, conn: PgConnection, schema: str) -> list[str]:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1",
-                (schema,),
-            )
-            return [r[0] for r in cur.fetchall()]
-
     def measure(self, conn: PgConnection, tables: Iterable[TableRef], roles: dict[TableRef, str] | None = None
                 ) -> dict[TableRef, TableState]:
         """Row count and checksum of each table, in ``conn``'s current transaction."""
@@ -389,7 +349,8 @@ class SnapshotHook(PostgresHook):
                 )
         return out
 
-    def stored_offsets(self, conn: PgConnection, meta_schema: str, pipeline: str) -> dict[str, dict[str, int]]:
+    def stored_offsets_in(self, conn: PgConnection, meta_schema: str, pipeline: str) -> dict[str, dict[str, int]]:
+        """The pipeline's stored offsets as ``conn``'s transaction sees them (a snapshot's replay point)."""
         from spark_apps.eos_stream import meta_tables
 
         with conn.cursor() as cur:
@@ -472,7 +433,7 @@ class SnapshotHook(PostgresHook):
                 # While pg_dump reads, measure the same snapshot in this transaction.
                 measured = self.measure(conn, tables, roles)
                 timings["checksums"] = round(time.monotonic() - started, 3)
-                offsets = self.stored_offsets(conn, meta_schema, pipeline)
+                offsets = self.stored_offsets_in(conn, meta_schema, pipeline)
                 others = self.other_pipelines(conn, meta_schema, pipeline)
                 _, err = dump.communicate()
             finally:
@@ -982,155 +943,6 @@ class SnapshotHook(PostgresHook):
                     "left_in_aside": sorted(set(self.list_tables(conn, aside)))}
         finally:
             conn.close()
-
-    def try_running_lock(self, pipeline: str) -> PgConnection | None:
-        """The pipeline's running lock on a connection of its own, or None when a
-        driver holds it. While the connection stays open no driver can start (a
-        starting driver waits for the lock, then exits); closing it releases it."""
-        from spark_apps.eos_stream.control import running_lock_key
-
-        conn = self.connect(application_name="eos-recovery")
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (running_lock_key(pipeline),))
-                got = bool((cur.fetchone() or (False,))[0])
-        except BaseException:
-            conn.close()
-            raise
-        if not got:
-            conn.close()
-            return None
-        return conn
-
-    # ------------------------------------------------------------------ stream state and locks
-    def stream_activity(self, meta_schema: str, pipeline: str) -> dict[str, Any]:
-        """Whether a driver of the pipeline is connected (its running lock), when
-        it last recorded progress and whether a stop is requested."""
-        from spark_apps.eos_stream import meta_tables
-        from spark_apps.eos_stream.control import driver_running
-
-        conn = self.connect()
-        try:
-            running = driver_running(conn, pipeline)
-            with conn.cursor() as cur:
-                result: dict[str, Any] = {"driver_running": running, "last_progress_at": None,
-                                          "stop_requested_at": None, "seconds_since": None}
-                cur.execute("SELECT to_regclass(%s), to_regclass(%s), now()", (
-                    f'"{meta_schema}"."{meta_tables.PROGRESS}"', f'"{meta_schema}"."{meta_tables.CONTROL}"'))
-                row = cur.fetchone()
-                assert row is not None
-                progress, control, now = row
-                if progress is not None:
-                    cur.execute(sql.SQL("SELECT max(recorded_at) FROM {} WHERE pipeline = %s").format(
-                        meta_tables.table(meta_schema, meta_tables.PROGRESS)), (pipeline,))
-                    last = (cur.fetchone() or (None,))[0]
-                    result["last_progress_at"] = last
-                    result["seconds_since"] = (now - last).total_seconds() if last else None
-                if control is not None:
-                    cur.execute(sql.SQL("SELECT stop_requested_at FROM {} WHERE pipeline = %s").format(
-                        meta_tables.table(meta_schema, meta_tables.CONTROL)), (pipeline,))
-                    result["stop_requested_at"] = (cur.fetchone() or (None,))[0]
-            conn.rollback()
-            return result
-        finally:
-            conn.close()
-
-    def set_stop_request(self, meta_schema: str, pipeline: str, requested: bool, by: str = "eos-recovery") -> None:
-        """Sets or clears the pipeline's stop request in the control table."""
-        from spark_apps.eos_stream import meta_tables
-
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                for statement in meta_tables.ddl_statements(meta_schema):
-                    cur.execute(statement)
-                cur.execute(
-                    sql.SQL("INSERT INTO {} (pipeline, stop_requested_at, requested_by) VALUES (%s, {}, %s)"
-                            " ON CONFLICT (pipeline) DO UPDATE SET stop_requested_at = EXCLUDED.stop_requested_at,"
-                            " requested_by = EXCLUDED.requested_by").format(
-                        meta_tables.table(meta_schema, meta_tables.CONTROL),
-                        sql.SQL("now()" if requested else "NULL")),
-                    (pipeline, by),
-                )
-            conn.commit()
-        finally:
-            conn.close()
-
-    def acquire_lock(self, meta_schema: str, key: str, holder: str, ttl_seconds: float) -> dict[str, Any]:
-        """Takes the recovery lock row for ``key``, or refreshes it for its holder.
-
-        Re-entrant: the same holder (a DAG run id) gets it again, so a cleared or
-        rerun task of that run goes on. A row whose heartbeat is older than
-        ``ttl_seconds`` belonged to a run that died without its teardown, and is
-        taken over. Returns ``acquired`` and the holder row; ``taken_over_from``
-        names the dead holder when there was one."""
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                table = _lock_table(meta_schema)
-                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(meta_schema)))
-                cur.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (lock_key text PRIMARY KEY, holder text NOT NULL,"
-                    " acquired_at timestamptz NOT NULL DEFAULT now(),"
-                    " heartbeat_at timestamptz NOT NULL DEFAULT now())").format(table))
-                # Tables made before heartbeats existed.
-                cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS heartbeat_at timestamptz"
-                                    " NOT NULL DEFAULT now()").format(table))
-                cur.execute(sql.SQL("SELECT holder FROM {} WHERE lock_key = %s FOR UPDATE").format(table), (key,))
-                previous = (cur.fetchone() or (None,))[0]
-                cur.execute(sql.SQL(
-                    "INSERT INTO {t} (lock_key, holder) VALUES (%s, %s) ON CONFLICT (lock_key) DO UPDATE"
-                    " SET holder = EXCLUDED.holder, heartbeat_at = now(),"
-                    " acquired_at = CASE WHEN {t}.holder = EXCLUDED.holder THEN {t}.acquired_at ELSE now() END"
-                    " WHERE {t}.holder = EXCLUDED.holder OR {t}.heartbeat_at < now() - make_interval(secs => %s)"
-                    " RETURNING holder").format(t=table), (key, holder, ttl_seconds))
-                won = cur.fetchone() is not None
-                cur.execute(sql.SQL("SELECT holder, acquired_at, heartbeat_at FROM {} WHERE lock_key = %s")
-                            .format(table), (key,))
-                row = cur.fetchone()
-            conn.commit()
-        finally:
-            conn.close()
-        return {"acquired": won, "key": key, "holder": row[0] if row else None,
-                "acquired_at": row[1].isoformat() if row else None,
-                "heartbeat_at": row[2].isoformat() if row else None,
-                "taken_over_from": previous if won and previous not in (None, holder) else None}
-
-    def heartbeat_lock(self, meta_schema: str, key: str, holder: str) -> bool:
-        """Marks the holder alive; False when the lock is no longer its own."""
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE lock_key = %s AND holder = %s")
-                            .format(_lock_table(meta_schema)), (key, holder))
-                alive = cur.rowcount > 0
-            conn.commit()
-            return alive
-        finally:
-            conn.close()
-
-    def release_lock(self, meta_schema: str, key: str, holder: str) -> bool:
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT to_regclass(%s)", (f'"{meta_schema}"."{LOCK_TABLE}"',))
-                if (cur.fetchone() or (None,))[0] is None:
-                    return False
-                cur.execute(sql.SQL("DELETE FROM {} WHERE lock_key = %s AND holder = %s").format(
-                    _lock_table(meta_schema)), (key, holder))
-                released = cur.rowcount > 0
-            conn.commit()
-            return released
-        finally:
-            conn.close()
-
-
-LOCK_TABLE = "recovery_locks"
-
-
-def _lock_table(meta_schema: str) -> sql.Composed:
-    return sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(LOCK_TABLE))
 
 
 def _pattern(schema: str, table: str) -> str:

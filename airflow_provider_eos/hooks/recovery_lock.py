@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,12 +38,6 @@ log = logging.getLogger(__name__)
 
 class RecoveryLockedError(AirflowException):
     """Another recovery holds the lock for this target."""
-
-
-def holder_of(context: Any) -> str:
-    """The lock holder for a task: its DAG run id (shared by the run's steps and reruns)."""
-    run_id = context.get("run_id") if context else None
-    return str(run_id or f"manual-{time.time_ns()}")
 
 
 def take_lock(hook: Any, meta_schema: str, key: str, holder: str, ttl: float) -> dict[str, Any]:
