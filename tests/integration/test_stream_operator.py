@@ -23,7 +23,7 @@ from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.helpers.kafka import delete_topics
+from tests.helpers.kafka import delete_topics, wait_for_markers
 from tests.streaming import audit, pg_connect, pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -56,7 +56,11 @@ class Pipeline:
         ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], self.topic, partitions)
 
     def produce(self, events: int, **kwargs: Any):
-        return produce_ledger(self.stack["EOS_KAFKA_BOOTSTRAP"], events, topic=self.topic, **kwargs)
+        produced = produce_ledger(self.stack["EOS_KAFKA_BOOTSTRAP"], events, topic=self.topic, **kwargs)
+        # A commit returns before its markers land: until then the LSO hides the records, and an
+        # availableNow run started at once would end with nothing (seen in CI: 0 of 2000 applied).
+        wait_for_markers(self.stack["EOS_KAFKA_BOOTSTRAP"], self.topic)
+        return produced
 
     def operator(self, task_id: str = "run_pipeline", **kwargs: Any) -> StreamingPipelineOperator:
         args: dict[str, Any] = {
