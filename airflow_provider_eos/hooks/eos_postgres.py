@@ -24,7 +24,6 @@ _NON_LIBPQ_EXTRAS = frozenset(
     {"iam", "redshift", "redshift-serverless", "cursor", "cluster-identifier", "workgroup-name", "aws_conn_id",
      "azure_conn_id", "enable_log_db_messages", "sqlalchemy_scheme", "sqlalchemy_query", "sqlalchemy_options"}
 )
-_DEFAULT_APPLICATION_NAME = "airflow-eos"
 
 
 def supervisor_lock_key(meta_schema: str, pipeline: str) -> str:
@@ -54,6 +53,8 @@ class EosPostgresHook(PostgresHook):
 
     default_conn_name = "eos_postgres"
     hook_name = "EOS Postgres"
+    # What its sessions are called in pg_stat_activity (a subclass names its own).
+    application_name = "airflow-eos"
 
     def __init__(self, *args: Any, meta_schema: str = meta_tables.DEFAULT_SCHEMA, **kwargs: Any) -> None:
         kwargs.setdefault("postgres_conn_id", self.default_conn_name)
@@ -80,7 +81,7 @@ class EosPostgresHook(PostgresHook):
         for key, value in (conn.extra_dejson or {}).items():
             if key not in _NON_LIBPQ_EXTRAS and not key.startswith("sqlalchemy"):
                 params[key] = value
-        params.setdefault("application_name", _DEFAULT_APPLICATION_NAME)
+        params.setdefault("application_name", self.application_name)
         params.setdefault("connect_timeout", 10)
         return params
 

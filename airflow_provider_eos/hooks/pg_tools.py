@@ -300,6 +300,8 @@ class PgToolsHook(EosPostgresHook):
     """
 
     hook_name = "EOS PostgreSQL tools (pg_dump, pg_restore, psql)"
+    # Its psycopg2 sessions and the client tools it runs, as before the two hooks shared a factory.
+    application_name = "eos-snapshot"
 
     def __init__(self, *args: Any, pg_bin_dir: str | None = None, lock_timeout: float = 30.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -309,11 +311,11 @@ class PgToolsHook(EosPostgresHook):
     def tool_env(self) -> dict[str, str]:
         """Environment for the client tools: the password travels here, never in argv."""
         env = dict(os.environ)
-        password = self.connection.password
+        password = self.app_password()
         if password:
             env["PGPASSWORD"] = password
         env["PGCONNECT_TIMEOUT"] = "10"
-        env["PGAPPNAME"] = "eos-snapshot"
+        env["PGAPPNAME"] = self.application_name
         return env
 
     def tool(self, name: str) -> str:
