@@ -26,7 +26,11 @@ OPERATORS = [
     "airflow_provider_eos.operators.audit",
 ]
 SENSORS = ["airflow_provider_eos.sensors.lso_lag", "airflow_provider_eos.sensors.stream_progress"]
-TRIGGERS = ["airflow_provider_eos.triggers.lso_lag", "airflow_provider_eos.triggers.stream_progress"]
+TRIGGERS = [
+    "airflow_provider_eos.triggers.lso_lag",
+    "airflow_provider_eos.triggers.stream_progress",
+    "airflow_provider_eos.triggers.stream_stopped",
+]
 
 
 def get_provider_info() -> dict[str, Any]:

@@ -30,8 +30,8 @@ def connection_ids(definition: PipelineDefinition) -> ResolvedConnections:
     return definition.connections.resolved(provider_config.connection_defaults())
 
 
-def recovery_config(definition: PipelineDefinition) -> dict[str, Any]:
-    """The app config the snapshot and recovery operators take. Kafka's bootstrap servers and
+def step_config(definition: PipelineDefinition) -> dict[str, Any]:
+    """The app config the pipeline-step operators (stop, snapshot, recovery) take. Kafka's bootstrap servers and
     the database come from the pipeline's connections when the task runs (the operators get
     ``kafka_config_id`` and ``postgres_conn_id``), so neither is written here."""
     return definition.app_config(kafka_bootstrap="", postgres={})

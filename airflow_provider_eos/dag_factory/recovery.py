@@ -28,26 +28,28 @@ from airflow_provider_eos.dag_factory.common import (
     START_DATE,
     connection_ids,
     dag_id,
-    recovery_config,
     refuse_undeclared_conf,
+    step_config,
     tags,
 )
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.operators.audit import AuditOperator
-from airflow_provider_eos.operators.replay import CaughtUpOperator, ReplayOperator, RetentionCheckOperator
+from airflow_provider_eos.operators.replay import ReplayOperator, RetentionCheckOperator
 from airflow_provider_eos.operators.restore import (
     FinalizeRestoreOperator,
     RecoveryLockOperator,
-    RequestStopOperator,
     RestoreOperator,
     RollbackRestoreOperator,
 )
+from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
+from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
          "wait_caught_up", "audit", "finalize")
+SENSOR_STEPS = ("gate", "wait_caught_up")
 PARAMS: dict[str, Param] = {
     "snapshot": Param("latest", type="string", minLength=1,
                       description="'latest', a snapshot id, or an ISO-8601 timestamp (newest before it)"),
@@ -88,16 +90,16 @@ def summary(**context: Any) -> dict[str, Any]:
     out["replay_seconds"] = replayed.get("seconds")
     audit_report = ti.xcom_pull(task_ids="audit") or {}
     out["audit"] = {"ok": audit_report.get("ok"), "summary": audit_report.get("summary")}
-    # Every step after the gate returns its own duration (the gate is a sensor: its time is waiting).
+    # Every step after the gate returns its own duration (the sensors' time is waiting).
     out["seconds_per_step"] = {step: (ti.xcom_pull(task_ids=step) or {}).get("step_seconds")
-                               for step in STEPS if step != "gate"}
+                               for step in STEPS if step not in SENSOR_STEPS}
     print("eos_recovery summary:\n" + json.dumps(out, indent=2, default=str))
     return out
 
 
 def build_recovery_dag(definition: PipelineDefinition) -> DAG:
     conns = connection_ids(definition)
-    common: dict[str, Any] = {"pipeline_config": recovery_config(definition), "postgres_conn_id": conns.postgres}
+    common: dict[str, Any] = {"pipeline_config": step_config(definition), "postgres_conn_id": conns.postgres}
     # Steps that change the target hold the pipeline's recovery lock.
     locked: dict[str, Any] = {**common, "hold_lock": True, "lock_ttl": DEFAULT_LOCK_TTL}
     with DAG(
@@ -117,9 +119,10 @@ def build_recovery_dag(definition: PipelineDefinition) -> DAG:
                                          watch_mode="gate", poke_interval=2, timeout=600, deferrable=True)
         lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=DEFAULT_LOCK_TTL, plan_only=DRY_RUN,
                                     **common)
-        # The control-table stop request, then wait until no driver holds the pipeline's running lock.
-        stop = RequestStopOperator(task_id="stop_stream", quiet_seconds="{{ params.quiet_seconds }}",
-                                   plan_only=DRY_RUN, **locked)
+        # The stop request and an epoch bump, then a deferred wait until neither the pipeline's
+        # supervisor nor a driver runs (the trigger keeps the recovery lock's heartbeat).
+        stop = StopPipelineOperator(task_id="stop_stream", fence=True, quiet_seconds="{{ params.quiet_seconds }}",
+                                    plan_only=DRY_RUN, **locked)
         choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}", snapshot_store=STORE,
                                  plan_only=True, **common)
         retention = RetentionCheckOperator(task_id="retention_check", snapshot=PINNED, snapshot_store=STORE,
@@ -131,8 +134,13 @@ def build_recovery_dag(definition: PipelineDefinition) -> DAG:
                                   plan_only=DRY_RUN, **locked)
         replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
                                 plan_only=DRY_RUN, **locked)
-        caught_up = CaughtUpOperator(task_id="wait_caught_up", replay_task_id="replay", kafka_config_id=conns.kafka,
-                                     plan_only=DRY_RUN, **locked)
+        # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
+        # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
+        caught_up = StreamCaughtUpSensor(
+            task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
+            meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
+            target_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
+            plan_only=DRY_RUN, poke_interval=5, timeout=600)
         audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN, **locked)
         # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
         finalize = FinalizeRestoreOperator(task_id="finalize", restore_task_id="restore",

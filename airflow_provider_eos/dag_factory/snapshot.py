@@ -14,8 +14,8 @@ from airflow_provider_eos.dag_factory.common import (
     START_DATE,
     connection_ids,
     dag_id,
-    recovery_config,
     refuse_undeclared_conf,
+    step_config,
     tags,
 )
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
@@ -43,7 +43,7 @@ def build_snapshot_dag(definition: PipelineDefinition) -> DAG:
     ) as dag:
         pin_snapshot_store() >> SnapshotOperator(
             task_id="snapshot",
-            pipeline_config=recovery_config(definition),
+            pipeline_config=step_config(definition),
             snapshot_store="{{ ti.xcom_pull(task_ids='pin_snapshot_store')['snapshot_store'] }}",
             keep_last=definition.snapshot.keep_last,
             postgres_conn_id=conns.postgres,

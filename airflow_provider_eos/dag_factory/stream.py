@@ -16,6 +16,7 @@ from airflow_provider_eos.dag_factory.common import (
     connection_ids,
     dag_id,
     refuse_undeclared_conf,
+    step_config,
     tags,
 )
 from airflow_provider_eos.operators.stop import StopPipelineOperator
@@ -113,12 +114,12 @@ def build_stop_dag(definition: PipelineDefinition) -> DAG:
         start_date=START_DATE,
         catchup=False,
         tags=tags(definition, "stream"),
-        doc_md=f"Stops the pipeline {definition.name!r}: a stop request, then waits until no driver runs.",
+        doc_md=f"Stops the pipeline {definition.name!r} at its next batch boundary: a stop request, then a "
+               "deferred wait until neither its supervisor nor a driver runs.",
     ) as dag:
         refuse_any_conf() >> StopPipelineOperator(
             task_id="stop_pipeline",
-            pipeline=definition.name,
-            meta_schema=definition.meta_schema,
+            pipeline_config=step_config(definition),
             postgres_conn_id=conns.postgres,
         )
     return dag

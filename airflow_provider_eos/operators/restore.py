@@ -67,34 +67,13 @@ from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, aside_sch
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
 from airflow_provider_eos.operators.base import PipelineOperatorMixin, holder_of, timed_step
 from airflow_provider_eos.operators.replay import KafkaOffsetsMixin
+from airflow_provider_eos.operators.stop import StreamStillRunningError, bump_epoch
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, SnapshotManifest
+from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
 
 __all__ = ["DependentObjectsError", "FenceOperator", "FinalizeRestoreOperator", "RecoveryLockOperator",
-           "RecoveryLockedError", "RequestStopOperator", "RestoreOperator", "RollbackRestoreOperator",
-           "StreamStillRunningError", "check_stream_stopped"]
-
-
-class StreamStillRunningError(AirflowException):
-    """The pipeline may still be writing: restoring under it would be overwritten or interleaved."""
-
-
-def check_stream_stopped(activity: dict[str, Any], quiet_seconds: float, require_stop_request: bool) -> str | None:
-    """Why the stream must be considered running, or None when it is stopped.
-
-    Stopped means: a stop was requested (the control row keeps a supervisor
-    from starting it again; an app sees it at its next batch boundary) AND no
-    driver holds the pipeline's running lock (a driver holds it for as long as
-    it is connected, however slow its batch) AND, if ``quiet_seconds`` > 0, no
-    micro-batch finished within that long (for apps older than the running lock)."""
-    if require_stop_request and activity.get("stop_requested_at") is None:
-        return "no stop has been requested for it (run the stop step first)"
-    if activity.get("driver_running"):
-        return "a driver of it is connected to the target database (it holds the pipeline's running lock)"
-    since = activity.get("seconds_since")
-    if since is not None and since < quiet_seconds:
-        return f"it finished a micro-batch {since:.1f}s ago (less than {quiet_seconds:g}s)"
-    return None
+           "RecoveryLockedError", "RestoreOperator", "RollbackRestoreOperator", "StreamStillRunningError"]
 
 
 @contextmanager
@@ -272,7 +251,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
             with self.lock_guard(config, context), holding_running_lock(self, config.pipeline):
                 activity = self.hook.stream_activity(config.meta_schema, config.pipeline)
                 activity["driver_running"] = False  # the running lock is ours: no driver holds it
-                reason = check_stream_stopped(activity, float(self.quiet_seconds), self.require_stop_request)
+                reason = why_not_stopped(activity, float(self.quiet_seconds), self.require_stop_request)
                 if reason:
                     raise StreamStillRunningError(f"pipeline {config.pipeline!r} may still be running: {reason}")
                 self._refuse_dependents(manifest)
@@ -403,76 +382,6 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
         return take_lock(self.hook, config.meta_schema, key, holder, float(self.lock_ttl))
 
 
-class RequestStopOperator(PipelineOperatorMixin, BaseOperator):
-    """
-    Asks the pipeline to stop (control-table row; the app stops at the next batch
-    boundary) and waits until no driver holds the pipeline's running lock
-    (and, if ``quiet_seconds`` > 0, no micro-batch finished for that long).
-
-    The recovery's variant of ``StopPipelineOperator``: it takes the pipeline
-    from its config and holds the recovery lock while it waits.
-
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param postgres_conn_id: the target database connection, default "eos_postgres"
-    :param quiet_seconds: additionally require this long without progress (default 0).
-    :param timeout_seconds: give up after this long.
-    :param hold_lock: hold the target's recovery lock while waiting (a recovery step).
-    :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
-    :param plan_only: report the stream's state without changing it.
-    """
-
-    template_fields: Sequence[str] = ("pipeline_config", "quiet_seconds", "plan_only")
-
-    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
-                 quiet_seconds: float | str = 0.0, timeout_seconds: float = 600.0, hold_lock: bool = False,
-                 lock_ttl: float = DEFAULT_LOCK_TTL, plan_only: Any = False, pg_bin_dir: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pipeline_config = pipeline_config
-        self.postgres_conn_id = postgres_conn_id
-        self.quiet_seconds = quiet_seconds
-        self.timeout_seconds = timeout_seconds
-        self.hold_lock = hold_lock
-        self.lock_ttl = lock_ttl
-        self.plan_only = plan_only
-        self.pg_bin_dir = pg_bin_dir
-
-    @timed_step
-    def execute(self, context: Any) -> dict[str, Any]:
-        config = self.load_config()
-        if as_bool(self.plan_only):
-            return {"dry_run": True, **_jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
-        with self.lock_guard(config, context):
-            return self._stop(config, context)
-
-    def _stop(self, config: Any, context: Any) -> dict[str, Any]:
-        self.hook.set_stop_request(config.meta_schema, config.pipeline, True, by=holder_of(context))
-        # A driver between two stop polls would otherwise write one more batch; fenced, it cannot,
-        # and its supervisor sees the stop request and does not start it again.
-        epoch = bump_epoch(self.hook, config, holder_of(context), "stop for recovery")
-        deadline = time.monotonic() + self.timeout_seconds
-        while True:
-            activity = self.hook.stream_activity(config.meta_schema, config.pipeline)
-            reason = check_stream_stopped(activity, float(self.quiet_seconds), True)
-            if reason is None:
-                return {**_jsonable(activity), "epoch": epoch}
-            if time.monotonic() > deadline:
-                raise StreamStillRunningError(f"pipeline {config.pipeline!r} did not stop: {reason}")
-            self.log.info("waiting for pipeline %s to stop: %s", config.pipeline, reason)
-            time.sleep(1.0)
-
-
-def bump_epoch(hook: Any, config: Any, by: str, reason: str) -> int:
-    """Bumps the pipeline's epoch in its own transaction (see ``fencing.bump_epoch``)."""
-    from spark_apps.eos_stream import fencing
-
-    conn = hook.connect()
-    try:
-        return fencing.bump_epoch(conn, config.meta_schema, config.pipeline, by=by, reason=reason)
-    finally:
-        conn.close()
-
-
 class FenceOperator(PipelineOperatorMixin, BaseOperator):
     """
     Fences a pipeline by hand: bumps its epoch, so every running driver of it
@@ -512,7 +421,7 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         if as_bool(self.plan_only):
-            return {"dry_run": True, **_jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
+            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
         with self.lock_guard(config, context):
             if self.request_stop:
                 self.hook.set_stop_request(config.meta_schema, config.pipeline, True, by=holder_of(context))
@@ -647,6 +556,3 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
         return {**result, "in_doubt_rolled_back": in_doubt}
 
 
-
-def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in data.items()}

@@ -1,94 +1,164 @@
-"""Graceful stop of a running pipeline through its control row."""
+"""The one stop of a pipeline: its stop request, an optional fence, and a deferred wait until
+it has stopped (``utils.stream_stopped.why_not_stopped``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, take_lock
+from airflow_provider_eos.operators.base import PipelineOperatorMixin, holder_of, timed_step
+from airflow_provider_eos.triggers.stream_stopped import StreamStoppedTrigger
+from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
+
+HARD_STOP_HINT = ("It stops only between two batches; for a hard stop mark its StreamingPipelineOperator task "
+                  "failed, whose on_kill kills spark-submit.")
 
 
-class StopPipelineOperator(BaseOperator):
+class StreamStillRunningError(AirflowException):
+    """The pipeline may still be writing: restoring under it would be overwritten or interleaved."""
+
+
+def bump_epoch(hook: Any, config: Any, by: str, reason: str) -> int:
+    """Bumps the pipeline's epoch in its own transaction (see ``fencing.bump_epoch``)."""
+    from spark_apps.eos_stream import fencing
+
+    conn = hook.connect()
+    try:
+        return fencing.bump_epoch(conn, config.meta_schema, config.pipeline, by=by, reason=reason)
+    finally:
+        conn.close()
+
+
+class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     """
-    Asks a running pipeline to stop at its next batch boundary and waits until it has stopped.
+    Stops a pipeline and waits until it has stopped.
 
-    The request sets ``stop_requested_at`` in ``<meta_schema>.stream_control``; the app polls it,
-    stops the query between two batches and exits 0, and its
-    :class:`~airflow_provider_eos.operators.stream.StreamingPipelineOperator` then ends with
-    status ``stopped``. "Stopped" is observed through the database, so it works across hosts:
-    the stream operator holds a PostgreSQL advisory lock (the pipeline's supervisor lock) for
-    as long as it supervises the app, and releases it only after spark-submit has exited. This
-    operator waits until no session holds that lock. A supervisor in its restart backoff
-    (its app crashed) sees the request within a few seconds and ends without restarting.
+    It sets the stop request in ``<meta_schema>.stream_control``: the app stops its query
+    between two batches and exits 0, and its
+    :class:`~airflow_provider_eos.operators.stream.StreamingPipelineOperator` ends with status
+    ``stopped`` (one in its restart backoff ends within seconds, without restarting). With
+    ``fence`` it then bumps the pipeline's epoch, so a driver between two stop polls cannot
+    write one more batch (the recovery's stop). Stopped is observed through the database, so
+    it works across hosts: see :func:`~airflow_provider_eos.utils.stream_stopped.why_not_stopped`.
 
-    A hard stop is not done here: if the pipeline has not stopped within ``timeout`` (a batch
-    that takes longer, a hung driver), the task fails saying so; mark the stream task failed
-    (UI, API or ``airflow tasks state``): its ``on_kill`` kills the spark-submit process group.
-    Exactly-once delivery makes that safe: an interrupted batch rolls back and is replayed.
+    The wait defers to :class:`~airflow_provider_eos.triggers.stream_stopped.StreamStoppedTrigger`
+    (no worker slot while a batch finishes); with ``hold_lock`` the trigger keeps the
+    recovery lock's heartbeat, and the step fails if another run took the lock over.
 
-    :param pipeline: pipeline name.
+    A hard stop is not done here: if the pipeline has not stopped within ``timeout_seconds``
+    (a batch that takes longer, a hung driver), the task fails saying what still runs. Mark the
+    stream task failed (UI, API or ``airflow tasks state``): its ``on_kill`` kills the
+    spark-submit process group. Exactly-once delivery makes that safe: an interrupted batch
+    rolls back and is replayed.
+
+    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param postgres_conn_id: target database connection, default "eos_postgres".
-    :param meta_schema: schema of the bookkeeping tables.
+    :param fence: also bump the pipeline's epoch after the request (a recovery step).
+    :param quiet_seconds: also require this long without a finished batch (templated).
     :param wait: wait for the stop (default); False only writes the request.
-    :param stop_timeout: seconds to wait for the stop.
+    :param timeout_seconds: fail when it has not stopped after this long.
     :param poll_interval: seconds between checks.
-    :param requested_by: recorded with the request (default: ``airflow:<dag_id>.<task_id>``).
-    :return: (XCom) ``{"pipeline", "requested_at", "stopped", "was_running", "waited_s", "last_progress"}``
+    :param deferrable: wait in the triggerer (default) rather than in a worker slot.
+    :param hold_lock: hold the target's recovery lock (a recovery step).
+    :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
+    :param plan_only: report the stream's state without changing it (templated).
+    :return: (XCom) the request (``requested_at``, ``epoch``), the last ``stream_activity`` and
+        ``waited_s``.
     """
 
-    template_fields: Sequence[str] = ("pipeline", "postgres_conn_id", "meta_schema", "requested_by")
+    template_fields: Sequence[str] = ("pipeline_config", "quiet_seconds", "plan_only")
     ui_color = "#ffe8e8"
 
-    def __init__(self, *, pipeline: str, postgres_conn_id: str = "eos_postgres", meta_schema: str = "eos",
-                 wait: bool = True, stop_timeout: float = 600, poll_interval: float = 2.0,
-                 requested_by: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres", fence: bool = False,
+                 quiet_seconds: float | str = 0.0, wait: bool = True, timeout_seconds: float = 600.0,
+                 poll_interval: float = 2.0, deferrable: bool = True, hold_lock: bool = False,
+                 lock_ttl: float = DEFAULT_LOCK_TTL, plan_only: Any = False, pg_bin_dir: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
+        if hold_lock and timeout_seconds >= lock_ttl:
+            raise ValueError(f"timeout_seconds ({timeout_seconds:g}) must be shorter than lock_ttl ({lock_ttl:g})")
+        self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
-        self.meta_schema = meta_schema
+        self.fence = fence
+        self.quiet_seconds = quiet_seconds
         self.wait = wait
-        self.stop_timeout = stop_timeout
-        self.poll_interval = poll_interval
-        self.requested_by = requested_by
+        self.timeout_seconds = float(timeout_seconds)
+        self.poll_interval = float(poll_interval)
+        self.deferrable = deferrable
+        self.hold_lock = hold_lock
+        self.lock_ttl = lock_ttl
+        self.plan_only = plan_only
+        self.pg_bin_dir = pg_bin_dir
 
+    @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
-        hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
-        by = self.requested_by or f"airflow:{self.dag_id}.{self.task_id}"
-        requested_at = hook.set_stop_request(self.meta_schema, self.pipeline, True, by=by)
-        self.log.info("Stop of pipeline %r requested at %s by %s", self.pipeline, requested_at, by)
-        result: dict[str, Any] = {"pipeline": self.pipeline, "requested_at": requested_at, "stopped": None,
-                                  "was_running": None, "waited_s": 0.0, "last_progress": None}
-        if not self.wait:
-            return result
-        started = time.monotonic()
-        def running() -> bool:
-            return hook.supervisor_running(self.pipeline) or hook.driver_running(self.pipeline)
+        config = self.load_config()
+        if as_bool(self.plan_only):
+            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
+        holder, step_started = holder_of(context), time.time()
+        with self.lock_guard(config, context):
+            requested_at = self.hook.set_stop_request(config.meta_schema, config.pipeline, True, by=holder)
+            # A driver between two stop polls would otherwise write one more batch; fenced, it cannot.
+            epoch = bump_epoch(self.hook, config, holder, "stop") if self.fence else None
+            self.log.info("Stop of pipeline %r requested at %s by %s%s", config.pipeline, requested_at, holder,
+                          f", epoch bumped to {epoch}" if epoch is not None else "")
+            request = {"pipeline": config.pipeline, "requested_at": requested_at, "epoch": epoch}
+            if not self.wait:
+                return request
+            started = time.monotonic()
+            activity = jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))
+            reason = why_not_stopped(activity, float(self.quiet_seconds))
+            if reason is not None and not self.deferrable:
+                activity = self._poll(config, started)
+            if reason is None or not self.deferrable:
+                return {**request, **activity, "waited_s": round(time.monotonic() - started, 1)}
+        self.log.info("Waiting in the triggerer for pipeline %r to stop: %s", config.pipeline, reason)
+        lock = {"key": self.lock_key(config), "holder": holder} if self.hold_lock else None
+        trigger = StreamStoppedTrigger(
+            pipeline=config.pipeline, meta_schema=config.meta_schema, postgres_conn_id=self.postgres_conn_id,
+            quiet_seconds=float(self.quiet_seconds), poke_interval=self.poll_interval,
+            timeout_seconds=self.timeout_seconds, lock=lock,
+        )
+        # The trigger fires "timeout" with what still runs; Airflow's deferral timeout is a backstop.
+        self.defer(trigger=trigger, method_name="execute_complete",
+                   kwargs={"request": request, "step_started": step_started},
+                   timeout=timedelta(seconds=self.timeout_seconds + max(60.0, 2 * self.poll_interval)))
 
-        result["was_running"] = running()
-        if not result["was_running"]:
-            self.log.info("No driver or supervisor of %r is running now: nothing to wait for", self.pipeline)
-        while running():
-            waited = time.monotonic() - started
-            if waited >= float(self.stop_timeout):
-                progress = hook.latest_progress(self.pipeline)
-                raise AirflowException(
-                    f"pipeline {self.pipeline!r} is still running {waited:.0f}s after the stop request "
-                    f"(last progress: {_describe(progress)}). It stops only between two batches; for a hard "
-                    "stop mark its StreamingPipelineOperator task failed, whose on_kill kills spark-submit."
-                )
-            time.sleep(float(self.poll_interval))
-        result.update(stopped=True, waited_s=round(time.monotonic() - started, 1),
-                      last_progress=hook.latest_progress(self.pipeline))
-        self.log.info("Pipeline %r stopped after %.1fs; last progress: %s", self.pipeline, result["waited_s"],
-                      _describe(result["last_progress"]))
-        return result
+    def _poll(self, config: Any, started: float) -> dict[str, Any]:
+        """The wait in the worker (``deferrable=False``), inside the lock guard's heartbeat."""
+        while True:
+            activity = jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))
+            reason = why_not_stopped(activity, float(self.quiet_seconds))
+            if reason is None:
+                return activity
+            if time.monotonic() - started >= self.timeout_seconds:
+                raise StreamStillRunningError(
+                    f"pipeline {config.pipeline!r} did not stop within {self.timeout_seconds:g}s: {reason}. "
+                    + HARD_STOP_HINT)
+            self.log.info("waiting for pipeline %s to stop: %s", config.pipeline, reason)
+            time.sleep(self.poll_interval)
 
-
-def _describe(progress: dict[str, Any] | None) -> str:
-    if not progress:
-        return "none"
-    return f"batch {progress['batch_id']} of run {progress['run_id']} at {progress['recorded_at']}"
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None, request: dict[str, Any] | None = None,
+                         step_started: float | None = None) -> dict[str, Any]:
+        request = request or {}
+        if not event:
+            raise AirflowException("the stop trigger ended without an event")
+        status, message = event.get("status"), event.get("message")
+        if status == "timeout":
+            raise StreamStillRunningError(f"{message} after {self.timeout_seconds:g}s. " + HARD_STOP_HINT)
+        if status != "ok":
+            raise AirflowException(f"waiting for the stop failed: {message}")
+        if self.hold_lock:  # re-entrant for this run; refuses if another run took the lock over
+            config = self.load_config()
+            take_lock(self.hook, config.meta_schema, self.lock_key(config), holder_of(context), float(self.lock_ttl))
+        waited = round(time.time() - step_started, 1) if step_started else None
+        self.log.info("%s (%ss after the request)", message, waited)
+        return {**request, **(event.get("report") or {}).get("activity", {}), "waited_s": waited,
+                "step_seconds": waited}

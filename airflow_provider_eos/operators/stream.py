@@ -72,7 +72,7 @@ class StreamingPipelineOperator(BaseOperator):
     another driver now holds the pipeline's running lock. Exit 1 (or death by a signal) is
     retried with exponential backoff up to ``max_restarts`` times; the stop request and the
     recovery are read again during the backoff and at its end, right before the restart (a
-    recovery's stop step passes while no driver runs, i.e. in a backoff). Each end is logged
+    stop request ends the backoff early, and the stop step waits for that). Each end is logged
     with its reason (the last ``EOS-ERROR`` line). ``trigger='availableNow'`` processes what is in
     the topics (one incremental batch per DAG run) and succeeds; ``'processingTime'`` runs until a
     stop is requested (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or

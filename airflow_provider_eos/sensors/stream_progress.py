@@ -18,6 +18,7 @@ from airflow_provider_eos.triggers.stream_progress import (
     caught_up_check,
     liveness_report,
 )
+from airflow_provider_eos.utils.params import as_bool
 
 
 class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
@@ -129,19 +130,25 @@ class StreamCaughtUpSensor(_ProgressSensor):
     :param postgres_conn_id: target database connection, default "eos_postgres".
     :param meta_schema: schema of the bookkeeping tables.
     :param request_timeout: seconds allowed for each Kafka Admin request.
+    :param target_offsets: ``{topic: {partition: offset}}`` to reach instead of the current LSO
+        (templated; the recovery passes the LSO its replay started from).
+    :param plan_only: check once and return the report without waiting (templated).
     :param deferrable: defer to :class:`~airflow_provider_eos.triggers.stream_progress.StreamCaughtUpTrigger`
         (default) instead of poking in the worker.
     """
 
     template_fields: Sequence[str] = ("pipeline", "topics", "max_lag", "kafka_config_id", "postgres_conn_id",
-                                      "meta_schema")
+                                      "meta_schema", "target_offsets", "plan_only")
     check_name = "caught_up"
     ui_color = "#eaffea"
 
     def __init__(self, *, pipeline: str, topics: Sequence[str] | str, max_lag: int | str = 0,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
-                 meta_schema: str = "eos", request_timeout: float = 10.0, **kwargs: Any) -> None:
+                 meta_schema: str = "eos", request_timeout: float = 10.0, target_offsets: Any = None,
+                 plan_only: Any = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.target_offsets = target_offsets
+        self.plan_only = plan_only
         self.pipeline = pipeline
         self.topics = topics
         self.max_lag = max_lag
@@ -157,13 +164,21 @@ class StreamCaughtUpSensor(_ProgressSensor):
             topics = [t.strip() for t in topics.split(",") if t.strip()]
         return list(topics)
 
+    def _target(self) -> dict[str, dict[str, int]] | None:
+        return dict(self.target_offsets) if self.target_offsets else None
+
     def check(self) -> dict[str, Any]:
-        return caught_up_check(self, self.pipeline, self._topics(), int(self.max_lag))
+        return caught_up_check(self, self.pipeline, self._topics(), int(self.max_lag), self._target())
+
+    def execute(self, context: Any) -> Any:
+        if as_bool(self.plan_only):
+            return self.check()
+        return super().execute(context)
 
     def make_trigger(self, timeout_seconds: float) -> StreamCaughtUpTrigger:
         return StreamCaughtUpTrigger(
             pipeline=self.pipeline, topics=self._topics(), max_lag=int(self.max_lag),
             kafka_config_id=self.kafka_config_id, postgres_conn_id=self.postgres_conn_id,
             meta_schema=self.meta_schema, poke_interval=float(self.poke_interval),
-            timeout_seconds=timeout_seconds, request_timeout=self.request_timeout,
+            timeout_seconds=timeout_seconds, request_timeout=self.request_timeout, target_offsets=self._target(),
         )

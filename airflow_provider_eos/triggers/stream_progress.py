@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -58,7 +58,7 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- triggers
-class _PollingTrigger(BaseTrigger):
+class PollingTrigger(BaseTrigger):
     """Calls ``self.check()`` in a thread every ``poke_interval`` until it is ok or
     ``timeout_seconds`` (0: never) have passed."""
 
@@ -88,7 +88,7 @@ class _PollingTrigger(BaseTrigger):
             await asyncio.sleep(max(0.0, self.poke_interval - (time.monotonic() - started)))
 
 
-class StreamLivenessTrigger(_PollingTrigger):
+class StreamLivenessTrigger(PollingTrigger):
     """
     Fires ``ok`` when the pipeline's newest progress row is at most ``max_age_seconds`` old.
 
@@ -124,7 +124,7 @@ class StreamLivenessTrigger(_PollingTrigger):
         return liveness_report(hook.latest_progress(self.pipeline), self.max_age_seconds)
 
 
-class StreamCaughtUpTrigger(_PollingTrigger):
+class StreamCaughtUpTrigger(PollingTrigger):
     """
     Fires ``ok`` when, on every partition of ``topics``, the pipeline's stored next offset is
     within ``max_lag`` of the last stable offset (read with ``ListOffsets`` READ_COMMITTED).
@@ -138,13 +138,16 @@ class StreamCaughtUpTrigger(_PollingTrigger):
     :param poke_interval: seconds between checks.
     :param timeout_seconds: fire ``timeout`` (with the last lag report) after this long; 0: never.
     :param request_timeout: seconds allowed for each Kafka Admin request.
+    :param target_offsets: ``{topic: {partition: offset}}`` to reach instead of the current LSO
+        (e.g. the LSO a replay started from); Kafka is not read then.
     """
 
     def __init__(self, pipeline: str, topics: Sequence[str], max_lag: int = 0,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
                  meta_schema: str = DEFAULT_SCHEMA, poke_interval: float = 10.0, timeout_seconds: float = 0,
-                 request_timeout: float = 10.0) -> None:
+                 request_timeout: float = 10.0, target_offsets: dict[str, dict[str, int]] | None = None) -> None:
         super().__init__()
+        self.target_offsets = target_offsets or None
         self.pipeline = pipeline
         self.topics = list(topics)
         self.max_lag = int(max_lag)
@@ -162,22 +165,36 @@ class StreamCaughtUpTrigger(_PollingTrigger):
             "kafka_config_id": self.kafka_config_id, "postgres_conn_id": self.postgres_conn_id,
             "meta_schema": self.meta_schema, "poke_interval": self.poke_interval,
             "timeout_seconds": self.timeout_seconds, "request_timeout": self.request_timeout,
+            "target_offsets": self.target_offsets,
         })
 
     def check(self) -> dict[str, Any]:
-        return caught_up_check(self, self.pipeline, self.topics, self.max_lag)
+        return caught_up_check(self, self.pipeline, self.topics, self.max_lag, self.target_offsets)
 
 
-def caught_up_check(owner: Any, pipeline: str, topics: Sequence[str], max_lag: int) -> dict[str, Any]:
-    """Reads stored offsets and LSOs (one ListOffsets request per isolation level) and reports the lag.
+class TargetOffset(NamedTuple):
+    """An offset to reach, shaped like the LSO ``lag_report`` reads."""
+
+    last_stable: int
+    earliest: int | None = None
+
+
+def caught_up_check(owner: Any, pipeline: str, topics: Sequence[str], max_lag: int,
+                    target_offsets: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+    """Reads stored offsets and LSOs (one ListOffsets request per isolation level) and reports the lag;
+    with ``target_offsets`` the lag is to those offsets, and Kafka is not read.
 
     ``owner`` caches its KafkaOffsetsHook in ``owner._kafka`` and carries the connection ids."""
     from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
     from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
 
-    if owner._kafka is None:
-        owner._kafka = KafkaOffsetsHook(kafka_config_id=owner.kafka_config_id, timeout=owner.request_timeout)
-    offsets = owner._kafka.partition_offsets(topics, include_earliest=True)
+    offsets: dict[tuple[str, int], Any]
+    if target_offsets:
+        offsets = {(t, int(p)): TargetOffset(int(o)) for t, parts in target_offsets.items() for p, o in parts.items()}
+    else:
+        if owner._kafka is None:
+            owner._kafka = KafkaOffsetsHook(kafka_config_id=owner.kafka_config_id, timeout=owner.request_timeout)
+        offsets = owner._kafka.partition_offsets(topics, include_earliest=True)
     stored = EosPostgresHook(postgres_conn_id=owner.postgres_conn_id,
                              meta_schema=owner.meta_schema).stored_offsets(pipeline)
     return lag_report(stored, offsets, max_lag)

@@ -1,12 +1,12 @@
-"""Issue 10, test 2: a restore while the supervisor sleeps in its restart backoff.
+"""Issue 10, test 2: a recovery while the supervisor sleeps in its restart backoff.
 
-The review's scenario: the recovery's stop step passes while the supervisor waits
-to restart a crashed driver (no driver is connected, so "stopped" is true); the
-recovery then rewinds the target; the supervisor wakes up and, reading the stop
-request only before its backoff, restarts the app during the restore. Here the
-supervisor must read the stop request again after the backoff and not restart at
-all; the recovery's epoch bump would have fenced a restarted driver anyway; and
-the replay ends exact."""
+The review's scenario: the recovery's stop step runs while the supervisor waits to
+restart a crashed driver (no driver is connected); the recovery then rewinds the target;
+a supervisor that read the stop request only before its backoff would restart the app
+during the restore. Here the supervisor reads the stop request during its backoff and
+ends without restarting; the stop step (whose "stopped" includes "no supervisor") waits
+for exactly that, well within the backoff; the recovery's epoch bump would have fenced a
+restarted driver anyway; and the replay ends exact."""
 
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ import time
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_eos.operators.restore import RecoveryLockOperator, RequestStopOperator
+from airflow_provider_eos.operators.restore import RecoveryLockOperator
+from airflow_provider_eos.operators.stop import StopPipelineOperator
 from spark_apps.eos_stream import fencing
 from tests.integration.test_stream_operator import Watcher, airflow_conns, make_pipeline  # noqa: F401 (fixtures)
 from tests.streaming import ledger_rows, pg_connect, start_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-BACKOFF = 10.0  # long enough for stop + fence + rewind (~1s), short enough that the supervisor wakes mid-replay
+BACKOFF = 20.0  # the stop request ends it within BACKOFF_POLL_SECONDS (5 s); the recovery steps fit in it
 RECOVERY_RUN = "recovery-during-backoff"
 
 
@@ -80,9 +81,10 @@ def test_restore_while_the_supervisor_is_in_restart_backoff(make_pipeline, airfl
         # The recovery, step by step, all inside the supervisor's backoff.
         recovery_lock.execute({"run_id": RECOVERY_RUN})
         assert p.pg().recovery_hold(p.name, config["target_schema"], 900) is not None  # the supervisor's key
-        stop = RequestStopOperator(task_id="stop", pipeline_config=config, timeout_seconds=60).execute(
-            {"run_id": RECOVERY_RUN})
-        assert stop["driver_running"] is False, "the stop step passes: no driver is connected in the backoff"
+        stop = StopPipelineOperator(task_id="stop", pipeline_config=config, timeout_seconds=60, poll_interval=0.5,
+                                    deferrable=False).execute({"run_id": RECOVERY_RUN})
+        assert stop["driver_running"] is False and stop["supervisor_running"] is False, stop
+        assert stop["waited_s"] < BACKOFF, "the stop request ends the supervisor's backoff early"
         conn = pg_connect(stack)
         conn.autocommit = False
         fence_epoch = fencing.bump_epoch(conn, config["meta_schema"], p.name, by=RECOVERY_RUN, reason="restore")

@@ -20,10 +20,10 @@ from airflow_provider_eos.operators.replay import RetentionCheckOperator, Retent
 from airflow_provider_eos.operators.restore import (
     FenceOperator,
     FinalizeRestoreOperator,
-    RequestStopOperator,
     RollbackRestoreOperator,
     StreamStillRunningError,
 )
+from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.utils.snapshot_store import DUMP, SnapshotStore
 from spark_apps.eos_stream import fencing
 from spark_apps.eos_stream.control import AlreadyRunning, hold_running_lock
@@ -75,8 +75,8 @@ def test_fence_and_stop_bump_the_epoch_and_snapshots_leave_it_out(snapped) -> No
     fenced = FenceOperator(task_id="fence", pipeline_config=str(snapped["config_file"]), postgres_conn_id=PG_CONN,
                            request_stop=True, reason="test fence").execute({"run_id": "fence"})
     assert fenced["epoch"] == before + 1 and fenced["stop_requested"]
-    stopped = RequestStopOperator(task_id="stop", pipeline_config=str(snapped["config_file"]),
-                                  postgres_conn_id=PG_CONN, timeout_seconds=30).execute({"run_id": "stop"})
+    stopped = StopPipelineOperator(task_id="stop", pipeline_config=str(snapped["config_file"]), fence=True,
+                                   postgres_conn_id=PG_CONN, timeout_seconds=30).execute({"run_id": "stop"})
     assert stopped["epoch"] == before + 2 and stopped["driver_running"] is False
     manifest = SnapshotStore(snapped["store"]).select(config["pipeline"], "latest")
     assert f"{config['meta_schema']}.pipeline_epochs" not in {t.qualified for t in manifest.tables}

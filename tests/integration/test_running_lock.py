@@ -40,7 +40,8 @@ def test_running_lock_keeps_a_second_driver_out(stack: dict, unique_name: str) -
 
 
 def test_stop_step_returns_when_the_driver_is_gone(stack: dict, tmp_path: Path, unique_name: str) -> None:
-    from airflow_provider_eos.operators.restore import RequestStopOperator
+    from airflow_provider_eos.operators.stop import StopPipelineOperator
+    from tests.helpers.deferral import run_deferrable
 
     os.environ.update(connections_env(stack))
     config = pipeline_config(stack, tmp_path, f"stop{unique_name}", trigger="processingTime",
@@ -60,8 +61,9 @@ def test_stop_step_returns_when_the_driver_is_gone(stack: dict, tmp_path: Path, 
         assert driver_running(observer, config["pipeline"])  # idle between batches, still running
         observer.close()
         started = time.monotonic()
-        activity = RequestStopOperator(task_id="stop", pipeline_config=str(config_file), postgres_conn_id=PG_CONN,
-                                       timeout_seconds=120).execute({"run_id": "stop-test"})
+        stop = StopPipelineOperator(task_id="stop", pipeline_config=str(config_file), postgres_conn_id=PG_CONN,
+                                    fence=True, timeout_seconds=120, poll_interval=0.5)
+        activity, _deferred = run_deferrable(stop, {"run_id": "stop-test"})
         took = time.monotonic() - started
         assert activity["driver_running"] is False and activity["stop_requested_at"]
         # The stop step also bumps the epoch (a stop for recovery fences): the driver ends at a
@@ -72,3 +74,52 @@ def test_stop_step_returns_when_the_driver_is_gone(stack: dict, tmp_path: Path, 
     finally:
         if run.process.poll() is None:
             run.kill()
+
+
+def test_a_deferred_stop_keeps_the_recovery_lock_and_fails_if_it_is_taken_over(stack: dict, tmp_path: Path,
+                                                                             unique_name: str) -> None:
+    """The recovery's stop waits in the triggerer, where no worker heartbeats the recovery lock:
+    the trigger does, and fails the step when another run has taken the lock over. A driver is
+    stood in for by a session holding the pipeline's running lock (what the app holds at start)."""
+    from psycopg2 import sql
+
+    from airflow_provider_eos.hooks.eos_postgres import lock_table
+    from airflow_provider_eos.operators.restore import RecoveryLockOperator
+    from airflow_provider_eos.operators.stop import StopPipelineOperator
+    from tests.helpers.deferral import run_deferrable
+
+    os.environ.update(connections_env(stack))
+    config = pipeline_config(stack, tmp_path, f"dstop{unique_name}")
+    run = {"run_id": f"recovery-{unique_name}"}
+    RecoveryLockOperator(task_id="lock", pipeline_config=config, postgres_conn_id=PG_CONN).execute(run)
+    driver, admin = pg_connect(stack), pg_connect(stack)
+    admin.autocommit = True
+    try:
+        hold_running_lock(driver, config["pipeline"])
+        stop = StopPipelineOperator(task_id="stop", pipeline_config=config, postgres_conn_id=PG_CONN, fence=True,
+                                    hold_lock=True, timeout_seconds=60, poll_interval=0.5)
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("SELECT heartbeat_at FROM {}").format(lock_table(config["meta_schema"])))
+            (beat_before,) = cur.fetchone()
+
+        # The driver goes away after 3 s: the deferred wait ends, its lock still this run's.
+        import threading
+
+        threading.Timer(3.0, driver.close).start()
+        result, deferred = run_deferrable(stop, run, timeout=60)
+        assert deferred and result["driver_running"] is False and result["epoch"] >= 1, result
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("SELECT holder, heartbeat_at FROM {}").format(lock_table(config["meta_schema"])))
+            holder, beat_after = cur.fetchone()
+        assert holder == run["run_id"] and beat_after > beat_before, "the trigger kept the lock's heartbeat"
+
+        # Another run takes the lock over while this run's stop waits: the step fails.
+        driver = pg_connect(stack)
+        hold_running_lock(driver, config["pipeline"])
+        threading.Timer(2.0, lambda: admin.cursor().execute(
+            sql.SQL("UPDATE {} SET holder = 'another-run'").format(lock_table(config["meta_schema"])))).start()
+        with pytest.raises(Exception, match="taken over by another run"):
+            run_deferrable(stop, run, timeout=60)
+    finally:
+        driver.close()
+        admin.close()

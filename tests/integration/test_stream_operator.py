@@ -23,6 +23,7 @@ from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.helpers.deferral import run_deferrable
 from tests.helpers.kafka import delete_topics, wait_for_markers
 from tests.streaming import audit, pg_connect, pipeline_config
 
@@ -193,11 +194,14 @@ def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pip
                                      poke_interval=1, timeout=180)
     assert caught_up.execute({})["total_lag"] == 0
     assert p.pg().supervisor_running(p.name)
-    stop = StopPipelineOperator(task_id="stop", pipeline=p.name, meta_schema=p.config["meta_schema"],
-                                stop_timeout=120, poll_interval=0.5)
-    result = stop.execute({})
+    # The wait is deferred: the trigger runs here as the triggerer would run it.
+    stop = StopPipelineOperator(task_id="stop", pipeline_config=p.config, timeout_seconds=120, poll_interval=0.5)
+    result, deferred = run_deferrable(stop, {"run_id": "stop-test"})
     watcher.join(30)
-    assert result["stopped"] is True and result["was_running"] is True and result["last_progress"] is not None
+    assert deferred, "the supervisor was running: the stop had to wait"
+    assert result["stop_requested_at"] and result["epoch"] is None  # a graceful stop does not fence
+    assert result["supervisor_running"] is False and result["driver_running"] is False, result
+    assert result["last_progress_at"] is not None and result["waited_s"] > 0
     assert watcher.error is None, watcher.error
     summary = watcher.result
     assert summary["status"] == "stopped" and summary["restarts"] == 1, summary
@@ -276,8 +280,8 @@ def test_a_fenced_driver_is_restarted_at_once_from_the_database(make_pipeline, a
                                          meta_schema=p.config["meta_schema"], deferrable=False,
                                          poke_interval=1, timeout=180)
         assert caught_up.execute({})["total_lag"] == 0
-        StopPipelineOperator(task_id="stop", pipeline=p.name, meta_schema=p.config["meta_schema"],
-                             stop_timeout=120, poll_interval=0.5).execute({})
+        StopPipelineOperator(task_id="stop", pipeline_config=p.config, timeout_seconds=120, poll_interval=0.5,
+                             deferrable=False).execute({})
         watcher.join(60)
     finally:
         if watcher.is_alive():

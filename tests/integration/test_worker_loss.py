@@ -123,8 +123,8 @@ def test_sigkilled_supervisor_then_retry_ends_with_one_driver(make_pipeline, air
         assert len(drivers) == 1 and drivers[0].pid != orphan.pid, drivers
         assert holders == 1
 
-        stop = StopPipelineOperator(task_id="stop", pipeline=p.name, meta_schema=config["meta_schema"],
-                                    stop_timeout=120, poll_interval=0.5).execute({})
+        stop = StopPipelineOperator(task_id="stop", pipeline_config=config, timeout_seconds=120, poll_interval=0.5,
+                                    deferrable=False).execute({})
         assert retry.wait(60) == 0, retry_log.read_text(errors="replace")[-4000:]
     finally:
         for worker in (first, retry):

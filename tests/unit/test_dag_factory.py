@@ -57,6 +57,14 @@ def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
     assert (lso.pipeline, lso.meta_schema, lso.postgres_conn_id, lso.hanging_after) == (
         "beta", "m_beta", "eos_postgres", 120.0)
     assert lso.persistent and dags["eos_health__alpha"].get_task("lso_lag").hanging_after == 900.0
+    # One stop operator: graceful for eos_stop, fenced and lock-holding for the recovery; both wait deferred.
+    stop = dags["eos_stop__beta"].get_task("stop_pipeline")
+    assert stop.pipeline_config["pipeline"] == "beta" and stop.deferrable and not stop.fence and not stop.hold_lock
+    stop_stream = dags["eos_recovery__beta"].get_task("stop_stream")
+    assert type(stop_stream) is type(stop) and stop_stream.fence and stop_stream.hold_lock and stop_stream.deferrable
+    caught_up = dags["eos_recovery__beta"].get_task("wait_caught_up")
+    assert type(caught_up).__name__ == "StreamCaughtUpSensor" and caught_up.deferrable
+    assert (caught_up.pipeline, caught_up.meta_schema) == ("beta", "m_beta")
     restore = dags["eos_recovery__beta"].get_task("restore")
     assert restore.pipeline_config["pipeline"] == "beta" and restore.pipeline_config["target_schema"] == "t_beta"
 

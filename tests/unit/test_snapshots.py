@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_eos.operators.restore import check_stream_stopped
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets
 from airflow_provider_eos.utils.snapshot_store import (
     DUMP,
@@ -24,6 +23,7 @@ from airflow_provider_eos.utils.snapshot_store import (
     retention_plan,
     select,
 )
+from airflow_provider_eos.utils.stream_stopped import why_not_stopped
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -136,14 +136,18 @@ def test_retention_gaps() -> None:
 
 def test_stream_stopped_rule() -> None:
     now = T0
-    assert "no stop has been requested" in check_stream_stopped({"stop_requested_at": None}, 30, True)
-    assert check_stream_stopped({"stop_requested_at": now, "seconds_since": 31.0}, 30, True) is None
-    assert "micro-batch 5.0s ago" in check_stream_stopped({"stop_requested_at": now, "seconds_since": 5.0}, 30, True)
-    assert check_stream_stopped({"stop_requested_at": None, "seconds_since": None}, 30, False) is None
+    assert "no stop has been requested" in why_not_stopped({"stop_requested_at": None}, 30)
+    assert why_not_stopped({"stop_requested_at": now, "seconds_since": 31.0}, 30) is None
+    assert "micro-batch 5.0s ago" in why_not_stopped({"stop_requested_at": now, "seconds_since": 5.0}, 30)
+    assert why_not_stopped({"stop_requested_at": None, "seconds_since": None}, 30, require_stop_request=False) is None
     # The running lock decides: a connected driver is running however long ago its last batch was.
     running = {"stop_requested_at": now, "seconds_since": 3600.0, "driver_running": True}
-    assert "holds the pipeline's running lock" in check_stream_stopped(running, 0, True)
-    assert check_stream_stopped({**running, "driver_running": False, "seconds_since": 0.5}, 0, True) is None
+    assert "holds the pipeline's running lock" in why_not_stopped(running)
+    assert why_not_stopped({**running, "driver_running": False, "seconds_since": 0.5}) is None
+    # A supervisor (even one in its restart backoff, with no driver) is not stopped yet: it could restart one.
+    supervised = {"stop_requested_at": now, "driver_running": False, "supervisor_running": True}
+    assert "supervisor" in why_not_stopped(supervised)
+    assert why_not_stopped({**supervised, "supervisor_running": False}) is None
 
 
 def test_load_pipeline_config(tmp_path) -> None:
