@@ -39,8 +39,12 @@ test: install
 
 # The whole exactly-once story through Airflow's scheduler and triggerer (demo/story.py).
 # Leaves the stack and Airflow running so the UI can be browsed; `make demo-down` stops them.
+# Spark runs on local[*]; `make demo SPARK=cluster` runs it on the local standalone cluster
+# (scripts/stack.sh start-spark, started by the demo) with spark_default pointing at its master.
+SPARK ?= local
 demo: install stack-up airflow-init
-	$(PY) -m demo.story
+	@case "$(SPARK)" in local|cluster) ;; *) echo "make demo: SPARK must be local or cluster" >&2; exit 2 ;; esac
+	$(PY) -m demo.story $(if $(filter cluster,$(SPARK)),--spark-cluster)
 
 demo-down:
 	bash scripts/airflow.sh stop

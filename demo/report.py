@@ -66,7 +66,8 @@ def render(report: dict[str, Any]) -> str:
     """:param report: ``summary`` (the ledger's audit, dict), ``orders`` (the orders pipeline's
     audit and what it did during the ledger's recovery, dict), ``lso_lag`` ({topic[partition]:
     [(seconds, lag)]}), ``throughput`` ({series: [(seconds, rows per second)]}),
-    ``recovery_steps`` ([(task, seconds)]), ``runs`` ({dag: state})."""
+    ``recovery_steps`` ([(task, seconds)]), ``runs`` ({dag: state}), ``spark`` ({"master": url,
+    app id: what it was})."""
     verdict = "EXACTLY ONCE" if report.get("exact") else "MISMATCH"
     color = "#2ca02c" if report.get("exact") else "#d62728"
     return f"""<!doctype html>
@@ -82,6 +83,7 @@ table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding
 <h2>Final audit: ledger (crashed, hung, snapshotted, damaged, recovered)</h2>{_table(report.get("summary", {}))}
 <h2>Final audit: orders (streamed the whole time, through the ledger's recovery)</h2>{_table(report.get("orders", {}))}
 <h2>DAG runs</h2>{_table(report.get("runs", {}))}
+<h2>Spark (master, and the applications a standalone master ran)</h2>{_table(report.get("spark", {}))}
 <h2>LastStableOffsetLag per topic partition (records)</h2>
 {line_chart(report.get("lso_lag", {}), "seconds since start", "HW - LSO")}
 <h2>Stream throughput per pipeline</h2>

@@ -17,18 +17,23 @@ feed commits order lines every 2 s, so the report can show that the orders strea
 batches while the ledger's recovery held the ledger stopped, with the same DAG run and the
 same Spark driver before and after.
 
-    .venv/bin/python -m demo.story            (what `make demo` runs)
+    .venv/bin/python -m demo.story                   (what `make demo` runs: Spark on local[*])
+    .venv/bin/python -m demo.story --spark-cluster   (`make demo SPARK=cluster`: on the local
+        standalone cluster of `scripts/stack.sh start-spark`, which it starts; spark_default points
+        at its master, so both streams and the recovery's replay run there, one core each)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +183,10 @@ class OrdersFeed(threading.Thread):
 
 
 class Story:
-    def __init__(self, events: int, open_txn_timeout_ms: int) -> None:
+    def __init__(self, events: int, open_txn_timeout_ms: int, spark_cluster: bool = False) -> None:
         self.events = events
         self.open_txn_timeout_ms = open_txn_timeout_ms
+        self.spark_cluster = spark_cluster
         self.console = Console(total=16)
         self.timings: dict[str, float] = {}
         self.runs: dict[str, str] = {}
@@ -188,8 +194,9 @@ class Story:
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
 
     # ---------------------------------------------------------------- helpers
-    def sh(self, *command: str) -> None:
-        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    def sh(self, *command: str, env: dict[str, str] | None = None) -> None:
+        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                       env=None if env is None else {**os.environ, **env})
 
     def db(self):
         conn = psycopg2.connect(host=self.stack["EOS_PG_HOST"], port=self.stack["EOS_PG_PORT"],
@@ -324,14 +331,20 @@ class Story:
     # ---------------------------------------------------------------- the story
     def run(self) -> dict[str, Any]:
         c = self.console
-        c.stage("starting the local stack (Kafka KRaft, PostgreSQL) and Airflow (api-server, scheduler, "
-                "dag-processor, triggerer)")
+        c.stage("starting the local stack (Kafka KRaft, PostgreSQL" + (", a Spark standalone master and worker"
+                if self.spark_cluster else "") + ") and Airflow (api-server, scheduler, dag-processor, triggerer)")
         self.sh("bash", "scripts/stack.sh", "start")
-        # A fresh start, so the services read the current airflow.env.
+        if self.spark_cluster:
+            self.sh("bash", "scripts/stack.sh", "start-spark")
+        # A fresh start, so the services read the current airflow.env (spark_default: local[*] or the master).
         self.sh("bash", "scripts/airflow.sh", "stop")
-        self.sh("bash", "scripts/airflow.sh", "start")
+        self.sh("bash", "scripts/airflow.sh", "start",
+                env={"EOS_SPARK_MASTER": "cluster" if self.spark_cluster else "local"})
         self.stack = read_env_file(ROOT / ".local" / "stack.env")
         airflow_env = read_env_file(ROOT / ".local" / "airflow.env")
+        spark_conn = json.loads(airflow_env["AIRFLOW_CONN_SPARK_DEFAULT"])
+        self.spark_master = spark_conn["host"] + (f":{spark_conn['port']}" if spark_conn.get("port") else "")
+        self.started_ms = int(time.time() * 1000)
         passwords_file = Path(airflow_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
         password = json.loads(passwords_file.read_text())["admin"]
         self.ui = airflow_env["AIRFLOW__API__BASE_URL"]
@@ -493,8 +506,21 @@ class Story:
             "exact": orders_final["ok"],
         }
         result["exact"] = final["ok"] and orders_final["ok"]
+        result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications()}
         self.write_html(result, steps)
         return result
+
+    def cluster_applications(self) -> list[dict[str, Any]]:
+        """The applications the standalone master ran for this story (its JSON at <web UI>/json/),
+        oldest first: the streams' drivers and the recovery's replay. None on local[*]."""
+        if not self.spark_cluster:
+            return []
+        with urllib.request.urlopen(f"{self.stack['EOS_SPARK_MASTER_WEBUI']}/json/", timeout=10) as response:
+            state = json.load(response)
+        apps = [{key: app.get(key) for key in ("id", "name", "cores", "state", "starttime")}
+                for app in state.get("activeapps", []) + state.get("completedapps", [])
+                if app.get("starttime", 0) >= self.started_ms]
+        return sorted(apps, key=lambda app: app["starttime"])
 
     def check_definitions(self, directory: Path) -> None:
         """The demo drives and audits what the pipeline definitions (scripts/airflow.sh) describe:
@@ -560,8 +586,11 @@ class Story:
                        for k, v in orders.pop("through_the_ledger_recovery").items()})
         page = html_report.render({
             "exact": result["exact"],
-            "summary": {k: v for k, v in result.items() if k not in ("recovery_steps_s", "orders")},
+            "summary": {k: v for k, v in result.items() if k not in ("recovery_steps_s", "orders", "spark")},
             "orders": orders,
+            "spark": {"master": result["spark"]["master"],
+                      **{app["id"]: f"{app['name']} ({app['cores']} core(s), {app['state']})"
+                         for app in result["spark"]["applications"]}},
             "runs": self.runs,
             "lso_lag": self.sampler.samples,
             "throughput": throughput,
@@ -579,12 +608,15 @@ def main() -> int:
     parser.add_argument("--open-txn-timeout-ms", type=int, default=60_000,
                         help="transaction.timeout.ms of the producer that dies inside its transaction")
     parser.add_argument("--json", help="also write the final report as JSON to this file")
+    parser.add_argument("--spark-cluster", action="store_true",
+                        help="run Spark on the local standalone cluster (scripts/stack.sh start-spark, started "
+                             "here) instead of local[*]: spark_default points at its master")
     args = parser.parse_args()
-    story = Story(args.events, args.open_txn_timeout_ms)
+    story = Story(args.events, args.open_txn_timeout_ms, spark_cluster=args.spark_cluster)
     result = story.run()
     print("\n================ report: ledger ================")
     for key, value in result.items():
-        if key not in ("orders", "exact"):
+        if key not in ("orders", "exact", "spark"):
             print(f"{key:>32}: {value}")
     print("\n================ report: orders ================")
     for key, value in result["orders"].items():
@@ -595,6 +627,9 @@ def main() -> int:
         else:
             print(f"{key:>32}: {value}")
     print(f"\n{'both pipelines exact':>32}: {result['exact']}")
+    print(f"{'spark master':>32}: {result['spark']['master']}")
+    for app in result["spark"]["applications"]:
+        print(f"{app['id']:>32}  {app['name']} ({app['cores']} core(s), {app['state']})")
     print(f"\nHTML report: {story.report_path}")
     print(f"Airflow UI:  {story.ui}  ({story.login_hint})")
     if args.json:

@@ -9,6 +9,11 @@
 #   scripts/airflow.sh stop    stop what `start` started (by its PID files)
 #   scripts/airflow.sh status  one line per service
 #
+# Spark: the connection spark_default runs the apps on local[*] (no daemon) unless
+# EOS_SPARK_MASTER=cluster, which points it at the local standalone master that
+# `scripts/stack.sh start-spark` runs (spark://$EOS_BIND_HOST:$EOS_SPARK_MASTER_PORT).
+# Not remembered: every env/init/start without it writes local[*] again.
+#
 # Metadata database: SQLite (.local/airflow/airflow.db) unless
 # EOS_AIRFLOW_METADATA=postgres, which uses database $EOS_AIRFLOW_PG_DB on the
 # local stack's PostgreSQL. Airflow 3 does not run LocalExecutor on SQLite, so
@@ -28,6 +33,8 @@ fi
 : "${EOS_AIRFLOW_METADATA:=sqlite}"
 case "$EOS_AIRFLOW_METADATA" in sqlite|postgres) ;; *) echo "airflow: EOS_AIRFLOW_METADATA must be sqlite or postgres" >&2; exit 2 ;; esac
 : "${EOS_AIRFLOW_PG_DB:=airflow}"
+: "${EOS_SPARK_MASTER:=local}"
+case "$EOS_SPARK_MASTER" in local|cluster) ;; *) echo "airflow: EOS_SPARK_MASTER must be local or cluster" >&2; exit 2 ;; esac
 : "${EOS_AIRFLOW_API_PORT:=18080}"
 run_dir="$EOS_AIRFLOW_HOME/run"
 services=(api-server scheduler dag-processor triggerer)
@@ -58,6 +65,7 @@ write_env() {
    EOS_KAFKA_TOOLS_CLASSPATH="$kafka_tools" EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" \
    EOS_AIRFLOW_METADATA="$EOS_AIRFLOW_METADATA" EOS_AIRFLOW_PG_DB="$EOS_AIRFLOW_PG_DB" \
    EOS_AIRFLOW_API_PORT="$EOS_AIRFLOW_API_PORT" EOS_JWT_SECRET_FILE="$secret_file" \
+   EOS_SPARK_MASTER="$EOS_SPARK_MASTER" \
    "$EOS_VENV/bin/python" - > "$env_file.tmp" <<'PY'
 import json
 import os
@@ -105,7 +113,9 @@ values = {
         }
     ),
     "AIRFLOW_CONN_EOS_POSTGRES": json.dumps({"conn_type": "postgres", "schema": e["EOS_PG_DB"], **pg}),
-    "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+    "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+        {"conn_type": "spark", "host": f"spark://{e['EOS_BIND_HOST']}", "port": int(e["EOS_SPARK_MASTER_PORT"])}
+        if e["EOS_SPARK_MASTER"] == "cluster" else {"conn_type": "spark", "host": "local[*]"}),
     # The provider's deployment settings ([eos] provider config): the pipeline definitions the DAG
     # factory reads, and where snapshots are kept (local stack).
     "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": os.path.join(e["EOS_STATE_DIR"], "pipelines"),
@@ -116,6 +126,9 @@ values = {
     # Spark's Python workers use the venv (pyarrow, psycopg2), whatever python3 is on PATH.
     "PYSPARK_PYTHON": os.path.join(e["EOS_VENV"], "bin", "python"),
 }
+if e["EOS_SPARK_MASTER"] == "cluster":
+    # The drivers (spark-submit, client mode) listen on the bind host, as the master and worker do.
+    values["SPARK_LOCAL_IP"] = e["EOS_BIND_HOST"]
 # The shipped example pipeline's definition (connections are the [eos] defaults: kafka_default,
 # eos_postgres, spark_default). Timings are short so that the demo shows them in minutes.
 pipelines = os.path.join(e["EOS_STATE_DIR"], "pipelines")
@@ -165,7 +178,7 @@ PY
   ) || die "writing $env_file failed"
   mv "$env_file.tmp" "$env_file"
   chmod 600 "$env_file"
-  log "wrote $env_file (metadata: $EOS_AIRFLOW_METADATA)"
+  log "wrote $env_file (metadata: $EOS_AIRFLOW_METADATA, spark: $EOS_SPARK_MASTER)"
 }
 
 load_env() {
@@ -200,6 +213,9 @@ ensure_pg_database() {
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 start_services() {
+  if [ "$EOS_SPARK_MASTER" = cluster ] && ! (exec 3<>"/dev/tcp/$EOS_BIND_HOST/$EOS_SPARK_MASTER_PORT") 2>/dev/null; then
+    die "EOS_SPARK_MASTER=cluster but no Spark master listens on $EOS_BIND_HOST:$EOS_SPARK_MASTER_PORT: run scripts/stack.sh start-spark"
+  fi
   EOS_AIRFLOW_METADATA=postgres
   ensure_pg_database
   write_env

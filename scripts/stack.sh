@@ -215,8 +215,12 @@ spark_daemon() {  # $1 name, $2 pid file, $3... spark-class arguments
   home=$(spark_home) || die "pyspark is not installed in $EOS_VENV: run scripts/install.sh"
   mkdir -p "$spark_dir/work" "$spark_dir/logs"
   # Executors run the project's Python; SPARK_LOCAL_IP keeps every port on the bind host.
+  # spark.deploy.defaultCores: an application that sets no spark.cores.max takes
+  # EOS_SPARK_DEFAULT_CORES (1) cores, not all of the worker's, so two streams and a
+  # recovery's replay share the 2-core worker (the master reads SPARK_MASTER_OPTS).
   SPARK_HOME="$home" SPARK_LOCAL_IP="$EOS_BIND_HOST" SPARK_LOG_DIR="$spark_dir/logs" \
     SPARK_WORKER_DIR="$spark_dir/work" PYSPARK_PYTHON="$EOS_VENV/bin/python" \
+    SPARK_MASTER_OPTS="-Dspark.deploy.defaultCores=$EOS_SPARK_DEFAULT_CORES" \
     nohup "$home/bin/spark-class" "$@" >> "$spark_dir/logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$pid_file"
 }
@@ -241,7 +245,7 @@ start_spark() {
     "$(spark_master_url)"
   wait_for 90 "spark worker" spark_worker_registered \
     || die "the Spark worker did not register with $(spark_master_url); see $spark_dir/logs/worker.log"
-  log "spark master $(spark_master_url) is up with one worker ($EOS_SPARK_WORKER_CORES cores, $EOS_SPARK_WORKER_MEMORY)"
+  log "spark master $(spark_master_url) is up with one worker ($EOS_SPARK_WORKER_CORES cores, $EOS_SPARK_WORKER_MEMORY; $EOS_SPARK_DEFAULT_CORES core per application by default)"
 }
 
 stop_pid_file() {  # $1 pid file, $2 name: TERM, then KILL after 30 s
@@ -274,6 +278,11 @@ export EOS_PG_PASSWORD=$EOS_PG_PASSWORD
 export EOS_KAFKA_TOOLS_CLASSPATH='$EOS_KAFKA_LIBS/*'
 export EOS_SPARK_JARS=$(ls "$EOS_SPARK_JARS_DIR"/*.jar 2>/dev/null | grep -v postgresql | paste -sd, -)
 export EOS_PG_JDBC_JAR=$(ls "$EOS_SPARK_JARS_DIR"/postgresql-*.jar 2>/dev/null | head -1)
+# The standalone cluster's addresses (running only after start-spark): master, its web UI and
+# JSON (/json/), and the worker's RPC address as its executors' --worker-url names it.
+export EOS_SPARK_MASTER_URL=$(spark_master_url)
+export EOS_SPARK_MASTER_WEBUI=http://$EOS_BIND_HOST:$EOS_SPARK_MASTER_UI_PORT
+export EOS_SPARK_WORKER_URL=spark://Worker@$EOS_BIND_HOST:$EOS_SPARK_WORKER_PORT
 EOF
 }
 

@@ -137,7 +137,13 @@ def run(config: PipelineConfig) -> int:
 
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName(f"eos-{config.pipeline}").getOrCreate()
+    builder = SparkSession.builder
+    # Under spark-submit (it passes the gateway port) the application keeps the name it was submitted
+    # with, the one a cluster's master lists: eos-<pipeline> for a stream, eos-replay-<pipeline> for a
+    # recovery's replay. appName() here would override it.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.appName(f"eos-{config.pipeline}")
+    spark = builder.getOrCreate()
     checkpoint = _run_checkpoint(config, mode.stores_offsets, run_id)
     offset_log = OffsetLog(spark, checkpoint)
 
