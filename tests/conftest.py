@@ -66,9 +66,8 @@ def spark_cluster(stack: dict[str, str]) -> Iterator[str]:
                                                   check=True, timeout=60).stdout
     if not running:
         subprocess.run(["bash", script, "start-spark"], check=True, timeout=180)
-    host, port = os.environ.get("EOS_BIND_HOST", "127.0.0.1"), os.environ.get("EOS_SPARK_MASTER_PORT", "17077")
     try:
-        yield f"spark://{host}:{port}"
+        yield stack["EOS_SPARK_MASTER_URL"]
     finally:
         if not running:
             subprocess.run(["bash", script, "stop-spark"], check=False, timeout=120)

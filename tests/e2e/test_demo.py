@@ -1,7 +1,12 @@
 """The main job end to end: Airflow's real api-server, scheduler, dag-processor
 and triggerer, driven through the REST API (not dag.test()). Two pipelines of
 different shapes run at once: the ledger goes through a crash, a hanging
-transaction and a recovery, while the orders pipeline streams undisturbed."""
+transaction and a recovery, while the orders pipeline streams undisturbed.
+
+It runs on the local Spark standalone cluster (``demo.story --spark-cluster``: the
+connection spark_default points at the master), so both streams and the recovery's
+replay are applications of that master whose executors its worker launches. All the
+while a thread reads every process's command line: no secret may be on one."""
 
 from __future__ import annotations
 
@@ -10,26 +15,64 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from demo.env_files import read_env_file
+from tests.conftest import STATE_DIR
+from tests.helpers.cmdline import CmdlineWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@dataclass
+class DemoRun:
+    result: dict
+    watch: CmdlineWatch
+    seconds: float
+
+
+def _secrets(stack: dict[str, str]) -> dict[str, str]:
+    """What must never be on a command line: the database password and Airflow's own secrets
+    (written by scripts/airflow.sh env, which the demo's `airflow.sh start` keeps)."""
+    subprocess.run(["bash", "scripts/airflow.sh", "env"], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    home = Path(read_env_file(STATE_DIR / "airflow.env")["AIRFLOW_HOME"])
+    return {"database password": stack["EOS_PG_PASSWORD"],
+            "Airflow UI password": json.loads((home / "ui-passwords.json").read_text())["admin"],
+            "Airflow JWT secret": (home / "jwt.secret").read_text().strip()}
+
+
 @pytest.fixture(scope="module")
-def demo_result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def demo_run(stack: dict[str, str], spark_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     out = tmp_path_factory.mktemp("demo") / "result.json"
+    watch = CmdlineWatch(_secrets(stack), executor_marker=stack["EOS_SPARK_WORKER_URL"])
+    watch.start()
+    started = time.monotonic()
     try:
         completed = subprocess.run(
-            [sys.executable, "-m", "demo.story", "--events", "6000", "--open-txn-timeout-ms", "60000",
-             "--json", str(out)],
+            [sys.executable, "-m", "demo.story", "--spark-cluster", "--events", "6000",
+             "--open-txn-timeout-ms", "60000", "--json", str(out)],
             cwd=ROOT, capture_output=True, text=True, timeout=2400)
     finally:
+        seconds = time.monotonic() - started
+        watch.stop()
         subprocess.run(["bash", "scripts/airflow.sh", "stop"], cwd=ROOT, check=False)
+        # Back to spark_default = local[*] for whatever reads airflow.env next.
+        subprocess.run(["bash", "scripts/airflow.sh", "env"], cwd=ROOT, check=False, capture_output=True)
+    print(f"\ndemo on {spark_cluster}: {seconds:.0f} s; command lines read: {watch.seen}, executors seen: "
+          f"{len(watch.executors)} (applications {sorted(watch.executor_apps)}), hits: {len(watch.hits)}")
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
-    return json.loads(out.read_text())
+    return DemoRun(json.loads(out.read_text()), watch, seconds)
+
+
+@pytest.fixture(scope="module")
+def demo_result(demo_run: DemoRun) -> dict:
+    return demo_run.result
 
 
 def test_the_story_ends_exactly_once(demo_result: dict) -> None:
@@ -99,3 +142,29 @@ def test_the_html_report_renders(demo_result: dict, tmp_path: Path) -> None:
         check=True, capture_output=True, timeout=120)
     assert _png_size(shot) == (1000, 1600)
     assert shot.stat().st_size > 30_000  # charts and tables, not a blank page
+
+
+def test_no_secret_on_any_command_line(demo_run: DemoRun) -> None:
+    """Read all along, every process's command line: Airflow's services and task processes,
+    spark-submit, the drivers, the worker and the executors it launched, pg_dump, pg_restore."""
+    assert demo_run.watch.seen > 10_000
+    assert demo_run.watch.hits == [], demo_run.watch.hits
+
+
+def test_both_streams_and_the_replay_ran_on_the_cluster(demo_run: DemoRun, spark_cluster: str) -> None:
+    spark = demo_run.result["spark"]
+    assert spark["master"] == spark_cluster
+    apps = spark["applications"]
+    names = Counter(app["name"] for app in apps)
+    # The orders stream: one driver all along. The ledger: its first driver, the one that replaced the
+    # SIGKILLed one, the one its recovery resumed. The recovery's replay: an application of its own.
+    assert names["eos-orders"] == 1 and names["eos-replay-ledger"] == 1, names
+    assert names["eos-ledger"] >= 3, names
+    assert set(names) == {"eos-orders", "eos-ledger", "eos-replay-ledger"}, names
+    # None sets spark.cores.max: the master's spark.deploy.defaultCores (scripts/stack.sh) gives each
+    # one core, so two streams and the replay share the 2-core worker.
+    assert {app["cores"] for app in apps} == {1}, apps
+    # Executors launched by this cluster's worker were seen for every one of them (the replay's too).
+    assert demo_run.watch.executors
+    missing = [app for app in apps if app["id"] not in demo_run.watch.executor_apps]
+    assert not missing, (missing, sorted(demo_run.watch.executor_apps))

@@ -11,17 +11,15 @@ during the whole test: neither the database password nor a Kafka client secret m
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sys
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
+from tests.helpers.cmdline import CmdlineWatch
 from tests.integration.test_recovery_dag import _airflow_env, _dag_test
 from tests.integration.test_stream_operator import Watcher, airflow_conns, make_pipeline  # noqa: F401 (fixtures)
 from tests.streaming import pg_connect, write_definition
@@ -32,37 +30,6 @@ CLUSTER_CONN = "spark_cluster"
 # Each stream takes one core and a small executor, so two fit on the 2-core worker with room left.
 EXECUTOR_CONF = {"spark.cores.max": "1", "spark.executor.cores": "1", "spark.executor.memory": "512m",
                  "spark.sql.shuffle.partitions": "2"}
-
-
-class CmdlineWatch(threading.Thread):
-    """Reads every process's command line every 0.3 s; keeps the hits and what it saw."""
-
-    def __init__(self, needles: dict[str, str]) -> None:
-        super().__init__(daemon=True)
-        self.needles = needles
-        self.hits: list[tuple[str, int, str]] = []
-        self.executors: set[int] = set()
-        self.seen = 0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            for entry in os.scandir("/proc"):
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                self.seen += 1
-                if "CoarseGrainedExecutorBackend" in cmdline:
-                    self.executors.add(int(entry.name))
-                for label, needle in self.needles.items():
-                    if needle in cmdline:
-                        # Where it was, never the secret itself: a failure's message must not leak it.
-                        at = cmdline.index(needle)
-                        self.hits.append((label, int(entry.name), cmdline[max(0, at - 200):at] + f"<{label}>"))
-            self.done.wait(0.3)
 
 
 def _damage(stack: dict, schema: str) -> None:
@@ -92,7 +59,8 @@ def test_two_pipelines_on_a_spark_cluster_one_recovered_while_the_other_streams(
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     kafka_secret = "eos-test-" + secrets.token_hex(12)
     a, b = make_pipeline("clua"), make_pipeline("club")
-    watch = CmdlineWatch({"database password": a.stack["EOS_PG_PASSWORD"], "kafka secret": kafka_secret})
+    watch = CmdlineWatch({"database password": a.stack["EOS_PG_PASSWORD"], "kafka secret": kafka_secret},
+                         executor_marker=a.stack["EOS_SPARK_WORKER_URL"])
     watch.start()
     streams = {}
     try:
@@ -142,8 +110,7 @@ def test_two_pipelines_on_a_spark_cluster_one_recovered_while_the_other_streams(
             if p.name in streams and streams[p.name].is_alive():
                 streams[p.name].op.on_kill()
                 streams[p.name].join(60)
-        watch.done.set()
-        watch.join(10)
+        watch.stop()
     print(f"command lines read: {watch.seen}, executors seen: {sorted(watch.executors)}")
     assert watch.seen > 1000
     assert watch.hits == [], watch.hits
