@@ -145,7 +145,10 @@ ledger = {
     "meta_schema": "eos",
     "checkpoint_dir": os.path.join(e["EOS_STATE_DIR"], "checkpoints"),
     "stream": {"trigger": "processingTime", "trigger_interval": "2 seconds", "max_offsets_per_trigger": 4000,
-               "max_batch_attempts": 2, "restart_backoff": 3, "create_targets": True},
+               "max_batch_attempts": 2, "restart_backoff": 3, "create_targets": True,
+               # The demo spends restarts on purpose: a driver SIGKILL, and the poison batch's
+               # failed attempts before it is quarantined. Leave room for one unplanned failure.
+               "max_restarts": 6},
     "snapshot": {"schedule": "@hourly", "keep_last": 24},
     "health": {"schedule": "*/5 * * * *", "stuck_after": 15, "poke_interval": 5, "sensor_timeout": 60},
 }

@@ -90,9 +90,21 @@ class EosPostgresHook(PostgresHook):
         return str(self.libpq_params()["dbname"])
 
     def app_target(self) -> dict[str, Any]:
-        """The app config's ``postgres`` section (host, port, dbname, user; never the password)."""
+        """The app config's ``postgres`` section: host, port, dbname, user and the connection's
+        other libpq keywords (sslmode, ...) as ``options``; never the password.
+
+        :raises ValueError: when the connection carries ``sslpassword``, which has no safe way
+            to the app's executors (it would have to sit in the config file).
+        """
         params = self.libpq_params()
-        return {key: params[key] for key in ("host", "port", "dbname", "user")}
+        if "sslpassword" in params:
+            raise ValueError(f"connection {self.get_conn_id()!r}: sslpassword is not supported for the "
+                             "streaming app; use an unencrypted client key file readable by the job only")
+        named = ("host", "port", "dbname", "user")
+        # The app names its own sessions and sets its own connect timeout.
+        options = {key: value for key, value in params.items()
+                   if key not in named and key not in ("application_name", "connect_timeout")}
+        return {**{key: params[key] for key in named}, "options": options}
 
     def app_password(self) -> str | None:
         """The password, for the app's ``EOS_PG_PASSWORD`` environment variable only."""

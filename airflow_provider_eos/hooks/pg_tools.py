@@ -38,6 +38,7 @@ from airflow.sdk.exceptions import AirflowException
 from psycopg2 import errors as pg_errors
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
+from psycopg2.extensions import make_dsn
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.utils.snapshot_store import SnapshotManifest, TableState
@@ -314,8 +315,6 @@ class PgToolsHook(EosPostgresHook):
         password = self.app_password()
         if password:
             env["PGPASSWORD"] = password
-        env["PGCONNECT_TIMEOUT"] = "10"
-        env["PGAPPNAME"] = self.application_name
         return env
 
     def tool(self, name: str) -> str:
@@ -327,8 +326,9 @@ class PgToolsHook(EosPostgresHook):
         return found
 
     def _conn_args(self, dbname: str | None = None) -> list[str]:
-        p = self.libpq_params(dbname)
-        return ["-h", str(p["host"]), "-p", str(p["port"]), "-U", str(p["user"]), "-d", str(p["dbname"])]
+        """``-d <conninfo>``: every libpq keyword of the connection (sslmode, sslrootcert, ...)
+        reaches the client tools exactly as it reaches psycopg2. Never the password."""
+        return ["-d", make_dsn(**self.libpq_params(dbname))]
 
     @staticmethod
     def normalize(cur: Any) -> None:

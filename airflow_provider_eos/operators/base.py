@@ -75,12 +75,10 @@ class PipelineOperatorMixin:
             from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
 
             config.kafka_bootstrap = kafka_bootstrap_from_connection(self.kafka_config_id)
-        params = self.hook.libpq_params()
-        config.postgres.host = params["host"]
-        config.postgres.port = params["port"]
-        config.postgres.dbname = params["dbname"]
-        config.postgres.user = params["user"]
-        config.postgres.password = self.hook.connection.password
+        # The same target the submitted app gets (libpq options included), plus the password.
+        for key, value in self.hook.app_target().items():
+            setattr(config.postgres, key, value)
+        config.postgres.password = self.hook.app_password()
         return config
 
     def lock_key(self, config: Any) -> str:

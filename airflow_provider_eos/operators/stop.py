@@ -69,8 +69,8 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     :param hold_lock: hold the target's recovery lock (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the stream's state without changing it (templated).
-    :return: (XCom) the request (``requested_at``, ``epoch``), the last ``stream_activity`` and
-        ``waited_s``.
+    :return: (XCom) the request (``requested_at``, ``epoch``); after a wait also the last
+        ``stream_activity``, ``stopped: true`` and ``waited_s``.
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "quiet_seconds", "plan_only")
@@ -118,7 +118,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
             if reason is not None and not self.deferrable:
                 activity = self._poll(config, started)
             if reason is None or not self.deferrable:
-                return {**request, **activity, "waited_s": round(time.monotonic() - started, 1)}
+                return {**request, **activity, "stopped": True, "waited_s": round(time.monotonic() - started, 1)}
         self.log.info("Waiting in the triggerer for pipeline %r to stop: %s", config.pipeline, reason)
         lock = {"key": self.lock_key(config), "holder": holder} if self.hold_lock else None
         trigger = StreamStoppedTrigger(
@@ -160,5 +160,5 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
             take_lock(self.hook, config.meta_schema, self.lock_key(config), holder_of(context), float(self.lock_ttl))
         waited = round(time.time() - step_started, 1) if step_started else None
         self.log.info("%s (%ss after the request)", message, waited)
-        return {**request, **(event.get("report") or {}).get("activity", {}), "waited_s": waited,
+        return {**request, **(event.get("report") or {}).get("activity", {}), "stopped": True, "waited_s": waited,
                 "step_seconds": waited}

@@ -24,17 +24,26 @@ class ConfigError(ValueError):
     """The configuration is wrong; the message says what and how to fix it."""
 
 
+# libpq keywords that are secrets: they never go into a config file or onto a command line.
+SECRET_LIBPQ_OPTIONS = frozenset({"password", "sslpassword"})
+
+
 @dataclass
 class PostgresTarget:
     host: str = "127.0.0.1"
     port: int = 5432
     dbname: str = "postgres"
     user: str = "postgres"
+    # Further libpq keywords from the Airflow connection's extras (sslmode,
+    # sslrootcert, target_session_attrs, ...), so a remote database that needs
+    # TLS is reached the same way by the app as by the provider's own hooks.
+    options: dict[str, Any] = field(default_factory=dict)
     # Filled from the environment only; excluded from repr so it never lands in logs.
     password: str | None = field(default=None, repr=False)
 
     def dsn_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "dbname": self.dbname, "user": self.user}
+        kwargs: dict[str, Any] = {**self.options, "host": self.host, "port": self.port, "dbname": self.dbname,
+                                  "user": self.user}
         if self.password:
             kwargs["password"] = self.password
         return kwargs
@@ -145,6 +154,10 @@ def from_dict(data: dict[str, Any]) -> PipelineConfig:
     pg = data.pop("postgres", {}) or {}
     if "password" in pg:
         raise ConfigError("put the database password in EOS_PG_PASSWORD, not in the config")
+    secret_options = SECRET_LIBPQ_OPTIONS & set(pg.get("options") or {})
+    if secret_options:
+        raise ConfigError(f"postgres.options may not carry secrets ({', '.join(sorted(secret_options))}); "
+                          "the password travels in EOS_PG_PASSWORD")
     config = PipelineConfig(**data, postgres=PostgresTarget(**pg))
     return config
 

@@ -207,3 +207,23 @@ def test_sql_injection_in_a_table_name_stays_a_name(stack: dict, tmp_path: Path,
         assert cur.fetchone()[0] is not None  # still there
         cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("public", f"canary_{unique_name}")))
     conn.close()
+
+
+def test_the_connections_libpq_options_reach_the_app(stack: dict, tmp_path: Path, unique_name: str,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """``postgres.options`` (from the Airflow connection's extras) is what the app connects
+    with: sslmode=require against the stack's non-TLS server is refused, so the option
+    arrived; sslmode=disable with target_session_attrs=read-write streams normally."""
+    config = pipeline_config(stack, tmp_path, f"opt{unique_name}")
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=1)
+    path = tmp_path / "opt.json"
+    config["postgres"]["options"] = {"sslmode": "require"}
+    path.write_text(__import__("json").dumps(config))
+    assert app.main(["--config", str(path)]) == 1
+    assert "server does not support SSL" in capsys.readouterr().err
+    config["postgres"]["options"] = {"sslmode": "disable", "target_session_attrs": "read-write"}
+    produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], 300, topic=config["topics"][0], seed=5,
+                   transactional_id=f"opt{unique_name}")
+    run = run_app(config, tmp_path, label="options")
+    assert run.process.returncode == 0, run.log()[-3000:]
+    assert audit(config, tmp_path)["ok"]

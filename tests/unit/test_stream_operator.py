@@ -33,7 +33,7 @@ def test_config_from_params_and_connections(conns):
                                    max_offsets_per_trigger="100", stop_poll_seconds=0.5)
     config = op.build_config()
     assert config["kafka_bootstrap"] == "broker:9092"
-    assert config["postgres"] == {"host": "db", "port": 5433, "dbname": "warehouse", "user": "app"}
+    assert config["postgres"] == {"host": "db", "port": 5433, "dbname": "warehouse", "user": "app", "options": {}}
     assert config["topics"] == ["a", "b"] and config["create_targets"] is True
     assert config["max_offsets_per_trigger"] == 100 and config["run_seconds"] == 0
     assert SECRET not in json.dumps(config)
@@ -120,7 +120,7 @@ class FakePg:
         return self._next(self.drivers)
 
     def app_target(self) -> dict[str, Any]:
-        return {"host": "db", "port": 5432, "dbname": "d", "user": "u"}
+        return {"host": "db", "port": 5432, "dbname": "d", "user": "u", "options": {}}
 
     def app_password(self) -> str:
         return SECRET

@@ -14,7 +14,8 @@ class TargetUnavailable(RuntimeError):
 
 def connect(dsn_kwargs: dict[str, Any], *, describe: str, application_name: str = "eos-stream") -> PgConnection:
     try:
-        return psycopg2.connect(connect_timeout=10, application_name=application_name, **dsn_kwargs)
+        # The connection's own options may set a connect timeout; the session's name is ours.
+        return psycopg2.connect(**{"connect_timeout": 10, **dsn_kwargs, "application_name": application_name})
     except psycopg2.OperationalError as exc:
         # libpq's message never contains the password; keep only its first line.
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

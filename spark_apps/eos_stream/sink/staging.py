@@ -108,7 +108,7 @@ def partition_writer(
                 staged += batch.num_rows
                 yield from zip(*(batch.column(i).to_pylist() for i in range(5)), strict=True)
 
-        conn = psycopg2.connect(application_name="eos-stage", **dsn_kwargs)
+        conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
         try:
             with conn, conn.cursor() as cur:
                 copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
