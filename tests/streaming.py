@@ -147,6 +147,34 @@ def ledger_rows(stack: dict[str, str], schema: str) -> int:
         conn.close()
 
 
+def ledger_order(stack: dict[str, str], schema: str) -> dict[str, int]:
+    """Order in ``<schema>.ledger_events``, as docs/ordering.md states it: each account's
+    events, taken in Kafka order (partition, offset), have strictly increasing ``seq``
+    (the generator numbers committed events in production order).
+
+    :return: ``accounts``; ``split_accounts``, accounts whose events span partitions
+        (0 on a topic keyed by account); ``out_of_order_accounts``, accounts with an
+        event whose seq is not above its predecessor's (a duplicate counts: it repeats one).
+    """
+    from psycopg2 import sql
+
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL(
+                "SELECT count(DISTINCT account_id),"
+                " count(DISTINCT account_id) FILTER (WHERE previous IS NOT NULL AND seq <= previous),"
+                " (SELECT count(*) FROM (SELECT 1 FROM {t} GROUP BY account_id"
+                "  HAVING count(DISTINCT kafka_partition) > 1) split)"
+                " FROM (SELECT account_id, seq, lag(seq) OVER (PARTITION BY account_id"
+                "       ORDER BY kafka_partition, kafka_offset) AS previous FROM {t}) ordered"
+            ).format(t=sql.Identifier(schema, "ledger_events")))
+            accounts, out_of_order, split = cur.fetchone()
+            return {"accounts": accounts, "split_accounts": split, "out_of_order_accounts": out_of_order}
+    finally:
+        conn.close()
+
+
 def audit(config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     config_path = tmp_path / f"{config['pipeline']}-audit.json"
     config_path.write_text(json.dumps(config))

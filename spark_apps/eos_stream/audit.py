@@ -70,11 +70,13 @@ from spark_apps.eos_stream.audit_rules import (
     PENDING_POLICIES,
     AuditTimeout,
     PartitionRange,
+    Position,
     ReadProgress,
     as_number,
     carrier_for,
     compare_rows,
     dead_letter_verdict,
+    keep_latest,
     parses,
     tail_counts_as_missing,
     wrong_keys,
@@ -196,6 +198,8 @@ class Snapshot:
     actual: list[dict[tuple, dict[str, Any]]]
     # per aggregate target: totals of its carrier's rows below the earliest offsets (None: no carrier)
     below_earliest: list[dict[tuple, Counter] | None]
+    # per aggregate target: key -> latest column -> (position, value) among those rows
+    below_latest: list[dict[tuple, dict[str, tuple[Position, Any]]]]
 
 
 @dataclass
@@ -208,11 +212,14 @@ class KafkaSide:
     valid: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
     malformed: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
     sums: tuple[list, list] = field(init=False)
+    # per region, per aggregate: key -> latest column -> (position, value) of its last record
+    latest: tuple[list, list] = field(init=False)
     # dead-lettered offsets Kafka still holds -> whether parse_record accepts Kafka's value
     dead_seen: dict[tuple[str, int, int], bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sums = tuple([defaultdict(Counter) for _ in range(self.aggregates)] for _ in range(2))  # type: ignore[assignment]
+        self.latest = tuple([defaultdict(dict) for _ in range(self.aggregates)] for _ in range(2))  # type: ignore[assignment]
 
 
 def _fetch(conn, query: sql.Composable, params: tuple = ()) -> list[tuple]:
@@ -223,6 +230,18 @@ def _fetch(conn, query: sql.Composable, params: tuple = ()) -> list[tuple]:
 
 def _target(config: PipelineConfig, table: str) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(config.target_schema), sql.Identifier(table))
+
+
+def _below_earliest(conn, config: PipelineConfig, carrier: RowTarget, gone: list[tuple[str, int, int]],
+                    select: sql.SQL, tail: sql.SQL, **parts: sql.Composable) -> list[tuple]:
+    """``SELECT <select> FROM <carrier> r ... <tail>`` over the carrier's rows below each
+    partition's earliest offset (``gone``: topic, partition, earliest), where Kafka's copy is gone."""
+    query = sql.SQL(
+        "SELECT {select} FROM {table} r JOIN (VALUES {bounds}) AS e(topic, partition, earliest)"
+        " ON r.kafka_topic = e.topic AND r.kafka_partition = e.partition WHERE r.kafka_offset < e.earliest{tail}"
+    ).format(select=select.format(**parts), tail=tail.format(**parts), table=_target(config, carrier.table),
+             bounds=sql.SQL(", ").join(sql.SQL("(%s::text, %s::integer, %s::bigint)") for _ in gone))
+    return _fetch(conn, query, tuple(x for bound in gone for x in bound))
 
 
 def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
@@ -256,9 +275,10 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
         rows[row_target.table] = present
     actual: list[dict[tuple, dict[str, Any]]] = []
     below: list[dict[tuple, Counter] | None] = []
+    below_latest: list[dict[tuple, dict[str, tuple[Position, Any]]]] = []
     gone = [(t, p, e) for (t, p), e in sorted(earliest.items()) if e > 0]
     for target in aggregates:
-        columns, width = list(target.increments), len(target.group_by)
+        columns, width = target.columns, len(target.group_by)
         actual.append({
             tuple(row[:width]): dict(zip(columns, row[width:], strict=True))
             for row in _fetch(conn, sql.SQL("SELECT {}, {} FROM {}").format(
@@ -267,23 +287,33 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
         })
         carrier = carrier_for(spec, target)
         sums: dict[tuple, Counter] = defaultdict(Counter)
+        latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
         if carrier is not None and gone:
-            query = sql.SQL(
-                "SELECT {keys}, {totals} FROM {table} r"
-                " JOIN (VALUES {bounds}) AS e(topic, partition, earliest)"
-                " ON r.kafka_topic = e.topic AND r.kafka_partition = e.partition"
-                " WHERE r.kafka_offset < e.earliest GROUP BY {keys}").format(
-                keys=sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(k)) for k in target.group_by),
-                totals=sql.SQL(", ").join(
-                    sql.SQL("count(*)") if source is None else sql.SQL("sum(r.{})").format(sql.Identifier(source))
-                    for source in target.increments.values()),
-                table=_target(config, carrier.table),
-                bounds=sql.SQL(", ").join(sql.SQL("(%s::text, %s::integer, %s::bigint)") for _ in gone))
-            for row in _fetch(conn, query, tuple(x for bound in gone for x in bound)):
+            keys = sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(k)) for k in target.group_by)
+            totals = sql.SQL(", ").join(
+                sql.SQL("count(*)") if source is None else sql.SQL("sum(r.{})").format(sql.Identifier(source))
+                for source in target.increments.values())
+            increments = list(target.increments)
+            for row in (_below_earliest(conn, config, carrier, gone, sql.SQL("{keys}, {totals}"),
+                                        sql.SQL(" GROUP BY {keys}"), keys=keys, totals=totals)
+                        if increments else []):
                 sums[tuple(row[:width])] = Counter(
-                    {c: as_number(v) for c, v in zip(columns, row[width:], strict=True)})
+                    {c: as_number(v) for c, v in zip(increments, row[width:], strict=True)})
+            if target.latest:
+                # Each key's last row below the earliest offsets, per partition: kept only where
+                # Kafka holds no later record of the key (keep_latest compares positions).
+                values = sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(v)) for v in target.latest.values())
+                for row in _below_earliest(
+                        conn, config, carrier, gone,
+                        sql.SQL("DISTINCT ON ({keys}, r.kafka_partition) {keys}, r.kafka_partition, r.kafka_offset,"
+                                " {values}"),
+                        sql.SQL(" ORDER BY {keys}, r.kafka_partition, r.kafka_offset DESC"), keys=keys, values=values):
+                    position = (int(row[width]), int(row[width + 1]))
+                    for column, value in zip(target.latest, row[width + 2:], strict=True):
+                        keep_latest(latest[tuple(row[:width])], column, position, value)
+        below_latest.append(latest)
         below.append(None if carrier is None else sums)
-    return Snapshot(running, stored, dead, rows, actual, below)
+    return Snapshot(running, stored, dead, rows, actual, below, below_latest)
 
 
 def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
@@ -312,6 +342,8 @@ def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Agg
             group = tuple(record[k] for k in target.group_by)
             for column, source in target.increments.items():
                 side.sums[region][index][group][column] += record[source] if source else 1
+            for column, source in target.latest.items():
+                keep_latest(side.latest[region][index][group], column, (partition, offset), record[source])
     return side
 
 
@@ -451,22 +483,32 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
     unverified: list[dict[str, str]] = []
     gone = sorted(f"{t}[{p}]" for (t, p), rng in ranges.items() if rng.earliest > 0)
     for index, target in enumerate(aggregates):
-        columns = list(target.increments)
+        columns = target.columns
         expected_totals: dict[tuple, Counter] = defaultdict(Counter)
+        expected_latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
         for region in regions:
             for group, counter in side.sums[region][index].items():
                 expected_totals[group].update(counter)
+            for group, values in side.latest[region][index].items():
+                for column, (position, value) in values.items():
+                    keep_latest(expected_latest[group], column, position, value)
         carrier, below = carrier_for(spec, target), snap.below_earliest[index]
         checked_against = "kafka"
         if gone and below is None:
             reason = (f"records below the earliest offset of {', '.join(gone)} are gone from Kafka and no row "
                       f"target carries the inputs of {target.table} ({', '.join(target.group_by)}, "
-                      f"{', '.join(s for s in target.increments.values() if s) or 'counts'})")
+                      f"{', '.join(sorted(target.inputs - set(target.group_by))) or 'counts'})")
             unverified.append({"target": target.table, "reason": reason})
         elif gone and carrier is not None and below is not None:
             checked_against = f"kafka, and {carrier.table} below the earliest offsets"
             for group, counter in below.items():
                 expected_totals[group].update(counter)
+            for group, values in snap.below_latest[index].items():
+                for column, (position, value) in values.items():
+                    keep_latest(expected_latest[group], column, position, value)
+        for group, values in expected_latest.items():
+            for column, (_, value) in values.items():
+                expected_totals[group][column] = as_number(value)  # the in-order fold's result, not a sum
         actual = snap.actual[index]
         verified = not (gone and below is None)
         wrong = wrong_keys(actual, expected_totals, columns) if verified else []
@@ -476,8 +518,8 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
             "verified": verified,
             "checked_against": checked_against if verified else None,
             "wrong_keys": [list(k) for k in wrong[:SAMPLE]],
-            **{f"expected_{c}": sum(g[c] for g in expected_totals.values()) for c in columns},
-            **{f"actual_{c}": sum(as_number(v.get(c)) for v in actual.values()) for c in columns},
+            **{f"expected_{c}": sum(g[c] for g in expected_totals.values()) for c in target.increments},
+            **{f"actual_{c}": sum(as_number(v.get(c)) for v in actual.values()) for c in target.increments},
         }
         if wrong:
             mismatches.append(target.table)

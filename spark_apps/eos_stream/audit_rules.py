@@ -155,7 +155,7 @@ def carrier_for(spec: PipelineSpec, aggregate: AggregateTarget) -> RowTarget | N
     """The first row target holding every input of ``aggregate`` (its key and
     increment fields): where Kafka has deleted the records, the aggregate is
     checked against that target's rows instead."""
-    needed = set(aggregate.group_by) | {s for s in aggregate.increments.values() if s}
+    needed = aggregate.inputs
     for target in spec.targets:
         if isinstance(target, RowTarget) and needed <= set(target.columns):
             return target
@@ -169,6 +169,19 @@ def as_number(value: Any) -> Any:
     if hasattr(value, "is_integer") and not isinstance(value, float):  # Decimal
         return int(value) if value == int(value) else float(value)
     return value
+
+
+# Where a record stands in Kafka's order: (partition, offset). Only meaningful
+# within one partition; across partitions it is merely deterministic.
+Position = tuple[int, int]
+
+
+def keep_latest(latest: dict[str, tuple[Position, Any]], column: str, position: Position, value: Any) -> None:
+    """Keeps ``value`` for ``column`` when ``position`` comes after the one held: the
+    in-order fold of a key's records, whatever order the audit reads them in."""
+    held = latest.get(column)
+    if held is None or position > held[0]:
+        latest[column] = (position, value)
 
 
 def wrong_keys(actual: Mapping[tuple, Mapping[str, Any]], expected: Mapping[tuple, Counter],

@@ -59,7 +59,8 @@ class RowTarget:
 
 @dataclass(frozen=True)
 class AggregateTarget:
-    """Per-key running totals: ``column += value`` for every record of the key.
+    """Per-key running totals: ``column += value`` for every record of the key,
+    and optionally the key's latest values.
 
     Not idempotent: applying a record twice shows in the sums, which is why it
     only takes exactly-once delivery (or the at-least-once baseline).
@@ -67,13 +68,29 @@ class AggregateTarget:
     :param table: target table; needs a unique constraint on ``group_by``.
     :param group_by: record fields that form the key.
     :param increments: target column -> record field to add, or None to add 1.
+    :param latest: target column -> record field whose value from the key's last
+        record in Kafka order it holds (the highest offset; ties across partitions
+        go to the highest partition). Order is Kafka's per partition, so this is
+        the key's latest value only when all of a key's records share one
+        partition, as they do on a topic keyed by ``group_by`` (docs/ordering.md).
     """
 
     table: str
     group_by: tuple[str, ...]
     increments: Mapping[str, str | None]
+    latest: Mapping[str, str] = field(default_factory=dict)
 
     aggregate = True
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column the aggregate writes besides its key: increments, then latest."""
+        return [*self.increments, *self.latest]
+
+    @property
+    def inputs(self) -> set[str]:
+        """The record fields the aggregate reads."""
+        return set(self.group_by) | {v for v in self.increments.values() if v} | set(self.latest.values())
 
 
 Target = RowTarget | AggregateTarget
@@ -101,11 +118,9 @@ class PipelineSpec:
     def __post_init__(self) -> None:
         names = {f.name for f in self.fields}
         for target in self.targets:
-            used = (
-                set(target.group_by) | {v for v in target.increments.values() if v}
-                if isinstance(target, AggregateTarget)
-                else set(target.columns)
-            )
+            used = target.inputs if isinstance(target, AggregateTarget) else set(target.columns)
+            if isinstance(target, AggregateTarget) and set(target.increments) & set(target.latest):
+                raise SpecError(f"target {target.table!r}: a column is either an increment or a latest value")
             unknown = used - names
             if unknown:
                 raise SpecError(f"target {target.table!r} uses unknown fields {sorted(unknown)}")

@@ -1,8 +1,11 @@
 """The shipped example pipeline: a ledger of account movements.
 
 ``ledger_events`` keeps one row per event with its Kafka coordinates;
-``account_balances`` adds every amount to its account. The second target is
-not idempotent: a duplicate or a loss anywhere shows in the sums.
+``account_balances`` adds every amount to its account and keeps the ``seq`` of
+the account's latest event. The second target is not idempotent: a duplicate or
+a loss anywhere shows in the sums, and an event applied out of order in
+``last_seq`` (the topic is keyed by account, so an account's events share one
+partition and Kafka's order is theirs).
 """
 
 from __future__ import annotations
@@ -40,8 +43,11 @@ def ledger_ddl(schema: str, unique_coordinates: bool = False) -> list[sql.Compos
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {schema}.{balances} ("
             " account_id varchar({limit}) PRIMARY KEY, balance_cents bigint NOT NULL,"
-            " event_count bigint NOT NULL)"
+            " event_count bigint NOT NULL, last_seq bigint)"
         ).format(**names),
+        # Balances tables created before last_seq existed get it; their accounts show
+        # NULL until their next event.
+        sql.SQL("ALTER TABLE {schema}.{balances} ADD COLUMN IF NOT EXISTS last_seq bigint").format(**names),
     ]
     if unique_coordinates:
         statements.append(
@@ -70,6 +76,7 @@ LEDGER = PipelineSpec(
             BALANCES_TABLE,
             group_by=("account_id",),
             increments={"balance_cents": "amount_cents", "event_count": None},
+            latest={"last_seq": "seq"},
         ),
     ),
     target_ddl=ledger_ddl,

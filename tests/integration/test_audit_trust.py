@@ -25,6 +25,12 @@ from tests.streaming import ROOT, audit, pg_connect, pipeline_config, run_app, s
 pytestmark = pytest.mark.integration
 
 
+# The seq of the account's last remaining event: what last_seq holds had the
+# deleted event never been applied.
+LAST_SEQ_OF_ACCOUNT = sql.SQL("(SELECT e.seq FROM {t}.ledger_events e WHERE e.account_id = b.account_id"
+                              " ORDER BY e.kafka_partition DESC, e.kafka_offset DESC LIMIT 1)")
+
+
 def _event(seq: int) -> bytes:
     return json.dumps({"event_id": f"ev-{seq}", "account_id": f"acct-{seq % 17:05d}", "amount_cents": seq % 900 - 300,
                        "ts": "2026-01-01T00:00:00+00:00", "seq": seq}).encode()
@@ -111,8 +117,9 @@ def test_retention_deleted_prefix_keeps_an_exact_target_green(stack: dict, tmp_p
             " FROM {t}.ledger_events WHERE kafka_partition = 0 ORDER BY kafka_offset LIMIT 1 OFFSET 5)"
             " RETURNING kafka_topic, kafka_offset, event_id, account_id, amount_cents, ts, seq").format(t=target))
         t, o, event_id, account, amount, ts, seq = cur.fetchone()
-        cur.execute(sql.SQL("UPDATE {t}.account_balances SET balance_cents = balance_cents - %s,"
-                            " event_count = event_count - 1 WHERE account_id = %s").format(t=target), (amount, account))
+        cur.execute(sql.SQL("UPDATE {t}.account_balances b SET balance_cents = balance_cents - %s,"
+                            " event_count = event_count - 1, last_seq = {last} WHERE account_id = %s").format(
+                    t=target, last=LAST_SEQ_OF_ACCOUNT.format(t=target)), (amount, account))
         raw = json.dumps({"event_id": event_id, "account_id": account, "amount_cents": amount,
                           "ts": ts.isoformat(), "seq": seq}).encode()
         cur.execute(sql.SQL('INSERT INTO {m}.dead_letters (pipeline, topic, partition, "offset", value, error)'
@@ -159,8 +166,9 @@ def test_a_valid_record_wrongly_quarantined_is_red(stack: dict, tmp_path: Path, 
             " ORDER BY kafka_offset LIMIT 1 OFFSET 700) RETURNING kafka_topic, kafka_partition, kafka_offset,"
             " event_id, account_id, amount_cents, ts, seq").format(t=target))
         t, p, o, event_id, account, amount, ts, seq = cur.fetchone()
-        cur.execute(sql.SQL("UPDATE {t}.account_balances SET balance_cents = balance_cents - %s,"
-                            " event_count = event_count - 1 WHERE account_id = %s").format(t=target), (amount, account))
+        cur.execute(sql.SQL("UPDATE {t}.account_balances b SET balance_cents = balance_cents - %s,"
+                            " event_count = event_count - 1, last_seq = {last} WHERE account_id = %s").format(
+                    t=target, last=LAST_SEQ_OF_ACCOUNT.format(t=target)), (amount, account))
         raw = json.dumps({"event_id": event_id, "account_id": account, "amount_cents": amount,
                           "ts": ts.isoformat(), "seq": seq}).encode()
         cur.execute(sql.SQL('INSERT INTO {m}.dead_letters (pipeline, topic, partition, "offset", value, error,'
@@ -198,6 +206,45 @@ def test_a_valid_record_wrongly_quarantined_is_red(stack: dict, tmp_path: Path, 
 
     assert data_error["ok"], data_error
     assert data_error["summary"]["dead_letters_by_class"] == {"data_exception": 1}
+
+
+def test_a_latest_value_out_of_kafka_order_is_red(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    """last_seq must be the in-order fold of the account's events: an earlier event's seq
+    there is red even though every sum is right, and putting it back is green again."""
+    config = pipeline_config(stack, tmp_path, f"alast{unique_name}")
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=2)
+    produce_ledger(bootstrap, 800, topic=topic, accounts=40, seed=23, transactional_id=f"al{unique_name}")
+    run = run_app(config, tmp_path, label="latest")
+    assert run.process.returncode == 0, run.log()[-3000:]
+    assert audit(config, tmp_path)["ok"]
+
+    target = sql.Identifier(config["target_schema"])
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL(
+                "SELECT account_id, last_seq, (SELECT min(seq) FROM {t}.ledger_events e"
+                " WHERE e.account_id = b.account_id) FROM {t}.account_balances b WHERE event_count > 1"
+                " ORDER BY account_id LIMIT 1").format(t=target))
+            account, last, first = cur.fetchone()
+            assert first < last
+            cur.execute(sql.SQL("UPDATE {t}.account_balances SET last_seq = %s WHERE account_id = %s")
+                        .format(t=target), (first, account))
+        out_of_order = audit(config, tmp_path)
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("UPDATE {t}.account_balances SET last_seq = %s WHERE account_id = %s")
+                        .format(t=target), (last, account))
+        restored = audit(config, tmp_path)
+    finally:
+        conn.close()
+    balances = out_of_order["aggregates"]["account_balances"]
+    print(f"\nlast_seq of {account} set from {last} to {first}: ok={out_of_order['ok']} "
+          f"mismatches={out_of_order['mismatches']} wrong_keys={balances['wrong_keys']}")
+    assert out_of_order["mismatches"] == ["account_balances"], out_of_order
+    assert balances["wrong_keys"] == [[account]] and balances["keys_wrong"] == 1
+    assert balances["expected_balance_cents"] == balances["actual_balance_cents"]  # the sums were right
+    assert restored["ok"], restored
 
 
 def test_an_audit_while_the_stream_runs_does_not_false_alarm(stack: dict, tmp_path: Path, unique_name: str) -> None:

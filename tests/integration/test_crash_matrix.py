@@ -1,9 +1,11 @@
 """Crash matrix: SIGKILL the Spark driver at random moments, then audit.
 
-exactly_once and two_phase must end with 0 duplicates, 0 missing and exact
-balances; the same test on at_least_once must report duplicates, which proves
-the oracle can fail. In two_phase the kill "before_commit" falls between
-PREPARE TRANSACTION and COMMIT PREPARED, leaving the batch in doubt.
+exactly_once and two_phase must end with 0 duplicates, 0 missing, exact
+balances, each account's last_seq that of its last event, and every account's
+events in order (docs/ordering.md); the same test on at_least_once must report
+duplicates and events out of order, which proves the oracles can fail. In
+two_phase the kill "before_commit" falls between PREPARE TRANSACTION and
+COMMIT PREPARED, leaving the batch in doubt.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.streaming import audit, pipeline_config, run_app, start_app
+from tests.streaming import audit, ledger_order, pipeline_config, run_app, start_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -69,7 +71,10 @@ def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: in
         done += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
     final = run_app(config, tmp_path, label=f"{delivery}-final", timeout=400)
     assert final.process.returncode == 0, final.log()[-3000:]
-    return audit(config, tmp_path), done
+    report = audit(config, tmp_path)
+    report["order"] = ledger_order(stack, config["target_schema"])
+    print(f"\n{delivery}: {report['order']}")
+    return report, done
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "two_phase"])
@@ -81,7 +86,9 @@ def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name
     assert report["summary"]["committed_records"] == EVENTS
     assert report["summary"]["duplicated"] == 0
     assert report["summary"]["missing"] == 0
-    assert report["aggregates"]["account_balances"]["keys_wrong"] == 0
+    assert report["aggregates"]["account_balances"]["keys_wrong"] == 0  # sums and last_seq
+    assert report["order"]["split_accounts"] == 0 and report["order"]["out_of_order_accounts"] == 0
+    assert report["order"]["accounts"] == report["aggregates"]["account_balances"]["keys"]
     assert report["ok"] and report["exit_code"] == 0
 
 
@@ -91,4 +98,5 @@ def test_at_least_once_shows_duplicates_under_the_same_crashes(stack: dict, tmp_
     assert kills >= 10
     assert report["summary"]["duplicated"] > 0
     assert report["aggregates"]["account_balances"]["keys_wrong"] > 0
+    assert report["order"]["out_of_order_accounts"] > 0  # a replayed event repeats an earlier seq
     assert not report["ok"] and report["exit_code"] == 1

@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 import pytest
+from psycopg2 import sql
 
 from spark_apps.eos_stream.audit_rules import (
     AuditTimeout,
@@ -17,12 +18,13 @@ from spark_apps.eos_stream.audit_rules import (
     carrier_for,
     compare_rows,
     dead_letter_verdict,
+    keep_latest,
     parses,
     tail_counts_as_missing,
     wrong_keys,
 )
 from spark_apps.eos_stream.errors import dead_letter_class
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget, SpecError
 from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
 
 VALID = json.dumps({"event_id": "e1", "account_id": "acct-00001", "amount_cents": 5,
@@ -208,7 +210,8 @@ def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals
     applied = {o: {"account_id": "a", "amount_cents": 10} for o in range(earliest, 8)}
     tail = {o: {"account_id": "a", "amount_cents": 10} for o in range(8, 10)}
     snap = Snapshot(running=running, stored={("t", 0): 8}, dead={}, rows={"ids": {("t", 0): Counter(rows)}},
-                    actual=[{("a",): {"total": totals}}], below_earliest=[None])
+                    actual=[{("a",): {"total": totals}}], below_earliest=[None],
+                    below_latest=[{}])
     ranges = {("t", 0): PartitionRange(earliest, 10, 8, True)}
     return _report(PipelineConfig(pipeline="p", topics=["t"]), NARROW, [NARROW.targets[1]], snap, ranges,
                    _side(1, applied, tail), running=running, pending="auto")
@@ -246,7 +249,7 @@ def test_report_reparses_the_stored_value_of_a_dead_letter_kafka_no_longer_holds
 
     def report(value: bytes, sqlstate: str | None):
         snap = Snapshot(running=False, stored={("t", 0): 10}, dead={("t", 0, 0): ("whatever", sqlstate, value)},
-                        rows=rows, actual=[], below_earliest=[])
+                        rows=rows, actual=[], below_earliest=[], below_latest=[])
         spec = PipelineSpec(name="rows", fields=NARROW.fields, targets=(NARROW.targets[0],))
         side = _side(0, {o: {} for o in range(5, 10)}, {})
         return _report(config, spec, [], snap, ranges, side, running=False, pending="auto")
@@ -256,3 +259,39 @@ def test_report_reparses_the_stored_value_of_a_dead_letter_kafka_no_longer_holds
     assert wrong["mismatches"] == ["dead_letters:wrongly_quarantined"]
     assert report(valid, "23505")["ok"]
     assert report(valid, "57014")["summary"]["dead_letters_by_class"] == {"not_data:57014": 1}
+
+
+def test_keep_latest_is_the_in_order_fold_whatever_the_reading_order() -> None:
+    import itertools
+
+    events = [((0, 3), 30), ((0, 7), 70), ((0, 5), 50), ((1, 0), 1)]
+    for order in itertools.permutations(events):
+        latest: dict = {}
+        for position, value in order:
+            keep_latest(latest, "last", position, value)
+        assert latest == {"last": ((1, 0), 1)}
+    one_partition: dict = {}
+    for position, value in reversed(events[:3]):
+        keep_latest(one_partition, "last", position, value)
+    assert one_partition["last"][1] == 70
+
+
+def test_a_latest_column_is_set_from_the_last_record_not_added() -> None:
+    from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
+
+    balances = next(t for t in LEDGER.targets if isinstance(t, AggregateTarget))
+    assert balances.columns == ["balance_cents", "event_count", "last_seq"]
+    assert balances.inputs == {"account_id", "amount_cents", "seq"}
+    statement = repr(apply_batch_statement(LEDGER, stage=sql.Identifier("stage"), target_schema="t", meta_schema="m",
+                                           skip_applied=True, dedupe=True, upsert_rows=False))
+    assert "array_agg(" in statement and "ORDER BY _partition DESC, _offset DESC))[1]" in statement
+    assert "Identifier('last_seq'), SQL(' = EXCLUDED.')" in statement.replace('"', "'")
+
+
+def test_a_column_cannot_be_both_an_increment_and_a_latest_value() -> None:
+    with pytest.raises(SpecError, match="either an increment or a latest value"):
+        PipelineSpec(name="x", fields=(Field("k", "text"), Field("v", "bigint")),
+                     targets=(AggregateTarget("a", group_by=("k",), increments={"v": "v"}, latest={"v": "v"}),))
+    with pytest.raises(SpecError, match="unknown fields"):
+        PipelineSpec(name="x", fields=(Field("k", "text"),),
+                     targets=(AggregateTarget("a", group_by=("k",), increments={}, latest={"last": "nope"}),))

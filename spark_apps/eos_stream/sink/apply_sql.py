@@ -97,15 +97,20 @@ def _aggregate_upsert(table: sql.Composed, target: AggregateTarget) -> sql.Compo
     # written in one stable order (ORDER BY the group keys), so two pipelines
     # upserting overlapping keys of one aggregate table lock them in the same
     # order: one waits for the other instead of both deadlocking.
-    columns = list(target.increments)
+    # Latest values: the batch's last record of the key in Kafka order. Batches apply in
+    # offset order per partition, so overwriting the stored value keeps the last one.
+    columns = target.columns
     deltas = [
         sql.SQL("sum({})").format(sql.Identifier(source)) if source else sql.SQL("count(*)")
         for source in target.increments.values()
+    ] + [
+        sql.SQL("(array_agg({} ORDER BY _partition DESC, _offset DESC))[1]").format(sql.Identifier(source))
+        for source in target.latest.values()
     ]
     updates = [
         sql.SQL("{col} = {table}.{col} + EXCLUDED.{col}").format(col=sql.Identifier(c), table=table)
-        for c in columns
-    ]
+        for c in target.increments
+    ] + [sql.SQL("{col} = EXCLUDED.{col}").format(col=sql.Identifier(c)) for c in target.latest]
     return sql.SQL(
         "INSERT INTO {table} ({keys}, {cols}) SELECT {keys}, {deltas} FROM fresh WHERE _error IS NULL"
         " GROUP BY {keys} ORDER BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
