@@ -32,6 +32,8 @@ TRIGGERS = [
     "airflow_provider_eos.triggers.stream_stopped",
 ]
 
+EXTRA_LINKS = ["airflow_provider_eos.links.spark_ui.SparkDriverUILink"]
+
 
 def get_provider_info() -> dict[str, Any]:
     return {
@@ -52,6 +54,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": INTEGRATION, "python-modules": OPERATORS}],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": SENSORS}],
         "triggers": [{"integration-name": INTEGRATION, "python-modules": TRIGGERS}],
+        "extra-links": EXTRA_LINKS,
         # Deployment settings ([eos] in airflow.cfg): where snapshots and pipeline configs live.
         "config": provider_config(),
     }

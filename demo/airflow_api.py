@@ -70,6 +70,10 @@ class AirflowApi:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
         return self._call("GET", path, params={"deserialize": True})["value"]
 
+    def extra_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
+        """A task's operator extra links (name -> URL), as the UI shows them."""
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links")["extra_links"]
+
     def wait(self, dag_id: str, run_id: str, timeout: float, tick: Callable[[float], None] | None = None) -> str:
         """Polls until the run finishes; ``tick`` gets the elapsed seconds (for a progress bar)."""
         started = time.monotonic()

@@ -44,6 +44,7 @@ from psycopg2 import sql
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from airflow_provider_eos.links.spark_ui import SparkDriverUILink  # noqa: E402
 from demo import report as html_report  # noqa: E402
 from demo.airflow_api import AirflowApi  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
@@ -64,6 +65,7 @@ STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY = (f"eos_{kind}__{PIPELINE}"
 ORDERS_PIPELINE, ORDERS_TOPIC = "orders", "orders.events"
 ORDERS_META, ORDERS_TARGET = "orders_eos", "orders"
 ORDERS_STREAM, ORDERS_STOP = f"eos_stream__{ORDERS_PIPELINE}", f"eos_stop__{ORDERS_PIPELINE}"
+SPARK_UI_LINK = SparkDriverUILink.name
 DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP]
 # Unpaused just before first use: unpausing a scheduled DAG starts a run for its latest interval.
 UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP]
@@ -244,6 +246,25 @@ class Story:
             raise RuntimeError(f"{dag_id} ended {state}, expected {expect} (failed tasks: {failed})")
         return run_id
 
+    def spark_ui_of(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        """The stream task's "Spark driver UI" link, read through Airflow's API while the
+        task runs, and whether the driver's UI answers there."""
+        link = None
+
+        def linked() -> bool:
+            nonlocal link
+            link = self.api.extra_links(dag_id, run_id, "run_pipeline").get(SPARK_UI_LINK) or None
+            return link is not None
+
+        self.wait_until(f"{dag_id}'s Spark UI link", linked, 120)
+        assert link is not None
+        try:
+            with urllib.request.urlopen(f"{link.rstrip('/')}/StreamingQuery/", timeout=10) as response:
+                serves = response.status == 200 and "Streaming Query" in response.read().decode(errors="replace")
+        except OSError:
+            serves = False
+        return {"link": link, "serves": serves}
+
     def orders_batches(self) -> int:
         """Batches the orders pipeline committed so far."""
         if self.query("SELECT to_regclass(%s)", (f"{ORDERS_META}.stream_progress",))[0][0] is None:
@@ -383,6 +404,11 @@ class Story:
         # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
         self.stream_run = self.api.trigger(STREAM, {})
         self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()), 240)
+        self.spark_ui = {STREAM: self.spark_ui_of(STREAM, self.stream_run),
+                         ORDERS_STREAM: self.spark_ui_of(ORDERS_STREAM, self.orders_run)}
+        c.stage("each stream task links to its own driver's Spark UI: "
+                + ", ".join(f"{dag} -> {ui['link']} ({'serves' if ui['serves'] else 'DOES NOT serve'})"
+                            for dag, ui in self.spark_ui.items()))
 
         c.stage("SIGKILL of the Spark driver mid-stream; the operator restarts it")
         for process in self.spark_drivers():
@@ -506,7 +532,8 @@ class Story:
             "exact": orders_final["ok"],
         }
         result["exact"] = final["ok"] and orders_final["ok"]
-        result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications()}
+        result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications(),
+                           "driver_ui": self.spark_ui}
         self.write_html(result, steps)
         return result
 
@@ -630,6 +657,8 @@ def main() -> int:
     print(f"{'spark master':>32}: {result['spark']['master']}")
     for app in result["spark"]["applications"]:
         print(f"{app['id']:>32}  {app['name']} ({app['cores']} core(s), {app['state']})")
+    for dag_id, ui in result["spark"]["driver_ui"].items():
+        print(f"{'Spark driver UI of ' + dag_id:>32}: {ui['link']} (served while the stream ran: {ui['serves']})")
     print(f"\nHTML report: {story.report_path}")
     print(f"Airflow UI:  {story.ui}  ({story.login_hint})")
     if args.json:

@@ -180,7 +180,9 @@ class EosStreamSubmitHook(SparkSubmitHook):
         )
         master = self._connection["master"]
         self.local = is_local_master(master)
-        self._conf.setdefault("spark.ui.enabled", "false")
+        # The driver's UI is on (Spark's default) on a port the OS picks: two pipelines' drivers on
+        # one worker never compete for 4040. Its URL comes back as the app's EOS-UI line.
+        self._conf.setdefault("spark.ui.port", "0")
         # The console progress bar writes \r-lines into the driver log, between EOS- lines.
         self._conf.setdefault("spark.ui.showConsoleProgress", "false")
         host = driver_host or ("127.0.0.1" if self.local else None)
@@ -193,6 +195,9 @@ class EosStreamSubmitHook(SparkSubmitHook):
             self._py_files = build_spark_apps_zip(self._workdir)
         self._popen_env: dict[str, str] = {}
         env: dict[str, str] = dict(self._secret_env)
+        if self.local and bind:
+            # The UI binds to SPARK_LOCAL_IP, not to spark.driver.bindAddress (else 0.0.0.0).
+            env.setdefault("SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP", bind))
         if self.local:
             # The driver and the Python workers run here: use this interpreter (it has pyspark).
             env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))

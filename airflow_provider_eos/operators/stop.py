@@ -50,7 +50,11 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
 
     The wait defers to :class:`~airflow_provider_eos.triggers.stream_stopped.StreamStoppedTrigger`
     (no worker slot while a batch finishes); with ``hold_lock`` the trigger keeps the
-    recovery lock's heartbeat, and the step fails if another run took the lock over.
+    recovery lock's heartbeat, and the step fails if another run took the lock over. A stop
+    usually lands within seconds, so the task first polls for ``defer_after`` seconds in the
+    worker and defers only a longer wait: a defer and resume costs more than that, and a
+    trigger that fires within seconds of the deferral meets an Airflow race (apache/airflow#72716:
+    the deferring process's late "success" fails the resumed task).
 
     A hard stop is not done here: if the pipeline has not stopped within ``timeout_seconds``
     (a batch that takes longer, a hung driver), the task fails saying what still runs. Mark the
@@ -66,6 +70,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     :param timeout_seconds: fail when it has not stopped after this long.
     :param poll_interval: seconds between checks.
     :param deferrable: wait in the triggerer (default) rather than in a worker slot.
+    :param defer_after: seconds to poll in the worker before deferring (0: defer at once).
     :param hold_lock: hold the target's recovery lock (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the stream's state without changing it (templated).
@@ -78,7 +83,8 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres", fence: bool = False,
                  quiet_seconds: float | str = 0.0, wait: bool = True, timeout_seconds: float = 600.0,
-                 poll_interval: float = 2.0, deferrable: bool = True, hold_lock: bool = False,
+                 poll_interval: float = 2.0, deferrable: bool = True, defer_after: float = 10.0,
+                 hold_lock: bool = False,
                  lock_ttl: float = DEFAULT_LOCK_TTL, plan_only: Any = False, pg_bin_dir: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -92,6 +98,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
         self.timeout_seconds = float(timeout_seconds)
         self.poll_interval = float(poll_interval)
         self.deferrable = deferrable
+        self.defer_after = float(defer_after)
         self.hold_lock = hold_lock
         self.lock_ttl = lock_ttl
         self.plan_only = plan_only
@@ -113,37 +120,37 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
             if not self.wait:
                 return request
             started = time.monotonic()
-            activity = jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))
-            reason = why_not_stopped(activity, float(self.quiet_seconds))
-            if reason is not None and not self.deferrable:
-                activity = self._poll(config, started)
-            if reason is None or not self.deferrable:
+            in_worker = min(self.defer_after, self.timeout_seconds) if self.deferrable else self.timeout_seconds
+            activity, reason = self._poll(config, started, in_worker)
+            if reason is None:
                 return {**request, **activity, "stopped": True, "waited_s": round(time.monotonic() - started, 1)}
+            if not self.deferrable or in_worker >= self.timeout_seconds:
+                raise StreamStillRunningError(
+                    f"pipeline {config.pipeline!r} did not stop within {self.timeout_seconds:g}s: {reason}. "
+                    + HARD_STOP_HINT)
+            remaining = self.timeout_seconds - (time.monotonic() - started)
         self.log.info("Waiting in the triggerer for pipeline %r to stop: %s", config.pipeline, reason)
         lock = {"key": self.lock_key(config), "holder": holder} if self.hold_lock else None
         trigger = StreamStoppedTrigger(
             pipeline=config.pipeline, meta_schema=config.meta_schema, postgres_conn_id=self.postgres_conn_id,
             quiet_seconds=float(self.quiet_seconds), poke_interval=self.poll_interval,
-            timeout_seconds=self.timeout_seconds, lock=lock,
+            timeout_seconds=max(remaining, self.poll_interval), lock=lock,
         )
         # The trigger fires "timeout" with what still runs; Airflow's deferral timeout is a backstop.
         self.defer(trigger=trigger, method_name="execute_complete",
                    kwargs={"request": request, "step_started": step_started},
                    timeout=timedelta(seconds=self.timeout_seconds + max(60.0, 2 * self.poll_interval)))
 
-    def _poll(self, config: Any, started: float) -> dict[str, Any]:
-        """The wait in the worker (``deferrable=False``), inside the lock guard's heartbeat."""
+    def _poll(self, config: Any, started: float, limit: float) -> tuple[dict[str, Any], str | None]:
+        """The wait in the worker, inside the lock guard's heartbeat: until stopped or ``limit``
+        seconds after ``started``. Returns the last activity and why it is not stopped (None: it is)."""
         while True:
             activity = jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))
             reason = why_not_stopped(activity, float(self.quiet_seconds))
-            if reason is None:
-                return activity
-            if time.monotonic() - started >= self.timeout_seconds:
-                raise StreamStillRunningError(
-                    f"pipeline {config.pipeline!r} did not stop within {self.timeout_seconds:g}s: {reason}. "
-                    + HARD_STOP_HINT)
+            if reason is None or time.monotonic() - started >= limit:
+                return activity, reason
             self.log.info("waiting for pipeline %s to stop: %s", config.pipeline, reason)
-            time.sleep(self.poll_interval)
+            time.sleep(min(self.poll_interval, max(0.0, limit - (time.monotonic() - started))))
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, request: dict[str, Any] | None = None,
                          step_started: float | None = None) -> dict[str, Any]:

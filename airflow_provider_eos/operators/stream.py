@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
+from airflow_provider_eos.links.spark_ui import SparkDriverUILink
 from airflow_provider_eos.utils.params import as_bool
 from spark_apps.eos_stream.config import DELIVERY_MODES
 
@@ -123,6 +124,7 @@ class StreamingPipelineOperator(BaseOperator):
         "restart_backoff", "max_fenced_restarts",
     )
     ui_color = "#e8f4ff"
+    operator_extra_links = (SparkDriverUILink(),)
 
     def __init__(
         self,
@@ -194,6 +196,9 @@ class StreamingPipelineOperator(BaseOperator):
         self._hook: EosStreamSubmitHook | None = None
         self._killed = threading.Event()
         self._lock_conn: Any = None
+        # The running driver's UI (the app's EOS-UI line), behind the "Spark driver UI" link.
+        self.spark_ui_url: str | None = None
+        self._ti: Any = None
 
     # ------------------------------------------------------------------ config
     def _topics(self) -> list[str]:
@@ -263,6 +268,7 @@ class StreamingPipelineOperator(BaseOperator):
         return min(float(self.max_backoff), float(self.restart_backoff) * 2 ** (restart - 1))
 
     def execute(self, context: Any) -> dict[str, Any]:
+        self._ti = context.get("ti")
         pg = self.pg_hook()
         config = self.build_config(pg)
         pipeline = config["pipeline"]
@@ -323,6 +329,8 @@ class StreamingPipelineOperator(BaseOperator):
         return holder
 
     def _on_event(self, pipeline: str, kind: str, data: dict[str, Any]) -> None:
+        if kind == "ui" and data.get("url"):
+            self._show_spark_ui(pipeline, str(data["url"]))
         # "resume" comes after the new driver bumped the epoch and got the running lock:
         # the orphan can no longer write, and it has gone.
         if kind == "resume" and self._orphan is not None and "fenced_at_epoch" not in self._orphan:
@@ -330,6 +338,17 @@ class StreamingPipelineOperator(BaseOperator):
                              "the new driver holds the running lock at epoch %s", pipeline, self._orphan["pid"],
                              data.get("epoch"))
             self._orphan = {**self._orphan, "fenced_at_epoch": data.get("epoch")}
+
+    def _show_spark_ui(self, pipeline: str, url: str) -> None:
+        """Points the task's "Spark driver UI" link at a new driver while it runs: the API
+        server reads the link from this XCom (Airflow itself only writes it when the task ends)."""
+        self.spark_ui_url = url
+        self.log.info("Pipeline %r: Spark driver UI at %s", pipeline, url)
+        if self._ti is not None:
+            try:
+                self._ti.xcom_push(key=SparkDriverUILink().xcom_key, value=url)
+            except Exception:  # a link is not worth failing a stream for
+                self.log.warning("Could not store the Spark UI link", exc_info=True)
 
     def _backoff_unless_held(self, pg: EosPostgresHook, pipeline: str, delay: float) -> str | None:
         """Sleeps ``delay`` seconds, then returns :meth:`hold_reason`. Also looks every

@@ -144,6 +144,10 @@ def run(config: PipelineConfig) -> int:
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.appName(f"eos-{config.pipeline}")
     spark = builder.getOrCreate()
+    ui_url = spark.sparkContext.uiWebUrl
+    if ui_url:  # None when spark.ui.enabled is false
+        # The supervisor turns this into the stream task's "Spark driver UI" link.
+        emit("ui", url=ui_url, application_id=spark.sparkContext.applicationId)
     checkpoint = _run_checkpoint(config, mode.stores_offsets, run_id)
     offset_log = OffsetLog(spark, checkpoint)
 

@@ -97,7 +97,7 @@ def test_a_deferred_stop_keeps_the_recovery_lock_and_fails_if_it_is_taken_over(s
     try:
         hold_running_lock(driver, config["pipeline"])
         stop = StopPipelineOperator(task_id="stop", pipeline_config=config, postgres_conn_id=PG_CONN, fence=True,
-                                    hold_lock=True, timeout_seconds=60, poll_interval=0.5)
+                                    hold_lock=True, timeout_seconds=60, poll_interval=0.5, defer_after=0)
         with admin.cursor() as cur:
             cur.execute(sql.SQL("SELECT heartbeat_at FROM {}").format(lock_table(config["meta_schema"])))
             (beat_before,) = cur.fetchone()

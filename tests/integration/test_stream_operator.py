@@ -5,12 +5,15 @@ request ends a processingTime run (after a restart); a fenced driver is restarte
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
 import socket
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +198,8 @@ def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pip
     assert caught_up.execute({})["total_lag"] == 0
     assert p.pg().supervisor_running(p.name)
     # The wait is deferred: the trigger runs here as the triggerer would run it.
-    stop = StopPipelineOperator(task_id="stop", pipeline_config=p.config, timeout_seconds=120, poll_interval=0.5)
+    stop = StopPipelineOperator(task_id="stop", pipeline_config=p.config, timeout_seconds=120, poll_interval=0.5,
+                                defer_after=0)
     result, deferred = run_deferrable(stop, {"run_id": "stop-test"})
     watcher.join(30)
     assert deferred, "the supervisor was running: the stop had to wait"
@@ -239,20 +243,47 @@ def test_exhausted_restarts_fail_with_a_clear_message(make_pipeline, monkeypatch
     assert message.count("unavailable: cannot reach Kafka") == 2
 
 
-def test_on_kill_leaves_no_spark_jvm(make_pipeline):
-    p = make_pipeline("oponkill")
-    p.produce(200)
-    watcher = Watcher(p.operator(trigger="processingTime", trigger_interval="1 second"))
-    watcher.start()
-    hook = watcher.live_hook(event="batch")
-    tree = _tree(hook.pid)
-    assert any("java" in proc.name() for proc in tree)
-    watcher.op.on_kill()
-    watcher.join(60)
-    assert isinstance(watcher.error, AirflowException) and "killed" in str(watcher.error)
-    _gone, alive = psutil.wait_procs(tree, timeout=20)
-    assert not alive, [(proc.pid, proc.name()) for proc in alive]
-    assert not p.pg().supervisor_running(p.name), "the supervisor lock must be released"
+def _spark_ui_page(url: str, path: str) -> str:
+    with urllib.request.urlopen(url.rstrip("/") + path, timeout=10) as response:
+        assert response.status == 200
+        return response.read().decode(errors="replace")
+
+
+def test_on_kill_leaves_no_spark_jvm_and_each_driver_shows_its_own_ui(make_pipeline):
+    """Two pipelines at once: each task links to its own driver's UI, on loopback, on a port of
+    its own (no 4040 race); the UI serves the Structured Streaming tab. Then on_kill ends both."""
+    pipelines = [make_pipeline("oponkill"), make_pipeline("opui")]
+    watchers = []
+    for p in pipelines:
+        p.produce(200)
+        watchers.append(Watcher(p.operator(trigger="processingTime", trigger_interval="1 second")))
+        watchers[-1].start()
+    hooks = [watcher.live_hook(event="batch") for watcher in watchers]
+    urls = [watcher.op.spark_ui_url for watcher in watchers]
+    ui_events = [[data for kind, data in hook.events if kind == "ui"] for hook in hooks]
+    print(f"\nSpark driver UIs: {urls}")
+    assert all(url and urllib.parse.urlsplit(url).hostname == "127.0.0.1" for url in urls), urls
+    assert len({urllib.parse.urlsplit(url).port for url in urls}) == 2, urls
+    assert [events[-1]["url"] for events in ui_events] == urls
+    for url in urls:
+        assert "Spark Jobs" in _spark_ui_page(url, "/jobs/")
+        assert "Streaming Query" in _spark_ui_page(url, "/StreamingQuery/")
+    for port in (urllib.parse.urlsplit(url).port for url in urls):  # loopback only, not 0.0.0.0
+        listening = [ipaddress.ip_address(c.laddr.ip) for c in psutil.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        # Java may listen on an IPv6 socket bound to the IPv4 loopback (::ffff:127.0.0.1).
+        addresses = [getattr(ip, "ipv4_mapped", None) or ip for ip in listening]
+        assert addresses and all(ip.is_loopback for ip in addresses), listening
+    trees = [_tree(hook.pid) for hook in hooks]
+    assert all(any("java" in proc.name() for proc in tree) for tree in trees)
+    for watcher in watchers:
+        watcher.op.on_kill()
+    for watcher, tree, p in zip(watchers, trees, pipelines, strict=True):
+        watcher.join(60)
+        assert isinstance(watcher.error, AirflowException) and "killed" in str(watcher.error)
+        _gone, alive = psutil.wait_procs(tree, timeout=20)
+        assert not alive, [(proc.pid, proc.name()) for proc in alive]
+        assert not p.pg().supervisor_running(p.name), "the supervisor lock must be released"
 
 
 def test_a_fenced_driver_is_restarted_at_once_from_the_database(make_pipeline, airflow_conns):

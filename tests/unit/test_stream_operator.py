@@ -47,16 +47,18 @@ def test_invalid_arguments_fail_without_retry(conns, bad):
         op.build_config()
 
 
-def test_command_line_holds_no_secret_and_env_does(conns):
+def test_command_line_holds_no_secret_and_env_does(conns, monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     hook = EosStreamSubmitHook(postgres_password=SECRET, kafka_options={"sasl.jaas.config": "hidden"})
     try:
         command = hook.build_command({"pipeline": "p", "postgres": {"host": "db"}})
         line = " ".join(command)
         assert SECRET not in line and "hidden" not in line
         assert "--config" in command and command[command.index("--config") - 1].endswith("eos_stream/app.py")
-        assert "spark.ui.enabled=false" in line and "spark.driver.host=127.0.0.1" in line
+        assert "spark.ui.port=0" in line and "spark.driver.host=127.0.0.1" in line
         assert "--jars /jars/a.jar,/jars/b.jar" in line and "--py-files" not in line  # local master
         assert hook._env_vars["EOS_PG_PASSWORD"] == SECRET
+        assert hook._env_vars["SPARK_LOCAL_IP"] == "127.0.0.1"  # the driver's UI binds to it, not 0.0.0.0
         assert json.loads(hook._env_vars["EOS_KAFKA_OPTIONS_JSON"]) == {"sasl.jaas.config": "hidden"}
         assert stat.S_IMODE(os.stat(hook.config_path).st_mode) == 0o600
         with pytest.raises(AirflowException):
