@@ -15,7 +15,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
+from airflow_provider_eos.utils.metrics import stream_event_metrics
 from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.stats_emitter import emit
 from spark_apps.eos_stream.config import DELIVERY_MODES
 
 TRIGGERS = ("availableNow", "processingTime")
@@ -323,6 +325,8 @@ class StreamingPipelineOperator(BaseOperator):
         return holder
 
     def _on_event(self, pipeline: str, kind: str, data: dict[str, Any]) -> None:
+        # Each batch's rows per second, rows applied and new dead letters, as they happen.
+        emit(stream_event_metrics(pipeline, kind, data))
         # "resume" comes after the new driver bumped the epoch and got the running lock:
         # the orphan can no longer write, and it has gone.
         if kind == "resume" and self._orphan is not None and "fenced_at_epoch" not in self._orphan:
