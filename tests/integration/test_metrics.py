@@ -187,6 +187,8 @@ def test_metrics_reach_statsd(make_pipeline, statsd, stack) -> None:  # noqa: F8
     assert health["tasks"]["lso_lag"] == "failed" and health["tasks"]["summary"] == "failed", health
     time.sleep(0.5)  # the last datagrams
 
+    # Airflow's own metrics arrived: the listener hears Airflow's StatsD client (else nothing below can).
+    assert statsd.received(f"airflow.ti.finish.eos_stream__{name}.run_pipeline."), statsd.lines[-20:]
     got = statsd.received(base + ".")
     pg = pg_connect(stack)
     with pg.cursor() as cur:
