@@ -6,7 +6,8 @@ abort that would end it), a batch
 finished recently (liveness), stored offsets reach the LSO (caught up), no new dead letters,
 no in-doubt prepared transactions in the target database. A stream without new input writes
 no progress rows, so a stale liveness with caught-up passing is reported as idle, not failed.
-Thresholds and timing come from the definition's ``health`` section; a run conf may tighten or
+The summary also sends what the checks measured as metrics through Airflow's Stats
+(docs/metrics.md). Thresholds and timing come from the definition's ``health`` section; a run conf may tighten or
 loosen the three thresholds below for that run.
 """
 
@@ -93,7 +94,7 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
         checks = [lso, liveness, caught_up, dead_letters, in_doubt]
         summary = StreamHealthSummaryOperator(
             task_id="summary", check_task_ids=[t.task_id for t in checks],
-            liveness_task_id=liveness.task_id, caught_up_task_id=caught_up.task_id,
+            liveness_task_id=liveness.task_id, caught_up_task_id=caught_up.task_id, pipeline=definition.name,
         )
         checked >> checks
         checks >> summary

@@ -45,7 +45,9 @@ from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from airflow_provider_eos.utils import provider_config
+from airflow_provider_eos.utils.metrics import recovery_metrics
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
+from airflow_provider_eos.utils.stats_emitter import emit
 
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
          "wait_caught_up", "audit", "finalize")
@@ -74,8 +76,12 @@ def check_conf(**context: Any) -> dict[str, Any]:
 
 
 @task(trigger_rule="none_failed")
-def summary(**context: Any) -> dict[str, Any]:
-    """Rows restored, events replayed, seconds per step."""
+def summary(pipeline: str, **context: Any) -> dict[str, Any]:
+    """Rows restored, events replayed, seconds per step; a real run (not a dry run) also sends
+    each step's seconds as the timer ``eos.<pipeline>.recovery.<step>`` through Airflow's Stats.
+
+    :param pipeline: the pipeline recovered (names the metrics).
+    """
     ti = context["ti"]
     out: dict[str, Any] = {"dry_run": context["params"]["dry_run"]}
     restored = ti.xcom_pull(task_ids="restore") or {}
@@ -94,6 +100,9 @@ def summary(**context: Any) -> dict[str, Any]:
     out["seconds_per_step"] = {step: (ti.xcom_pull(task_ids=step) or {}).get("step_seconds")
                                for step in STEPS if step not in SENSOR_STEPS}
     print("eos_recovery summary:\n" + json.dumps(out, indent=2, default=str))
+    # A dry run's steps only plan: their seconds would pull the recovery timings towards zero.
+    if not out["dry_run"]:
+        emit(recovery_metrics(pipeline, out["seconds_per_step"]))
     return out
 
 
@@ -163,7 +172,7 @@ def build_recovery_dag(definition: PipelineDefinition) -> DAG:
         # This pipeline's own stream DAG: its definition gives the mode the stream had.
         resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id=dag_id("stream", definition.name),
                                        wait_for_completion=False)
-        done = summary()
+        done = summary(definition.name)
         # A teardown: runs whenever the lock was taken, and does not decide the run's state.
         release = RecoveryLockOperator(task_id="release_lock", action="release", plan_only=DRY_RUN,
                                        **common).as_teardown(setups=lock)

@@ -1,9 +1,9 @@
 """Health checks of a pipeline: new dead letters, in-doubt prepared transactions, and the
 summary task that collects every check of a health-check DAG run into one readable verdict.
 
-Each check records its outcome as the XCom ``eos_check`` (``{"check", "ok", "message", ...}``)
+Each check records its outcome as the XCom ``eos_check`` (``{"check", "ok", "message", "report"}``)
 before it succeeds or fails, so a summary task with ``trigger_rule="all_done"`` can read why
-an upstream check failed.
+an upstream check failed, and what it measured (the summary sends that as metrics).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from airflow.sdk import BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.utils.metrics import health_metrics
+from airflow_provider_eos.utils.stats_emitter import emit
 
 CHECK_XCOM_KEY = "eos_check"
 
@@ -26,10 +28,13 @@ def record_check(context: Any, outcome: dict[str, Any]) -> None:
 
 
 class CheckOutcomeMixin:
-    """Records ``{"check", "ok", "message"}`` as XCom ``eos_check`` around ``execute`` and
-    ``resume_execution`` (a deferral passes through unrecorded)."""
+    """Records ``{"check", "ok", "message", "report"}`` as XCom ``eos_check`` around ``execute``
+    and ``resume_execution`` (a deferral passes through unrecorded). ``report`` is what the
+    check measured: its dict result when it passes, its ``last_report`` when it fails (a
+    failing check sets that before raising), None when it measured nothing."""
 
     check_name: str = "check"
+    last_report: dict[str, Any] | None = None
 
     def _recorded(self, context: Any, call: Callable[[], Any]) -> Any:
         try:
@@ -38,10 +43,11 @@ class CheckOutcomeMixin:
             raise
         except BaseException as err:
             record_check(context, {"check": self.check_name, "ok": False,
-                                   "message": str(err) or type(err).__name__})
+                                   "message": str(err) or type(err).__name__, "report": self.last_report})
             raise
+        report = result if isinstance(result, dict) else self.last_report
         message = result.get("message") if isinstance(result, dict) else None
-        record_check(context, {"check": self.check_name, "ok": True, "message": message or "ok"})
+        record_check(context, {"check": self.check_name, "ok": True, "message": message or "ok", "report": report})
         return result
 
     def execute(self, context: Any) -> Any:
@@ -99,6 +105,7 @@ class DeadLetterCheckOperator(CheckOutcomeMixin, BaseOperator):
             return {"new": 0, "last_seen_id": last_seen, "dead_letters": [], "message": message}
         newest = max(int(row["id"]) for row in new)
         Variable.set(key, str(newest))
+        self.last_report = {"new": len(new), "last_seen_id": newest}
         lines = [f"{len(new)}{'+' if len(new) == 1000 else ''} new dead letter(s) for pipeline "
                  f"{self.pipeline!r} (ids {new[0]['id']}..{newest}):"]
         lines += [f"  {r['topic']}[{r['partition']}]@{r['offset']} (id {r['id']}, key {r['key_preview']!r}): "
@@ -137,7 +144,10 @@ class PreparedTransactionsCheckOperator(CheckOutcomeMixin, BaseOperator):
         older = float(self.older_than_seconds)
         rows = hook.prepared_transactions(older, self.all_databases)
         if not rows:
-            return {"in_doubt": [], "message": f"no prepared transaction older than {older:g}s"}
+            return {"in_doubt": [], "count": 0, "oldest_seconds": 0.0,
+                    "message": f"no prepared transaction older than {older:g}s"}
+        self.last_report = {"in_doubt": rows[:20], "count": len(rows),
+                            "oldest_seconds": max(float(r["age_seconds"]) for r in rows)}
         lines = [f"{len(rows)} in-doubt prepared transaction(s) older than {older:g}s "
                  "(resolve with COMMIT PREPARED / ROLLBACK PREPARED '<gid>'):"]
         lines += [f"  gid {r['gid']!r} in {r['database']} by {r['owner']}, prepared {r['prepared']} "
@@ -153,20 +163,26 @@ class StreamHealthSummaryOperator(BaseOperator):
     A liveness failure (no recent batch) while the caught-up check passed is reported as
     ``idle`` and does not fail the summary: a stream with no new input writes no progress rows.
 
+    Given ``pipeline``, it first sends what the checks measured (passed or failed) through
+    Airflow's Stats: LSO lag and seconds stuck per partition, records behind per partition,
+    the last batch's age, new dead letters, in-doubt transactions (docs/metrics.md).
+
     :param check_task_ids: the checks' task ids, in display order.
     :param liveness_task_id: task id of the liveness sensor (for the idle rule).
     :param caught_up_task_id: task id of the caught-up sensor (for the idle rule).
+    :param pipeline: the pipeline checked, naming its metrics; None sends none.
     """
 
     template_fields: Sequence[str] = ()
 
     def __init__(self, *, check_task_ids: Sequence[str], liveness_task_id: str | None = None,
-                 caught_up_task_id: str | None = None, **kwargs: Any) -> None:
+                 caught_up_task_id: str | None = None, pipeline: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "all_done")
         super().__init__(**kwargs)
         self.check_task_ids = list(check_task_ids)
         self.liveness_task_id = liveness_task_id
         self.caught_up_task_id = caught_up_task_id
+        self.pipeline = pipeline
 
     def _states(self, context: Any) -> dict[str, str]:
         ti = context["ti"]
@@ -181,8 +197,12 @@ class StreamHealthSummaryOperator(BaseOperator):
         ti = context["ti"]
         states = self._states(context)
         results: dict[str, dict[str, Any]] = {}
+        reports: dict[str, Any] = {}
         for task_id in self.check_task_ids:
             outcome = ti.xcom_pull(task_ids=task_id, key=CHECK_XCOM_KEY)
+            if outcome is not None and outcome.get("check"):
+                reports[str(outcome["check"])] = outcome.get("report")
+            outcome = {k: v for k, v in (outcome or {}).items() if k != "report"} or None
             state = states.get(task_id)
             if outcome is None:
                 if state == "success":
@@ -192,6 +212,10 @@ class StreamHealthSummaryOperator(BaseOperator):
             if state is not None and state not in ("success", "failed") and outcome.get("ok"):
                 outcome = {**outcome, "ok": state == "skipped", "message": f"{state}: {outcome.get('message')}"}
             results[task_id] = {"state": state, **outcome}
+        if self.pipeline:
+            # Before the verdict: an unhealthy run's numbers are the ones that matter most.
+            sent = emit(health_metrics(self.pipeline, reports))
+            self.log.info("Sent %d metrics of pipeline %r through Airflow's Stats", sent, self.pipeline)
         live, caught = results.get(self.liveness_task_id or ""), results.get(self.caught_up_task_id or "")
         if live and caught and not live["ok"] and caught["ok"]:
             live["ok"] = True

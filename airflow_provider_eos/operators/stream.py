@@ -16,7 +16,9 @@ from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
+from airflow_provider_eos.utils.metrics import stream_event_metrics
 from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.stats_emitter import emit
 from spark_apps.eos_stream.config import DELIVERY_MODES
 
 TRIGGERS = ("availableNow", "processingTime")
@@ -331,6 +333,8 @@ class StreamingPipelineOperator(BaseOperator):
     def _on_event(self, pipeline: str, kind: str, data: dict[str, Any]) -> None:
         if kind == "ui" and data.get("url"):
             self._show_spark_ui(pipeline, str(data["url"]))
+        # Each batch's rows per second, rows applied and new dead letters, as they happen.
+        emit(stream_event_metrics(pipeline, kind, data))
         # "resume" comes after the new driver bumped the epoch and got the running lock:
         # the orphan can no longer write, and it has gone.
         if kind == "resume" and self._orphan is not None and "fenced_at_epoch" not in self._orphan:

@@ -273,6 +273,8 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         if not event:
             raise AirflowException("LSO lag trigger ended without an event")
         status = event.get("status")
+        # What the watch saw, for the check's recorded outcome (and the health summary's metrics).
+        self.last_report = event.get("report")
         if event.get("watch_state"):
             self.save_watch(LsoWatch.from_json(event["watch_state"]))
         if status == "ok":

@@ -53,7 +53,7 @@ class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
                 message = self.last_report["message"] if self.last_report else str(err)
                 raise AirflowSensorTimeout(f"{self.check_name} not satisfied within {self.timeout}s: {message}"
                                            ) from err
-        report = self.check()
+        report = self.last_report = self.check()
         self.log.info("%s: %s", self.check_name, report["message"])
         if report["ok"]:
             return report
@@ -65,6 +65,8 @@ class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         if not event:
             raise AirflowException(f"{self.check_name} trigger ended without an event")
+        # The trigger's last report, for the check's recorded outcome (and the health summary's metrics).
+        self.last_report = event.get("report")
         status = event.get("status")
         if status == "ok":
             self.log.info("%s: %s", self.check_name, event.get("message"))
