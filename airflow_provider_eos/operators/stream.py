@@ -19,9 +19,8 @@ from airflow_provider_eos.links.spark_ui import SparkDriverUILink
 from airflow_provider_eos.utils.metrics import stream_event_metrics
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.stats_emitter import emit
-from spark_apps.eos_stream.config import DELIVERY_MODES
+from spark_apps.eos_stream.config import DELIVERY_MODES, TRIGGERS
 
-TRIGGERS = ("availableNow", "processingTime")
 # PipelineConfig keys the operator sets from its own arguments or the connections.
 _OWN_KEYS = frozenset(
     {"pipeline", "topics", "kafka_bootstrap", "spec", "delivery", "trigger", "trigger_interval",
