@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from psycopg2 import sql  # noqa: E402
 
 from demo.env_files import read_env_file  # noqa: E402
+from spark_apps.eos_stream.ddl import run_ddl  # noqa: E402
 from spark_apps.eos_stream.records import staging_lines  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from spark_apps.ledger.spec import LEDGER, ledger_ddl  # noqa: E402
@@ -105,8 +106,7 @@ def raw_copy(stack: dict, topic: str, events: int, schema: str) -> dict:
     conn = pg_connect(stack)
     conn.autocommit = False
     with conn.cursor() as cur:
-        for statement in ledger_ddl(schema):
-            cur.execute(statement)
+        run_ddl(cur, ledger_ddl(schema))
         conn.commit()
         started = time.perf_counter()
         cur.copy_expert(sql.SQL("COPY {}.ledger_events FROM STDIN").format(sql.Identifier(schema)).as_string(cur),
@@ -195,8 +195,7 @@ def main() -> None:
     jdbc_schema = f"jdbc{tag}"
     conn = pg_connect(stack)
     with conn.cursor() as cur:
-        for statement in ledger_ddl(jdbc_schema):
-            cur.execute(statement)
+        run_ddl(cur, ledger_ddl(jdbc_schema))
     conn.close()
     results.append(spark_jdbc(stack, topic, jdbc_schema, tmp))
     print(json.dumps(results[-1]))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
+from spark_apps.eos_stream.ddl import AddColumn
+
 DEFAULT_SCHEMA = "eos"
 
 # Next Kafka offset to apply per (pipeline, topic, partition). Written in the
@@ -96,10 +98,10 @@ _DDL = [
         requested_by      text)""",
     _EPOCHS_DDL,
 ]
-# For tables made by older versions. Only the app runs these, at start: ALTER
-# TABLE locks the table even when there is nothing to add.
+# Columns added since the first release, for tables made by older versions:
+# (table, column, type). Only the app adds them, at start, through ddl.run_ddl.
 _UPGRADES = [
-    """ALTER TABLE {schema}.{dead_letters} ADD COLUMN IF NOT EXISTS sqlstate text""",
+    (DEAD_LETTERS, "sqlstate", "text"),
 ]
 
 
@@ -121,9 +123,9 @@ def ddl_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
     return [sql.SQL(stmt).format(**_names(schema)) for stmt in _DDL]
 
 
-def upgrade_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:
+def upgrade_statements(schema: str = DEFAULT_SCHEMA) -> list[AddColumn]:
     """Columns added since the first release, for bookkeeping tables made before them."""
-    return [sql.SQL(stmt).format(**_names(schema)) for stmt in _UPGRADES]
+    return [AddColumn(schema, table, column, type_) for table, column, type_ in _UPGRADES]
 
 
 def epochs_ddl_statements(schema: str = DEFAULT_SCHEMA) -> list[sql.Composed]:

@@ -11,6 +11,7 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig
+from spark_apps.eos_stream.ddl import run_ddl
 from spark_apps.eos_stream.sink.batch_sink import MODES, DeliveryMode
 from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
 from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
@@ -47,8 +48,7 @@ def ensure_meta_tables(conn: PgConnection, meta_schema: str) -> None:
     with conn.cursor() as cur:
         # Two apps starting at once must not race on CREATE IF NOT EXISTS.
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('eos:ddl', 0))")
-        for statement in [*meta_tables.ddl_statements(meta_schema), *meta_tables.upgrade_statements(meta_schema)]:
-            cur.execute(statement)
+        run_ddl(cur, [*meta_tables.ddl_statements(meta_schema), *meta_tables.upgrade_statements(meta_schema)])
     conn.commit()
 
 
@@ -56,8 +56,7 @@ def create_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, m
     if spec.target_ddl is None:
         raise ConfigError(f"spec {spec.name!r} has no target_ddl; create its tables yourself")
     with conn.cursor() as cur:
-        for statement in spec.target_ddl(target_schema, mode.upsert_rows):
-            cur.execute(statement)
+        run_ddl(cur, spec.target_ddl(target_schema, mode.upsert_rows))
     conn.commit()
 
 

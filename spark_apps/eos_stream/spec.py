@@ -105,8 +105,10 @@ class PipelineSpec:
     :param targets: tables fed in one transaction per micro-batch.
     :param transform: optional per-record function (dict -> dict) run after
         validation; an exception from it dead-letters that record.
-    :param target_ddl: optional function(schema) -> list of SQL strings that
-        creates the targets; used only when the app is asked to create them.
+    :param target_ddl: optional function(schema, unique_coordinates) -> list of
+        statements (``psycopg2.sql`` objects, or ``ddl.AddColumn`` for columns
+        added later) that creates the targets; used only when the app is asked
+        to create them.
     """
 
     name: str

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
+from spark_apps.eos_stream.ddl import AddColumn, DdlStatement
 from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 
 EVENTS_TABLE = "ledger_events"
@@ -21,7 +22,7 @@ BALANCES_TABLE = "account_balances"
 ACCOUNT_ID_MAX = 64
 
 
-def ledger_ddl(schema: str, unique_coordinates: bool = False) -> list[sql.Composed]:
+def ledger_ddl(schema: str, unique_coordinates: bool = False) -> list[DdlStatement]:
     """CREATE statements for the ledger's targets.
 
     :param unique_coordinates: add the unique index idempotent delivery needs.
@@ -32,7 +33,7 @@ def ledger_ddl(schema: str, unique_coordinates: bool = False) -> list[sql.Compos
         "balances": sql.Identifier(BALANCES_TABLE),
         "limit": sql.Literal(ACCOUNT_ID_MAX),
     }
-    statements = [
+    statements: list[DdlStatement] = [
         sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}").format(**names),
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {schema}.{events} ("
@@ -47,7 +48,7 @@ def ledger_ddl(schema: str, unique_coordinates: bool = False) -> list[sql.Compos
         ).format(**names),
         # Balances tables created before last_seq existed get it; their accounts show
         # NULL until their next event.
-        sql.SQL("ALTER TABLE {schema}.{balances} ADD COLUMN IF NOT EXISTS last_seq bigint").format(**names),
+        AddColumn(schema, BALANCES_TABLE, "last_seq", "bigint"),
     ]
     if unique_coordinates:
         statements.append(

@@ -12,6 +12,7 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.ddl import run_ddl
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from spark_apps.ledger.spec import ledger_ddl
 from tests.streaming import audit, pg_connect, pipeline_config, run_app, start_app
@@ -49,8 +50,7 @@ def _storm_pipeline(stack: dict, tmp_path: Path, name: str, poison: int = 0) -> 
     produce_ledger(bootstrap, EVENTS, topic=topic, seed=21, poison=poison, transactional_id=f"t{name}")
     setup = pg_connect(stack)
     with setup.cursor() as cur:
-        for statement in [*ledger_ddl(config["target_schema"]), *meta_tables.ddl_statements(config["meta_schema"])]:
-            cur.execute(statement)
+        run_ddl(cur, [*ledger_ddl(config["target_schema"]), *meta_tables.ddl_statements(config["meta_schema"])])
     setup.close()
     return config
 
