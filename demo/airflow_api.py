@@ -74,6 +74,20 @@ class AirflowApi:
         """A task's operator extra links (name -> URL), as the UI shows them."""
         return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links")["extra_links"]
 
+    def scheduled_on(self, dag_id: str) -> list[str]:
+        """The URIs of the assets a DAG is scheduled on."""
+        assets = self._call("GET", "/assets", params={"dag_ids": dag_id, "limit": 100})["assets"]
+        return sorted(a["uri"] for a in assets if any(r.get("dag_id") == dag_id for r in a.get("scheduled_dags", [])))
+
+    def asset_events(self, uri: str) -> list[dict[str, Any]]:
+        """The newest (at most 100) events of the asset with this URI, oldest first."""
+        assets = self._call("GET", "/assets", params={"uri_pattern": uri, "limit": 100})["assets"]
+        ids = [a["id"] for a in assets if a["uri"] == uri]
+        if not ids:
+            return []
+        params = {"asset_id": ids[0], "limit": 100, "order_by": "-timestamp"}
+        return list(reversed(self._call("GET", "/assets/events", params=params)["asset_events"]))
+
     def wait(self, dag_id: str, run_id: str, timeout: float, tick: Callable[[float], None] | None = None) -> str:
         """Polls until the run finishes; ``tick`` gets the elapsed seconds (for a progress bar)."""
         started = time.monotonic()

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,12 @@ ORDERS_PIPELINE, ORDERS_TOPIC = "orders", "orders.events"
 ORDERS_META, ORDERS_TARGET = "orders_eos", "orders"
 ORDERS_STREAM, ORDERS_STOP = f"eos_stream__{ORDERS_PIPELINE}", f"eos_stop__{ORDERS_PIPELINE}"
 SPARK_UI_LINK = SparkDriverUILink.name
-DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP]
+# dags/eos_downstream_example.py: scheduled on the ledger's target assets; unpausing it starts the
+# pipeline's committed-offsets watcher on the triggerer.
+DOWNSTREAM = f"eos_example_downstream__{PIPELINE}"
+DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DOWNSTREAM]
 # Unpaused just before first use: unpausing a scheduled DAG starts a run for its latest interval.
-UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP]
+UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DOWNSTREAM]
 
 OPEN_TRANSACTION_RECORDS = 20
 OPEN_TRANSACTION = """
@@ -489,6 +493,9 @@ class Story:
         self.wait_until("no Spark driver left", lambda: not self.spark_drivers(), 180)
         self.sampler.stop_event.set()
 
+        c.stage(f"Airflow's asset events on the ledger's targets, and the downstream DAG {DOWNSTREAM} they ran")
+        assets = self.asset_story()
+
         summary = final["summary"]
         aggregates = final["aggregates"]["account_balances"]
         batches = (produced, more, later)
@@ -532,10 +539,50 @@ class Story:
             "exact": orders_final["ok"],
         }
         result["exact"] = final["ok"] and orders_final["ok"]
+        result["assets"] = assets
         result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications(),
                            "driver_ui": self.spark_ui}
         self.write_html(result, steps)
         return result
+
+    def asset_story(self) -> dict[str, Any]:
+        """What Airflow saw of the ledger's target assets in this story: the committed-offsets
+        watcher's events (each with the offsets the target held everything below), the recovery's
+        announcement, and the runs of the downstream DAG scheduled on them. Waits until the watcher
+        has announced the final stored offsets and the downstream runs have finished."""
+        stored = {str(p): int(o) for t, p, o in self.query(
+            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
+                sql.Identifier(META)), (PIPELINE,)) if t == TOPIC}
+        uris = self.api.scheduled_on(DOWNSTREAM)
+
+        def payloads(uri: str) -> list[dict[str, Any]]:
+            return [{**(e.get("extra") or {}).get("payload", {}), "from_trigger": bool(e["extra"].get("from_trigger")),
+                     "timestamp": e["timestamp"]}
+                    for e in self.api.asset_events(uri) if e["timestamp"] >= self.started_at]
+
+        def final_announced() -> bool:
+            watched = [p for p in payloads(uris[0]) if p["from_trigger"]] if uris else []
+            return bool(watched) and watched[-1].get("offsets", {}).get(TOPIC) == stored
+
+        self.wait_until("the watcher's event with the final offsets", final_announced, 120)
+        runs = [r for r in self.api.recent_runs(DOWNSTREAM, limit=100)
+                if (r.get("start_date") or "") >= self.started_at]
+        self.wait_until(f"{DOWNSTREAM} runs to finish", lambda: all(
+            self.api.run_state(DOWNSTREAM, r["dag_run_id"]) in ("success", "failed") for r in runs), 180)
+        states = Counter(self.api.run_state(DOWNSTREAM, r["dag_run_id"]) for r in runs)
+        events = payloads(uris[0])
+        told = [self.api.xcom(DOWNSTREAM, r["dag_run_id"], "report_committed") for r in runs
+                if self.api.run_state(DOWNSTREAM, r["dag_run_id"]) == "success"]
+        return {
+            "target_assets": uris,
+            "events_per_target": {uri: len(payloads(uri)) for uri in uris},
+            "changes": dict(Counter(e.get("change") for e in events)),
+            "events": [{k: e.get(k) for k in ("timestamp", "change", "batch_id", "offsets", "from_trigger",
+                                                "snapshot_id")} for e in events],
+            "stored_offsets": {TOPIC: stored},
+            "downstream_runs": dict(states),
+            "downstream_told": sum(len(t or []) for t in told),
+        }
 
     def cluster_applications(self) -> list[dict[str, Any]]:
         """The applications the standalone master ran for this story (its JSON at <web UI>/json/),

@@ -8,7 +8,8 @@ A deployment's DAG file is two lines::
 For every definition in ``[eos] pipeline_config_dir`` (see
 :mod:`airflow_provider_eos.utils.pipeline_definition`) it builds ``eos_stream__<name>``,
 ``eos_stop__<name>``, ``eos_health__<name>``, ``eos_snapshot__<name>`` and
-``eos_recovery__<name>``. A definition that does not validate gets one ``eos_invalid__<file>``
+``eos_recovery__<name>``. ``committed_assets(name)`` gives a downstream DAG the pipeline's target
+assets to be scheduled on. A definition that does not validate gets one ``eos_invalid__<file>``
 DAG whose only task fails with the error, and the other pipelines keep their DAGs: one team's
 typo never takes another team's recovery DAG away. Parsing reads the definition files and the
 provider config, never an environment variable of its own.
@@ -23,6 +24,7 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
+from airflow_provider_eos.dag_factory.assets import committed_assets, pipeline_assets
 from airflow_provider_eos.dag_factory.common import START_DATE, dag_id
 from airflow_provider_eos.dag_factory.health import build_health_dag
 from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
@@ -31,15 +33,17 @@ from airflow_provider_eos.dag_factory.stream import build_stop_dag, build_stream
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, load_definitions
 
-__all__ = ["build_pipeline_dags", "dag_id", "pipeline_dags"]
+__all__ = ["build_pipeline_dags", "committed_assets", "dag_id", "defined_pipelines", "pipeline_dags"]
 
 log = logging.getLogger(__name__)
 
 
 def build_pipeline_dags(definition: PipelineDefinition) -> list[DAG]:
-    """The stream, stop, health, snapshot and recovery DAGs of one pipeline."""
-    return [build_stream_dag(definition), build_stop_dag(definition), build_health_dag(definition),
-            build_snapshot_dag(definition), build_recovery_dag(definition)]
+    """The stream, stop, health, snapshot and recovery DAGs of one pipeline. The stream reads its
+    topic assets; the recovery announces its target assets (see :mod:`.assets`)."""
+    assets = pipeline_assets(definition)
+    return [build_stream_dag(definition, assets), build_stop_dag(definition), build_health_dag(definition),
+            build_snapshot_dag(definition), build_recovery_dag(definition, assets)]
 
 
 @task
@@ -56,15 +60,24 @@ def _invalid_dag(file_name: str, error: str) -> DAG:
     return dag
 
 
+def _definitions(directory: str | Path | None) -> tuple[dict[str, PipelineDefinition], dict[str, str]]:
+    root = Path(directory or provider_config.pipeline_config_dir())
+    if not root.is_dir():
+        log.warning("eos: no pipeline definition directory at %s (set [eos] pipeline_config_dir): no pipelines",
+                    root)
+        return {}, {}
+    return load_definitions(root)
+
+
+def defined_pipelines(directory: str | Path | None = None) -> dict[str, PipelineDefinition]:
+    """The valid pipeline definitions in ``directory`` (default ``[eos] pipeline_config_dir``), by name."""
+    return _definitions(directory)[0]
+
+
 def pipeline_dags(directory: str | Path | None = None) -> dict[str, DAG]:
     """Every DAG of every pipeline defined in ``directory`` (default ``[eos] pipeline_config_dir``),
     by DAG id. A missing directory yields none (a fresh deployment's DAG file still imports)."""
-    root = Path(directory or provider_config.pipeline_config_dir())
-    if not root.is_dir():
-        log.warning("eos: no pipeline definition directory at %s (set [eos] pipeline_config_dir): no pipeline DAGs",
-                    root)
-        return {}
-    definitions, errors = load_definitions(root)
+    definitions, errors = _definitions(directory)
     dags: dict[str, DAG] = {}
     for definition in definitions.values():
         for dag in build_pipeline_dags(definition):

@@ -4,7 +4,8 @@ check_conf -> gate (no partition stuck) -> lock -> stop stream -> choose snapsho
 check -> restore (scratch validation, single-transaction swap; the old tables kept aside) ->
 replay (availableNow from the restored offsets; the stop request stays set) -> wait caught up
 -> audit -> finalize (drop the old tables) -> resume ``eos_stream__<pipeline>`` (the same
-pipeline, in the mode its definition gives) -> summary. If replay, caught-up or audit fails,
+pipeline, in the mode its definition gives) and announce (an Asset event on each target table,
+with the restored and replayed offsets) -> summary. If replay, caught-up or audit fails,
 ``rollback`` puts the old tables back and the run fails; the stream stays stopped either way.
 The lock is released whatever happened. Every step is this pipeline's own: recovering one
 pipeline never stops, pauses or blocks another.
@@ -23,7 +24,9 @@ from typing import Any
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
+from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_eos.dag_factory.assets import PipelineAssets
 from airflow_provider_eos.dag_factory.common import (
     START_DATE,
     connection_ids,
@@ -32,6 +35,7 @@ from airflow_provider_eos.dag_factory.common import (
     step_config,
     tags,
 )
+from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.operators.audit import AuditOperator
 from airflow_provider_eos.operators.replay import ReplayOperator, RetentionCheckOperator
@@ -45,7 +49,9 @@ from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from airflow_provider_eos.utils import provider_config
+from airflow_provider_eos.utils.committed_position import committed_position
 from airflow_provider_eos.utils.metrics import recovery_metrics
+from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 from airflow_provider_eos.utils.stats_emitter import emit
 
@@ -106,7 +112,32 @@ def summary(pipeline: str, **context: Any) -> dict[str, Any]:
     return out
 
 
-def build_recovery_dag(definition: PipelineDefinition) -> DAG:
+@task
+def announce_recovered(pipeline: str, postgres_conn_id: str, meta_schema: str, dry_run: Any,
+                       **context: Any) -> dict[str, Any]:
+    """An Asset event on each target (this task's outlets): the target was put back to a snapshot and
+    caught up again, and holds everything Kafka committed below the offsets in ``extra["payload"]``
+    (shaped like the committed-offsets watcher's, with ``change: "recovered"`` and the snapshot).
+
+    :param pipeline: the pipeline recovered.
+    :param postgres_conn_id: its target database.
+    :param meta_schema: its bookkeeping schema.
+    :param dry_run: a dry run changed nothing, so it announces nothing (the task is skipped).
+    """
+    if as_bool(dry_run):
+        raise AirflowSkipException("a dry run changed nothing: no recovery to announce")
+    hook = EosPostgresHook(postgres_conn_id=postgres_conn_id, meta_schema=meta_schema)
+    position = committed_position(pipeline, hook.committed_offsets(pipeline)) or {"pipeline": pipeline}
+    plan = context["ti"].xcom_pull(task_ids="choose_snapshot") or {}
+    payload = {**position, "change": "recovered",
+               "snapshot_id": (plan.get("snapshot") or {}).get("snapshot_id")}
+    for asset in context["task"].outlets:
+        context["outlet_events"][asset].extra = {"payload": payload}
+    return payload
+
+
+def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | None = None) -> DAG:
+    """:param assets: the pipeline's assets; a finished recovery announces its target assets."""
     conns = connection_ids(definition)
     common: dict[str, Any] = {"pipeline_config": step_config(definition), "postgres_conn_id": conns.postgres}
     # Steps that change the target hold the pipeline's recovery lock.
@@ -172,6 +203,8 @@ def build_recovery_dag(definition: PipelineDefinition) -> DAG:
         # This pipeline's own stream DAG: its definition gives the mode the stream had.
         resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id=dag_id("stream", definition.name),
                                        wait_for_completion=False)
+        announce = announce_recovered.override(outlets=list(assets.targets) if assets else [])(
+            definition.name, conns.postgres, definition.meta_schema, DRY_RUN)
         done = summary(definition.name)
         # A teardown: runs whenever the lock was taken, and does not decide the run's state.
         release = RecoveryLockOperator(task_id="release_lock", action="release", plan_only=DRY_RUN,
@@ -179,7 +212,7 @@ def build_recovery_dag(definition: PipelineDefinition) -> DAG:
 
         checked >> gate >> lock >> stop >> choose >> retention >> restore >> replay >> caught_up >> audit
         audit >> finalize >> should_resume >> resume >> done
-        finalize >> done
+        finalize >> announce >> done
         [replay, caught_up, audit] >> needs_rollback >> rollback
         # The lock is held until the rollback is done, so no other recovery starts on a half-way target.
         [done, rollback] >> release

@@ -11,6 +11,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_eos.dag_factory.assets import PipelineAssets
 from airflow_provider_eos.dag_factory.common import (
     START_DATE,
     connection_ids,
@@ -65,7 +66,10 @@ def _pinned(key: str) -> str:
     return "{{ ti.xcom_pull(task_ids='resolve_run')['" + key + "'] }}"
 
 
-def build_stream_dag(definition: PipelineDefinition) -> DAG:
+def build_stream_dag(definition: PipelineDefinition, assets: PipelineAssets | None = None) -> DAG:
+    """:param assets: the pipeline's assets; its topics become the stream task's inlets. The targets
+        are not its outlets: their events come from the committed-offsets watcher, with the offsets,
+        never from a task that ends."""
     conns = connection_ids(definition)
     params = stream_params(definition)
     with DAG(
@@ -102,6 +106,7 @@ def build_stream_dag(definition: PipelineDefinition) -> DAG:
             kafka_config_id=conns.kafka,
             postgres_conn_id=conns.postgres,
             spark_conn_id=conns.spark,
+            inlets=list(assets.topics) if assets else [],
         )
     return dag
 

@@ -157,6 +157,18 @@ class EosPostgresHook(PostgresHook):
             )
             return {(row["topic"], int(row["partition"])): int(row["next_offset"]) for row in cur.fetchall()}
 
+    def committed_offsets(self, pipeline: str) -> list[dict[str, Any]]:
+        """The pipeline's offsets rows (topic, partition, next_offset, batch_id): what its target holds."""
+        with self.cursor() as cur:
+            if not self._exists(cur, meta_tables.OFFSETS):
+                return []
+            cur.execute(
+                sql.SQL("SELECT topic, partition, next_offset, batch_id FROM {} WHERE pipeline = %s"
+                        " ORDER BY topic, partition").format(self._table(meta_tables.OFFSETS)),
+                (pipeline,),
+            )
+            return [dict(row) for row in cur.fetchall()]
+
     def latest_progress(self, pipeline: str) -> dict[str, Any] | None:
         """The newest progress row, with ``age_seconds`` measured by the database clock."""
         with self.cursor() as cur:

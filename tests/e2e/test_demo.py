@@ -10,6 +10,7 @@ while a thread reads every process's command line: no secret may be on one."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import struct
@@ -113,6 +114,27 @@ def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     assert states["eos_stop__orders"] == "success"
     assert states["eos_stream__orders"] == "success"  # it ended on the stop request, not before
     assert demo_result["stuck LSO detected after (s)"] > 0
+
+
+def test_the_targets_asset_events_carry_the_committed_offsets(demo_result: dict) -> None:
+    """The watcher on the triggerer put an event on both ledger targets each time the committed
+    offsets moved; its last one names exactly the offsets the (exact) target ended with; the
+    recovery announced itself once; the downstream DAG scheduled on the targets ran and was told."""
+    assets = demo_result["assets"]
+    assert len(assets["target_assets"]) == 2
+    assert all(uri.startswith("postgres://") and uri.split("/")[-2] == "public" for uri in assets["target_assets"])
+    per_target = set(assets["events_per_target"].values())
+    assert len(per_target) == 1 and per_target.pop() >= 3, assets["events_per_target"]  # one trigger, both tables
+    watched = [e for e in assets["events"] if e["from_trigger"]]
+    assert watched and watched[-1]["offsets"] == assets["stored_offsets"]
+    for before, after in itertools.pairwise(watched):
+        if after["change"] == "advanced":
+            assert all(after["offsets"][t][p] >= o for t, parts in before["offsets"].items()
+                       for p, o in parts.items()), (before, after)
+    recovered = [e for e in assets["events"] if e["change"] == "recovered"]
+    assert len(recovered) == 1 and not recovered[0]["from_trigger"] and recovered[0]["snapshot_id"]
+    assert set(assets["downstream_runs"]) == {"success"}, assets["downstream_runs"]
+    assert assets["downstream_told"] >= 1
 
 
 def test_the_lso_sensor_deferred_to_the_triggerer(demo_result: dict) -> None:
