@@ -495,6 +495,7 @@ class Story:
 
         c.stage(f"Airflow's asset events on the ledger's targets, and the downstream DAG {DOWNSTREAM} they ran")
         assets = self.asset_story()
+        lineage = self.lineage_story(Path(json.loads(airflow_env["AIRFLOW__OPENLINEAGE__TRANSPORT"])["log_file_path"]))
 
         summary = final["summary"]
         aggregates = final["aggregates"]["account_balances"]
@@ -540,6 +541,7 @@ class Story:
         }
         result["exact"] = final["ok"] and orders_final["ok"]
         result["assets"] = assets
+        result["lineage"] = lineage
         result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications(),
                            "driver_ui": self.spark_ui}
         self.write_html(result, steps)
@@ -583,6 +585,32 @@ class Story:
             "downstream_runs": dict(states),
             "downstream_told": sum(len(t or []) for t in told),
         }
+
+    def lineage_story(self, events_file: Path) -> dict[str, Any]:
+        """What the OpenLineage provider's listener wrote (its file transport) for the tasks that
+        read Kafka and write or audit PostgreSQL: per job, the event types, the input and output
+        datasets (namespace/name) and each dataset's data-quality assertions."""
+        jobs = {f"{STREAM}.run_pipeline", f"{ORDERS_STREAM}.run_pipeline", f"{RECOVERY}.replay", f"{RECOVERY}.audit"}
+        seen: dict[str, dict[str, Any]] = {}
+        lines = events_file.read_text().splitlines() if events_file.exists() else []
+        for line in lines:
+            event = json.loads(line)
+            name = (event.get("job") or {}).get("name")
+            if name not in jobs or event.get("eventTime", "") < self.started_at:
+                continue
+            job = seen.setdefault(name, {"event_types": Counter(), "inputs": set(), "outputs": set(), "quality": {}})
+            job["event_types"][event.get("eventType")] += 1
+            for side in ("inputs", "outputs"):
+                for dataset in event.get(side) or []:
+                    job[side].add(f"{dataset['namespace']}/{dataset['name']}")
+                    assertions = (dataset.get("facets") or {}).get("dataQualityAssertions")
+                    if assertions:
+                        job["quality"][dataset["name"]] = {a["assertion"]: a["success"]
+                                                           for a in assertions["assertions"]}
+        return {"events_file": str(events_file), "events_read": len(lines),
+                "jobs": {name: {"event_types": dict(job["event_types"]), "inputs": sorted(job["inputs"]),
+                                "outputs": sorted(job["outputs"]), "quality": job["quality"]}
+                         for name, job in sorted(seen.items())}}
 
     def cluster_applications(self) -> list[dict[str, Any]]:
         """The applications the standalone master ran for this story (its JSON at <web UI>/json/),
@@ -660,7 +688,8 @@ class Story:
                        for k, v in orders.pop("through_the_ledger_recovery").items()})
         page = html_report.render({
             "exact": result["exact"],
-            "summary": {k: v for k, v in result.items() if k not in ("recovery_steps_s", "orders", "spark")},
+            "summary": {k: v for k, v in result.items()
+                        if k not in ("recovery_steps_s", "orders", "spark", "assets", "lineage")},
             "orders": orders,
             "spark": {"master": result["spark"]["master"],
                       **{app["id"]: f"{app['name']} ({app['cores']} core(s), {app['state']})"
@@ -690,7 +719,7 @@ def main() -> int:
     result = story.run()
     print("\n================ report: ledger ================")
     for key, value in result.items():
-        if key not in ("orders", "exact", "spark"):
+        if key not in ("orders", "exact", "spark", "assets", "lineage"):
             print(f"{key:>32}: {value}")
     print("\n================ report: orders ================")
     for key, value in result["orders"].items():
@@ -706,6 +735,19 @@ def main() -> int:
         print(f"{app['id']:>32}  {app['name']} ({app['cores']} core(s), {app['state']})")
     for dag_id, ui in result["spark"]["driver_ui"].items():
         print(f"{'Spark driver UI of ' + dag_id:>32}: {ui['link']} (served while the stream ran: {ui['serves']})")
+    assets = result["assets"]
+    print("\n================ assets: the ledger's targets ================")
+    print(f"{'target assets':>32}: {', '.join(assets['target_assets'])}")
+    print(f"{'asset events (per target)':>32}: {assets['changes']}")
+    last = [e for e in assets["events"] if e["from_trigger"]][-1:]
+    if last:
+        print(f"{'last: target holds all below':>32}: {last[0]['offsets']}")
+    print(f"{DOWNSTREAM:>32}: runs {assets['downstream_runs']}, told of {assets['downstream_told']} event(s)")
+    print("\n================ lineage (OpenLineage file transport) ================")
+    for job, seen in result["lineage"]["jobs"].items():
+        print(f"{job:>32}: {', '.join(seen['inputs'])} -> {', '.join(seen['outputs']) or '(reads only)'}")
+        for dataset, checks in seen["quality"].items():
+            print(f"{'':>32}  {dataset}: {checks}")
     print(f"\nHTML report: {story.report_path}")
     print(f"Airflow UI:  {story.ui}  ({story.login_hint})")
     if args.json:

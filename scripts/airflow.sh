@@ -120,6 +120,12 @@ values = {
     # factory reads, and where snapshots are kept (local stack).
     "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": os.path.join(e["EOS_STATE_DIR"], "pipelines"),
     "AIRFLOW__EOS__SNAPSHOT_STORE": os.path.join(e["EOS_STATE_DIR"], "snapshots"),
+    # OpenLineage (the provider's listener): every event as one JSON line in one file, from which
+    # the demo reads topic -> pipeline -> tables and the audit's data-quality facet (docs/lineage.md).
+    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+        {"type": "file", "log_file_path": os.path.join(e["EOS_STATE_DIR"], "openlineage", "events.jsonl"),
+         "append": True}),
+    "AIRFLOW__OPENLINEAGE__NAMESPACE": "eos-local",
     # Spark's Kafka connector and Kafka's admin tools, as resolved by install.sh.
     "EOS_SPARK_JARS": e.get("EOS_SPARK_JARS", ""),
     "EOS_KAFKA_TOOLS_CLASSPATH": e.get("EOS_KAFKA_TOOLS_CLASSPATH", ""),
@@ -133,6 +139,7 @@ if e["EOS_SPARK_MASTER"] == "cluster":
 # eos_postgres, spark_default). Timings are short so that the demo shows them in minutes.
 pipelines = os.path.join(e["EOS_STATE_DIR"], "pipelines")
 os.makedirs(pipelines, exist_ok=True)
+os.makedirs(os.path.join(e["EOS_STATE_DIR"], "openlineage"), exist_ok=True)
 stale = os.path.join(pipelines, "ledger.json")  # the app-config format of earlier versions
 if os.path.exists(stale):
     os.remove(stale)

@@ -62,6 +62,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
         config = self.app_config()
         with self.lock_guard(config, context):
             report = audit(config, load_spec(config.spec))
+        self.report = report  # for the lineage's data-quality facet, on success and on failure
         self.log.info("audit of %s: ok=%s summary=%s mismatches=%s", config.pipeline, report["ok"],
                       report["summary"], report["mismatches"])
         if not report["ok"] and self.fail_on_mismatch:
@@ -70,3 +71,11 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
                 f"summary {report['summary']}, aggregates {report['aggregates']}"
             )
         return report
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The topics and the target tables it read, each table with the audit's assertions
+        (no_duplicates, no_missing or aggregates_exact, no_valid_record_quarantined)."""
+        return self.pipeline_lineage(write=False, audit=getattr(self, "report", None))
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        return self.get_openlineage_facets_on_complete(task_instance)

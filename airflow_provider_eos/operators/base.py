@@ -81,6 +81,22 @@ class PipelineOperatorMixin:
         config.postgres.password = self.hook.app_password()
         return config
 
+    def pipeline_lineage(self, write: bool, audit: dict[str, Any] | None = None) -> Any:
+        """OpenLineage for this step: the pipeline's topics in, its target tables out (``write``)
+        or in (read, with ``audit``'s assertions). None of it on a dry run, which touches nothing."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from airflow_provider_eos.utils.lineage import operator_lineage
+        from airflow_provider_eos.utils.params import as_bool
+        from spark_apps.eos_stream.spec import load_spec
+
+        if as_bool(getattr(self, "plan_only", False)):
+            return OperatorLineage()
+        config = self.app_config()
+        targets = [(t.table, t.aggregate) for t in load_spec(config.spec).targets]
+        return operator_lineage(config.kafka_bootstrap, config.topics, vars(config.postgres), config.target_schema,
+                                targets, audit=audit, write=write)
+
     def lock_key(self, config: Any) -> str:
         return target_lock_key(self.hook.dbname, config.target_schema, config.pipeline)
 

@@ -291,6 +291,10 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
             raise AirflowException(f"replay run of pipeline {config.pipeline!r} failed: {result.reason()}")
         self.log.info("replay run of pipeline %s %s in %.1fs", config.pipeline, result.reason(), result.duration_s)
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Replayed from the pipeline's topics into its target tables."""
+        return self.pipeline_lineage(write=True)
+
     def on_kill(self) -> None:
         if self._submit is not None:
             self._submit.on_kill()

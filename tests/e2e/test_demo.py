@@ -137,6 +137,34 @@ def test_the_targets_asset_events_carry_the_committed_offsets(demo_result: dict)
     assert assets["downstream_told"] >= 1
 
 
+def test_lineage_shows_topic_to_pipeline_to_tables_and_the_audit(demo_result: dict) -> None:
+    """The OpenLineage provider's listener (file transport, scripts/airflow.sh) got, from the operators'
+    get_openlineage_facets_on_*: each stream reads its topic and writes its tables; the replay writes
+    the ledger's; the audit reads them, with its assertions, all passed on the exact target."""
+    jobs = demo_result["lineage"]["jobs"]
+
+    def names(datasets: list[str]) -> set[str]:
+        return {d.rsplit("/", 1)[-1] for d in datasets}
+
+    ledger = {"eos.public.ledger_events", "eos.public.account_balances"}
+    stream = jobs["eos_stream__ledger.run_pipeline"]
+    assert names(stream["inputs"]) == {"ledger.events"} and names(stream["outputs"]) == ledger
+    assert all(d.startswith("kafka://") for d in stream["inputs"])
+    assert all(d.startswith("postgres://") for d in stream["outputs"])
+    assert {"START", "COMPLETE"} <= set(stream["event_types"])
+    orders = jobs["eos_stream__orders.run_pipeline"]
+    assert names(orders["inputs"]) == {"orders.events"}
+    assert names(orders["outputs"]) == {"eos.orders.order_lines", "eos.orders.sku_store_sales"}
+    replay = jobs["eos_recovery__ledger.replay"]
+    assert names(replay["outputs"]) == ledger and replay["event_types"].get("COMPLETE") == 1
+    audit = jobs["eos_recovery__ledger.audit"]
+    assert names(audit["inputs"]) == {"ledger.events", *ledger} and audit["outputs"] == []
+    assert audit["quality"] == {
+        "eos.public.ledger_events": {"no_duplicates": True, "no_missing": True, "no_valid_record_quarantined": True},
+        "eos.public.account_balances": {"aggregates_exact": True, "no_valid_record_quarantined": True},
+    }
+
+
 def test_the_lso_sensor_deferred_to_the_triggerer(demo_result: dict) -> None:
     assert any(task.startswith("eos_health__ledger.") for task in demo_result["tasks_seen_deferred"])
 

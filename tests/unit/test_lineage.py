@@ -1,0 +1,49 @@
+"""OpenLineage datasets and the audit's data-quality assertions (pure: no listener, no transport)."""
+
+from __future__ import annotations
+
+from airflow_provider_eos.utils.lineage import (
+    audit_assertions,
+    kafka_dataset_name,
+    operator_lineage,
+    postgres_dataset_name,
+)
+
+TARGET = {"host": "pg.example", "port": 6432, "dbname": "warehouse"}
+EXACT = {"summary": {"duplicated": 0, "missing": 0, "wrongly_quarantined": 0},
+         "aggregates": {"account_balances": {"keys_wrong": 0}}}
+
+
+def test_names_follow_the_openlineage_conventions() -> None:
+    assert kafka_dataset_name("k1:9092,k2:9092", "ledger.events") == ("kafka://k1:9092", "ledger.events")
+    assert postgres_dataset_name(TARGET, "public", "ledger_events") == (
+        "postgres://pg.example:6432", "warehouse.public.ledger_events")
+
+
+def test_the_audit_becomes_assertions_per_table() -> None:
+    assert audit_assertions(EXACT, "ledger_events", aggregate=False) == [
+        {"assertion": "no_duplicates", "success": True, "expected": "0", "actual": "0"},
+        {"assertion": "no_missing", "success": True, "expected": "0", "actual": "0"},
+        {"assertion": "no_valid_record_quarantined", "success": True, "expected": "0", "actual": "0"},
+    ]
+    wrong = {"summary": {"duplicated": 3, "missing": 0, "wrongly_quarantined": 1},
+             "aggregates": {"account_balances": {"keys_wrong": 7}}}
+    assert [(a["assertion"], a["success"], a["actual"]) for a in audit_assertions(wrong, "ledger_events", False)] == [
+        ("no_duplicates", False, "3"), ("no_missing", True, "0"), ("no_valid_record_quarantined", False, "1")]
+    assert [(a["assertion"], a["success"]) for a in audit_assertions(wrong, "account_balances", True)] == [
+        ("aggregates_exact", False), ("no_valid_record_quarantined", False)]
+    # An aggregate the audit could not verify is not reported as exact.
+    unverified = {**EXACT, "aggregates": {"account_balances": {"keys_wrong": None}}}
+    assert audit_assertions(unverified, "account_balances", True)[0]["success"] is False
+
+
+def test_writers_output_the_tables_and_the_audit_reads_them_with_its_facet() -> None:
+    targets = [("ledger_events", False), ("account_balances", True)]
+    written = operator_lineage("k1:9092", ["ledger.events"], TARGET, "public", targets)
+    assert [(d.namespace, d.name) for d in written.inputs] == [("kafka://k1:9092", "ledger.events")]
+    assert [d.name for d in written.outputs] == ["warehouse.public.ledger_events", "warehouse.public.account_balances"]
+    audited = operator_lineage("k1:9092", ["ledger.events"], TARGET, "public", targets, audit=EXACT, write=False)
+    assert audited.outputs == [] and len(audited.inputs) == 3
+    facet = audited.inputs[2].facets["dataQualityAssertions"]
+    assert [(a.assertion, a.success) for a in facet.assertions] == [
+        ("aggregates_exact", True), ("no_valid_record_quarantined", True)]
