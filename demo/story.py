@@ -193,7 +193,7 @@ class Story:
         self.events = events
         self.open_txn_timeout_ms = open_txn_timeout_ms
         self.spark_cluster = spark_cluster
-        self.console = Console(total=16)
+        self.console = Console(total=18)
         self.timings: dict[str, float] = {}
         self.runs: dict[str, str] = {}
         self.deferred: set[str] = set()
@@ -502,6 +502,8 @@ class Story:
         batches = (produced, more, later)
         committed = sum(b.committed + b.poison + b.malformed for b in batches)
         aborted = sum(b.aborted for b in batches) + OPEN_TRANSACTION_RECORDS
+        self.wait_until(f"{STREAM} runs to end", lambda: all(
+            self.api.run_state(STREAM, run_id) not in ("queued", "running") for run_id in self.stream_runs()), 120)
         for run_id in self.stream_runs():
             self.runs[f"{STREAM} ({run_id})"] = self.api.run_state(STREAM, run_id)
         result = {

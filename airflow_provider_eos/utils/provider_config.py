@@ -120,13 +120,20 @@ def aside_retention_days() -> float:
     return days
 
 
+# Keys Airflow's own providers add to a run conf. They say where the run came from, never where it
+# reads or writes: with the OpenLineage provider installed, TriggerDagRunOperator (a recovery's
+# resume_stream) adds "openlineage" (the parent run's ids), and refusing it would keep the stream down.
+PROVIDER_CONF_KEYS = frozenset({"openlineage"})
+
+
 def check_run_conf(conf: Mapping[str, Any] | None, declared: Iterable[str]) -> None:
-    """Refuses a DAG run conf with keys the DAG does not declare as Params.
+    """Refuses a DAG run conf with keys the DAG does not declare as Params (other than
+    ``PROVIDER_CONF_KEYS``).
 
     Airflow merges any conf key into ``params``; an undeclared one would be
     ignored at best, and at worst read by a template, so a conf such as
     ``{"snapshot_store": "/elsewhere"}`` is refused rather than dropped."""
-    unknown = sorted(set(conf or {}) - set(declared))
+    unknown = sorted(set(conf or {}) - set(declared) - PROVIDER_CONF_KEYS)
     if unknown:
         raise SettingsError(
             f"this DAG does not take {unknown} in its run conf (it takes {sorted(declared)}); what a pipeline reads "

@@ -113,6 +113,9 @@ def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     assert states["eos_recovery__ledger"] == "success"
     assert states["eos_stop__orders"] == "success"
     assert states["eos_stream__orders"] == "success"  # it ended on the stop request, not before
+    # Every ledger stream run, the first and the one the recovery resumed, ran until a stop asked.
+    ledger = [state for name, state in demo_result["runs"].items() if name.startswith("eos_stream__ledger ")]
+    assert ledger == ["success", "success"], demo_result["runs"]
     assert demo_result["stuck LSO detected after (s)"] > 0
 
 

@@ -214,7 +214,11 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name)
     assert _stop_requested(stack, config), "the recovery cleared the stop request"
     assert _aside_schemas(stack, config) == []  # finalize dropped the old tables
     # This pipeline's own stream DAG, with no conf: its definition gives the mode the stream had.
-    assert _triggered_stream_runs(env, name) == [{}]
+    # No conf but the OpenLineage provider's link to the run that resumed it (when the provider is installed).
+    resumed = _triggered_stream_runs(env, name)
+    assert [{k: v for k, v in conf.items() if k != "openlineage"} for conf in resumed] == [{}]
+    lineage = resumed[0].get("openlineage")
+    assert lineage is None or lineage["parentJobName"] == f"eos_recovery__{name}.resume_stream"
 
 
 def _task_state(env: dict[str, str], dag_id: str, logical_date: str, task_id: str) -> str | None:

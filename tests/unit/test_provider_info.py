@@ -170,6 +170,8 @@ def test_run_conf_with_undeclared_keys_is_refused() -> None:
     provider_config.check_run_conf(None, ["pipeline"])
     with pytest.raises(provider_config.SettingsError, match="snapshot_store"):
         provider_config.check_run_conf({"pipeline": "ledger", "snapshot_store": "/elsewhere"}, ["pipeline"])
+    # The OpenLineage provider's parent-run link, which TriggerDagRunOperator adds (a recovery's resume).
+    provider_config.check_run_conf({"openlineage": {"parentRunId": "0190a4f2-0000-7000-8000-000000000000"}}, [])
 
 
 def test_aside_retention_days_is_a_non_negative_number(monkeypatch) -> None:
