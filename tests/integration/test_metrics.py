@@ -10,7 +10,10 @@ exactly as the task runner's ``main()`` does in a worker; every packet is read b
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -112,9 +115,11 @@ class DagRuns:
 
     def __init__(self, env: dict[str, str], runs: list[Any]) -> None:
         self.output: list[str] = []
+        # A session of its own: what the interpreter forks (the OpenLineage listener's workers) goes
+        # with it in close().
         self.process = subprocess.Popen([sys.executable, "-c", DAG_RUNS, str(ROOT / "dags"), json.dumps(runs)],
                                         env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     def until(self, marker: str) -> list[dict[str, Any]]:
         """The runs' results printed with ``marker`` (``EOS-TEST-PAUSE`` or ``EOS-TEST-RESULT``)."""
@@ -132,8 +137,15 @@ class DagRuns:
         self.process.stdin.flush()
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
+        """Lets the interpreter end by itself (after its last run it exits), then ends its process
+        group: a process it forked and left behind would outlive the test (seen in CI: an
+        OpenLineage listener worker, orphaned when the interpreter was killed right after its result)."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(30)
 
 
