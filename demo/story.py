@@ -311,17 +311,19 @@ class Story:
         partitions = admin.list_topics(ORDERS_TOPIC, timeout=10).topics[ORDERS_TOPIC].partitions
         request = {TopicPartition(ORDERS_TOPIC, p): OffsetSpec.latest() for p in partitions}
         result = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
-        stored = dict(((t, p), o) for t, p, o in self.query(
-            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
-                sql.Identifier(ORDERS_META)), (ORDERS_PIPELINE,)))
+        stored = self.stored_offsets(ORDERS_META, ORDERS_PIPELINE)
         return all(stored.get((ORDERS_TOPIC, tp.partition), -1) >= result[tp].result().offset for tp in request)
+
+    def stored_offsets(self, meta: str, pipeline: str) -> dict[tuple[str, int], int]:
+        """The pipeline's stored next offset per (topic, partition)."""
+        return {(t, p): o for t, p, o in self.query(
+            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
+                sql.Identifier(meta)), (pipeline,))}
 
     def caught_up(self) -> bool:
         if not self.meta_ready():
             return False
-        stored = dict(((t, p), o) for t, p, o in self.query(
-            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
-                sql.Identifier(META)), (PIPELINE,)))
+        stored = self.stored_offsets(META, PIPELINE)
         lso = self.lso()
         return bool(lso) and all(stored.get((TOPIC, p), -1) >= offset for p, offset in lso.items())
 
@@ -554,9 +556,7 @@ class Story:
         watcher's events (each with the offsets the target held everything below), the recovery's
         announcement, and the runs of the downstream DAG scheduled on them. Waits until the watcher
         has announced the final stored offsets and the downstream runs have finished."""
-        stored = {str(p): int(o) for t, p, o in self.query(
-            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
-                sql.Identifier(META)), (PIPELINE,)) if t == TOPIC}
+        stored = {str(p): int(o) for (t, p), o in self.stored_offsets(META, PIPELINE).items() if t == TOPIC}
         uris = self.api.scheduled_on(DOWNSTREAM)
 
         def payloads(uri: str) -> list[dict[str, Any]]:
@@ -573,10 +573,11 @@ class Story:
                 if (r.get("start_date") or "") >= self.started_at]
         self.wait_until(f"{DOWNSTREAM} runs to finish", lambda: all(
             self.api.run_state(DOWNSTREAM, r["dag_run_id"]) in ("success", "failed") for r in runs), 180)
-        states = Counter(self.api.run_state(DOWNSTREAM, r["dag_run_id"]) for r in runs)
+        state_of = {r["dag_run_id"]: self.api.run_state(DOWNSTREAM, r["dag_run_id"]) for r in runs}
+        states = Counter(state_of.values())
         events = payloads(uris[0])
-        told = [self.api.xcom(DOWNSTREAM, r["dag_run_id"], "report_committed") for r in runs
-                if self.api.run_state(DOWNSTREAM, r["dag_run_id"]) == "success"]
+        told = [self.api.xcom(DOWNSTREAM, run_id, "report_committed")
+                for run_id, state in state_of.items() if state == "success"]
         return {
             "target_assets": uris,
             "events_per_target": {uri: len(payloads(uri)) for uri in uris},

@@ -46,14 +46,13 @@ def pipeline_assets(definition: PipelineDefinition) -> PipelineAssets | None:
     from airflow.providers.postgres.assets.postgres import create_asset as postgres_asset
 
     from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-    from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+    from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
+    from airflow_provider_eos.utils.lineage import first_bootstrap_server
 
     conns = connection_ids(definition)
     try:
         spec = load_spec(definition.spec)
-        server = KafkaOffsetsHook(kafka_config_id=conns.kafka).bootstrap_servers.split(",")[0].strip()
-        if not server:
-            raise ValueError(f"Kafka connection {conns.kafka!r} has no bootstrap.servers")
+        server = first_bootstrap_server(kafka_bootstrap_from_connection(conns.kafka))
         db = EosPostgresHook(postgres_conn_id=conns.postgres).app_target()
         topics = [kafka_asset(server=server, topic=topic) for topic in definition.topics]
         uris = [postgres_asset(host=db["host"], port=int(db["port"]), database=db["dbname"],

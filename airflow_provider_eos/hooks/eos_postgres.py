@@ -147,15 +147,8 @@ class EosPostgresHook(PostgresHook):
     # ------------------------------------------------------------------ reads
     def stored_offsets(self, pipeline: str) -> dict[TopicPartitionKey, int]:
         """``next_offset`` per (topic, partition) the pipeline has applied (empty before its first batch)."""
-        with self.cursor() as cur:
-            if not self._exists(cur, meta_tables.OFFSETS):
-                return {}
-            cur.execute(
-                sql.SQL("SELECT topic, partition, next_offset FROM {} WHERE pipeline = %s").format(
-                    self._table(meta_tables.OFFSETS)),
-                (pipeline,),
-            )
-            return {(row["topic"], int(row["partition"])): int(row["next_offset"]) for row in cur.fetchall()}
+        return {(row["topic"], int(row["partition"])): int(row["next_offset"])
+                for row in self.committed_offsets(pipeline)}
 
     def committed_offsets(self, pipeline: str) -> list[dict[str, Any]]:
         """The pipeline's offsets rows (topic, partition, next_offset, batch_id): what its target holds."""

@@ -93,9 +93,8 @@ class PipelineOperatorMixin:
         if as_bool(getattr(self, "plan_only", False)):
             return OperatorLineage()
         config = self.app_config()
-        targets = [(t.table, t.aggregate) for t in load_spec(config.spec).targets]
         return operator_lineage(config.kafka_bootstrap, config.topics, vars(config.postgres), config.target_schema,
-                                targets, audit=audit, write=write)
+                                load_spec(config.spec).targets, audit=audit, write=write)
 
     def lock_key(self, config: Any) -> str:
         return target_lock_key(self.hook.dbname, config.target_schema, config.pipeline)

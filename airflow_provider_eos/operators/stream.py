@@ -520,10 +520,9 @@ class StreamingPipelineOperator(BaseOperator):
         from airflow_provider_eos.utils.lineage import operator_lineage
         from spark_apps.eos_stream.spec import load_spec
 
-        targets = [(t.table, t.aggregate) for t in load_spec(self.spec).targets]
         return operator_lineage(kafka_bootstrap_from_connection(self.kafka_config_id), self.topics,
                                 EosPostgresHook(postgres_conn_id=self.postgres_conn_id).app_target(),
-                                self.target_schema, targets)
+                                self.target_schema, load_spec(self.spec).targets)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         return self.get_openlineage_facets_on_start()

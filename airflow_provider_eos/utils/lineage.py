@@ -15,10 +15,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
+def first_bootstrap_server(bootstrap_servers: str) -> str:
+    """The server that names a Kafka cluster in dataset names and asset URIs."""
+    return bootstrap_servers.split(",")[0].strip()
+
+
 def kafka_dataset_name(bootstrap_servers: str, topic: str) -> tuple[str, str]:
     """(namespace, name) of a topic."""
-    server = bootstrap_servers.split(",")[0].strip()
-    return f"kafka://{server}", topic
+    return f"kafka://{first_bootstrap_server(bootstrap_servers)}", topic
 
 
 def postgres_dataset_name(target: Mapping[str, Any], schema: str, table: str) -> tuple[str, str]:
@@ -45,12 +49,11 @@ def audit_assertions(report: Mapping[str, Any], table: str, aggregate: bool) -> 
 
 
 def operator_lineage(bootstrap_servers: str, topics: Iterable[str], target: Mapping[str, Any], schema: str,
-                     targets: Iterable[tuple[str, bool]], audit: Mapping[str, Any] | None = None,
-                     write: bool = True) -> Any:
+                     targets: Iterable[Any], audit: Mapping[str, Any] | None = None, write: bool = True) -> Any:
     """An ``OperatorLineage``: the topics as inputs; the tables as outputs when the operator writes
     them (``write``), else as inputs (the audit reads them), with the audit's assertions when given.
 
-    :param targets: (table, is_aggregate) of each target table.
+    :param targets: the spec's targets (``RowTarget``/``AggregateTarget``: ``table``, ``aggregate``).
     """
     from airflow.providers.common.compat.openlineage.facet import Dataset
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -58,12 +61,12 @@ def operator_lineage(bootstrap_servers: str, topics: Iterable[str], target: Mapp
 
     topic_sets = [Dataset(*kafka_dataset_name(bootstrap_servers, topic)) for topic in topics]
     tables = []
-    for table, aggregate in targets:
+    for spec_target in targets:
         facets: dict[str, Any] = {}
         if audit is not None:
-            facets["dataQualityAssertions"] = quality.DataQualityAssertionsDatasetFacet(
-                assertions=[quality.Assertion(**a) for a in audit_assertions(audit, table, aggregate)])
-        tables.append(Dataset(*postgres_dataset_name(target, schema, table), facets=facets))
+            facets["dataQualityAssertions"] = quality.DataQualityAssertionsDatasetFacet(assertions=[
+                quality.Assertion(**a) for a in audit_assertions(audit, spec_target.table, spec_target.aggregate)])
+        tables.append(Dataset(*postgres_dataset_name(target, schema, spec_target.table), facets=facets))
     if write:
         return OperatorLineage(inputs=topic_sets, outputs=tables)
     return OperatorLineage(inputs=[*topic_sets, *tables], outputs=[])

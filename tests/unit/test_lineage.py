@@ -8,6 +8,7 @@ from airflow_provider_eos.utils.lineage import (
     operator_lineage,
     postgres_dataset_name,
 )
+from spark_apps.ledger.spec import LEDGER
 
 TARGET = {"host": "pg.example", "port": 6432, "dbname": "warehouse"}
 EXACT = {"summary": {"duplicated": 0, "missing": 0, "wrongly_quarantined": 0},
@@ -38,7 +39,7 @@ def test_the_audit_becomes_assertions_per_table() -> None:
 
 
 def test_writers_output_the_tables_and_the_audit_reads_them_with_its_facet() -> None:
-    targets = [("ledger_events", False), ("account_balances", True)]
+    targets = LEDGER.targets  # ledger_events (rows), account_balances (aggregate)
     written = operator_lineage("k1:9092", ["ledger.events"], TARGET, "public", targets)
     assert [(d.namespace, d.name) for d in written.inputs] == [("kafka://k1:9092", "ledger.events")]
     assert [d.name for d in written.outputs] == ["warehouse.public.ledger_events", "warehouse.public.account_balances"]
