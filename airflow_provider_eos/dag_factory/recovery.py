@@ -173,7 +173,7 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
                                   kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
                                   plan_only=DRY_RUN, **locked)
         replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
-                                plan_only=DRY_RUN, **locked)
+                                engine=definition.stream.replay_engine, plan_only=DRY_RUN, **locked)
         # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
         # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
         caught_up = StreamCaughtUpSensor(

@@ -17,6 +17,7 @@ from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, retention_gaps
+from spark_apps.eos_stream.config import REPLAY_ENGINES
 
 if TYPE_CHECKING:
     from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
@@ -166,6 +167,9 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param hold_lock: hold the target's recovery lock while working (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the plan (offsets, retention) without running.
+    :param engine: ``spark`` (the app through spark-submit, on the Spark connection's master) or
+        ``direct`` (``spark_apps.eos_stream.direct_replay`` in this worker: the same claim and sink
+        without Spark, so no cold spark-submit and no cold first batch; one process reads).
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "jars", "checkpoint_dir", "plan_only")
@@ -176,8 +180,12 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
                  jars: str | None = None, spark_conf: dict[str, str] | None = None, driver_memory: str = "1g",
                  checkpoint_dir: str | None = None, kafka_options: dict[str, str] | None = None,
                  require_stop_request: bool = True, hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
-                 plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
+                 plan_only: Any = False, pg_bin_dir: str | None = None, engine: str = "spark",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if engine not in REPLAY_ENGINES:
+            raise ValueError(f"unknown replay engine {engine!r}; choose one of {', '.join(REPLAY_ENGINES)}")
+        self.engine = engine
         self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
         self.kafka_config_id = kafka_config_id
@@ -237,7 +245,10 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
                         f"pipeline {config.pipeline!r} has no stop request: a supervisor could start a driver "
                         "that fights the replay for the target. Stop it first (the recovery's stop_stream step).")
             counts_before = self._row_counts(config)
-            self._run_app(config)
+            if self.engine == "direct":
+                self._run_direct(config)
+            else:
+                self._run_app(config)
         after = self._stored(config)
         behind = {f"{t}[{p}]": lso - after.get((t, p), 0) for (t, p), lso in lso_at_start.items()
                   if after.get((t, p), 0) < lso}
@@ -268,6 +279,22 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         if self.checkpoint_dir:
             data["checkpoint_dir"] = self.checkpoint_dir
         return data
+
+    def _run_direct(self, config: Any) -> None:
+        """The replay in this process: no spark-submit, the same claim and sink as the app."""
+        from spark_apps.eos_stream.config import from_dict
+        from spark_apps.eos_stream.direct_replay import replay
+
+        direct = from_dict(self.replay_config(config))
+        direct.postgres.password = config.postgres.password
+        direct.kafka_options = {**config.kafka_options, **(self.kafka_options or {})}
+        started = time.monotonic()
+        try:
+            replay(direct.validate())
+        except Exception as exc:
+            raise AirflowException(f"direct replay of pipeline {config.pipeline!r} failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        self.log.info("direct replay of pipeline %s finished in %.1fs", config.pipeline, time.monotonic() - started)
 
     def _run_app(self, config: Any) -> None:
         from airflow_provider_eos.hooks.stream_submit import EXIT_OK, EosStreamSubmitHook

@@ -43,10 +43,11 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
-from spark_apps.eos_stream.config import DELIVERY_MODES, PIPELINE_NAME, TRIGGERS
+from spark_apps.eos_stream.config import DELIVERY_MODES, PIPELINE_NAME, RECORD_PARSING, REPLAY_ENGINES, TRIGGERS
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # module.path:ATTRIBUTE, as the app's spec loader takes it.
@@ -90,6 +91,10 @@ class StreamSettings(_Section):
         topics hold and ends (give it a ``schedule`` to run it periodically).
     :param schedule: the stream DAG's schedule (cron or preset); ``None``: triggered by hand or
         by a recovery's resume. A continuous stream is started once and runs until stopped.
+    :param record_parsing: ``python`` or ``jvm``: where records are parsed and validated
+        (docs/streaming_app.md, "Record parsing"); both stage the same rows.
+    :param replay_engine: how a recovery replays: ``spark`` (the app, spark-submit) or ``direct``
+        (in the Airflow worker, without Spark: seconds instead of a cold start; docs/recovery.md).
     """
 
     trigger: str = "processingTime"
@@ -101,13 +106,19 @@ class StreamSettings(_Section):
     restart_backoff: NonNegativeFloat = 10
     create_targets: bool = False
     schedule: str | None = None
+    record_parsing: str = "python"
+    replay_engine: str = "spark"
 
-    @field_validator("trigger")
+    @field_validator("trigger", "record_parsing", "replay_engine")
     @classmethod
-    def _known_trigger(cls, value: str) -> str:
-        if value not in TRIGGERS:
-            raise ValueError(f"unknown trigger {value!r}; choose one of {', '.join(TRIGGERS)}")
+    def _one_of_the_choices(cls, value: str, info: ValidationInfo) -> str:
+        choices = _STREAM_CHOICES[info.field_name or ""]
+        if value not in choices:
+            raise ValueError(f"unknown {info.field_name} {value!r}; choose one of {', '.join(choices)}")
         return value
+
+
+_STREAM_CHOICES = {"trigger": TRIGGERS, "record_parsing": RECORD_PARSING, "replay_engine": REPLAY_ENGINES}
 
 
 class SnapshotSettings(_Section):
@@ -222,6 +233,7 @@ class PipelineDefinition(_Section):
             "max_offsets_per_trigger": self.stream.max_offsets_per_trigger,
             "max_batch_attempts": self.stream.max_batch_attempts,
             "transient_retry_seconds": self.stream.transient_retry_seconds,
+            "record_parsing": self.stream.record_parsing,
             "create_targets": self.stream.create_targets,
             "checkpoint_dir": self.checkpoint_dir,
             "target_schema": self.target_schema,

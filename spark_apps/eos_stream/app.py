@@ -18,31 +18,24 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import fencing, preflight
+from spark_apps.eos_stream import fencing, preflight, sql_records
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
-from spark_apps.eos_stream.control import AlreadyRunning, StopSignal, hold_running_lock, stop_requested
+from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
+from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
-from spark_apps.eos_stream.sink.batch_sink import BatchSink
-from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
-from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
-from spark_apps.eos_stream.sink.postgres import TargetUnavailable, connect
-from spark_apps.eos_stream.sink.staging import drop_stages, partition_writer
+from spark_apps.eos_stream.sink.offsets_store import TopicPartition
+from spark_apps.eos_stream.sink.postgres import TargetUnavailable
+from spark_apps.eos_stream.sink.staging import partition_writer
 from spark_apps.eos_stream.spec import SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-
-
-def _offsets_json(offsets: dict[TopicPartition, int]) -> str:
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in offsets.items():
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return json.dumps(nested, sort_keys=True)
 
 
 def _parse_offsets(nested: dict[str, dict[str, int]]) -> dict[TopicPartition, int]:
@@ -84,56 +77,16 @@ def _run_checkpoint(config: PipelineConfig, mode_stores_offsets: bool, run_id: s
     return f"{base}/run-{run_id}" if mode_stores_offsets else f"{base}/{config.delivery}"
 
 
-def run(config: PipelineConfig) -> int:
+def run_stream(config: PipelineConfig) -> int:
     spec = load_spec(config.spec)
     mode = preflight.delivery_mode(config, spec)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted())
 
-    dsn = config.postgres.dsn_kwargs()
-    conn = connect(dsn, describe=config.postgres.describe())
-    guard_conn = connect(dsn, describe=config.postgres.describe())
-    control_conn = connect(dsn, describe=config.postgres.describe())
-    control_conn.autocommit = True  # polled from the main thread while the sink's transaction runs on another
-    preflight.check_two_phase(conn, mode, config.postgres.describe())
-    # First of all: an in-doubt batch of a dead driver holds locks on the
-    # pipeline's tables (DDL below would wait on it) and the pipeline lock
-    # (the epoch bump would), and its offsets are part of the resume point.
-    in_doubt = resolve_in_doubt(conn, config.pipeline)
-    preflight.ensure_meta_tables(conn, config.meta_schema)
-    honour_stop = not config.ignore_stop_request
-    # A driver about to honour a stop must not fence anyone on its way out
-    # (the recovery's replay run may be the one writing).
-    if honour_stop and (reason := stop_requested(control_conn, config.meta_schema, config.pipeline)):
-        emit("stopped", reason=reason, before_first_batch=True)
+    driver = claim(config, spec, mode, run_id)
+    if driver is None:
         return EXIT_OK
-    # Claim the pipeline like Kafka's init_transactions: any older driver (an
-    # orphan of a dead supervisor) can commit nothing from here on, notices
-    # within stop_poll_seconds and exits, freeing the running lock below.
-    epoch = fencing.bump_epoch(conn, config.meta_schema, config.pipeline, by=run_id, reason="driver start")
-    hold_running_lock(guard_conn, config.pipeline)
-    with control_conn.cursor() as cur:
-        now = fencing.current_epoch(cur, config.meta_schema, config.pipeline)
-    if now != epoch:  # a newer driver or a recovery claimed it while this one waited for the lock
-        raise fencing.Fenced(f"pipeline {config.pipeline!r} was fenced while this driver waited for its "
-                             f"running lock: its epoch is {now}, this driver got {epoch}")
-    # A stop requested while the running lock was still held by the previous
-    # driver: a supervisor's restart must not slip a batch in under a recovery.
-    if honour_stop and (reason := stop_requested(control_conn, config.meta_schema, config.pipeline)):
-        emit("stopped", reason=reason, before_first_batch=True)
-        return EXIT_OK
-    if config.create_targets:
-        preflight.create_targets(conn, spec, config.target_schema, mode)
-    preflight.check_targets(conn, spec, config.target_schema, mode)
-    partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options())
-    dropped = drop_stages(conn, config.meta_schema, config.pipeline)
-
-    stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
-    conn.rollback()
-    # -2 is Kafka's "earliest" for a partition the pipeline has never applied.
-    starting = {(t, p): stored.get((t, p), -2) for t, ps in partitions.items() for p in ps}
-    emit("resume", stored_offsets=_offsets_json(stored), stale_stages_dropped=dropped,
-         in_doubt_committed=[t["gid"] for t in in_doubt], epoch=epoch)
+    dsn, starting = driver.dsn, driver.starting
 
     from pyspark.sql import SparkSession
 
@@ -160,25 +113,14 @@ def run(config: PipelineConfig) -> int:
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         .option("failOnDataLoss", "true")
     )
-    reader = reader.option("startingOffsets", _offsets_json(starting) if mode.stores_offsets else "earliest")
+    reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
     for key, value in config.kafka_options.items():
         reader = reader.option(f"kafka.{key}", value)
     records = reader.load().select("topic", "partition", "offset", "key", "value")
 
-    sink = BatchSink(
-        conn=conn,
-        guard_conn=guard_conn,
-        spec=spec,
-        mode=mode,
-        pipeline=config.pipeline,
-        target_schema=config.target_schema,
-        meta_schema=config.meta_schema,
-        max_batch_attempts=config.max_batch_attempts,
-        epoch=epoch,
-        transient_retry_seconds=config.transient_retry_seconds,
-        reconnect=lambda: connect(dsn, describe=config.postgres.describe()),
-        notify=emit,
-    )
+    sink = driver.sink()
+
+    jvm_parsing = config.record_parsing == "jvm" and sql_records.supported(spec)
 
     def write_batch(batch_df: Any, batch_id: int) -> None:
         end = offset_log.read(batch_id)
@@ -192,16 +134,24 @@ def run(config: PipelineConfig) -> int:
         end = end or {}
         start = start if start is not None else starting
 
-        def fill_stage(stage_name: str, keep_raw: bool) -> None:
-            write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw)
+        parsed_in_python = 0
+
+        def fill_stage(stage_name: str, keep_raw: bool) -> int:
+            nonlocal parsed_in_python
+            # Raw bytes for every record (the record-by-record path) come from Python's encoder.
+            prevalidated = jvm_parsing and not keep_raw
+            source = sql_records.with_staging_line(batch_df, spec) if prevalidated else batch_df
+            write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw, prevalidated)
             # The executors COPY their partitions; only one count per task returns.
-            batch_df.mapInArrow(write, "staged long").collect()  # no aggregation: no shuffle stage
+            counts = source.mapInArrow(write, "staged long, parsed_in_python long").collect()  # no shuffle stage
+            parsed_in_python = sum(row.parsed_in_python for row in counts)
+            return sum(row.staged for row in counts)
 
         result = sink.process(batch_id, start, end, fill_stage)
         emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
              record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-             transient_retries=result.transient_retries,
-             end_offsets=_offsets_json(end))
+             transient_retries=result.transient_retries, parsed_in_python=parsed_in_python,
+             end_offsets=offsets_json(end))
 
     spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id))
     writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
@@ -211,8 +161,8 @@ def run(config: PipelineConfig) -> int:
         writer = writer.trigger(processingTime=config.trigger_interval)
     query = writer.queryName(f"eos-{config.pipeline}").start()
 
-    stop = StopSignal(control_conn, config.meta_schema, config.pipeline, config.run_seconds,
-                      epoch=epoch, honour_requests=honour_stop)
+    stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
+                      epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
     try:
         while query.isActive:
             query.awaitTermination(max(1, round(config.stop_poll_seconds)))  # raises once the query failed
@@ -255,9 +205,13 @@ def root_cause(exc: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, run: Callable[[PipelineConfig], int] | None = None) -> int:
+    """Runs the pipeline with ``run`` (default: the Spark stream) and turns its
+    errors into the exit codes above."""
     try:
-        check_pyspark_pairing()
+        if run is None:
+            check_pyspark_pairing()
+            run = run_stream
         config = parse_args(argv)
         return run(config)
     except (ConfigError, SpecError, PysparkPairingError) as exc:

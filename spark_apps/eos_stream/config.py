@@ -18,6 +18,9 @@ from typing import Any
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
 DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once", "two_phase")
 TRIGGERS = ("availableNow", "processingTime")
+RECORD_PARSING = ("jvm", "python")
+# How a recovery replays: the app under spark-submit, or direct_replay without Spark.
+REPLAY_ENGINES = ("spark", "direct")
 
 
 class ConfigError(ValueError):
@@ -82,6 +85,10 @@ class PipelineConfig:
         statement timeouts, deadlocks, lost connections...), with capped
         exponential backoff; after it the driver exits 1 (retryable).
         Transient errors never count toward ``max_batch_attempts``.
+    :param record_parsing: ``jvm``: Spark SQL parses, validates and encodes
+        every record it can vouch for, and Python's ``parse_record`` the rest
+        (``sql_records``); ``python``: every record goes through ``parse_record``.
+        Both stage the same lines.
     :param kafka_options: extra Kafka client options for Spark (without 'kafka.').
     """
 
@@ -102,6 +109,7 @@ class PipelineConfig:
     stop_poll_seconds: float = 1.0
     ignore_stop_request: bool = False
     transient_retry_seconds: float = 300
+    record_parsing: str = "python"
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold SASL secrets
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
 
@@ -110,6 +118,9 @@ class PipelineConfig:
             raise ConfigError(f"unknown delivery mode {self.delivery!r}; choose one of {', '.join(DELIVERY_MODES)}")
         if self.trigger not in TRIGGERS:
             raise ConfigError(f"unknown trigger {self.trigger!r}; choose one of {', '.join(TRIGGERS)}")
+        if self.record_parsing not in RECORD_PARSING:
+            raise ConfigError(f"unknown record_parsing {self.record_parsing!r}; "
+                              f"choose one of {', '.join(RECORD_PARSING)}")
         if not self.pipeline or not self.topics:
             raise ConfigError("a pipeline name and at least one topic are required")
         if not PIPELINE_NAME.fullmatch(self.pipeline):

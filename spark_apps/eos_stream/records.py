@@ -13,6 +13,7 @@ from typing import Any
 
 from spark_apps.eos_stream.spec import Field, PipelineSpec
 
+_decode_json = json.JSONDecoder().decode
 _INT_RANGES = {"bigint": (-(2**63), 2**63 - 1), "integer": (-(2**31), 2**31 - 1)}
 
 
@@ -52,6 +53,12 @@ def _check_value(spec_field: Field, value: Any) -> Any:
         # fail the whole batch on the executors, where no SQLSTATE reaches the
         # poison guard, so the record could never be quarantined.
         raise RecordError(f"field {spec_field.name!r} contains a NUL character, which PostgreSQL text cannot store")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        # JSON's \ud800 escape decodes to a lone surrogate, which no UTF-8
+        # COPY line can carry: like NUL, it would fail the batch on the executors.
+        raise RecordError(f"field {spec_field.name!r} is not valid Unicode: {exc.reason}") from exc
     return value
 
 
@@ -60,9 +67,16 @@ def parse_record(spec: PipelineSpec, value: bytes | None) -> dict[str, Any]:
     if value is None:
         raise RecordError("record has no value (tombstone)")
     try:
-        payload = json.loads(value)
+        if value[:1] == b"{" and value[1:2] != b"\x00":
+            # Exactly json.loads for bytes its detect_encoding calls UTF-8 (an
+            # object's first byte, no BOM, no UTF-16/32 zero byte), without the detection.
+            payload = _decode_json(value.decode("utf-8", "surrogatepass"))
+        else:
+            payload = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RecordError(f"malformed JSON: {exc}") from exc
+    except RecursionError as exc:  # not a JSONDecodeError, and it must not fail the batch
+        raise RecordError("malformed JSON: nested too deeply") from exc
     if not isinstance(payload, dict):
         raise RecordError(f"record must be a JSON object, got {type(payload).__name__}")
     out: dict[str, Any] = {}
@@ -102,9 +116,29 @@ def _encode_number(value: Any) -> str:
     return NULL if value is None else str(value)
 
 
-def _encoder(pg_type: str):
-    # Numbers never need escaping; only text-like values go through _encode.
-    return _encode_number if pg_type in ("bigint", "integer", "double precision") else _encode
+def _encode_str(value: str | None) -> str:
+    """``_encode`` for a str, without translating the many strings that hold
+    nothing to escape (translate costs more than the whole rest of a record)."""
+    if value is None:
+        return NULL
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_ESCAPES)
+    return value
+
+
+def _encode_bool(value: bool | None) -> str:
+    return NULL if value is None else ("t" if value else "f")
+
+
+def _encoder(pg_type: str, checked: bool):
+    """The field's COPY encoder. ``checked``: values are exactly what
+    ``parse_record``'s checks return (no transform changed them), so text
+    and timestamps are str and booleans bool, and need no type dispatch."""
+    if pg_type in ("bigint", "integer", "double precision"):
+        return _encode_number  # numbers never need escaping
+    if checked:
+        return _encode_bool if pg_type == "boolean" else _encode_str
+    return _encode
 
 
 def staging_columns(spec: PipelineSpec) -> list[str]:
@@ -121,15 +155,19 @@ def staging_lines(
     error and raw bytes. ``keep_raw`` keeps key and value for good records too,
     so a record that later fails in the database can be quarantined whole."""
     nulls = [NULL] * len(spec.fields)
-    encoders = [(f.name, _encoder(f.pg_type)) for f in spec.fields]
+    encoders = [(f.name, _encoder(f.pg_type, checked=spec.transform is None)) for f in spec.fields]
+    topics: dict[str, str] = {}  # a task reads one or a few topics: encode each name once
     for topic, partition, offset, key, value in records:
+        encoded_topic = topics.get(topic)
+        if encoded_topic is None:
+            encoded_topic = topics[topic] = _encode(topic)
         try:
             parsed = parse_record(spec, value)
         except RecordError as exc:
-            cells = [_encode(topic), str(partition), str(offset), _encode(key), _encode(value),
+            cells = [encoded_topic, str(partition), str(offset), _encode(key), _encode(value),
                      _encode(str(exc)), *nulls]
         else:
-            raw_key, raw_value = (key, value) if keep_raw else (None, None)
-            cells = [_encode(topic), str(partition), str(offset), _encode(raw_key), _encode(raw_value),
+            raw_key, raw_value = (_encode(key), _encode(value)) if keep_raw else (NULL, NULL)
+            cells = [encoded_topic, str(partition), str(offset), raw_key, raw_value,
                      NULL, *[encode(parsed[name]) for name, encode in encoders]]
         yield "\t".join(cells) + "\n"

@@ -101,14 +101,15 @@ def _state(stack: dict, config: dict) -> dict:
     return json.loads(json.dumps(out, default=str))
 
 
-def _processed_and_snapshotted(stack: dict, tmp_path: Path, name: str) -> tuple[dict, dict, dict]:
+def _processed_and_snapshotted(stack: dict, tmp_path: Path, name: str,
+                               **sections: dict) -> tuple[dict, dict, dict]:
     """3000 events processed, an eos_snapshot, 2000 more processed: the config,
-    the Airflow env and the undamaged reference state."""
+    the Airflow env and the undamaged reference state. ``sections`` go into the definition."""
     bootstrap = stack["EOS_KAFKA_BOOTSTRAP"]
     config = pipeline_config(stack, tmp_path, name)
     topic = config["topics"][0]
     config_dir, store = tmp_path / "pipelines", tmp_path / "store"
-    write_definition(config, config_dir)
+    write_definition(config, config_dir, **sections)
     env = _airflow_env(stack, config_dir, store)
     ensure_topic(bootstrap, topic, partitions=4)
 
@@ -178,9 +179,11 @@ def _assert_recovered(stack: dict, config: dict, tmp_path: Path, reference: dict
     assert after == reference, {k: (after[k], reference[k]) for k in after if after[k] != reference[k]}
 
 
-def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name) -> None:
+@pytest.mark.parametrize("replay_engine", ["spark", "direct"])
+def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name, replay_engine) -> None:
     name = f"rec{unique_name}"
-    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name)
+    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name,
+                                                        stream={"replay_engine": replay_engine})
 
     conn = pg_connect(stack)
     with conn.cursor() as cur:  # damage: lost rows, duplicated rows, corrupted balances

@@ -81,8 +81,13 @@ def test_open_transaction_stalls_the_stream_until_it_ends(stack: dict, tmp_path:
     conn.close()
 
 
-def test_poison_record_is_quarantined_after_n_attempts(stack: dict, tmp_path: Path, unique_name: str) -> None:
-    config = pipeline_config(stack, tmp_path, f"poison{unique_name}", max_batch_attempts=2)
+@pytest.mark.parametrize("record_parsing", ["python", "jvm"])
+def test_poison_record_is_quarantined_after_n_attempts(stack: dict, tmp_path: Path, unique_name: str,
+                                                       record_parsing: str) -> None:
+    """The same dead letters whichever path parses the records: the malformed
+    ones rejected by parse_record, the poison one by the database."""
+    config = pipeline_config(stack, tmp_path, f"poison{unique_name}", max_batch_attempts=2,
+                             record_parsing=record_parsing)
     topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions=2)
     produced = produce_ledger(bootstrap, 3000, topic=topic, poison=1, malformed=2, seed=3)
@@ -163,6 +168,48 @@ def test_a_replayed_batch_applies_nothing_twice(stack: dict, tmp_path: Path, uni
         cur.execute("ROLLBACK")
     conn.close()
     assert audit(config, tmp_path)["ok"]
+
+
+def test_a_partition_staged_twice_applies_once(stack: dict, unique_name: str) -> None:
+    """A staging task retried after its COPY committed leaves more rows in the
+    stage than the successful tasks reported: the writer counts, sees it and
+    dedupes. Only a matching count lets it skip the dedupe's sort, which the
+    second half shows by claiming the doubled count."""
+    import io
+
+    from spark_apps.eos_stream import preflight
+    from spark_apps.eos_stream.records import staging_columns, staging_lines
+    from spark_apps.eos_stream.sink.batch_sink import MODES, BatchWriter
+    from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
+    from spark_apps.eos_stream.sink.staging import create_stage
+    from spark_apps.ledger.generator import _event
+    from spark_apps.ledger.spec import LEDGER
+
+    pipeline, target, meta = f"twice{unique_name}", f"t_twice{unique_name}", f"m_twice{unique_name}"
+    conn = pg_connect(stack)
+    conn.autocommit = False
+    mode = MODES["exactly_once"]
+    preflight.ensure_meta_tables(conn, meta)
+    preflight.create_targets(conn, LEDGER, target, mode)
+    stage = create_stage(conn, LEDGER, meta, "stage_twice")
+    rng = __import__("random").Random(3)
+    start = __import__("datetime").datetime(2026, 1, 1)
+    records = [("t", 0, offset, None, _event(rng, offset, 5, start)[1]) for offset in range(10)]
+    lines = "".join(staging_lines(LEDGER, records, keep_raw=False))
+    columns = sql.SQL(", ").join(map(sql.Identifier, staging_columns(LEDGER)))
+    with conn.cursor() as cur:
+        for _ in range(2):  # the first attempt's COPY committed, then the retry's
+            cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, columns).as_string(cur),
+                            io.StringIO(lines))
+    conn.commit()
+    writer = BatchWriter(conn, LEDGER, mode, OffsetsStore(meta, pipeline), target, meta)
+    try:
+        for reported, applied in [(10, 10), (20, 20)]:
+            prepared = writer.prepare(stage, 0, {}, {("t", 0): 10}, record_by_record=False, staged_rows=reported)
+            assert prepared.applied == applied, (reported, prepared.applied)
+            conn.rollback()
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,11 @@ def test_unknown_delivery_mode_is_named() -> None:
         from_dict({"delivery": "twice"}).validate()
 
 
+def test_unknown_record_parsing_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"unknown record_parsing 'gpu'; choose one of jvm, python"):
+        from_dict({"record_parsing": "gpu"}).validate()
+
+
 def test_unknown_key_lists_known_keys() -> None:
     with pytest.raises(ConfigError, match=r"unknown config keys \['topicz'\]"):
         from_dict({"topicz": ["a"]})

@@ -34,6 +34,8 @@ def test_valid_record_parses_to_typed_fields() -> None:
         (encode({**GOOD, "ts": "yesterday"}), "field 'ts'"),
         (encode({**GOOD, "account_id": 7}), "must be a string"),
         (None, "tombstone"),
+        (b'{"event_id": "\\ud800"}', "not valid Unicode"),  # a lone surrogate: no UTF-8 COPY line can hold it
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ],
 )
 def test_bad_records_raise_a_readable_reason(value: bytes | None, reason: str) -> None:
@@ -77,3 +79,58 @@ def test_spec_rejects_unknown_fields_and_types() -> None:
         PipelineSpec("t", (Field("a", "text"),), (RowTarget("t", ("b",)),))
     with pytest.raises(SpecError, match="is not one of"):
         Field("a", "money")
+
+
+def test_json_bytes_are_read_as_json_loads_reads_them() -> None:
+    """parse_record skips json.loads' encoding detection only where it would say UTF-8."""
+    text = '{"event_id": "\u00e9", "account_id": "a", "amount_cents": 1, "ts": "2026-01-01T00:00:00", "seq": 1}'
+    for value in (text.encode(), text.encode("utf-16-le"), text.encode("utf-16"), text.encode("utf-32"),
+                  text.encode("utf-8-sig"), b"{", b"{\x00", b'{"event_id": "\xed\xa0\x80"}'):
+        try:
+            expected: object = json.loads(value)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            expected = f"malformed JSON: {exc}"
+        try:
+            got: object = parse_record(PipelineSpec("any", fields=(Field("event_id", "text", required=False),),
+                                                    targets=(RowTarget("x", columns=("event_id",)),)), value)
+        except RecordError as exc:
+            got = str(exc)
+        if isinstance(expected, dict):
+            assert got == {"event_id": expected["event_id"]} or "not valid Unicode" in str(got), value
+        else:
+            assert got == expected, value
+
+
+def _generic_line(spec: PipelineSpec, record: tuple, keep_raw: bool) -> str:
+    """Every cell through the generic encoder: what the specialised encoders must equal."""
+    from spark_apps.eos_stream.records import NULL, _encode
+
+    topic, partition, offset, key, value = record
+    try:
+        parsed = parse_record(spec, value)
+    except RecordError as exc:
+        cells = [_encode(topic), str(partition), str(offset), _encode(key), _encode(value), _encode(str(exc))]
+        cells += [NULL] * len(spec.fields)
+    else:
+        raw = (key, value) if keep_raw else (None, None)
+        cells = [_encode(topic), str(partition), str(offset), _encode(raw[0]), _encode(raw[1]), NULL]
+        cells += [_encode(parsed[f.name]) for f in spec.fields]
+    return "\t".join(cells) + "\n"
+
+
+def test_specialised_encoders_equal_the_generic_one() -> None:
+    spec = PipelineSpec("every-type", fields=(
+        Field("t", "text"), Field("b", "bigint"), Field("d", "double precision"), Field("f", "boolean"),
+        Field("ts", "timestamptz"), Field("o", "text", required=False), Field("g", "boolean", required=False)),
+        targets=(RowTarget("x", columns=("t",)),))
+    texts = ["plain", "tab\there", "new\nline", "cr\rx", "back\\slash", "all\\\t\n\r", "", "caf\u00e9 \U0001f600"]
+    records = []
+    for index, text in enumerate(texts):
+        for flag in (True, False, None):
+            value = {"t": text, "b": -index, "d": index / 3, "f": bool(index % 2), "ts": "2026-01-01 10:00:00",
+                     "o": None if index % 3 else text, "g": flag}
+            records.append(("topic.a", index % 2, len(records), b"k\t" if index % 2 else None, encode(value)))
+    records.append(("topic.a", 0, len(records), None, b'{"t": 5}'))  # a dead letter
+    for keep_raw in (False, True):
+        lines = list(staging_lines(spec, records, keep_raw))
+        assert lines == [_generic_line(spec, r, keep_raw) for r in records]

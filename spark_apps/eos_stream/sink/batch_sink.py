@@ -11,7 +11,10 @@ next run is still exact in ``exactly_once``):
    together; the next run starts from the stored offsets, and any record
    below them is skipped in SQL (``skip_applied``), so nothing applies twice.
 5. a retried or speculative Spark task stages a partition twice: the apply
-   keeps one copy per (topic, partition, offset) (``dedupe``).
+   keeps one copy per (topic, partition, offset) (``dedupe``). The copies
+   show: the staging table then holds more rows than the successful tasks
+   reported (each task's COPY commits before it reports), so only a batch
+   whose count matches skips the dedupe's sort.
 6. a record the database rejects on every attempt with a *data* error
    (SQLSTATE class 22 or 23, ``errors.classify``): failed attempts are counted
    outside the transaction; past ``max_batch_attempts`` the batch is applied
@@ -150,7 +153,6 @@ class BatchWriter:
             target_schema=target_schema,
             meta_schema=meta_schema,
             skip_applied=mode.stores_offsets,
-            dedupe=mode.dedupe,
             upsert_rows=mode.upsert_rows,
         )
 
@@ -161,7 +163,10 @@ class BatchWriter:
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
         record_by_record: bool,
+        staged_rows: int | None = None,
     ) -> PreparedBatch:
+        """:param staged_rows: the rows the successful staging tasks reported
+        (None: unknown, so a deduping mode dedupes)."""
         params = {"pipeline": self.offsets.pipeline}
         gid = transaction_id(self.offsets.pipeline, start_offsets) if self.mode.two_phase else None
         if gid is not None:
@@ -172,7 +177,8 @@ class BatchWriter:
             if record_by_record:
                 applied, dead = self._apply_each(cur, stage, params)
             else:
-                cur.execute(self._statement(stage=stage), params)
+                dedupe = self.mode.dedupe and not self._staged_once(cur, stage, staged_rows)
+                cur.execute(self._statement(stage=stage, dedupe=dedupe), params)
                 row = cur.fetchone()
                 assert row is not None
                 applied, dead = int(row[0]), int(row[1])
@@ -181,6 +187,16 @@ class BatchWriter:
         if gid is not None:
             self.conn.tpc_prepare()  # durable from here on: a crash leaves it in doubt, not lost
         return PreparedBatch(self.conn, batch_id, applied, dead, gid)
+
+    @staticmethod
+    def _staged_once(cur, stage: sql.Composed, staged_rows: int | None) -> bool:
+        """Whether the stage holds each record once: exactly the rows the
+        successful tasks reported (a count costs far less than the sort)."""
+        if staged_rows is None:
+            return False
+        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(stage))
+        row = cur.fetchone()
+        return row is not None and int(row[0]) == staged_rows
 
     def _check_ownership(self, cur, start_offsets: Mapping[TopicPartition, int]) -> None:
         """Raises ``Fenced`` unless this driver still owns the target (under the
@@ -218,7 +234,7 @@ class BatchWriter:
         cur.execute(sql.SQL("CREATE INDEX ON {} (_topic, _partition, _offset)").format(stage))
         cur.execute(sql.SQL("SELECT DISTINCT _topic, _partition, _offset FROM {} ORDER BY 1, 2, 3").format(stage))
         coordinates = cur.fetchall()
-        one = self._statement(stage=stage, only_record=True)
+        one = self._statement(stage=stage, dedupe=self.mode.dedupe, only_record=True)
         quarantine = apply_sql.quarantine_record_statement(stage, self.meta_schema)
         applied = dead = 0
         for topic, partition, offset in coordinates:
@@ -286,7 +302,8 @@ class BatchSink:
         retry (the app prints it as an ``EOS-RETRY`` line).
 
     ``process`` takes fill_stage, a callable(stage_name, keep_raw) that makes
-    the executors COPY the batch into the staging table (Spark-specific, injected).
+    the executors COPY the batch into the staging table and returns the rows
+    its successful tasks staged, or None (Spark-specific, injected).
     """
 
     MAX_BACKOFF_SECONDS = 30.0
@@ -330,7 +347,7 @@ class BatchSink:
         batch_id: int,
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
-        fill_stage: Callable[[str, bool], None],
+        fill_stage: Callable[[str, bool], int | None],
     ) -> BatchResult:
         """Applies one micro-batch exactly once, or raises.
 
@@ -372,16 +389,16 @@ class BatchSink:
         batch_id: int,
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
-        fill_stage: Callable[[str, bool], None],
+        fill_stage: Callable[[str, bool], int | None],
     ) -> BatchResult:
         record_by_record = self.guard.should_isolate(self.guard.failed_attempts(key))
         stage_name = f"{stage_prefix(self.pipeline)}{batch_id}"
         clock = _Stopwatch()
         try:
             stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
-            fill_stage(stage_name, record_by_record)
+            staged_rows = fill_stage(stage_name, record_by_record)
             clock.lap("stage")
-            prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record)
+            prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record, staged_rows)
             clock.lap("apply")
             self._crash_point("before_commit", self._batches_this_run)
             self.committer.commit(prepared)

@@ -1,8 +1,9 @@
 """Per-batch staging tables, filled by the executors with COPY.
 
 Each Spark task streams its Kafka partition into the staging table through
-COPY, so memory is bounded by a COPY buffer, never by the batch, and nothing
-is collected onto the driver.
+COPY, one Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch``
+records) at a time, so memory is bounded by an Arrow batch, never by the
+micro-batch, and nothing is collected onto the driver.
 """
 
 from __future__ import annotations
@@ -56,67 +57,134 @@ def drop_stages(conn: PgConnection, meta_schema: str, pipeline: str, keep: str |
     return len(names)
 
 
-class _LineStream:
-    """A file-like view of an iterator of COPY lines, read in chunks by psycopg2."""
+# Bytes psycopg2 asks for per read: one COPY message per read.
+COPY_READ_SIZE = 1 << 20
 
-    def __init__(self, lines: Iterator[str]) -> None:
-        self._lines = lines
-        self._buffer = b""
 
-    def read(self, size: int = 65536) -> bytes:
-        size = size if size and size > 0 else 65536
-        chunks = [self._buffer]
-        filled = len(self._buffer)
-        for line in self._lines:
-            data = line.encode()
-            chunks.append(data)
-            filled += len(data)
-            if filled >= size:
-                break
-        joined = b"".join(chunks)
-        self._buffer = joined[size:]
-        return joined[:size]
+class _ChunkReader:
+    """A file-like view of an iterator of byte chunks, read by psycopg2's COPY.
+
+    A read returns at most one chunk's rest, so a large chunk (an Arrow batch
+    of encoded lines) is sent in slices without being copied whole again."""
+
+    def __init__(self, chunks: Iterator[bytes | memoryview]) -> None:
+        self._chunks = chunks
+        self._current = memoryview(b"")
+
+    def read(self, size: int = COPY_READ_SIZE) -> bytes:
+        size = size if size and size > 0 else COPY_READ_SIZE
+        while not self._current:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._current = memoryview(chunk).cast("B")
+        piece, self._current = self._current[:size], self._current[size:]
+        return bytes(piece)
 
     readline = read
 
 
+def _string_data(lines: Any) -> memoryview:
+    """The bytes of an Arrow string array without nulls, all its values back
+    to back, straight from its data buffer (no Python object per value)."""
+    import pyarrow as pa
+
+    width = 8 if pa.types.is_large_string(lines.type) else 4
+    offsets = memoryview(lines.buffers()[1]).cast("B")
+    first, last = lines.offset * width, (lines.offset + len(lines)) * width
+    start = int.from_bytes(offsets[first:first + width], "little", signed=True)
+    end = int.from_bytes(offsets[last:last + width], "little", signed=True)
+    return memoryview(lines.buffers()[2]).cast("B")[start:end]
+
+
+def copy_chunks(
+    batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool, counts: dict[str, int], prevalidated: bool
+) -> Iterator[bytes | memoryview]:
+    """The COPY data of a task's Arrow batches, one or two chunks per batch.
+
+    Prevalidated batches are (line, topic, partition, offset, key, value), with
+    the line the JVM encoded (``sql_records``) or NULL where it left the record
+    to Python; otherwise they are (topic, partition, offset, key, value) and
+    every record goes through ``staging_lines``. Counts rows in ``counts``."""
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        counts["staged"] += batch.num_rows
+        if prevalidated:
+            line = batch.column(0)
+            vouched = line if line.null_count == 0 else pc.drop_null(line)
+            if len(vouched):
+                yield _string_data(vouched)
+            if not line.null_count:
+                continue
+            left, columns = batch.filter(pc.is_null(line)), range(1, 6)
+        else:
+            left, columns = batch, range(5)
+        counts["parsed_in_python"] += left.num_rows
+        records = zip(*(left.column(i).to_pylist() for i in columns), strict=True)
+        yield "".join(staging_lines(spec, records, keep_raw)).encode()
+
+
 def partition_writer(
-    dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool
+    dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool,
+    prevalidated: bool = False,
 ):
-    """Returns the function each Spark task runs on its Arrow batches of
-    (topic, partition, offset, key, value).
+    """Returns the function each Spark task runs on its Arrow batches (see
+    ``copy_chunks`` for their two shapes).
 
     It captures only plain values, so it pickles to any executor."""
 
     def write(batches: Iterable[Any]) -> Iterator[Any]:
         """Runs under mapInArrow: Arrow batches cross from the JVM far cheaper
-        than pickled rows. Yields one (rows staged) batch for the driver to sum."""
+        than pickled rows. Yields one (staged, parsed_in_python) row for the driver to sum."""
         import pyarrow as pa
+
+        def result(staged: int, in_python: int) -> Any:
+            return pa.RecordBatch.from_pydict({"staged": pa.array([staged], pa.int64()),
+                                               "parsed_in_python": pa.array([in_python], pa.int64())})
 
         iterator = iter(batches)
         first = next(iterator, None)
         if first is None:
-            yield pa.RecordBatch.from_pydict({"staged": pa.array([0], pa.int64())})
+            yield result(0, 0)
             return  # an empty task opens no connection
         spec = load_spec(spec_ref)
-        columns = sql.SQL(", ").join(sql.Identifier(c) for c in staging_columns(spec))
-        staged = 0
-
-        def records():
-            nonlocal staged
-            for batch in itertools.chain([first], iterator):
-                staged += batch.num_rows
-                yield from zip(*(batch.column(i).to_pylist() for i in range(5)), strict=True)
-
-        conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
-        try:
-            with conn, conn.cursor() as cur:
-                copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
-                    sql.Identifier(meta_schema), sql.Identifier(stage_name), columns
-                )
-                cur.copy_expert(copy.as_string(cur), _LineStream(staging_lines(spec, records(), keep_raw)))
-        finally:
-            conn.close()
-        yield pa.RecordBatch.from_pydict({"staged": pa.array([staged], pa.int64())})
+        counts = {"staged": 0, "parsed_in_python": 0}
+        chunks = copy_chunks(itertools.chain([first], iterator), spec, keep_raw, counts, prevalidated)
+        _copy(dsn_kwargs, spec, meta_schema, stage_name, chunks)
+        yield result(counts["staged"], counts["parsed_in_python"])
 
     return write
+
+
+def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
+          chunks: Iterator[bytes | memoryview]) -> None:
+    """COPYs the chunks into the stage on a connection of its own, committed
+    when the last chunk is in (before the caller reports its count)."""
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in staging_columns(spec))
+    conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
+    try:
+        with conn, conn.cursor() as cur:
+            copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
+                sql.Identifier(meta_schema), sql.Identifier(stage_name), columns
+            )
+            cur.copy_expert(copy.as_string(cur), _ChunkReader(chunks), size=COPY_READ_SIZE)
+    finally:
+        conn.close()
+
+
+def copy_into_stage(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
+                    keep_raw: bool, records: Iterable[tuple], chunk_records: int = 10_000) -> int:
+    """Stages (topic, partition, offset, key, value) records from this process
+    (the Spark-less replay), ``chunk_records`` at a time; returns how many."""
+    staged = 0
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal staged
+        iterator = iter(records)
+        while chunk := list(itertools.islice(iterator, chunk_records)):
+            staged += len(chunk)
+            yield "".join(staging_lines(spec, chunk, keep_raw)).encode()
+
+    _copy(dsn_kwargs, spec, meta_schema, stage_name, chunks())
+    return staged

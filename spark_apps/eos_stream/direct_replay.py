@@ -1,0 +1,158 @@
+"""Replays a pipeline to Kafka's last stable offsets without Spark.
+
+    python -m spark_apps.eos_stream.direct_replay --config pipeline.json
+
+A recovery's replay is usually small (what came after the snapshot) and
+urgent, and a cold spark-submit and a cold first micro-batch cost it about
+20 s before the first record moves. This replay makes the same claim as the
+Spark app (``driver.claim``: in-doubt batches committed, a new epoch, the
+running lock) and writes through the same sink (``BatchSink``: the ownership
+check, the data and the offsets in one transaction, dead letters, two_phase),
+so every failure transition of ``sink/batch_sink.py`` holds as it is. Only the
+reading differs: one ``read_committed`` consumer in this process, records
+parsed by ``records.staging_lines`` and COPYed into the batch's stage.
+
+It reads what the partitions held below their last stable offset when it
+started (as ``availableNow`` does), one partition at a time, in batches of at
+most ``max_offsets_per_trigger`` offsets. Memory is bounded by a consumer
+fetch and a COPY chunk. Its own transitions:
+
+R1. crash before the first batch: nothing written; the rerun claims again
+    (a new epoch) and starts from the stored offsets.
+R2. crash between batches: the committed batches carry their end offsets, so
+    the rerun starts after them.
+R3. Kafka no longer holds a record the replay needs (retention): the consumer
+    reports it (``auto.offset.reset=error``), the batch rolls back, the run
+    fails. The recovery's retention check refuses such a replay beforehand.
+R4. a partition's records below its end do not arrive within
+    ``STALL_SECONDS``: the batch fails uncommitted instead of storing an end
+    offset it has not read up to.
+
+Exit codes are the app's (``app.main``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from spark_apps.eos_stream import preflight
+from spark_apps.eos_stream.config import PipelineConfig
+from spark_apps.eos_stream.driver import EARLIEST, claim, offsets_json
+from spark_apps.eos_stream.progress import emit
+from spark_apps.eos_stream.sink.offsets_store import TopicPartition
+from spark_apps.eos_stream.sink.staging import copy_into_stage
+from spark_apps.eos_stream.spec import load_spec
+
+STALL_SECONDS = 60.0
+_FETCH_RECORDS = 10_000
+
+
+def partition_bounds(config: PipelineConfig, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+    """(earliest, last stable) offset of each partition, as read_committed consumers see them."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka import TopicPartition as KafkaPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": config.kafka_bootstrap, **config.librdkafka_options()})
+    bounds: dict[TopicPartition, list[int]] = {tp: [0, 0] for tp in partitions}
+    for index, spec in enumerate((OffsetSpec.earliest(), OffsetSpec.latest())):
+        futures = admin.list_offsets({KafkaPartition(t, p): spec for t, p in partitions},
+                                     isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
+        for kafka_partition, future in futures.items():
+            bounds[(kafka_partition.topic, kafka_partition.partition)][index] = future.result().offset
+    return {tp: (low, high) for tp, (low, high) in bounds.items()}
+
+
+def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartition, tuple[int, int]],
+                 max_offsets: int) -> Iterator[tuple[TopicPartition, int, int]]:
+    """(partition, start, end) of each batch, in partition order: what lies
+    between the stored offsets and the last stable offsets, cut every
+    ``max_offsets``. A partition never applied starts at EARLIEST, as the
+    Spark app's first batch does (the ownership check sees no gap below it)."""
+    for tp in sorted(starting):
+        earliest, end = bounds[tp]
+        start = starting[tp]
+        position = earliest if start == EARLIEST else start
+        while position < end:
+            batch_end = min(end, position + max_offsets)
+            yield tp, start, batch_end
+            start = position = batch_end
+
+
+def read_range(consumer: Any, tp: TopicPartition, start: int, end: int) -> Iterator[tuple]:
+    """The committed records of one partition in [start, end) (``start`` may be
+    EARLIEST), as (topic, partition, offset, key, value). Stops once the
+    consumer's position (which moves past transaction markers and aborted
+    records) reaches ``end``."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as KafkaPartition
+
+    topic, partition = tp
+    consumer.assign([KafkaPartition(topic, partition, start)])
+    position, moved_at = start, time.monotonic()
+    while position < end:
+        for message in consumer.consume(_FETCH_RECORDS, timeout=0.5):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(error)
+            if message.offset() >= end:
+                break
+            yield message.topic(), message.partition(), message.offset(), message.key(), message.value()
+        now = consumer.position([KafkaPartition(topic, partition)])[0].offset
+        if now > position:
+            position, moved_at = now, time.monotonic()
+        elif time.monotonic() - moved_at > STALL_SECONDS:
+            raise RuntimeError(f"{topic}[{partition}]: no progress past offset {position} in {STALL_SECONDS:.0f}s "
+                               f"while replaying up to {end}")
+
+
+def replay(config: PipelineConfig) -> int:
+    """Replays to the last stable offsets; returns the app's exit code (or raises as the app does)."""
+    from confluent_kafka import Consumer
+
+    spec = load_spec(config.spec)
+    mode = preflight.delivery_mode(config, spec)
+    run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
+    emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct")
+    driver = claim(config, spec, mode, run_id)
+    if driver is None:
+        return 0
+    consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap, "group.id": f"eos-replay-{config.pipeline}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "auto.offset.reset": "error", **config.librdkafka_options()})
+    try:
+        sink = driver.sink()
+        bounds = partition_bounds(config, list(driver.starting))
+        for batch_id, (tp, start, end) in enumerate(
+                batch_ranges(driver.starting, bounds, config.max_offsets_per_trigger)):
+
+            def fill_stage(stage_name: str, keep_raw: bool, tp: TopicPartition = tp, start: int = start,
+                           end: int = end) -> int:
+                return copy_into_stage(driver.dsn, spec, config.meta_schema, stage_name, keep_raw,
+                                       read_range(consumer, tp, start, end))
+
+            result = sink.process(batch_id, {tp: start}, {tp: end}, fill_stage)
+            emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
+                 record_by_record=result.record_by_record, timings_ms=result.timings_ms,
+                 transient_retries=result.transient_retries, end_offsets=offsets_json({tp: end}))
+    finally:
+        consumer.close()
+        driver.close()
+    emit("finished", pipeline=config.pipeline, run_id=run_id, engine="direct")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from spark_apps.eos_stream import app
+
+    return app.main(argv, run=replay)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

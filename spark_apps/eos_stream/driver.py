@@ -1,0 +1,135 @@
+"""Claiming a pipeline: what every driver does before its first batch.
+
+Both ways of running a pipeline share it: the Spark app (``app.py``) and the
+Spark-less replay (``direct_replay.py``). A claimed driver holds three
+connections, the pipeline's new epoch and its running lock, and knows where
+the database says to resume.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg2.extensions import connection as PgConnection
+
+from spark_apps.eos_stream import fencing, preflight
+from spark_apps.eos_stream.config import PipelineConfig
+from spark_apps.eos_stream.control import hold_running_lock, stop_requested
+from spark_apps.eos_stream.progress import emit
+from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode
+from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
+from spark_apps.eos_stream.sink.postgres import connect
+from spark_apps.eos_stream.sink.staging import drop_stages
+from spark_apps.eos_stream.spec import PipelineSpec
+
+# Kafka's "earliest", for a partition the pipeline has never applied.
+EARLIEST = -2
+
+
+def offsets_json(offsets: dict[TopicPartition, int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in offsets.items():
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return json.dumps(nested, sort_keys=True)
+
+
+@dataclass
+class Driver:
+    """A driver that owns its pipeline from ``epoch`` on.
+
+    :param starting: every partition's first offset to read: the stored next
+        offset, or EARLIEST for a partition never applied.
+    """
+
+    config: PipelineConfig
+    spec: PipelineSpec
+    mode: DeliveryMode
+    run_id: str
+    conn: PgConnection
+    guard_conn: PgConnection
+    control_conn: PgConnection
+    epoch: int
+    starting: dict[TopicPartition, int]
+
+    @property
+    def dsn(self) -> dict[str, Any]:
+        return self.config.postgres.dsn_kwargs()
+
+    def connect(self) -> PgConnection:
+        return connect(self.dsn, describe=self.config.postgres.describe())
+
+    def sink(self) -> BatchSink:
+        config = self.config
+        return BatchSink(
+            conn=self.conn,
+            guard_conn=self.guard_conn,
+            spec=self.spec,
+            mode=self.mode,
+            pipeline=config.pipeline,
+            target_schema=config.target_schema,
+            meta_schema=config.meta_schema,
+            max_batch_attempts=config.max_batch_attempts,
+            epoch=self.epoch,
+            transient_retry_seconds=config.transient_retry_seconds,
+            reconnect=self.connect,
+            notify=emit,
+        )
+
+    def close(self) -> None:
+        """Closing the guard connection releases the running lock."""
+        for conn in (self.conn, self.guard_conn, self.control_conn):
+            if not conn.closed:
+                conn.close()
+
+
+def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str) -> Driver | None:
+    """Claims the pipeline, or returns None (after an ``EOS-STOPPED`` line)
+    when a stop request it honours holds it."""
+    describe = config.postgres.describe()
+    dsn = config.postgres.dsn_kwargs()
+    conn = connect(dsn, describe=describe)
+    guard_conn = connect(dsn, describe=describe)
+    control_conn = connect(dsn, describe=describe)
+    control_conn.autocommit = True  # polled from the main thread while the sink's transaction runs on another
+    preflight.check_two_phase(conn, mode, describe)
+    # First of all: an in-doubt batch of a dead driver holds locks on the
+    # pipeline's tables (DDL below would wait on it) and the pipeline lock
+    # (the epoch bump would), and its offsets are part of the resume point.
+    in_doubt = resolve_in_doubt(conn, config.pipeline)
+    preflight.ensure_meta_tables(conn, config.meta_schema)
+    honour_stop = not config.ignore_stop_request
+    # A driver about to honour a stop must not fence anyone on its way out
+    # (the recovery's replay run may be the one writing).
+    if honour_stop and (reason := stop_requested(control_conn, config.meta_schema, config.pipeline)):
+        emit("stopped", reason=reason, before_first_batch=True)
+        return None
+    # Claim the pipeline like Kafka's init_transactions: any older driver (an
+    # orphan of a dead supervisor) can commit nothing from here on, notices
+    # within stop_poll_seconds and exits, freeing the running lock below.
+    epoch = fencing.bump_epoch(conn, config.meta_schema, config.pipeline, by=run_id, reason="driver start")
+    hold_running_lock(guard_conn, config.pipeline)
+    with control_conn.cursor() as cur:
+        now = fencing.current_epoch(cur, config.meta_schema, config.pipeline)
+    if now != epoch:  # a newer driver or a recovery claimed it while this one waited for the lock
+        raise fencing.Fenced(f"pipeline {config.pipeline!r} was fenced while this driver waited for its "
+                             f"running lock: its epoch is {now}, this driver got {epoch}")
+    # A stop requested while the running lock was still held by the previous
+    # driver: a supervisor's restart must not slip a batch in under a recovery.
+    if honour_stop and (reason := stop_requested(control_conn, config.meta_schema, config.pipeline)):
+        emit("stopped", reason=reason, before_first_batch=True)
+        return None
+    if config.create_targets:
+        preflight.create_targets(conn, spec, config.target_schema, mode)
+    preflight.check_targets(conn, spec, config.target_schema, mode)
+    partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options())
+    dropped = drop_stages(conn, config.meta_schema, config.pipeline)
+
+    stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
+    conn.rollback()
+    starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
+    emit("resume", stored_offsets=offsets_json(stored), stale_stages_dropped=dropped,
+         in_doubt_committed=[t["gid"] for t in in_doubt], epoch=epoch)
+    return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting)
