@@ -5,9 +5,11 @@
 Per size N: produce N ledger events, process them (availableNow), snapshot
 (SnapshotOperator), produce and process N/5 more, request a stop, restore the
 snapshot (RestoreOperator: fetch + scratch restore + validate + single-
-transaction swap + drop old), replay the N/5 (ReplayOperator: spark-submit
-availableNow from the restored offsets), then audit. Writes
-bench/results/recovery_times.json and prints a table.
+transaction swap + drop old), replay the N/5 (ReplayOperator, once per
+engine, each on its own pipeline: ``spark``, a spark-submit availableNow
+from the restored offsets, and ``direct``, the Spark-less replay in this
+process), then audit. ``recovery_seconds`` is restore + replay + audit.
+Writes bench/results/recovery_times.json and prints a table.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.sink_throughput import machine  # noqa: E402
+from bench.common import machine  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
@@ -62,7 +64,7 @@ def last_run_rate(stack: dict[str, str], config: dict[str, Any]) -> dict[str, An
             "in_batch_rows_per_s": round(int(rows or 0) / (int(millis) / 1000), 1) if millis else None}
 
 
-def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
+def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict[str, Any]:
     from airflow_provider_eos.hooks.pg_tools import PgToolsHook
     from airflow_provider_eos.operators.replay import ReplayOperator
     from airflow_provider_eos.operators.restore import RestoreOperator
@@ -75,7 +77,7 @@ def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
     bootstrap, topic = stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0]
     ensure_topic(bootstrap, topic, partitions=4)
     extra = events // 5
-    out: dict[str, Any] = {"events": events, "replayed_events": extra}
+    out: dict[str, Any] = {"events": events, "replayed_events": extra, "engine": engine}
     clock = time.monotonic()
     produce_ledger(bootstrap, events, topic=topic, batch_size=5000, seed=1, transactional_id=f"a{name}")
     out["produce_seconds"] = round(time.monotonic() - clock, 1)
@@ -100,15 +102,18 @@ def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
     hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
     clock = time.monotonic()
     restored = RestoreOperator(task_id="restore", snapshot_store=str(store), quiet_seconds=0, release_lock=True,
-                               **common).execute({"run_id": f"bench-{name}"})
+                               kafka_config_id=KAFKA_CONN, **common).execute({"run_id": f"bench-{name}"})
     out["restore_seconds"] = round(time.monotonic() - clock, 2)
     out["restore_phases"] = restored["timings"]
     clock = time.monotonic()
     replayed = ReplayOperator(task_id="replay", kafka_config_id=KAFKA_CONN, spark_conn_id=SPARK_CONN,
-                              jars=stack["EOS_SPARK_JARS"], **common).execute({"run_id": f"bench-{name}"})
+                              jars=stack["EOS_SPARK_JARS"], engine=engine,
+                              **common).execute({"run_id": f"bench-{name}"})
     out["replay_seconds"] = round(time.monotonic() - clock, 1)
     out["replay_events_counted"] = replayed["events_replayed"]
-    out["replay"] = {**last_run_rate(stack, config), "seconds": out["replay_seconds"],
+    # The direct replay writes no progress rows (no Spark): only its wall clock compares.
+    in_batch = last_run_rate(stack, config) if engine == "spark" else {"in_batch_rows_per_s": None}
+    out["replay"] = {**in_batch, "seconds": out["replay_seconds"],
                      "wall_rows_per_s": round(extra / out["replay_seconds"], 1)}
     steady_rate, replay_rate = out["steady"]["in_batch_rows_per_s"], out["replay"]["in_batch_rows_per_s"]
     out["replay_vs_steady_in_batch"] = round(replay_rate / steady_rate, 2) if steady_rate and replay_rate else None
@@ -117,12 +122,15 @@ def one_size(stack: dict[str, str], events: int, tmp: Path) -> dict[str, Any]:
     report = audit(config, tmp)
     out["audit_seconds"] = round(time.monotonic() - clock, 1)
     out["audit_ok"] = report["ok"]
+    # What a recovery costs from the restore on: restore + replay + audit.
+    out["recovery_seconds"] = round(out["restore_seconds"] + out["replay_seconds"] + out["audit_seconds"], 1)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, nargs="+", default=[100_000, 500_000])
+    parser.add_argument("--engines", nargs="+", default=["spark", "direct"], help="replay engines, side by side")
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
     args = parser.parse_args()
     stack = read_env_file(ROOT / ".local" / "stack.env")
@@ -130,19 +138,22 @@ def main() -> None:
     _connections(stack)
     results = []
     for events in args.events:
-        with tempfile.TemporaryDirectory(prefix="eos-bench-recovery-") as tmp:
-            result = one_size(stack, events, Path(tmp))
-        print(json.dumps(result), flush=True)
-        results.append(result)
+        for engine in args.engines:
+            with tempfile.TemporaryDirectory(prefix="eos-bench-recovery-") as tmp:
+                result = one_size(stack, events, Path(tmp), engine)
+            print(json.dumps(result), flush=True)
+            results.append(result)
     document = {"machine": machine(), "spark_master": "local[2]", "results": results}
     Path(args.output).write_text(json.dumps(document, indent=2) + "\n")
-    print(f"{'events':>9} {'snap rows':>10} {'dump MiB':>8} {'snapshot s':>10} {'restore s':>9} "
-          f"{'replayed':>9} {'replay s':>8} {'steady r/s':>10} {'replay r/s':>10} {'ratio':>5} {'audit':>5}")
+    print(f"{'events':>9} {'engine':>7} {'snap rows':>10} {'dump MiB':>8} {'snapshot s':>10} {'restore s':>9} "
+          f"{'replayed':>9} {'replay s':>8} {'steady r/s':>10} {'replay r/s':>10} {'ratio':>5} {'audit':>5} "
+          f"{'recovery s':>10}")
     for r in results:
-        print(f"{r['events']:>9} {r['snapshot_rows']:>10} {r['dump_mib']:>8} {r['snapshot_seconds']:>10} "
+        print(f"{r['events']:>9} {r['engine']:>7} {r['snapshot_rows']:>10} {r['dump_mib']:>8} "
+              f"{r['snapshot_seconds']:>10} "
               f"{r['restore_seconds']:>9} {r['replayed_events']:>9} {r['replay_seconds']:>8} "
               f"{r['steady']['in_batch_rows_per_s']!s:>10} {r['replay']['in_batch_rows_per_s']!s:>10} "
-              f"{r['replay_vs_steady_in_batch']!s:>5} {r['audit_ok']!s:>5}")
+              f"{r['replay_vs_steady_in_batch']!s:>5} {r['audit_ok']!s:>5} {r['recovery_seconds']:>10}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,36 @@
-"""Side-by-side throughput of the sink's delivery modes, one run, same data.
+"""Throughput of the pipeline against its peers and ceilings, on one clock.
 
-Every mode runs the full pipeline (Kafka -> Spark -> PostgreSQL) over the same
-topic. Rows per second are measured on Spark's own batch durations (the
-``triggerExecution`` of every micro-batch), so JVM start-up is not counted.
-Two reference points are measured in the same run:
+    .venv/bin/python bench/sink_throughput.py --events 1000000 --batch 100000 --runs 3
 
-* raw COPY of the same rows into PostgreSQL, from pre-encoded lines: the ceiling;
-* Spark's own ``df.write.jdbc`` (at-least-once, PostgreSQL JDBC driver): the peer.
+One topic of N ledger events (4 partitions, committed in transactions of
+5,000) is read by every figure, ``--runs`` rounds, the figures in a shuffled
+order in each round (the seed is recorded). Every figure is a rate over the
+same clock: rows from the first read to the last commit, after a warm-up.
 
-    .venv/bin/python bench/sink_throughput.py --events 200000
+* **Pipeline modes** (the app, spark-submit ``local[2]``, ``availableNow``,
+  ``maxOffsetsPerTrigger`` = ``--batch``): the sum of Spark's own batch
+  durations (``triggerExecution``, from ``stream_progress``) over every batch
+  but the first, which carries the JVM's and the Python workers' warm-up;
+  rows are those batches' input rows. Each run has its own pipeline and
+  target schema.
+* **Spark peers** (one spark-submit ``local[2]`` for all three, warmed up by
+  one full untimed read of the topic first):
+  ``spark_noop``, the topic read with ``read_committed`` into the ``noop``
+  sink; ``spark_from_json_noop``, the same plus ``from_json`` of the ledger's
+  fields (no Spark pipeline here can beat these: the ceilings);
+  ``spark_jdbc``, ``df.write.jdbc`` of the parsed rows into ``ledger_events``
+  (at-least-once; ``batchsize`` 10,000, ``reWriteBatchedInserts``, one
+  partition per Kafka partition; its rows are counted after the clock).
+* **Python peers** (this process; the Kafka consume happens before the clock
+  for the two raw COPYs): ``raw_copy_preencoded``, COPY of already encoded
+  ``ledger_events`` rows (PostgreSQL's own ceiling); ``raw_copy_encoded``,
+  the same with ``staging_lines`` encoding inside the clock;
+  ``python_reference``, the pipeline a user might write by hand: one
+  confluent-kafka consumer, ``parse_record`` per record and COPY, all inside
+  the clock.
 
-Writes bench/results/sink_throughput.json and prints a table.
+Writes bench/results/sink_throughput.json (``figures`` with every run,
+``phases`` per batch, ``ratios`` against the issue's targets) and prints a table.
 """
 
 from __future__ import annotations
@@ -19,7 +39,8 @@ import argparse
 import io
 import json
 import os
-import platform
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -31,54 +52,154 @@ sys.path.insert(0, str(ROOT))
 
 from psycopg2 import sql  # noqa: E402
 
-from demo.env_files import read_env_file  # noqa: E402
+from bench.common import PARTITIONS, ledger_topic, local_stack, machine  # noqa: E402
 from spark_apps.eos_stream.ddl import run_ddl  # noqa: E402
-from spark_apps.eos_stream.records import staging_lines  # noqa: E402
-from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
+from spark_apps.eos_stream.records import parse_record, staging_lines  # noqa: E402
 from spark_apps.ledger.spec import LEDGER, ledger_ddl  # noqa: E402
 from tests.streaming import pg_connect, pipeline_config, run_app  # noqa: E402
 
+# name -> (delivery, spec attribute, record_parsing)
+MODES = {
+    "exactly_once": ("exactly_once", "LEDGER", "python"),
+    "at_least_once": ("at_least_once", "LEDGER", "python"),
+    "two_phase": ("two_phase", "LEDGER", "python"),
+    "exactly_once_jvm_parsing": ("exactly_once", "LEDGER", "jvm"),
+    "exactly_once_events_only": ("exactly_once", "LEDGER_EVENTS_ONLY", "python"),
+}
+SPARK_PEERS = ("spark_noop", "spark_from_json_noop", "spark_jdbc")
+PYTHON_PEERS = ("raw_copy_preencoded", "raw_copy_encoded", "python_reference")
+TARGETS = {  # ratio -> (comparison, target)
+    "exactly_once_vs_raw_copy": (">=", 0.5),
+    "exactly_once_vs_jdbc": (">=", 2.0),
+    "exactly_once_vs_at_least_once": (">=", 0.9),
+    "exactly_once_vs_noop_ceiling": (">=", 0.7),
+    "recovery_100k_seconds": ("<", 10.0),
+}
 
-def machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal")))
-    pg_version = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "postgres_client": pg_version}
 
+# --- the pipeline's modes ----------------------------------------------------
 
-def processing_seconds(stack: dict, meta_schema: str, pipeline: str, skip_first: bool = False) -> tuple[float, int]:
-    """Summed micro-batch durations and rows; ``skip_first`` leaves out the first
-    batch, which carries the JVM's and the Python workers' warm-up."""
+def warm_batches(stack: dict, meta_schema: str, pipeline: str) -> list[dict[str, Any]]:
+    """Every batch but the first: (input rows, Spark's durations)."""
     conn = pg_connect(stack)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT sum(batch_duration_ms), sum(input_rows) FROM {t}"
-                            " WHERE pipeline = %s AND batch_id > {floor}").format(
-            t=sql.Identifier(meta_schema, "stream_progress"),
-            floor=sql.SQL("(SELECT min(batch_id) FROM {} WHERE pipeline = %s)").format(
-                sql.Identifier(meta_schema, "stream_progress")) if skip_first else sql.SQL("-1")),
-            (pipeline, pipeline) if skip_first else (pipeline,))
-        millis, rows = cur.fetchone()
+        cur.execute(sql.SQL("SELECT batch_id, input_rows, batch_duration_ms, durations_ms FROM {} WHERE pipeline = %s"
+                            " ORDER BY batch_id").format(sql.Identifier(meta_schema, "stream_progress")), (pipeline,))
+        rows = cur.fetchall()
     conn.close()
-    return float(millis or 0) / 1000, int(rows or 0)
+    return [{"batch_id": b, "rows": int(n or 0), "ms": int(ms or 0),
+             "durations": d if isinstance(d, dict) else json.loads(d or "{}")} for b, n, ms, d in rows[1:]]
 
 
-def run_mode(stack: dict, tmp: Path, topic: str, name: str, delivery: str, spec: str, batch: int) -> dict:
-    config = pipeline_config(stack, tmp, name, delivery=delivery, spec=spec, topics=[topic],
-                             max_offsets_per_trigger=batch)
-    run = run_app(config, tmp, timeout=1200, label=name)
+def run_mode(stack: dict, tmp: Path, topic: str, name: str, figure: str, batch: int) -> dict[str, Any]:
+    delivery, spec, parsing = MODES[figure]
+    config = pipeline_config(stack, tmp, name, delivery=delivery, spec=f"spark_apps.ledger.spec:{spec}",
+                             topics=[topic], max_offsets_per_trigger=batch, record_parsing=parsing)
+    run = run_app(config, tmp, timeout=1800, label=name)
     if run.process.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{run.log()[-3000:]}")
-    seconds, rows = processing_seconds(stack, config["meta_schema"], name)
-    warm_seconds, warm_rows = processing_seconds(stack, config["meta_schema"], name, skip_first=True)
-    stage = sum(e["timings_ms"].get("stage", 0) for e in run.events("batch")) / 1000
-    apply = sum(e["timings_ms"].get("apply", 0) + e["timings_ms"].get("commit", 0) for e in run.events("batch")) / 1000
-    return {"mode": delivery, "spec": spec.split(":")[1], "rows": rows, "seconds": round(seconds, 3),
-            "rows_per_second": round(rows / seconds) if seconds else None,
-            "warm_rows_per_second": round(warm_rows / warm_seconds) if warm_seconds else None,
-            "stage_seconds": round(stage, 3), "apply_commit_seconds": round(apply, 3)}
+        raise SystemExit(f"{figure} failed:\n{run.log()[-3000:]}")
+    warm = warm_batches(stack, config["meta_schema"], name)
+    sink = {e["batch_id"]: e for e in run.events("batch")}
+    phases = []
+    for b in warm:
+        timings = sink.get(b["batch_id"], {}).get("timings_ms", {})
+        sink_ms = sum(timings.values())
+        phases.append({**{f"spark_{k}": v for k, v in b["durations"].items()},
+                       **{f"sink_{k}": v for k, v in timings.items()},
+                       "fixed_overhead": b["durations"].get("triggerExecution", b["ms"]) - sink_ms,
+                       "rows": b["rows"]})
+    rows, seconds = sum(b["rows"] for b in warm), sum(b["ms"] for b in warm) / 1000
+    return {"rows": rows, "seconds": round(seconds, 3), "phases": phases}
+
+
+# --- Spark's own peers -------------------------------------------------------
+
+# Runs under spark-submit; the password arrives through the environment only.
+SPARK_PEERS_SCRIPT = '''
+import json, os, sys, time
+from pyspark.sql import SparkSession, functions as F, types as T
+bootstrap, topic, partitions, host, port, db, user, schema, figures = sys.argv[1:10]
+spark = SparkSession.builder.getOrCreate()
+fields = T.StructType([T.StructField("event_id", T.StringType()), T.StructField("account_id", T.StringType()),
+                       T.StructField("amount_cents", T.LongType()), T.StructField("ts", T.StringType()),
+                       T.StructField("seq", T.LongType())])
+def read():
+    return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+            .option("kafka.isolation.level", "read_committed").load())
+def parsed():
+    v = F.from_json(F.col("value").cast("string"), fields).alias("v")
+    return read().select(F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
+                         F.col("offset").alias("kafka_offset"), v).select(
+        "kafka_topic", "kafka_partition", "kafka_offset", "v.event_id", "v.account_id", "v.amount_cents",
+        F.to_timestamp("v.ts").alias("ts"), "v.seq")
+url = f"jdbc:postgresql://{host}:{port}/{db}?reWriteBatchedInserts=true"
+props = {"user": user, "password": os.environ["EOS_PG_PASSWORD"], "driver": "org.postgresql.Driver",
+         "batchsize": "10000", "numPartitions": partitions}
+table = f'"{schema}".ledger_events'
+parsed().write.format("noop").mode("overwrite").save()  # warm-up: one full untimed read
+parsed().limit(1000).write.jdbc(url, table, mode="append", properties=props)  # and the JDBC path
+def timed(name, action):
+    started = time.perf_counter()
+    action()
+    print("PEER " + json.dumps({"figure": name, "seconds": time.perf_counter() - started}), flush=True)
+for name in figures.split(","):
+    if name == "spark_noop":
+        timed(name, lambda: read().write.format("noop").mode("overwrite").save())
+    elif name == "spark_from_json_noop":
+        timed(name, lambda: parsed().write.format("noop").mode("overwrite").save())
+    elif name == "spark_jdbc":
+        timed(name, lambda: parsed().write.jdbc(url, table, mode="append", properties=props))
+'''
+
+
+def spark_peers(stack: dict, tmp: Path, topic: str, events: int, order: list[str], tag: str) -> dict[str, dict]:
+    schema = f"jdbc{tag}"
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        run_ddl(cur, ledger_ddl(schema))
+    conn.close()
+    script = tmp / "spark_peers.py"
+    script.write_text(SPARK_PEERS_SCRIPT)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    jars = ",".join([stack["EOS_SPARK_JARS"], stack["EOS_PG_JDBC_JAR"]])
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]", "--jars", jars,
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1", "--driver-memory", "1g",
+         str(script), stack["EOS_KAFKA_BOOTSTRAP"], topic, str(PARTITIONS), stack["EOS_PG_HOST"],
+         stack["EOS_PG_PORT"], stack["EOS_PG_DB"], stack["EOS_PG_USER"], schema, ",".join(order)],
+        capture_output=True, text=True, env=env, check=False)
+    timed = [json.loads(line[5:]) for line in out.stdout.splitlines() if line.startswith("PEER ")]
+    if len(timed) != len(order):
+        raise SystemExit(f"spark peers failed:\n{out.stderr[-3000:]}")
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:  # the JDBC peer's rows, counted after its clock (1000 are the warm-up's)
+        cur.execute(sql.SQL("SELECT count(*) - 1000 FROM {}.ledger_events").format(sql.Identifier(schema)))
+        jdbc_rows = int(cur.fetchone()[0])
+        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    conn.close()
+    return {t["figure"]: {"rows": jdbc_rows if t["figure"] == "spark_jdbc" else events,
+                          "seconds": round(t["seconds"], 3)} for t in timed}
+
+
+# --- Python peers ------------------------------------------------------------
+
+def _consumer(stack: dict, topic: str) -> Any:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"], "group.id": "bench",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    return consumer
+
+
+def _consume(stack: dict, topic: str, events: int) -> list[tuple]:
+    consumer = _consumer(stack, topic)
+    records: list[tuple] = []
+    while len(records) < events:
+        records.extend((m.topic(), m.partition(), m.offset(), None, m.value())
+                       for m in consumer.consume(10000, timeout=2) if not m.error())
+    consumer.close()
+    return records
 
 
 def _event_line(staging_line: str) -> str:
@@ -87,146 +208,186 @@ def _event_line(staging_line: str) -> str:
     return "\t".join(cells[:3] + cells[6:]) + "\n"
 
 
-def raw_copy(stack: dict, topic: str, events: int, schema: str) -> dict:
-    """The ceiling: COPY of already-encoded rows straight into the target table."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"], "group.id": "bench",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    metadata = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions])
-    records = []
-    while len(records) < events:
-        for message in consumer.consume(10000, timeout=2):
-            if not message.error():
-                records.append((message.topic(), message.partition(), message.offset(), None, message.value()))
-    consumer.close()
-    # Encoded before the clock starts: the ceiling is PostgreSQL's COPY alone.
-    text = "".join(_event_line(line) for line in staging_lines(LEDGER, records, keep_raw=False))
+def _copy_events(stack: dict, schema: str, text: Any) -> None:
     conn = pg_connect(stack)
     conn.autocommit = False
     with conn.cursor() as cur:
-        run_ddl(cur, ledger_ddl(schema))
-        conn.commit()
-        started = time.perf_counter()
         cur.copy_expert(sql.SQL("COPY {}.ledger_events FROM STDIN").format(sql.Identifier(schema)).as_string(cur),
-                        io.StringIO(text))
-        conn.commit()
-        seconds = time.perf_counter() - started
+                        text)
+    conn.commit()
     conn.close()
-    return {"mode": "raw_copy", "spec": "LEDGER_EVENTS_ONLY", "rows": len(records), "seconds": round(seconds, 3),
-            "rows_per_second": round(len(records) / seconds)}
 
 
-def spark_jdbc(stack: dict, topic: str, schema: str, tmp: Path) -> dict:
-    """The peer: Spark's JDBC writer, at-least-once, same parse in the JVM."""
-    script = tmp / "jdbc_peer.py"
-    script.write_text(JDBC_PEER)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    jars = ",".join([stack["EOS_SPARK_JARS"], stack["EOS_PG_JDBC_JAR"]])
-    out = subprocess.run(
-        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]", "--jars", jars,
-         "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1", "--driver-memory", "1g",
-         str(script), stack["EOS_KAFKA_BOOTSTRAP"], topic, stack["EOS_PG_HOST"], stack["EOS_PG_PORT"],
-         stack["EOS_PG_DB"], stack["EOS_PG_USER"], schema],
-        capture_output=True, text=True, env=env, check=False)
-    line = next((x for x in out.stdout.splitlines() if x.startswith("JDBC ")), None)
-    if line is None:
-        raise SystemExit(f"jdbc peer failed:\n{out.stderr[-3000:]}")
-    return json.loads(line[5:])
+def python_peer(stack: dict, topic: str, events: int, figure: str, tag: str) -> dict[str, Any]:
+    schema = f"py{tag}{figure[:8]}"
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        run_ddl(cur, ledger_ddl(schema))
+    conn.close()
+    if figure == "python_reference":
+        started = time.perf_counter()
+        consumer = _consumer(stack, topic)
+        count = 0
+
+        def lines():
+            nonlocal count
+            while count < events:
+                for m in consumer.consume(10000, timeout=2):
+                    if m.error():
+                        continue
+                    count += 1
+                    r = parse_record(LEDGER, m.value())
+                    yield (f"{m.topic()}\t{m.partition()}\t{m.offset()}\t{r['event_id']}\t{r['account_id']}\t"
+                           f"{r['amount_cents']}\t{r['ts']}\t{r['seq']}\n")
+
+        _copy_events(stack, schema, _IterText(lines()))
+        seconds = time.perf_counter() - started
+        consumer.close()
+    else:
+        records = _consume(stack, topic, events)
+        count = len(records)
+        if figure == "raw_copy_preencoded":
+            text = "".join(_event_line(line) for line in staging_lines(LEDGER, records, keep_raw=False))
+            started = time.perf_counter()
+            _copy_events(stack, schema, io.StringIO(text))
+        else:
+            started = time.perf_counter()
+            _copy_events(stack, schema, _IterText(_event_line(line)
+                                                  for line in staging_lines(LEDGER, records, keep_raw=False)))
+        seconds = time.perf_counter() - started
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    conn.close()
+    return {"rows": count, "seconds": round(seconds, 3)}
 
 
-# Runs under spark-submit; the password arrives through the environment only.
-JDBC_PEER = '''
-import json, os, sys, time
-from pyspark.sql import SparkSession, functions as F, types as T
-bootstrap, topic, host, port, db, user, schema = sys.argv[1:8]
-spark = SparkSession.builder.getOrCreate()
-fields = T.StructType([T.StructField("event_id", T.StringType()), T.StructField("account_id", T.StringType()),
-                       T.StructField("amount_cents", T.LongType()), T.StructField("ts", T.StringType()),
-                       T.StructField("seq", T.LongType())])
-def load():
-    df = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-          .option("kafka.isolation.level", "read_committed").load())
-    v = F.from_json(F.col("value").cast("string"), fields).alias("v")
-    return df.select(F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
-                     F.col("offset").alias("kafka_offset"), v).select("kafka_topic", "kafka_partition",
-                     "kafka_offset", "v.event_id", "v.account_id", "v.amount_cents",
-                     F.to_timestamp("v.ts").alias("ts"), "v.seq")
-props = {"user": user, "password": os.environ["EOS_PG_PASSWORD"], "driver": "org.postgresql.Driver",
-         "batchsize": "10000", "reWriteBatchedInserts": "true"}
-url = f"jdbc:postgresql://{host}:{port}/{db}"
-load().limit(1000).write.jdbc(url, f'"{schema}".ledger_events', mode="append", properties=props)  # warm-up
-started = time.perf_counter()
-rows = load().count()
-df = load()
-df.write.jdbc(url, f'"{schema}".ledger_events', mode="append", properties=props)
-seconds = time.perf_counter() - started
-print("JDBC " + json.dumps({"mode": "spark_jdbc", "spec": "LEDGER_EVENTS_ONLY", "rows": rows,
-      "seconds": round(seconds, 3), "rows_per_second": round(rows / seconds)}))
-'''
+class _IterText:
+    """A file-like view of an iterator of text lines, read by COPY in ~1 MiB chunks."""
+
+    def __init__(self, lines: Any) -> None:
+        self._lines = iter(lines)
+
+    def read(self, size: int = 1 << 20) -> str:
+        chunk, filled = [], 0
+        for line in self._lines:
+            chunk.append(line)
+            filled += len(line)
+            if filled >= size:
+                break
+        return "".join(chunk)
+
+    readline = read
+
+
+# --- the report --------------------------------------------------------------
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["rows"] / r["seconds"] for r in runs if r["seconds"]]
+    return {"rows": [r["rows"] for r in runs], "seconds": [r["seconds"] for r in runs],
+            "rows_per_second": [round(x) for x in rates], "min": round(min(rates)),
+            "median": round(statistics.median(rates)), "max": round(max(rates))}
+
+
+def median_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per-batch medians over the warm batches of every run of a mode (ms)."""
+    batches = [p for r in runs for p in r.get("phases", []) if p["rows"] > 0]
+    keys = sorted({k for p in batches for k in p if k != "rows"})
+    return {k: statistics.median(p.get(k, 0) for p in batches) for k in keys} | {
+        "rows": statistics.median(p["rows"] for p in batches)} if batches else {}
+
+
+def ratios(figures: dict[str, dict], recovery_seconds: float | None) -> dict[str, float | None]:
+    def ratio(a: str, b: str) -> float | None:
+        if a in figures and b in figures:
+            return round(figures[a]["median"] / figures[b]["median"], 3)
+        return None
+
+    return {
+        "exactly_once_vs_raw_copy": ratio("exactly_once", "raw_copy_encoded"),
+        "exactly_once_vs_jdbc": ratio("exactly_once", "spark_jdbc"),
+        "exactly_once_vs_at_least_once": ratio("exactly_once", "at_least_once"),
+        "exactly_once_vs_noop_ceiling": ratio("exactly_once", "spark_from_json_noop"),
+        "recovery_100k_seconds": recovery_seconds,
+        "exactly_once_vs_raw_copy_preencoded": ratio("exactly_once", "raw_copy_preencoded"),
+        "exactly_once_vs_read_noop": ratio("exactly_once", "spark_noop"),
+        "exactly_once_vs_python_reference": ratio("exactly_once", "python_reference"),
+        "two_phase_vs_exactly_once": ratio("two_phase", "exactly_once"),
+        "jvm_parsing_vs_python_parsing": ratio("exactly_once_jvm_parsing", "exactly_once"),
+    }
+
+
+def recovery_from(path: Path) -> float | None:
+    """restore + replay + audit of the 100k-event size, fastest engine, from bench/recovery_times.py."""
+    if not path.exists():
+        return None
+    results = json.loads(path.read_text()).get("results", [])
+    times = [r["recovery_seconds"] for r in results if r.get("events") == 100_000 and "recovery_seconds" in r]
+    return min(times) if times else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=50_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=100_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=12)
+    parser.add_argument("--figures", default=",".join([*MODES, *SPARK_PEERS, *PYTHON_PEERS]))
+    parser.add_argument("--recovery", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sink_throughput.json"))
     args = parser.parse_args()
-    subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
-    stack = read_env_file(ROOT / ".local" / "stack.env")
-    os.environ.update(stack)
-    tag = time.strftime("%H%M%S")
+    chosen = args.figures.split(",")
+    unknown = set(chosen) - {*MODES, *SPARK_PEERS, *PYTHON_PEERS}
+    if unknown:
+        raise SystemExit(f"unknown figures {sorted(unknown)}")
+    stack = local_stack()
+    topic, tag = ledger_topic(stack, "ledger", args.events)
     tmp = Path("/tmp") / f"eos-bench-{tag}"
     tmp.mkdir(parents=True)
-    topic = f"bench.ledger.{tag}"
-    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=4)
-    produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], args.events, topic=topic, batch_size=5000, seed=42)
 
-    results = []
-    for delivery, spec in [("at_least_once", "LEDGER"), ("exactly_once", "LEDGER"), ("two_phase", "LEDGER"),
-                           ("at_least_once", "LEDGER_EVENTS_ONLY"), ("idempotent", "LEDGER_EVENTS_ONLY"),
-                           ("exactly_once", "LEDGER_EVENTS_ONLY")]:
-        name = f"b{tag}{delivery[:3]}{spec[-4:].lower()}"
-        results.append(run_mode(stack, tmp, topic, name, delivery, f"spark_apps.ledger.spec:{spec}", args.batch))
-        print(json.dumps(results[-1]))
-    results.append(raw_copy(stack, topic, args.events, f"rawcopy{tag}"))
-    print(json.dumps(results[-1]))
-    jdbc_schema = f"jdbc{tag}"
-    conn = pg_connect(stack)
-    with conn.cursor() as cur:
-        run_ddl(cur, ledger_ddl(jdbc_schema))
-    conn.close()
-    results.append(spark_jdbc(stack, topic, jdbc_schema, tmp))
-    print(json.dumps(results[-1]))
+    rng = random.Random(args.seed)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
+    for round_number in range(args.runs):
+        units = [name for name in chosen if name in MODES or name in PYTHON_PEERS]
+        spark_units = [name for name in chosen if name in SPARK_PEERS]
+        if spark_units:
+            units.append("spark_peers")
+        rng.shuffle(units)
+        rng.shuffle(spark_units)
+        for unit in units:
+            # Every unit its own pipeline: a shared name would resume another mode's offsets and
+            # read its progress rows (three modes share their first ten letters).
+            label = f"b{tag}r{round_number}u{units.index(unit)}"
+            if unit == "spark_peers":
+                timed = spark_peers(stack, tmp, topic, args.events, spark_units, f"{tag}r{round_number}")
+                for name, result in timed.items():
+                    runs[name].append(result)
+                    print(json.dumps({"round": round_number, "figure": name, **result}), flush=True)
+                continue
+            if unit in MODES:
+                result = run_mode(stack, tmp, topic, label.replace("_", ""), unit, args.batch)
+            else:
+                result = python_peer(stack, topic, args.events, unit, f"{tag}r{round_number}")
+            runs[unit].append(result)
+            print(json.dumps({"round": round_number, "figure": unit,
+                              **{k: v for k, v in result.items() if k != "phases"}}), flush=True)
 
-    def rate(mode: str, spec: str) -> float:
-        # Warm rates: the JDBC peer warms its JVM up before its clock starts, so
-        # the sink's modes are compared without their first (warm-up) batch too.
-        row = next(r for r in results if r["mode"] == mode and r["spec"] == spec)
-        return row.get("warm_rows_per_second") or row["rows_per_second"]
-
-    ratios = {
-        "exactly_once_vs_at_least_once (ledger, both targets)":
-            round(rate("exactly_once", "LEDGER") / rate("at_least_once", "LEDGER"), 3),
-        "two_phase_vs_exactly_once (ledger, both targets)":
-            round(rate("two_phase", "LEDGER") / rate("exactly_once", "LEDGER"), 3),
-        "exactly_once_vs_at_least_once (events only)":
-            round(rate("exactly_once", "LEDGER_EVENTS_ONLY") / rate("at_least_once", "LEDGER_EVENTS_ONLY"), 3),
-        "exactly_once_vs_raw_copy (events only)":
-            round(rate("exactly_once", "LEDGER_EVENTS_ONLY") / rate("raw_copy", "LEDGER_EVENTS_ONLY"), 3),
-        "exactly_once_vs_spark_jdbc (events only)":
-            round(rate("exactly_once", "LEDGER_EVENTS_ONLY") / rate("spark_jdbc", "LEDGER_EVENTS_ONLY"), 3),
-    }
-    report = {"events": args.events, "max_offsets_per_trigger": args.batch, "machine": machine(),
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results, "ratios": ratios}
+    figures = {name: summarize(r) for name, r in runs.items() if r}
+    phases = {name: median_phases(r) for name, r in runs.items() if name in MODES and r}
+    measured = ratios(figures, recovery_from(Path(args.recovery)))
+    meets = {k: (None if measured[k] is None else
+                 (measured[k] >= t if op == ">=" else measured[k] < t)) for k, (op, t) in TARGETS.items()}
+    report = {"events": args.events, "max_offsets_per_trigger": args.batch, "runs": args.runs, "seed": args.seed,
+              "master": "local[2]", "machine": machine(),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "figures": figures, "phases": phases, "ratios": measured,
+              "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()}, "meets": meets}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n{'mode':<16}{'spec':<22}{'rows':>9}{'seconds':>10}{'rows/s':>10}{'warm rows/s':>12}")
-    for r in results:
-        print(f"{r['mode']:<16}{r['spec']:<22}{r['rows']:>9}{r['seconds']:>10}{r['rows_per_second']:>10}"
-              f"{r.get('warm_rows_per_second') or '':>12}")
-    print(json.dumps(ratios, indent=2))
+    print(f"\n{'figure':<28}{'median rows/s':>14}{'min':>10}{'max':>10}")
+    for name, f in figures.items():
+        print(f"{name:<28}{f['median']:>14}{f['min']:>10}{f['max']:>10}")
+    print(json.dumps({"ratios": measured, "meets": meets}, indent=2))
 
 
 if __name__ == "__main__":

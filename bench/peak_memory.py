@@ -1,0 +1,103 @@
+"""Peak memory of the driver and the executors for one large micro-batch.
+
+    .venv/bin/python bench/peak_memory.py --events 500000
+
+Produces N ledger events, then runs the app (``exactly_once``, both targets,
+``local[2]``, ``--driver-memory 1g``) with ``maxOffsetsPerTrigger`` = N, so
+the whole topic is one batch, once per record-parsing path. While it runs,
+the resident memory (RSS) of every process of the app's process group is
+sampled every 0.1 s from /proc: the JVM (driver and, in local mode, the
+executors' task threads), the Python driver and the Python workers that
+parse and COPY. Memory is bounded by an Arrow batch per task, not by the
+micro-batch, when these peaks do not grow with N. Writes
+bench/results/peak_memory.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import ledger_topic, local_stack, machine  # noqa: E402
+from tests.streaming import pipeline_config, start_app  # noqa: E402
+
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _role(pid: int) -> str | None:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    text = b" ".join(command).decode(errors="replace")
+    if "java" in Path(command[0].decode(errors="replace")).name:
+        return "jvm"
+    if "pyspark.daemon" in text or "pyspark.worker" in text:
+        return "python_workers"
+    if "app.py" in text:
+        return "python_driver"
+    return None
+
+
+def _group_rss_mib(group: int) -> dict[str, float]:
+    """RSS per role, summed over the processes of one process group."""
+    totals: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            resident_pages = int((entry / "statm").read_text().split()[1])
+        except (OSError, ValueError):
+            continue
+        role = _role(int(entry.name))
+        if role:
+            totals[role] = totals.get(role, 0.0) + resident_pages * PAGE_KIB / 1024
+    return totals
+
+
+def measure(stack: dict[str, str], tmp: Path, topic: str, events: int, parsing: str) -> dict:
+    name = f"mem{time.strftime('%H%M%S')}{parsing}"
+    config = pipeline_config(stack, tmp, name, topics=[topic], max_offsets_per_trigger=events,
+                             record_parsing=parsing)
+    run = start_app(config, tmp, label=name)
+    peaks: dict[str, float] = {}
+    while run.process.poll() is None:
+        sample = _group_rss_mib(run.process.pid)
+        for role, mib in sample.items():
+            peaks[role] = max(peaks.get(role, 0.0), mib)
+        peaks["total"] = max(peaks.get("total", 0.0), sum(sample.values()))
+        time.sleep(0.1)
+    if run.process.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{run.log()[-3000:]}")
+    batches = [e for e in run.events("batch") if e["applied"]]
+    return {"record_parsing": parsing, "batch_rows": [e["applied"] for e in batches],
+            "peak_rss_mib": {role: round(mib) for role, mib in sorted(peaks.items())}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "peak_memory.json"))
+    args = parser.parse_args()
+    stack = local_stack()
+    topic, tag = ledger_topic(stack, "memory", args.events)
+    tmp = Path("/tmp") / f"eos-mem-{tag}"
+    tmp.mkdir(parents=True)
+    runs = [measure(stack, tmp, topic, args.events, parsing) for parsing in ("python", "jvm")]
+    report = {"events": args.events, "driver_memory": "1g", "master": "local[2]", "machine": machine(),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(runs, indent=2))
+
+
+if __name__ == "__main__":
+    main()
