@@ -29,6 +29,15 @@ same clock: rows from the first read to the last commit, after a warm-up.
   confluent-kafka consumer, ``parse_record`` per record and COPY, all inside
   the clock.
 
+``--baseline DIR`` runs the Python-parsing modes of another checkout's app too
+(a git worktree of an older commit, sharing this one's .venv and .local), in
+the same rounds and the same shuffle, as ``<mode>@baseline``: before and
+after on one clock. The baseline's ratios go under ``baseline``.
+
+``ratios.recovery_100k_seconds`` is read from ``--recovery``
+(bench/results/recovery_times.json): restore + replay + audit at 100k events,
+the fastest engine.
+
 Writes bench/results/sink_throughput.json (``figures`` with every run,
 ``phases`` per batch, ``ratios`` against the issue's targets) and prints a table.
 """
@@ -66,6 +75,8 @@ MODES = {
     "exactly_once_jvm_parsing": ("exactly_once", "LEDGER", "jvm"),
     "exactly_once_events_only": ("exactly_once", "LEDGER_EVENTS_ONLY", "python"),
 }
+# Figures of the --baseline checkout's app: "<mode>@baseline".
+BASELINE_SUFFIX = "@baseline"
 SPARK_PEERS = ("spark_noop", "spark_from_json_noop", "spark_jdbc")
 PYTHON_PEERS = ("raw_copy_preencoded", "raw_copy_encoded", "python_reference")
 TARGETS = {  # ratio -> (comparison, target)
@@ -91,11 +102,15 @@ def warm_batches(stack: dict, meta_schema: str, pipeline: str) -> list[dict[str,
              "durations": d if isinstance(d, dict) else json.loads(d or "{}")} for b, n, ms, d in rows[1:]]
 
 
-def run_mode(stack: dict, tmp: Path, topic: str, name: str, figure: str, batch: int) -> dict[str, Any]:
-    delivery, spec, parsing = MODES[figure]
+def run_mode(stack: dict, tmp: Path, topic: str, name: str, figure: str, batch: int,
+             baseline: Path | None = None) -> dict[str, Any]:
+    """One run of a pipeline mode; ``baseline``: the app of that checkout instead of this one."""
+    delivery, spec, parsing = MODES[figure.removesuffix(BASELINE_SUFFIX)]
+    # A baseline build may predate record_parsing; its only parsing is Python's.
+    parsing_option = {} if baseline else {"record_parsing": parsing}
     config = pipeline_config(stack, tmp, name, delivery=delivery, spec=f"spark_apps.ledger.spec:{spec}",
-                             topics=[topic], max_offsets_per_trigger=batch, record_parsing=parsing)
-    run = run_app(config, tmp, timeout=1800, label=name)
+                             topics=[topic], max_offsets_per_trigger=batch, **parsing_option)
+    run = run_app(config, tmp, timeout=1800, label=name, root=baseline or ROOT)
     if run.process.returncode != 0:
         raise SystemExit(f"{figure} failed:\n{run.log()[-3000:]}")
     warm = warm_batches(stack, config["meta_schema"], name)
@@ -297,24 +312,29 @@ def median_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
         "rows": statistics.median(p["rows"] for p in batches)} if batches else {}
 
 
-def ratios(figures: dict[str, dict], recovery_seconds: float | None) -> dict[str, float | None]:
+def ratios(figures: dict[str, dict], recovery_seconds: float | None, build: str = "") -> dict[str, float | None]:
+    """The ratios of this build's modes (``build``: "" or BASELINE_SUFFIX) against the same peers."""
     def ratio(a: str, b: str) -> float | None:
         if a in figures and b in figures:
             return round(figures[a]["median"] / figures[b]["median"], 3)
         return None
 
-    return {
-        "exactly_once_vs_raw_copy": ratio("exactly_once", "raw_copy_encoded"),
-        "exactly_once_vs_jdbc": ratio("exactly_once", "spark_jdbc"),
-        "exactly_once_vs_at_least_once": ratio("exactly_once", "at_least_once"),
-        "exactly_once_vs_noop_ceiling": ratio("exactly_once", "spark_from_json_noop"),
+    exactly_once = f"exactly_once{build}"
+    measured = {
+        "exactly_once_vs_raw_copy": ratio(exactly_once, "raw_copy_encoded"),
+        "exactly_once_vs_jdbc": ratio(exactly_once, "spark_jdbc"),
+        "exactly_once_vs_at_least_once": ratio(exactly_once, f"at_least_once{build}"),
+        "exactly_once_vs_noop_ceiling": ratio(exactly_once, "spark_from_json_noop"),
         "recovery_100k_seconds": recovery_seconds,
-        "exactly_once_vs_raw_copy_preencoded": ratio("exactly_once", "raw_copy_preencoded"),
-        "exactly_once_vs_read_noop": ratio("exactly_once", "spark_noop"),
-        "exactly_once_vs_python_reference": ratio("exactly_once", "python_reference"),
-        "two_phase_vs_exactly_once": ratio("two_phase", "exactly_once"),
-        "jvm_parsing_vs_python_parsing": ratio("exactly_once_jvm_parsing", "exactly_once"),
+        "exactly_once_vs_raw_copy_preencoded": ratio(exactly_once, "raw_copy_preencoded"),
+        "exactly_once_vs_read_noop": ratio(exactly_once, "spark_noop"),
+        "exactly_once_vs_python_reference": ratio(exactly_once, "python_reference"),
+        "two_phase_vs_exactly_once": ratio(f"two_phase{build}", exactly_once),
     }
+    if not build:
+        measured["jvm_parsing_vs_python_parsing"] = ratio("exactly_once_jvm_parsing", "exactly_once")
+        measured["exactly_once_vs_baseline"] = ratio("exactly_once", f"exactly_once{BASELINE_SUFFIX}")
+    return measured
 
 
 def recovery_from(path: Path) -> float | None:
@@ -335,9 +355,14 @@ def main() -> None:
     parser.add_argument("--figures", default=",".join([*MODES, *SPARK_PEERS, *PYTHON_PEERS]))
     parser.add_argument("--recovery", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sink_throughput.json"))
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (e.g. a git worktree of an older commit): its app runs the "
+                             "python-parsing modes too, in the same rounds, as <mode>@baseline")
     args = parser.parse_args()
     chosen = args.figures.split(",")
-    unknown = set(chosen) - {*MODES, *SPARK_PEERS, *PYTHON_PEERS}
+    if args.baseline:
+        chosen += [f"{name}{BASELINE_SUFFIX}" for name in chosen if name in MODES and MODES[name][2] == "python"]
+    unknown = {name.removesuffix(BASELINE_SUFFIX) for name in chosen} - {*MODES, *SPARK_PEERS, *PYTHON_PEERS}
     if unknown:
         raise SystemExit(f"unknown figures {sorted(unknown)}")
     stack = local_stack()
@@ -348,7 +373,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
     for round_number in range(args.runs):
-        units = [name for name in chosen if name in MODES or name in PYTHON_PEERS]
+        units = [name for name in chosen if name.removesuffix(BASELINE_SUFFIX) in MODES or name in PYTHON_PEERS]
         spark_units = [name for name in chosen if name in SPARK_PEERS]
         if spark_units:
             units.append("spark_peers")
@@ -364,8 +389,9 @@ def main() -> None:
                     runs[name].append(result)
                     print(json.dumps({"round": round_number, "figure": name, **result}), flush=True)
                 continue
-            if unit in MODES:
-                result = run_mode(stack, tmp, topic, label.replace("_", ""), unit, args.batch)
+            if unit.removesuffix(BASELINE_SUFFIX) in MODES:
+                result = run_mode(stack, tmp, topic, label.replace("_", ""), unit, args.batch,
+                                  args.baseline if unit.endswith(BASELINE_SUFFIX) else None)
             else:
                 result = python_peer(stack, topic, args.events, unit, f"{tag}r{round_number}")
             runs[unit].append(result)
@@ -373,7 +399,8 @@ def main() -> None:
                               **{k: v for k, v in result.items() if k != "phases"}}), flush=True)
 
     figures = {name: summarize(r) for name, r in runs.items() if r}
-    phases = {name: median_phases(r) for name, r in runs.items() if name in MODES and r}
+    phases = {name: median_phases(r) for name, r in runs.items()
+              if name.removesuffix(BASELINE_SUFFIX) in MODES and r}
     measured = ratios(figures, recovery_from(Path(args.recovery)))
     meets = {k: (None if measured[k] is None else
                  (measured[k] >= t if op == ">=" else measured[k] < t)) for k, (op, t) in TARGETS.items()}
@@ -382,6 +409,11 @@ def main() -> None:
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "figures": figures, "phases": phases, "ratios": measured,
               "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()}, "meets": meets}
+    if args.baseline:
+        commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=False).stdout.strip()
+        report["baseline"] = {"commit": commit or None,
+                              "ratios": ratios(figures, None, BASELINE_SUFFIX)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{'figure':<28}{'median rows/s':>14}{'min':>10}{'max':>10}")

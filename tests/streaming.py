@@ -89,7 +89,8 @@ class AppRun:
 
 
 def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
-              label: str = "run") -> AppRun:
+              label: str = "run", root: Path = ROOT) -> AppRun:
+    """Starts the app of the checkout at ``root`` (another one: a benchmark's baseline build)."""
     config_path = tmp_path / f"{config['pipeline']}.json"
     config_path.write_text(json.dumps(config))
     log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
@@ -104,10 +105,10 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
         "--conf", "spark.driver.bindAddress=127.0.0.1",
         "--conf", "spark.sql.shuffle.partitions=2",
         "--driver-memory", "1g",
-        str(APP), "--config", str(config_path),
+        str(root / APP.relative_to(ROOT)), "--config", str(config_path),
     ]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
                                    start_new_session=True)
     return AppRun(process, log_path)
 
