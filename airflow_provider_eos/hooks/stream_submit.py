@@ -29,6 +29,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # imported: this module must load without the app's psycopg2-based modules on the import path).
 EXIT_FENCED = 3
 EVENT_PREFIX = "EOS-"
+_JSON = json.JSONDecoder()
 PASSWORD_ENV = "EOS_PG_PASSWORD"
 KAFKA_OPTIONS_ENV = "EOS_KAFKA_OPTIONS_JSON"
 JARS_ENV = "EOS_SPARK_JARS"
@@ -58,12 +59,15 @@ def build_spark_apps_zip(target_dir: str | Path) -> str:
 
 
 def parse_event(line: str) -> tuple[str, dict[str, Any]] | None:
-    """``EOS-BATCH {...}`` -> ("batch", {...}); None for any other line."""
+    """``EOS-BATCH {...}`` -> ("batch", {...}); None for any other line.
+
+    Anything after the JSON value is ignored: another process writing to the
+    same pipe (the driver's JVM logs on stderr) can glue its output to the line."""
     if not line.startswith(EVENT_PREFIX):
         return None
     kind, _, payload = line[len(EVENT_PREFIX):].partition(" ")
     try:
-        data = json.loads(payload) if payload else {}
+        data = _JSON.raw_decode(payload.lstrip())[0] if payload.strip() else {}
     except json.JSONDecodeError:
         return None
     return kind.lower(), data if isinstance(data, dict) else {"value": data}

@@ -21,8 +21,13 @@ def _as_json(offsets: Any) -> str | None:
 
 
 def emit(event: str, **fields: Any) -> None:
-    """One machine-readable line; supervisors parse lines starting with ``EOS-``."""
-    print(f"EOS-{event.upper()} {json.dumps(fields, default=str, sort_keys=True)}", file=sys.stdout, flush=True)
+    """One machine-readable line; supervisors parse lines starting with ``EOS-``.
+
+    Written with one write: print() writes the text and its newline apart, and
+    the JVM's log lines, on the same pipe, landed between the two (seen in CI:
+    an ``EOS-STOPPED`` line with a Spark WARN glued to it)."""
+    sys.stdout.write(f"EOS-{event.upper()} {json.dumps(fields, default=str, sort_keys=True)}\n")
+    sys.stdout.flush()
 
 
 class ProgressRecorder(StreamingQueryListener):

@@ -84,6 +84,12 @@ def test_non_local_master_ships_a_zip_and_keeps_secrets_off_the_command_line(con
 def test_event_parsing_and_reasons():
     assert parse_event('EOS-BATCH {"batch_id": 3}') == ("batch", {"batch_id": 3})
     assert parse_event("INFO something") is None
+    # Seen in CI: the JVM's stderr glued to an event line on the shared pipe.
+    glued = ('EOS-STOPPED {"reason": "stop requested at 2026-11-24T07:13:30.866518+00:00"}26/11/24 07:13:31 '
+             "WARN DAGScheduler: Failed to cancel job group aee4cf9f. Cannot find active jobs for it.")
+    assert parse_event(glued) == ("stopped", {"reason": "stop requested at 2026-11-24T07:13:30.866518+00:00"})
+    assert parse_event("EOS-FINISHED") == ("finished", {})
+    assert parse_event("EOS-BATCH {not json") is None
     failed = AppRunResult(1, [("error", {"kind": "unavailable", "message": "no broker"})])
     assert failed.reason() == "exit 1: unavailable: no broker" and not failed.config_error
     assert AppRunResult(-9).reason() == "killed by SIGKILL (no EOS-ERROR line)"
