@@ -67,13 +67,14 @@ from spark_apps.eos_stream.records import parse_record, staging_lines  # noqa: E
 from spark_apps.ledger.spec import LEDGER, ledger_ddl  # noqa: E402
 from tests.streaming import pg_connect, pipeline_config, run_app  # noqa: E402
 
-# name -> (delivery, spec attribute, record_parsing)
+# name -> (delivery, spec attribute, record_parsing, write_path)
 MODES = {
-    "exactly_once": ("exactly_once", "LEDGER", "python"),
-    "at_least_once": ("at_least_once", "LEDGER", "python"),
-    "two_phase": ("two_phase", "LEDGER", "python"),
-    "exactly_once_jvm_parsing": ("exactly_once", "LEDGER", "jvm"),
-    "exactly_once_events_only": ("exactly_once", "LEDGER_EVENTS_ONLY", "python"),
+    "exactly_once": ("exactly_once", "LEDGER", "python", "direct"),
+    "exactly_once_staged": ("exactly_once", "LEDGER", "python", "staged"),
+    "at_least_once": ("at_least_once", "LEDGER", "python", "staged"),
+    "two_phase": ("two_phase", "LEDGER", "python", "direct"),
+    "exactly_once_jvm_parsing": ("exactly_once", "LEDGER", "jvm", "staged"),
+    "exactly_once_events_only": ("exactly_once", "LEDGER_EVENTS_ONLY", "python", "direct"),
 }
 # Figures of the --baseline checkout's app: "<mode>@baseline".
 BASELINE_SUFFIX = "@baseline"
@@ -105,9 +106,9 @@ def warm_batches(stack: dict, meta_schema: str, pipeline: str) -> list[dict[str,
 def run_mode(stack: dict, tmp: Path, topic: str, name: str, figure: str, batch: int,
              baseline: Path | None = None) -> dict[str, Any]:
     """One run of a pipeline mode; ``baseline``: the app of that checkout instead of this one."""
-    delivery, spec, parsing = MODES[figure.removesuffix(BASELINE_SUFFIX)]
-    # A baseline build may predate record_parsing; its only parsing is Python's.
-    parsing_option = {} if baseline else {"record_parsing": parsing}
+    delivery, spec, parsing, write_path = MODES[figure.removesuffix(BASELINE_SUFFIX)]
+    # A baseline build may predate record_parsing and write_path; it parses in Python and stages.
+    parsing_option = {} if baseline else {"record_parsing": parsing, "write_path": write_path}
     config = pipeline_config(stack, tmp, name, delivery=delivery, spec=f"spark_apps.ledger.spec:{spec}",
                              topics=[topic], max_offsets_per_trigger=batch, **parsing_option)
     run = run_app(config, tmp, timeout=1800, label=name, root=baseline or ROOT)

@@ -47,7 +47,7 @@ from pydantic import (
     field_validator,
 )
 
-from spark_apps.eos_stream.config import DELIVERY_MODES, PIPELINE_NAME, RECORD_PARSING, REPLAY_ENGINES, TRIGGERS
+from spark_apps.eos_stream.config import DELIVERY_MODES, PIPELINE_NAME, RECORD_PARSING, REPLAY_ENGINES, TRIGGERS, WRITE_PATHS
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # module.path:ATTRIBUTE, as the app's spec loader takes it.
@@ -93,6 +93,8 @@ class StreamSettings(_Section):
         by a recovery's resume. A continuous stream is started once and runs until stopped.
     :param record_parsing: ``python`` or ``jvm``: where records are parsed and validated
         (docs/streaming_app.md, "Record parsing"); both stage the same rows.
+    :param write_path: ``direct`` (each row written once, through the driver) or ``staged``
+        (executors stage in parallel; docs/streaming_app.md, "Write paths").
     :param replay_engine: how a recovery replays: ``spark`` (the app, spark-submit) or ``direct``
         (in the Airflow worker, without Spark: seconds instead of a cold start; docs/recovery.md).
     """
@@ -107,9 +109,10 @@ class StreamSettings(_Section):
     create_targets: bool = False
     schedule: str | None = None
     record_parsing: str = "python"
+    write_path: str = "staged"
     replay_engine: str = "spark"
 
-    @field_validator("trigger", "record_parsing", "replay_engine")
+    @field_validator("trigger", "record_parsing", "write_path", "replay_engine")
     @classmethod
     def _one_of_the_choices(cls, value: str, info: ValidationInfo) -> str:
         choices = _STREAM_CHOICES[info.field_name or ""]
@@ -118,7 +121,8 @@ class StreamSettings(_Section):
         return value
 
 
-_STREAM_CHOICES = {"trigger": TRIGGERS, "record_parsing": RECORD_PARSING, "replay_engine": REPLAY_ENGINES}
+_STREAM_CHOICES = {"trigger": TRIGGERS, "record_parsing": RECORD_PARSING, "write_path": WRITE_PATHS,
+                   "replay_engine": REPLAY_ENGINES}
 
 
 class SnapshotSettings(_Section):
@@ -234,6 +238,7 @@ class PipelineDefinition(_Section):
             "max_batch_attempts": self.stream.max_batch_attempts,
             "transient_retry_seconds": self.stream.transient_retry_seconds,
             "record_parsing": self.stream.record_parsing,
+            "write_path": self.stream.write_path,
             "create_targets": self.stream.create_targets,
             "checkpoint_dir": self.checkpoint_dir,
             "target_schema": self.target_schema,

@@ -18,7 +18,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
@@ -30,6 +30,7 @@ from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
+from spark_apps.eos_stream.sink.direct_rows import RESULT_SCHEMA, Chunk, task_writer
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import partition_writer
@@ -121,6 +122,7 @@ def run_stream(config: PipelineConfig) -> int:
     sink = driver.sink()
 
     jvm_parsing = config.record_parsing == "jvm" and sql_records.supported(spec)
+    writes_directly = config.write_path == "direct" and not jvm_parsing
 
     def write_batch(batch_df: Any, batch_id: int) -> None:
         end = offset_log.read(batch_id)
@@ -147,7 +149,15 @@ def run_stream(config: PipelineConfig) -> int:
             parsed_in_python = sum(row.parsed_in_python for row in counts)
             return sum(row.staged for row in counts)
 
-        result = sink.process(batch_id, start, end, fill_stage)
+        def stream_rows() -> Iterator[Chunk]:
+            # Partition by partition: the driver holds one partition's rows while
+            # the next one is computed (measured no slower than collect(), which
+            # would hold the batch).
+            tasks = batch_df.mapInArrow(task_writer(config.spec), RESULT_SCHEMA)
+            for row in tasks.toLocalIterator(prefetchPartitions=True):
+                yield row.target, row.records, row.chunk
+
+        result = sink.process(batch_id, start, end, fill_stage, stream_rows if writes_directly else None)
         emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
              record_by_record=result.record_by_record, timings_ms=result.timings_ms,
              transient_retries=result.transient_retries, parsed_in_python=parsed_in_python,

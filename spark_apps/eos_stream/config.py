@@ -19,6 +19,9 @@ PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path compone
 DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once", "two_phase")
 TRIGGERS = ("availableNow", "processingTime")
 RECORD_PARSING = ("jvm", "python")
+# How a batch's rows reach the targets: straight from the tasks through the
+# driver's transaction, or staged by the executors and applied in SQL.
+WRITE_PATHS = ("direct", "staged")
 # How a recovery replays: the app under spark-submit, or direct_replay without Spark.
 REPLAY_ENGINES = ("spark", "direct")
 
@@ -89,6 +92,11 @@ class PipelineConfig:
         every record it can vouch for, and Python's ``parse_record`` the rest
         (``sql_records``); ``python``: every record goes through ``parse_record``.
         Both stage the same lines.
+    :param write_path: ``direct``: each row is written once, from the tasks
+        through the driver's batch transaction (``sink/direct_rows``), where
+        nothing needs staging; ``staged``: the executors COPY every batch into
+        a staging table in parallel and SQL applies it (for clusters whose
+        executors outrun one driver connection). ``jvm`` parsing always stages.
     :param kafka_options: extra Kafka client options for Spark (without 'kafka.').
     """
 
@@ -110,6 +118,7 @@ class PipelineConfig:
     ignore_stop_request: bool = False
     transient_retry_seconds: float = 300
     record_parsing: str = "python"
+    write_path: str = "staged"
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold SASL secrets
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
 
@@ -121,6 +130,8 @@ class PipelineConfig:
         if self.record_parsing not in RECORD_PARSING:
             raise ConfigError(f"unknown record_parsing {self.record_parsing!r}; "
                               f"choose one of {', '.join(RECORD_PARSING)}")
+        if self.write_path not in WRITE_PATHS:
+            raise ConfigError(f"unknown write_path {self.write_path!r}; choose one of {', '.join(WRITE_PATHS)}")
         if not self.pipeline or not self.topics:
             raise ConfigError("a pipeline name and at least one topic are required")
         if not PIPELINE_NAME.fullmatch(self.pipeline):

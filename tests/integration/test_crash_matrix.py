@@ -60,8 +60,10 @@ def _crash_once(config: dict, tmp_path: Path, step: dict, label: str) -> bool:
     return False
 
 
-def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: int) -> tuple[dict, int]:
-    config = pipeline_config(stack, tmp_path, name, delivery=delivery, max_offsets_per_trigger=1500)
+def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: int,
+                write_path: str = "staged") -> tuple[dict, int]:
+    config = pipeline_config(stack, tmp_path, name, delivery=delivery, max_offsets_per_trigger=1500,
+                             write_path=write_path)
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=4)
     produced = produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], EVENTS, topic=config["topics"][0],
                               batch_size=500, abort_every=7, seed=11)
@@ -77,10 +79,12 @@ def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: in
     return report, done
 
 
+@pytest.mark.parametrize("write_path", ["staged", "direct"])
 @pytest.mark.parametrize("delivery", ["exactly_once", "two_phase"])
-def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name: str, delivery: str) -> None:
-    report, kills = _run_matrix(stack, tmp_path, f"eos{unique_name}", delivery, kills=10)
-    print(f"{delivery}: events={EVENTS} kills={kills} summary={report['summary']} "
+def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name: str, delivery: str,
+                                        write_path: str) -> None:
+    report, kills = _run_matrix(stack, tmp_path, f"eos{unique_name}", delivery, kills=10, write_path=write_path)
+    print(f"{delivery} ({write_path}): events={EVENTS} kills={kills} summary={report['summary']} "
           f"aggregates={report['aggregates']}")
     assert kills >= 10
     assert report["summary"]["committed_records"] == EVENTS

@@ -81,13 +81,15 @@ def test_open_transaction_stalls_the_stream_until_it_ends(stack: dict, tmp_path:
     conn.close()
 
 
-@pytest.mark.parametrize("record_parsing", ["python", "jvm"])
+@pytest.mark.parametrize(("record_parsing", "write_path"), [("python", "staged"), ("jvm", "staged"),
+                                                          ("python", "direct")])
 def test_poison_record_is_quarantined_after_n_attempts(stack: dict, tmp_path: Path, unique_name: str,
-                                                       record_parsing: str) -> None:
-    """The same dead letters whichever path parses the records: the malformed
-    ones rejected by parse_record, the poison one by the database."""
+                                                       record_parsing: str, write_path: str) -> None:
+    """The same dead letters whichever path parses and writes the records: the
+    malformed ones rejected by parse_record, the poison one by the database
+    (on the direct path its COPY fails, and record by record is staged)."""
     config = pipeline_config(stack, tmp_path, f"poison{unique_name}", max_batch_attempts=2,
-                             record_parsing=record_parsing)
+                             record_parsing=record_parsing, write_path=write_path)
     topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions=2)
     produced = produce_ledger(bootstrap, 3000, topic=topic, poison=1, malformed=2, seed=3)

@@ -22,6 +22,11 @@ def test_unknown_record_parsing_is_named() -> None:
         from_dict({"record_parsing": "gpu"}).validate()
 
 
+def test_unknown_write_path_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"unknown write_path 'twice'; choose one of direct, staged"):
+        from_dict({"write_path": "twice"}).validate()
+
+
 def test_unknown_key_lists_known_keys() -> None:
     with pytest.raises(ConfigError, match=r"unknown config keys \['topicz'\]"):
         from_dict({"topicz": ["a"]})

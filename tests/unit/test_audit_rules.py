@@ -284,7 +284,8 @@ def test_a_latest_column_is_set_from_the_last_record_not_added() -> None:
     assert balances.inputs == {"account_id", "amount_cents", "seq"}
     statement = repr(apply_batch_statement(LEDGER, stage=sql.Identifier("stage"), target_schema="t", meta_schema="m",
                                            skip_applied=True, dedupe=True, upsert_rows=False))
-    assert "array_agg(" in statement and "ORDER BY _partition DESC, _offset DESC))[1]" in statement
+    assert ("SQL('(array_agg('), Identifier('seq'), SQL(' ORDER BY '), Identifier('_partition'), SQL(' DESC, '),"
+            " Identifier('_offset'), SQL(' DESC))[1]')") in statement
     assert "Identifier('last_seq'), SQL(' = EXCLUDED.')" in statement.replace('"', "'")
 
 

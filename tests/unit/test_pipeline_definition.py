@@ -65,6 +65,7 @@ health: {stuck_after: 30, hanging_after: 600}
     ({"stream": {"trigger": "continuous"}}, "stream.trigger"),
     ({"stream": {"max_offsets_per_trigger": 0}}, "stream.max_offsets_per_trigger"),
     ({"stream": {"record_parsing": "gpu"}}, "stream.record_parsing"),
+    ({"stream": {"write_path": "twice"}}, "stream.write_path"),
     ({"health": {"hanging_after": -1}}, "health.hanging_after"),
     ({"kafka_bootstrap": "host:9092"}, "kafka_bootstrap"),  # the connection's, never the definition's
     ({"postgres": {"password": "x"}}, "postgres"),

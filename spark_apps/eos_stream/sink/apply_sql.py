@@ -11,6 +11,7 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec, RowTarget
+from spark_apps.eos_stream.target_lines import PARTIAL_OFFSET, PARTIAL_PARTITION
 
 
 def _qualified(schema: str, table: str) -> sql.Composed:
@@ -76,22 +77,17 @@ def apply_batch_statement(
                 conflict=sql.SQL(" ON CONFLICT DO NOTHING") if upsert_rows else sql.SQL(""),
             )
         else:
-            statement = _aggregate_upsert(table, target)
+            statement = _aggregate_from_records(table, target)
         parts.append(sql.SQL(", {} AS ({})").format(sql.Identifier(f"t{index}"), statement))
-    dead_letters = meta_tables.table(meta_schema, meta_tables.DEAD_LETTERS)
-    parts.append(
-        sql.SQL(
-            ", dlq AS (INSERT INTO {dlq} (pipeline, topic, partition, \"offset\", key, value, error)"
-            " SELECT %(pipeline)s, _topic, _partition, _offset, _key, _value, _error"
-            " FROM fresh WHERE _error IS NOT NULL ON CONFLICT DO NOTHING)"
-            " SELECT count(*) FILTER (WHERE _error IS NULL), count(*) FILTER (WHERE _error IS NOT NULL)"
-            " FROM fresh"
-        ).format(dlq=dead_letters)
-    )
+    parts.append(sql.SQL(", dlq AS ({})").format(dead_letters_statement(sql.SQL("fresh"), meta_schema)))
+    parts.append(sql.SQL(
+        " SELECT count(*) FILTER (WHERE _error IS NULL), count(*) FILTER (WHERE _error IS NOT NULL) FROM fresh"
+    ))
     return sql.Composed(parts)
 
 
-def _aggregate_upsert(table: sql.Composed, target: AggregateTarget) -> sql.Composed:
+def _aggregate_upsert(table: sql.Composed, target: AggregateTarget, source: sql.Composable,
+                      deltas: list[sql.Composable]) -> sql.Composed:
     # Deltas are summed per key first, so each key is written once per batch:
     # concurrent writers never fight over one row within a batch. Keys are
     # written in one stable order (ORDER BY the group keys), so two pipelines
@@ -99,28 +95,57 @@ def _aggregate_upsert(table: sql.Composed, target: AggregateTarget) -> sql.Compo
     # order: one waits for the other instead of both deadlocking.
     # Latest values: the batch's last record of the key in Kafka order. Batches apply in
     # offset order per partition, so overwriting the stored value keeps the last one.
-    columns = target.columns
-    deltas = [
-        sql.SQL("sum({})").format(sql.Identifier(source)) if source else sql.SQL("count(*)")
-        for source in target.increments.values()
-    ] + [
-        sql.SQL("(array_agg({} ORDER BY _partition DESC, _offset DESC))[1]").format(sql.Identifier(source))
-        for source in target.latest.values()
-    ]
     updates = [
         sql.SQL("{col} = {table}.{col} + EXCLUDED.{col}").format(col=sql.Identifier(c), table=table)
         for c in target.increments
     ] + [sql.SQL("{col} = EXCLUDED.{col}").format(col=sql.Identifier(c)) for c in target.latest]
     return sql.SQL(
-        "INSERT INTO {table} ({keys}, {cols}) SELECT {keys}, {deltas} FROM fresh WHERE _error IS NULL"
+        "INSERT INTO {table} ({keys}, {cols}) SELECT {keys}, {deltas} FROM {source}"
         " GROUP BY {keys} ORDER BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
     ).format(
         table=table,
         keys=_ident_list(target.group_by),
-        cols=_ident_list(columns),
+        cols=_ident_list(target.columns),
         deltas=sql.SQL(", ").join(deltas),
+        source=source,
         updates=sql.SQL(", ").join(updates),
     )
+
+
+def _last_of_key(column: str, partition: str, offset: str) -> sql.Composed:
+    # The key's last record in Kafka order: the highest offset, ties across partitions to the highest partition.
+    return sql.SQL("(array_agg({} ORDER BY {} DESC, {} DESC))[1]").format(
+        sql.Identifier(column), sql.Identifier(partition), sql.Identifier(offset))
+
+
+def _aggregate_from_records(table: sql.Composed, target: AggregateTarget) -> sql.Composed:
+    deltas = [
+        sql.SQL("sum({})").format(sql.Identifier(source)) if source else sql.SQL("count(*)")
+        for source in target.increments.values()
+    ] + [_last_of_key(source, "_partition", "_offset") for source in target.latest.values()]
+    return _aggregate_upsert(table, target, sql.SQL("fresh WHERE _error IS NULL"), deltas)
+
+
+def aggregate_from_partials_statement(target: AggregateTarget, target_schema: str,
+                                      partials: sql.Composed) -> sql.Composed:
+    """Applies a batch's partials (``target_lines.partial_columns``: one row per
+    key and task) to an aggregate target, exactly as ``apply_batch_statement``
+    applies the batch's records: a sum of partial sums is the sum, NULL where
+    every record's value was; the last record is the partials' last."""
+    deltas: list[sql.Composable] = [
+        sql.SQL("sum({})").format(sql.Identifier(f"_sum_{i}")) for i in range(len(target.increments))
+    ] + [_last_of_key(f"_latest_{i}", PARTIAL_PARTITION, PARTIAL_OFFSET) for i in range(len(target.latest))]
+    return _aggregate_upsert(_qualified(target_schema, target.table), target, partials, deltas)
+
+
+def dead_letters_statement(source: sql.Composable, meta_schema: str) -> sql.Composed:
+    """Quarantines the staged records that carry an ``_error`` (parse or
+    validation failures). Binds %(pipeline)s."""
+    return sql.SQL(
+        "INSERT INTO {dlq} (pipeline, topic, partition, \"offset\", key, value, error)"
+        " SELECT %(pipeline)s, _topic, _partition, _offset, _key, _value, _error"
+        " FROM {source} WHERE _error IS NOT NULL ON CONFLICT DO NOTHING"
+    ).format(dlq=meta_tables.table(meta_schema, meta_tables.DEAD_LETTERS), source=source)
 
 
 def quarantine_record_statement(stage: sql.Composed, meta_schema: str) -> sql.Composed:

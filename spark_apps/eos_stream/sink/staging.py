@@ -29,16 +29,26 @@ def stage_prefix(pipeline: str) -> str:
     return "stage_" + hashlib.sha256(pipeline.encode()).hexdigest()[:12] + "_"
 
 
-def create_stage(conn: PgConnection, spec: PipelineSpec, meta_schema: str, name: str) -> sql.Composed:
-    """Creates an empty UNLOGGED staging table (no WAL: it is rebuilt on any retry)."""
-    table = sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(name))
+def stage_column_types(spec: PipelineSpec) -> list[tuple[str, str]]:
+    """(name, PostgreSQL type) of a staging table's columns, in COPY order."""
     types = {**_PG_COLUMN_TYPES, **{f.name: f.pg_type for f in spec.fields}}
-    columns = sql.SQL(", ").join(
-        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(types[c])) for c in staging_columns(spec)
-    )
+    return [(c, types[c]) for c in staging_columns(spec)]
+
+
+def create_table(cur, meta_schema: str, name: str, columns: list[tuple[str, str]]) -> sql.Composed:
+    """Creates an empty UNLOGGED table (no WAL: it is rebuilt on any retry) in
+    the caller's transaction, replacing a leftover of the same name."""
+    table = sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(name))
+    definition = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in columns)
+    cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+    cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, definition))
+    return table
+
+
+def create_stage(conn: PgConnection, spec: PipelineSpec, meta_schema: str, name: str) -> sql.Composed:
+    """Creates and commits an empty staging table, for the executors to fill."""
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
-        cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, columns))
+        table = create_table(cur, meta_schema, name, stage_column_types(spec))
     conn.commit()
     return table
 
@@ -157,18 +167,21 @@ def partition_writer(
     return write
 
 
+def copy_from_chunks(cur, table: sql.Composable, columns: Iterable[str], chunks: Iterator[bytes | memoryview]) -> None:
+    """COPYs COPY-text chunks into ``table``'s ``columns`` on the caller's cursor."""
+    copy = sql.SQL("COPY {} ({}) FROM STDIN").format(table, sql.SQL(", ").join(sql.Identifier(c) for c in columns))
+    cur.copy_expert(copy.as_string(cur), _ChunkReader(chunks), size=COPY_READ_SIZE)
+
+
 def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
           chunks: Iterator[bytes | memoryview]) -> None:
     """COPYs the chunks into the stage on a connection of its own, committed
     when the last chunk is in (before the caller reports its count)."""
-    columns = sql.SQL(", ").join(sql.Identifier(c) for c in staging_columns(spec))
     conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
     try:
         with conn, conn.cursor() as cur:
-            copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
-                sql.Identifier(meta_schema), sql.Identifier(stage_name), columns
-            )
-            cur.copy_expert(copy.as_string(cur), _ChunkReader(chunks), size=COPY_READ_SIZE)
+            stage = sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(stage_name))
+            copy_from_chunks(cur, stage, staging_columns(spec), chunks)
     finally:
         conn.close()
 
