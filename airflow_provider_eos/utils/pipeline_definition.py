@@ -47,7 +47,14 @@ from pydantic import (
     field_validator,
 )
 
-from spark_apps.eos_stream.config import DELIVERY_MODES, PIPELINE_NAME, RECORD_PARSING, REPLAY_ENGINES, TRIGGERS, WRITE_PATHS
+from spark_apps.eos_stream.config import (
+    DELIVERY_MODES,
+    PIPELINE_NAME,
+    RECORD_PARSING,
+    REPLAY_ENGINES,
+    TRIGGERS,
+    WRITE_PATHS,
+)
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # module.path:ATTRIBUTE, as the app's spec loader takes it.
