@@ -27,6 +27,9 @@ from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
 # (integers without bound, like sum(bigint)'s numeric; floats as float8).
 SUMMABLE_TYPES = ("bigint", "integer", "double precision")
 
+# (topic, partition, offset, key, value), as Kafka gives a record.
+Record = tuple[str, int, int, bytes | None, bytes | None]
+
 # Column names of a partials table besides the aggregate's keys, latest values and sums.
 PARTIAL_PARTITION, PARTIAL_OFFSET = "_last_partition", "_last_offset"
 
@@ -125,7 +128,7 @@ class TargetLines:
         self.valid = 0
         self._topics: dict[str, str] = {}
 
-    def add(self, records: Iterable[tuple[str, int, int, bytes | None, bytes | None]]) -> dict[int, list[str]]:
+    def add(self, records: Iterable[Record]) -> dict[int, list[str]]:
         """:param records: (topic, partition, offset, key, value) in Kafka order.
         :returns: row target index -> its COPY lines for these records."""
         lines: dict[int, list[str]] = {i: [] for i in self._rows}

@@ -2,7 +2,7 @@
 
 The same records, split into tasks by Kafka partition as Spark splits them,
 go once through staging + ``apply_batch_statement`` and once through
-``TargetLines`` + ``DirectRows``, into two copies of the same targets holding
+the tasks' ``task_chunks`` + ``DirectRows``, into two copies of the same targets holding
 the same earlier state. Every target row and every dead letter must be equal.
 
 The corpus is built to catch a partial that is not the aggregate of its
@@ -22,10 +22,9 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
-from spark_apps.eos_stream.sink.direct_rows import DEAD_LETTERS, VALID_RECORDS, DirectRows
+from spark_apps.eos_stream.sink.direct_rows import DirectRows, task_chunks
 from spark_apps.eos_stream.sink.staging import create_stage
 from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
-from spark_apps.eos_stream.target_lines import TargetLines
 from tests.streaming import pg_connect
 
 SPEC = PipelineSpec(
@@ -88,19 +87,12 @@ def _tasks(records):
 
 
 def _direct_chunks(spec: PipelineSpec, records):
-    """What task_writer sends for these records, without Spark (same TargetLines, same order)."""
+    """What the tasks send the driver for these records, without Spark: the
+    task writer's own ``task_chunks``, several "Arrow batches" of 37 per task."""
     for task in _tasks(records):
-        lines = TargetLines(spec)
-        for start in range(0, len(task), 37):  # several "Arrow batches" per task
-            for index, out in lines.add(task[start:start + 37]).items():
-                if out:
-                    yield index, len(out), "".join(out).encode()
-        for index, out in lines.partial_lines().items():
-            if out:
-                yield index, len(out), "".join(out).encode()
-        if lines.dead_letters:
-            yield DEAD_LETTERS, len(lines.dead_letters), "".join(lines.dead_letters).encode()
-        yield VALID_RECORDS, lines.valid, b""
+        batches = (task[start:start + 37] for start in range(0, len(task), 37))
+        for chunks in task_chunks(spec, batches):
+            yield from chunks
 
 
 def _contents(cur, schema: str, meta: str, pipeline: str) -> dict[str, list]:

@@ -61,3 +61,13 @@ def test_only_numeric_sums_go_direct() -> None:
     text_sum = PipelineSpec(name="x", fields=(Field("k", "text"), Field("s", "text")),
                             targets=(AggregateTarget("a", group_by=("k",), increments={"t": "s"}),))
     assert not supported(text_sum)
+
+
+def test_a_task_sends_row_lines_per_batch_then_partials_dead_letters_and_its_count_last() -> None:
+    from spark_apps.eos_stream.sink.direct_rows import DEAD_LETTERS, VALID_RECORDS, task_chunks
+
+    bad = ("topic", 0, 3, b"key", b"{nope")
+    sent = list(task_chunks(SPEC, [[_record(1, k="a", v=1)], [bad], [_record(4, k="a", v=2)]]))
+    assert [[(what, records) for what, records, _ in chunks] for chunks in sent] == [
+        [(0, 1)], [(0, 1)], [(1, 1), (DEAD_LETTERS, 1), (VALID_RECORDS, 2)]]
+    assert sent[2][0][2] == b"a\t3\t2\t0\t4\t\\N\n"

@@ -33,9 +33,9 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream import target_lines
 from spark_apps.eos_stream.sink import apply_sql
-from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_table, stage_column_types
+from spark_apps.eos_stream.sink.staging import arrow_records, copy_from_chunks, create_table, stage_column_types
 from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec, RowTarget, load_spec
-from spark_apps.eos_stream.target_lines import TargetLines
+from spark_apps.eos_stream.target_lines import Record, TargetLines
 
 # What a chunk holds, besides a target's index: dead letters, or a task's count of valid records.
 DEAD_LETTERS, VALID_RECORDS = -1, -2
@@ -46,31 +46,40 @@ RESULT_SCHEMA = "target int, records long, chunk binary"
 Chunk = tuple[int, int, bytes]
 
 
+def _chunk(what: int, lines: list[str]) -> Chunk:
+    return what, len(lines), "".join(lines).encode()
+
+
+def task_chunks(spec: PipelineSpec, batches: Iterable[Iterable[Record]]) -> Iterator[list[Chunk]]:
+    """What one task sends the driver, one list per batch of its records (in
+    Kafka order): each row target's lines per batch, then, once the task's
+    records are all in, its partials, its dead letters and its count of valid
+    records (always last)."""
+    lines = TargetLines(spec)
+    for records in batches:
+        chunks = [_chunk(i, out) for i, out in lines.add(records).items() if out]
+        if chunks:
+            yield chunks
+    tail = [_chunk(i, out) for i, out in lines.partial_lines().items() if out]
+    if lines.dead_letters:
+        tail.append(_chunk(DEAD_LETTERS, lines.dead_letters))
+    yield [*tail, (VALID_RECORDS, lines.valid, b"")]
+
+
 def task_writer(spec_ref: str):
     """Returns the function each Spark task runs under mapInArrow on its
-    (topic, partition, offset, key, value) Arrow batches. It captures only a
-    string, so it pickles to any executor."""
+    (topic, partition, offset, key, value) Arrow batches: ``task_chunks`` as
+    Arrow batches of ``RESULT_SCHEMA``. It captures only a string, so it
+    pickles to any executor."""
 
     def encode(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        def result(chunks: list[Chunk]) -> Any:
-            targets, records, texts = zip(*chunks, strict=True) if chunks else ((), (), ())
-            return pa.RecordBatch.from_pydict({"target": pa.array(targets, pa.int32()),
-                                               "records": pa.array(records, pa.int64()),
-                                               "chunk": pa.array(texts, pa.binary())})
-
-        lines = TargetLines(load_spec(spec_ref))
-        for batch in batches:
-            records = zip(*(batch.column(i).to_pylist() for i in range(5)), strict=True)
-            chunks = [(i, len(out), "".join(out).encode()) for i, out in lines.add(records).items() if out]
-            if chunks:
-                yield result(chunks)
-        tail: list[Chunk] = [(i, len(out), "".join(out).encode()) for i, out in lines.partial_lines().items() if out]
-        if lines.dead_letters:
-            tail.append((DEAD_LETTERS, len(lines.dead_letters), "".join(lines.dead_letters).encode()))
-        tail.append((VALID_RECORDS, lines.valid, b""))
-        yield result(tail)
+        for chunks in task_chunks(load_spec(spec_ref), map(arrow_records, batches)):
+            targets, records, texts = zip(*chunks, strict=True)
+            yield pa.RecordBatch.from_pydict({"target": pa.array(targets, pa.int32()),
+                                              "records": pa.array(records, pa.int64()),
+                                              "chunk": pa.array(texts, pa.binary())})
 
     return encode
 
@@ -109,10 +118,8 @@ class DirectRows:
             if what == DEAD_LETTERS:
                 dead += counted.records
         streamed = time.perf_counter()
-        params = {"pipeline": pipeline}
-        for index, table in side.items():
-            if index == DEAD_LETTERS:
-                cur.execute(apply_sql.dead_letters_statement(table, self.meta_schema), params)
+        if DEAD_LETTERS in side:
+            cur.execute(apply_sql.dead_letters_statement(side[DEAD_LETTERS], self.meta_schema), {"pipeline": pipeline})
         for index, target in enumerate(self.spec.targets):  # in the spec's order, as the staged path
             if index in side and isinstance(target, AggregateTarget):
                 cur.execute(apply_sql.aggregate_from_partials_statement(target, self.target_schema, side[index]))

@@ -107,6 +107,12 @@ def _string_data(lines: Any) -> memoryview:
     return memoryview(lines.buffers()[2]).cast("B")[start:end]
 
 
+def arrow_records(batch: Any, first: int = 0) -> Iterator[tuple]:
+    """An Arrow batch's rows as tuples of its columns from ``first`` on: the
+    (topic, partition, offset, key, value) of each record the task read."""
+    return zip(*(batch.column(i).to_pylist() for i in range(first, batch.num_columns)), strict=True)
+
+
 def copy_chunks(
     batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool, counts: dict[str, int], prevalidated: bool
 ) -> Iterator[bytes | memoryview]:
@@ -127,12 +133,11 @@ def copy_chunks(
                 yield _string_data(vouched)
             if not line.null_count:
                 continue
-            left, columns = batch.filter(pc.is_null(line)), range(1, 6)
+            left, first = batch.filter(pc.is_null(line)), 1
         else:
-            left, columns = batch, range(5)
+            left, first = batch, 0
         counts["parsed_in_python"] += left.num_rows
-        records = zip(*(left.column(i).to_pylist() for i in columns), strict=True)
-        yield "".join(staging_lines(spec, records, keep_raw)).encode()
+        yield "".join(staging_lines(spec, arrow_records(left, first), keep_raw)).encode()
 
 
 def partition_writer(
