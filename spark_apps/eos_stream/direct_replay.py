@@ -23,7 +23,9 @@ R2. crash between batches: the committed batches carry their end offsets, so
     the rerun starts after them.
 R3. Kafka no longer holds a record the replay needs (retention): the consumer
     reports it (``auto.offset.reset=error``), the batch rolls back, the run
-    fails. The recovery's retention check refuses such a replay beforehand.
+    fails at once with the offset it needed (a broker error is not poison and
+    is not retried: nothing is quarantined, no attempt is counted). The
+    recovery's retention check refuses such a replay beforehand.
 R4. a partition's records below its end do not arrive within
     ``STALL_SECONDS``: the batch fails uncommitted instead of storing an end
     offset it has not read up to.
@@ -100,7 +102,10 @@ def read_range(consumer: Any, tp: TopicPartition, start: int, end: int) -> Itera
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
-                raise KafkaException(error)
+                gone = " (deleted by retention: the log starts above it)" \
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET else ""
+                raise RuntimeError(f"{topic}[{partition}]: replay needs offset {position}{gone} while "
+                                   f"replaying up to {end}: {error.str()}") from KafkaException(error)
             if message.offset() >= end:
                 break
             yield message.topic(), message.partition(), message.offset(), message.key(), message.value()

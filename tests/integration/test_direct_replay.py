@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.streaming import ROOT, audit, pipeline_config
+from tests.streaming import ROOT, audit, ledger_rows, pg_connect, pipeline_config
 
 pytestmark = pytest.mark.integration
 
 
-def _replay(config: dict, tmp_path: Path, env_extra: dict[str, str] | None = None) -> tuple[int, list[dict]]:
-    """Runs the replay in its own process group (a fault point kills the whole group)."""
+def _replay(config: dict, tmp_path: Path, env_extra: dict[str, str] | None = None) -> tuple[int, list[dict], str]:
+    """Runs the replay in its own process group (a fault point kills the whole group);
+    returns its exit code, its batch events and its log (stdout and stderr)."""
     path = tmp_path / f"{config['pipeline']}-replay.json"
     path.write_text(json.dumps(config))
     env = {**os.environ, "EOS_PG_PASSWORD": os.environ["EOS_PG_PASSWORD"], **(env_extra or {})}
@@ -31,7 +32,7 @@ def _replay(config: dict, tmp_path: Path, env_extra: dict[str, str] | None = Non
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, start_new_session=True)
     batches = [json.loads(line[len("EOS-BATCH "):]) for line in result.stdout.splitlines()
                if line.startswith("EOS-BATCH ")]
-    return result.returncode, batches
+    return result.returncode, batches, result.stdout + result.stderr
 
 
 def test_direct_replay_applies_committed_records_once_with_dead_letters(stack: dict, tmp_path: Path,
@@ -43,7 +44,7 @@ def test_direct_replay_applies_committed_records_once_with_dead_letters(stack: d
     produced = produce_ledger(bootstrap, 9000, topic=topic, abort_every=3, malformed=2, poison=1, seed=21)
     exits = []
     for _ in range(4):  # a supervisor's restarts: the poison batch fails max_batch_attempts times
-        code, batches = _replay(config, tmp_path)
+        code, batches, _ = _replay(config, tmp_path)
         exits.append(code)
         if code == 0:
             break
@@ -54,7 +55,7 @@ def test_direct_replay_applies_committed_records_once_with_dead_letters(stack: d
     assert report["summary"]["dead_lettered"] == produced.malformed + produced.poison == 3
     # More events later: the next replay starts at the stored offsets.
     produce_ledger(bootstrap, 3000, topic=topic, seed=22, first_seq=100_000)
-    code, batches = _replay(config, tmp_path)
+    code, batches, _ = _replay(config, tmp_path)
     assert code == 0 and sum(b["applied"] for b in batches) == 3000
     assert audit(config, tmp_path)["ok"]
 
@@ -68,12 +69,64 @@ def test_sigkilled_direct_replay_stays_exact(stack: dict, tmp_path: Path, unique
     topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions=2)
     produce_ledger(bootstrap, 6000, topic=topic, abort_every=4, seed=23)
-    code, _ = _replay(config, tmp_path, {"EOS_FAULT_POINT": point, "EOS_FAULT_AT_BATCH": "3"})
+    code, _, _ = _replay(config, tmp_path, {"EOS_FAULT_POINT": point, "EOS_FAULT_AT_BATCH": "3"})
     assert code == -9, code  # SIGKILLed at the fault point
-    code, _ = _replay(config, tmp_path)
+    code, _, _ = _replay(config, tmp_path)
     assert code == 0
     report = audit(config, tmp_path)
     if exact:
         assert report["ok"], report
     else:  # no offsets in the database: the rerun applies the batches committed before the kill again
         assert not report["ok"] and report["summary"]["duplicated"] > 0, report
+
+
+def _stored_state(stack: dict, config: dict) -> tuple[dict[int, int], int, int]:
+    """(next_offset per partition, target rows, dead letters) as the database holds them."""
+    from psycopg2 import sql
+
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            meta = sql.Identifier(config["meta_schema"])
+            cur.execute(sql.SQL("SELECT partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(meta),
+                        (config["pipeline"],))
+            offsets = dict(cur.fetchall())
+            cur.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters").format(meta))
+            dead = cur.fetchone()[0]
+    finally:
+        conn.close()
+    return offsets, ledger_rows(stack, config["target_schema"]), dead
+
+
+def test_replay_of_records_gone_from_kafka_fails_and_writes_nothing(stack: dict, tmp_path: Path,
+                                                                     unique_name: str) -> None:
+    """R3: the records after the stored offsets were deleted (retention, here
+    ``DeleteRecords``). The replay must fail at once, say which offset is gone,
+    and leave the target, the offsets and the dead letters as they were: a
+    skipped range would be silent loss, and a broker error is not poison."""
+    from confluent_kafka import TopicPartition as KafkaPartition
+    from confluent_kafka.admin import AdminClient
+
+    config = pipeline_config(stack, tmp_path, f"gone{unique_name}", max_offsets_per_trigger=1000,
+                             transient_retry_seconds=30)
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions=1)
+    produce_ledger(bootstrap, 2000, topic=topic, seed=24)
+    code, _, _ = _replay(config, tmp_path)
+    assert code == 0
+    before = _stored_state(stack, config)
+    assert before[1] == 2000 and before[2] == 0, before
+    stored = before[0][0]
+
+    produce_ledger(bootstrap, 2000, topic=topic, seed=25, first_seq=100_000)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deleted = admin.delete_records([KafkaPartition(topic, 0, stored + 500)], request_timeout=30)
+    low = next(iter(deleted.values())).result().low_watermark
+    assert low == stored + 500, low
+
+    code, batches, log = _replay(config, tmp_path)
+    assert code not in (0, -9), (code, log[-3000:])
+    assert batches == [], batches  # no batch committed
+    assert f"replay needs offset {stored} (deleted by retention" in log, log[-3000:]
+    assert "EOS-RETRY" not in log, log[-3000:]  # a broker's answer is not a transient database error
+    assert _stored_state(stack, config) == before

@@ -23,6 +23,7 @@ from psycopg2 import sql
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
 from spark_apps.eos_stream.sink.direct_rows import DirectRows, task_chunks
+from spark_apps.eos_stream.sink.poison_guard import batch_key
 from spark_apps.eos_stream.sink.staging import create_stage
 from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 from tests.streaming import pg_connect
@@ -177,57 +178,107 @@ def test_the_comparison_sees_a_lost_partial(stack: dict, unique_name: str) -> No
     assert got["totals"] != expected["totals"]
 
 
-def test_a_batch_with_applied_records_falls_back_to_the_staged_skip(stack: dict, unique_name: str) -> None:
+class _LedgerSink:
+    """A ``BatchSink`` (exactly_once) over new ledger targets, ten records of one
+    partition, and the two ways a batch can arrive: staged and direct."""
+
+    def __init__(self, stack: dict, unique_name: str) -> None:
+        import datetime
+
+        from spark_apps.eos_stream import preflight
+        from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
+        from spark_apps.ledger.generator import _event
+        from spark_apps.ledger.spec import LEDGER
+
+        self.spec = LEDGER
+        self.target, self.meta = f"t_fb{unique_name}", f"m_fb{unique_name}"
+        rng, start = random.Random(5), datetime.datetime(2026, 1, 1)
+        self.records = [("t", 0, offset, None, _event(rng, offset, 3, start)[1]) for offset in range(10)]
+        self.conn, self.guard = pg_connect(stack), pg_connect(stack)
+        self.conn.autocommit = False
+        mode = MODES["exactly_once"]
+        preflight.ensure_meta_tables(self.conn, self.meta)
+        preflight.create_targets(self.conn, LEDGER, self.target, mode)
+        self.sink = BatchSink(conn=self.conn, guard_conn=self.guard, spec=LEDGER, mode=mode,
+                              pipeline=f"fallback{unique_name}", target_schema=self.target,
+                              meta_schema=self.meta, max_batch_attempts=3, transient_retry_seconds=30)
+
+    def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
+        with self.conn.cursor() as cur:
+            columns = sql.SQL(", ").join(map(sql.Identifier, staging_columns(self.spec)))
+            cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(self.meta, stage_name),
+                                                                      columns).as_string(cur),
+                            io.StringIO("".join(staging_lines(self.spec, self.records, keep_raw))))
+        self.conn.commit()
+        return len(self.records)
+
+    def stream_rows(self):
+        return _direct_chunks(self.spec, self.records)
+
+    def events_and_count(self) -> tuple[tuple[int, int], int | None]:
+        """((rows, distinct offsets) of ledger_events, sum of the balances' event counts)."""
+        with self.conn.cursor() as cur:
+            cur.execute(sql.SQL("SELECT count(*), count(DISTINCT kafka_offset) FROM {}").format(
+                sql.Identifier(self.target, "ledger_events")))
+            events = cur.fetchone()
+            cur.execute(sql.SQL("SELECT sum(event_count) FROM {}").format(
+                sql.Identifier(self.target, "account_balances")))
+            counted = cur.fetchone()[0]
+        self.conn.commit()
+        return events, counted
+
+    def close(self) -> None:
+        self.conn.rollback()
+        with self.conn.cursor() as cur:
+            for schema in (self.meta, self.target):
+                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        self.conn.commit()
+        self.conn.close()
+        self.guard.close()
+
+
+@pytest.fixture
+def ledger_sink(stack: dict, unique_name: str):
+    sink = _LedgerSink(stack, unique_name)
+    try:
+        yield sink
+    finally:
+        sink.close()
+
+
+def test_a_batch_with_applied_records_falls_back_to_the_staged_skip(ledger_sink: _LedgerSink) -> None:
     """Failure transition 4d: the first batch goes direct; the same records
     again (a replay after a commit Spark never checkpointed) find the stored
     offset above their start, write nothing directly, and the staged path skips them."""
-    import datetime
+    s = ledger_sink
+    first = s.sink.process(0, {("t", 0): 0}, {("t", 0): 10}, s.fill_stage, s.stream_rows)
+    assert first.applied == 10 and "rows" in first.timings_ms and "stage" not in first.timings_ms
+    again = s.sink.process(1, {("t", 0): 0}, {("t", 0): 10}, s.fill_stage, s.stream_rows)
+    assert again.applied == 0 and "stage" in again.timings_ms
+    assert s.events_and_count() == ((10, 10), 10)
 
-    from spark_apps.eos_stream import preflight
-    from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
-    from spark_apps.ledger.generator import _event
-    from spark_apps.ledger.spec import LEDGER
 
-    pipeline, target, meta = f"fallback{unique_name}", f"t_fb{unique_name}", f"m_fb{unique_name}"
-    rng, start = random.Random(5), datetime.datetime(2026, 1, 1)
-    records = [("t", 0, offset, None, _event(rng, offset, 3, start)[1]) for offset in range(10)]
-    conn, guard = pg_connect(stack), pg_connect(stack)
-    conn.autocommit = False
-    mode = MODES["exactly_once"]
-    try:
-        preflight.ensure_meta_tables(conn, meta)
-        preflight.create_targets(conn, LEDGER, target, mode)
-        sink = BatchSink(conn=conn, guard_conn=guard, spec=LEDGER, mode=mode, pipeline=pipeline,
-                         target_schema=target, meta_schema=meta, max_batch_attempts=3)
+def test_a_task_failing_mid_batch_rolls_back_and_is_not_retried(ledger_sink: _LedgerSink) -> None:
+    """Failure transition 2d: a task fails after some of the batch's rows are
+    COPYed into the targets. Everything rolls back, and the task's own error
+    is raised at once: not retried as the transient database error psycopg2's
+    wrapping of a failed read would claim (QueryCanceled), not counted as
+    poison. The rerun writes the batch once."""
+    s = ledger_sink
 
-        def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            with conn.cursor() as cur:
-                columns = sql.SQL(", ").join(map(sql.Identifier, staging_columns(LEDGER)))
-                cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(meta, stage_name),
-                                                                          columns).as_string(cur),
-                                io.StringIO("".join(staging_lines(LEDGER, records, keep_raw))))
-            conn.commit()
-            return len(records)
+    class TaskLost(Exception):
+        pass
 
-        def stream_rows():
-            return _direct_chunks(LEDGER, records)
+    def failing_rows():
+        for number, chunk in enumerate(s.stream_rows()):
+            if number == 1:
+                raise TaskLost("task 0 lost its executor")
+            yield chunk
 
-        first = sink.process(0, {("t", 0): 0}, {("t", 0): 10}, fill_stage, stream_rows)
-        assert first.applied == 10 and "rows" in first.timings_ms and "stage" not in first.timings_ms
-        again = sink.process(1, {("t", 0): 0}, {("t", 0): 10}, fill_stage, stream_rows)
-        assert again.applied == 0 and "stage" in again.timings_ms
-        with conn.cursor() as cur:
-            cur.execute(sql.SQL("SELECT count(*), count(DISTINCT kafka_offset) FROM {}").format(
-                sql.Identifier(target, "ledger_events")))
-            assert cur.fetchone() == (10, 10)
-            cur.execute(sql.SQL("SELECT sum(event_count) FROM {}").format(sql.Identifier(target, "account_balances")))
-            assert cur.fetchone()[0] == 10
-        conn.commit()
-    finally:
-        conn.rollback()
-        with conn.cursor() as cur:
-            for schema in (meta, target):
-                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-        conn.commit()
-        conn.close()
-        guard.close()
+    with pytest.raises(TaskLost):
+        s.sink.process(0, {("t", 0): 0}, {("t", 0): 10}, s.fill_stage, failing_rows)
+    assert s.sink.guard.failed_attempts(batch_key({("t", 0): 0})) == 0
+    assert s.events_and_count() == ((0, 0), None)
+    again = s.sink.process(0, {("t", 0): 0}, {("t", 0): 10}, s.fill_stage, s.stream_rows)
+    assert again.applied == 10 and again.transient_retries == 0 and "rows" in again.timings_ms
+    assert s.events_and_count() == ((10, 10), 10)

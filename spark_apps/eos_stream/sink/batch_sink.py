@@ -50,7 +50,10 @@ what staging leaves behind; its transitions, numbered as above:
 2d. while the tasks run and their rows are COPYed: everything so far is inside
     the batch transaction, side tables included (created in it, dropped before
     COMMIT or PREPARE). A crash, a failed task or a lost connection rolls it all
-    back; nothing is left to drop, and the batch is read again (as 3).
+    back; nothing is left to drop, and the batch is read again (as 3). A failed
+    task is raised as its own error (``staging.copy_from_chunks``), never as the
+    QueryCanceled psycopg2 makes of a failed read: it is "other" (as 8), not
+    retried as transient, not counted.
 4d. before writing, under the pipeline lock, a stored offset above the batch's
     start (as in 4) sends the batch to the staged path, which skips those
     records: the direct path has no skip, and it has written nothing yet.

@@ -75,16 +75,22 @@ class _ChunkReader:
     """A file-like view of an iterator of byte chunks, read by psycopg2's COPY.
 
     A read returns at most one chunk's rest, so a large chunk (an Arrow batch
-    of encoded lines) is sent in slices without being copied whole again."""
+    of encoded lines) is sent in slices without being copied whole again.
+    ``source_error`` keeps what the iterator raised (see ``copy_from_chunks``)."""
 
     def __init__(self, chunks: Iterator[bytes | memoryview]) -> None:
         self._chunks = chunks
         self._current = memoryview(b"")
+        self.source_error: Exception | None = None
 
     def read(self, size: int = COPY_READ_SIZE) -> bytes:
         size = size if size and size > 0 else COPY_READ_SIZE
         while not self._current:
-            chunk = next(self._chunks, None)
+            try:
+                chunk = next(self._chunks, None)
+            except Exception as exc:
+                self.source_error = exc
+                raise
             if chunk is None:
                 return b""
             self._current = memoryview(chunk).cast("B")
@@ -173,9 +179,20 @@ def partition_writer(
 
 
 def copy_from_chunks(cur, table: sql.Composable, columns: Iterable[str], chunks: Iterator[bytes | memoryview]) -> None:
-    """COPYs COPY-text chunks into ``table``'s ``columns`` on the caller's cursor."""
+    """COPYs COPY-text chunks into ``table``'s ``columns`` on the caller's cursor.
+
+    An error of the chunks' source (Kafka, a Spark task, a parser) is raised as
+    itself: psycopg2 reports any failed ``read()`` as QueryCanceled (SQLSTATE
+    57014), which ``errors.classify`` would take for a transient database error
+    and retry, while the source's own error says what failed and how to class it."""
     copy = sql.SQL("COPY {} ({}) FROM STDIN").format(table, sql.SQL(", ").join(sql.Identifier(c) for c in columns))
-    cur.copy_expert(copy.as_string(cur), _ChunkReader(chunks), size=COPY_READ_SIZE)
+    reader = _ChunkReader(chunks)
+    try:
+        cur.copy_expert(copy.as_string(cur), reader, size=COPY_READ_SIZE)
+    except psycopg2.Error as exc:
+        if reader.source_error is not None:
+            raise reader.source_error from exc
+        raise
 
 
 def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
