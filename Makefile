@@ -9,7 +9,7 @@ PYTEST_TIMEOUT ?= 900
 TEST_WALL_TIMEOUT ?= 3600
 PYTEST_ARGS ?=
 # mypy refuses a folder without Python files: dags/ joins once it has some.
-MYPY_PATHS := airflow_provider_eos spark_apps demo dags
+MYPY_PATHS := airflow_provider_eos spark_apps demo dags bench
 
 .PHONY: install stack-up stack-down stack-status airflow-init lint test demo demo-down clean
 

@@ -85,7 +85,8 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     assert run_app(config, tmp, timeout=1800).process.returncode == 0
     out["process_seconds"] = round(time.monotonic() - clock, 1)
     store = tmp / "store"
-    common = {"pipeline_config": str(config_file), "postgres_conn_id": PG_CONN, "pg_bin_dir": PG_BIN}
+    common: dict[str, Any] = {"pipeline_config": str(config_file), "postgres_conn_id": PG_CONN,
+                              "pg_bin_dir": PG_BIN}
     clock = time.monotonic()
     snap = SnapshotOperator(task_id="snapshot", snapshot_store=str(store), keep_last=2, **common).execute({})
     out["snapshot_seconds"] = round(time.monotonic() - clock, 2)

@@ -313,6 +313,13 @@ def median_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
         "rows": statistics.median(p["rows"] for p in batches)} if batches else {}
 
 
+def _meets(value: float | None, op: str, target: float) -> bool | None:
+    """Whether a measured ratio meets its target (None: not measured)."""
+    if value is None:
+        return None
+    return value >= target if op == ">=" else value < target
+
+
 def ratios(figures: dict[str, dict], recovery_seconds: float | None, build: str = "") -> dict[str, float | None]:
     """The ratios of this build's modes (``build``: "" or BASELINE_SUFFIX) against the same peers."""
     def ratio(a: str, b: str) -> float | None:
@@ -403,8 +410,7 @@ def main() -> None:
     phases = {name: median_phases(r) for name, r in runs.items()
               if name.removesuffix(BASELINE_SUFFIX) in MODES and r}
     measured = ratios(figures, recovery_from(Path(args.recovery)))
-    meets = {k: (None if measured[k] is None else
-                 (measured[k] >= t if op == ">=" else measured[k] < t)) for k, (op, t) in TARGETS.items()}
+    meets = {k: _meets(measured[k], op, t) for k, (op, t) in TARGETS.items()}
     report = {"events": args.events, "max_offsets_per_trigger": args.batch, "runs": args.runs, "seed": args.seed,
               "master": "local[2]", "machine": machine(),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

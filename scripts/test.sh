@@ -34,7 +34,7 @@ trap stop_started EXIT
 bash scripts/stack.sh start || exit 1
 bash scripts/airflow.sh init || exit 1
 "$venv/bin/ruff" check || exit 1
-"$venv/bin/mypy" ${MYPY_PATHS:-airflow_provider_eos spark_apps demo dags} || exit 1
+"$venv/bin/mypy" ${MYPY_PATHS:-airflow_provider_eos spark_apps demo dags bench} || exit 1
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
 timeout --signal=TERM --kill-after=60 "${TEST_WALL_TIMEOUT:-3600}" \
   "$venv/bin/pytest" tests --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}

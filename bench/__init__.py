@@ -1,0 +1,1 @@
+"""Benchmarks: scripts run by hand, results in bench/results (docs/benchmarks.md)."""
