@@ -200,8 +200,10 @@ def run_stream(config: PipelineConfig) -> int:
     return EXIT_OK
 
 
-# "ValueError: ..." or "psycopg2.errors.StringDataRightTruncation: ..." as Python prints them.
-_PYTHON_ERROR_LINE = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*): (.+)$")
+# "ValueError: ..." or "psycopg2.errors.StringDataRightTruncation: ..." as Python prints them. The
+# class name must hold a lowercase letter: PostgreSQL's message fields (CONTEXT:, DETAIL:, HINT:)
+# follow the error in the same text and are not its cause.
+_PYTHON_ERROR_LINE = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*[a-z]\w*): (.+)$")
 
 
 def root_cause(exc: BaseException) -> str:

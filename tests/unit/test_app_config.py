@@ -80,6 +80,19 @@ def test_root_cause_digs_the_database_error_out_of_sparks_wrapping() -> None:
     assert root_cause(ValueError("plain message")) == "plain message"
 
 
+def test_root_cause_is_the_error_not_postgresqls_context_lines() -> None:
+    from spark_apps.eos_stream.app import root_cause
+
+    failed = RuntimeError(
+        "Traceback (most recent call last):\n"
+        "psycopg2.errors.UniqueViolation: duplicate key value violates unique constraint \"k\"\n"
+        "DETAIL:  Key (id)=(1) already exists.\n"
+        "CONTEXT:  COPY ledger_events, line 1\n"
+        "HINT:  nothing\n"
+    )
+    assert root_cause(failed) == 'UniqueViolation: duplicate key value violates unique constraint "k"'
+
+
 @pytest.mark.parametrize("name", ["ledger:eu", "", "a b", "x" * 101, "ledger;drop"])
 def test_pipeline_names_that_could_collide_or_break_are_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="pipeline name"):
