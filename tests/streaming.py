@@ -148,6 +148,19 @@ def ledger_rows(stack: dict[str, str], schema: str) -> int:
         conn.close()
 
 
+def dead_letter_count(conn, config: dict[str, Any]) -> int:
+    """Dead letters the pipeline of ``config`` has quarantined."""
+    from psycopg2 import sql
+
+    from spark_apps.eos_stream import meta_tables
+
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM {} WHERE pipeline = %s").format(
+            meta_tables.table(config["meta_schema"], meta_tables.DEAD_LETTERS)), (config["pipeline"],))
+        (count,) = cur.fetchone()
+    return int(count)
+
+
 def ledger_order(stack: dict[str, str], schema: str) -> dict[str, int]:
     """Order in ``<schema>.ledger_events``, as docs/ordering.md states it: each account's
     events, taken in Kafka order (partition, offset), have strictly increasing ``seq``

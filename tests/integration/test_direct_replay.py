@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.streaming import ROOT, audit, ledger_rows, pg_connect, pipeline_config
+from tests.streaming import ROOT, audit, dead_letter_count, ledger_rows, pg_connect, pipeline_config
 
 pytestmark = pytest.mark.integration
 
@@ -80,19 +80,14 @@ def test_sigkilled_direct_replay_stays_exact(stack: dict, tmp_path: Path, unique
         assert not report["ok"] and report["summary"]["duplicated"] > 0, report
 
 
-def _stored_state(stack: dict, config: dict) -> tuple[dict[int, int], int, int]:
-    """(next_offset per partition, target rows, dead letters) as the database holds them."""
-    from psycopg2 import sql
+def _stored_state(stack: dict, config: dict) -> tuple[dict, int, int]:
+    """(stored offsets, target rows, dead letters) as the database holds them."""
+    from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 
     conn = pg_connect(stack)
     try:
-        with conn.cursor() as cur:
-            meta = sql.Identifier(config["meta_schema"])
-            cur.execute(sql.SQL("SELECT partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(meta),
-                        (config["pipeline"],))
-            offsets = dict(cur.fetchall())
-            cur.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters").format(meta))
-            dead = cur.fetchone()[0]
+        offsets = OffsetsStore(config["meta_schema"], config["pipeline"]).load(conn)
+        dead = dead_letter_count(conn, config)
     finally:
         conn.close()
     return offsets, ledger_rows(stack, config["target_schema"]), dead
@@ -116,7 +111,7 @@ def test_replay_of_records_gone_from_kafka_fails_and_writes_nothing(stack: dict,
     assert code == 0
     before = _stored_state(stack, config)
     assert before[1] == 2000 and before[2] == 0, before
-    stored = before[0][0]
+    (stored,) = before[0].values()
 
     produce_ledger(bootstrap, 2000, topic=topic, seed=25, first_seq=100_000)
     admin = AdminClient({"bootstrap.servers": bootstrap})

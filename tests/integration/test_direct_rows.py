@@ -13,7 +13,6 @@ records, and aggregate rows that existed before the batch.
 
 from __future__ import annotations
 
-import io
 import json
 import random
 
@@ -24,7 +23,7 @@ from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
 from spark_apps.eos_stream.sink.direct_rows import DirectRows, task_chunks
 from spark_apps.eos_stream.sink.poison_guard import batch_key
-from spark_apps.eos_stream.sink.staging import create_stage
+from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage
 from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 from tests.streaming import pg_connect
 
@@ -125,10 +124,9 @@ def _both_paths(stack: dict, unique_name: str, records, chunks) -> tuple[dict, d
         conn.commit()
 
         stage = create_stage(conn, SPEC, meta, "stage_differential")
-        columns = sql.SQL(", ").join(map(sql.Identifier, staging_columns(SPEC)))
         with conn.cursor() as cur:
-            cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, columns).as_string(cur),
-                            io.StringIO("".join(staging_lines(SPEC, records, keep_raw=False))))
+            copy_from_chunks(cur, stage, staging_columns(SPEC),
+                             iter(["".join(staging_lines(SPEC, records, keep_raw=False)).encode()]))
             cur.execute(apply_batch_statement(SPEC, stage=stage, target_schema=staged, meta_schema=meta,
                                               skip_applied=False, dedupe=False, upsert_rows=False),
                         {"pipeline": "staged"})
@@ -205,10 +203,8 @@ class _LedgerSink:
 
     def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
         with self.conn.cursor() as cur:
-            columns = sql.SQL(", ").join(map(sql.Identifier, staging_columns(self.spec)))
-            cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(self.meta, stage_name),
-                                                                      columns).as_string(cur),
-                            io.StringIO("".join(staging_lines(self.spec, self.records, keep_raw))))
+            copy_from_chunks(cur, sql.Identifier(self.meta, stage_name), staging_columns(self.spec),
+                             iter(["".join(staging_lines(self.spec, self.records, keep_raw)).encode()]))
         self.conn.commit()
         return len(self.records)
 

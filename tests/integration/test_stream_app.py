@@ -177,13 +177,11 @@ def test_a_partition_staged_twice_applies_once(stack: dict, unique_name: str) ->
     stage than the successful tasks reported: the writer counts, sees it and
     dedupes. Only a matching count lets it skip the dedupe's sort, which the
     second half shows by claiming the doubled count."""
-    import io
-
     from spark_apps.eos_stream import preflight
     from spark_apps.eos_stream.records import staging_columns, staging_lines
     from spark_apps.eos_stream.sink.batch_sink import MODES, BatchWriter
     from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
-    from spark_apps.eos_stream.sink.staging import create_stage
+    from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage
     from spark_apps.ledger.generator import _event
     from spark_apps.ledger.spec import LEDGER
 
@@ -197,12 +195,10 @@ def test_a_partition_staged_twice_applies_once(stack: dict, unique_name: str) ->
     rng = __import__("random").Random(3)
     start = __import__("datetime").datetime(2026, 1, 1)
     records = [("t", 0, offset, None, _event(rng, offset, 5, start)[1]) for offset in range(10)]
-    lines = "".join(staging_lines(LEDGER, records, keep_raw=False))
-    columns = sql.SQL(", ").join(map(sql.Identifier, staging_columns(LEDGER)))
+    lines = "".join(staging_lines(LEDGER, records, keep_raw=False)).encode()
     with conn.cursor() as cur:
         for _ in range(2):  # the first attempt's COPY committed, then the retry's
-            cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, columns).as_string(cur),
-                            io.StringIO(lines))
+            copy_from_chunks(cur, stage, staging_columns(LEDGER), iter([lines]))
     conn.commit()
     writer = BatchWriter(conn, LEDGER, mode, OffsetsStore(meta, pipeline), target, meta)
     try:

@@ -15,19 +15,11 @@ from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.ddl import run_ddl
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from spark_apps.ledger.spec import ledger_ddl
-from tests.streaming import audit, pg_connect, pipeline_config, run_app, start_app
+from tests.streaming import audit, dead_letter_count, pg_connect, pipeline_config, run_app, start_app
 
 pytestmark = pytest.mark.integration
 
 EVENTS = 200
-
-
-def _dead_letters(conn, config: dict) -> int:
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT count(*) FROM {} WHERE pipeline = %s").format(
-            meta_tables.table(config["meta_schema"], meta_tables.DEAD_LETTERS)), (config["pipeline"],))
-        (count,) = cur.fetchone()
-    return count
 
 
 def _retries(tmp_path: Path) -> list[str]:
@@ -91,7 +83,7 @@ def test_lock_timeout_storm_quarantines_nothing(stack: dict, tmp_path: Path, uni
                 break
     finally:
         locker.join(240)
-    dead = _dead_letters(observer, config)
+    dead = dead_letter_count(observer, config)
     retries = _retries(tmp_path)
     report = audit(config, tmp_path)
     summary = report["summary"]

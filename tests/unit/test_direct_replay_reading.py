@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, TopicPartition
 
 from spark_apps.eos_stream import direct_replay
 from spark_apps.eos_stream.driver import EARLIEST
@@ -59,8 +59,8 @@ class _Consumer:
             self.position_ = max(self.position_, self.skip_to)
         return messages
 
-    def position(self, partitions: list) -> list:
-        return [type("Position", (), {"offset": self.position_})()]
+    def position(self, partitions: list) -> list[TopicPartition]:
+        return [TopicPartition(partitions[0].topic, partitions[0].partition, self.position_)]
 
 
 def test_batches_cut_every_max_offsets_from_the_stored_offsets_or_the_log_start() -> None:
