@@ -28,6 +28,7 @@ from spark_apps.eos_stream import fencing, preflight, sql_records
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
+from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
 from spark_apps.eos_stream.sink.direct_rows import RESULT_SCHEMA, Chunk, task_writer
@@ -204,17 +205,24 @@ def run_stream(config: PipelineConfig) -> int:
 # class name must hold a lowercase letter: PostgreSQL's message fields (CONTEXT:, DETAIL:, HINT:)
 # follow the error in the same text and are not its cause.
 _PYTHON_ERROR_LINE = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*[a-z]\w*): (.+)$")
+# Of those, the ones that name an exception: a module-qualified class (psycopg2.errors.X, py4j...)
+# or a name ending the way exceptions do. Spark's query report ("Identifier: eos-x [id = ...]",
+# "Current Committed Offsets: ...") has the same shape and follows the traceback.
+_EXCEPTION_NAME = re.compile(r"(\.|Error$|Exception$|Stuck$|Blocked$|Fenced$|Unavailable$)")
 
 
 def root_cause(exc: BaseException) -> str:
     """The innermost Python error inside Spark's wrapping (a failed foreachBatch
-    arrives as STREAM_FAILED with the real traceback in its text)."""
+    arrives as STREAM_FAILED with the real traceback in its text), with the
+    SQLSTATE when the database raised it."""
     text = str(exc)
-    causes = [m.group(1).rsplit(".", 1)[-1] + ": " + m.group(2).strip()
-              for m in map(_PYTHON_ERROR_LINE.match, text.splitlines()) if m]
-    if causes:
-        return causes[-1]
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    lines = [m for m in map(_PYTHON_ERROR_LINE.match, text.splitlines()) if m]
+    named = [m for m in lines if _EXCEPTION_NAME.search(m.group(1))] or lines
+    if not named:
+        return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    cause = named[-1].group(1).rsplit(".", 1)[-1] + ": " + named[-1].group(2).strip()
+    code = sqlstate_of(exc)
+    return f"{cause} (SQLSTATE {code})" if code and code not in cause else cause
 
 
 def main(argv: list[str] | None = None, run: Callable[[PipelineConfig], int] | None = None) -> int:

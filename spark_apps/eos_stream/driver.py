@@ -75,8 +75,19 @@ class Driver:
             epoch=self.epoch,
             transient_retry_seconds=config.transient_retry_seconds,
             reconnect=self.connect,
+            reconnect_guard=self.reconnect_guard,
             notify=emit,
         )
+
+    def reconnect_guard(self) -> PgConnection:
+        """A new guard connection that holds the running lock again: the old
+        one's session, and the lock with it, died. Another driver that took
+        the lock meanwhile fails this one (``AlreadyRunning``); one that also
+        bumped the epoch fences it at its next batch."""
+        conn = self.connect()
+        hold_running_lock(conn, self.config.pipeline)
+        self.guard_conn = conn
+        return conn
 
     def close(self) -> None:
         """Closing the guard connection releases the running lock."""

@@ -1,82 +1,104 @@
-"""Per-record parsing and validation, and the COPY text encoding of staging rows.
+"""Per-record parsing and the COPY text encoding of staging rows.
 
 Runs on the executors, one record at a time, so a bad record costs one
 dead-letter row and never the batch. Pure Python: unit-tested without Spark.
+
+The parser checks the record's *shape*, the contract a producer signs: a JSON
+object whose fields have the JSON types the spec names (a string for text and
+timestamps, an integer for integer columns, a number for numeric and double precision,
+true or false for booleans). It does not judge a value's *domain*: whether an
+integer fits its column, whether a string is a timestamp PostgreSQL accepts,
+whether text fits a ``varchar(n)``. Those verdicts are PostgreSQL's: values
+are staged as text and cast by the database in the apply statement, where a
+refusal comes back with its SQLSTATE inside the batch transaction
+(``sink/batch_sink.py``, transition 6), so the database decides what is poison.
+
+The one exception is what a COPY text line cannot carry at all: a NUL
+character and a lone surrogate (not encodable as UTF-8). No PostgreSQL
+text value can hold either, so rejecting them here is the database's verdict
+known in advance, not a guess.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from spark_apps.eos_stream.spec import Field, PipelineSpec
 
-_decode_json = json.JSONDecoder().decode
-_INT_RANGES = {"bigint": (-(2**63), 2**63 - 1), "integer": (-(2**31), 2**31 - 1)}
+# Decimal keeps a JSON number's digits as they were written: a numeric field
+# stages them exactly, and a double precision field rounds them once, in float().
+_decode_json = json.JSONDecoder(parse_float=Decimal).decode
+_INTEGER_TYPES = ("bigint", "integer")
 
 
 class RecordError(ValueError):
     """Why one record cannot be applied; stored with it in the dead-letter table."""
 
 
-def _check_value(spec_field: Field, value: Any) -> Any:
-    kind = spec_field.pg_type
-    if kind in _INT_RANGES:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise RecordError(f"field {spec_field.name!r} must be an integer, got {type(value).__name__}")
-        low, high = _INT_RANGES[kind]
-        if not low <= value <= high:
-            raise RecordError(f"field {spec_field.name!r} = {value} is out of range for {kind}")
-        return value
-    if kind == "double precision":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RecordError(f"field {spec_field.name!r} must be a number, got {type(value).__name__}")
-        return float(value)
-    if kind == "boolean":
-        if not isinstance(value, bool):
-            raise RecordError(f"field {spec_field.name!r} must be true or false")
-        return value
-    if kind == "timestamptz":
-        if not isinstance(value, str):
-            raise RecordError(f"field {spec_field.name!r} must be an ISO-8601 timestamp string")
-        try:
-            datetime.fromisoformat(value)
-        except ValueError as exc:
-            raise RecordError(f"field {spec_field.name!r}: {exc}") from exc
-        return value
-    if not isinstance(value, str):
-        raise RecordError(f"field {spec_field.name!r} must be a string, got {type(value).__name__}")
+def _check_text(spec_field: Field, value: str) -> str:
     if "\x00" in value:
-        # PostgreSQL text cannot hold NUL: COPY into the staging table would
-        # fail the whole batch on the executors, where no SQLSTATE reaches the
-        # poison guard, so the record could never be quarantined.
         raise RecordError(f"field {spec_field.name!r} contains a NUL character, which PostgreSQL text cannot store")
     try:
         value.encode()
     except UnicodeEncodeError as exc:
-        # JSON's \ud800 escape decodes to a lone surrogate, which no UTF-8
-        # COPY line can carry: like NUL, it would fail the batch on the executors.
+        # JSON's \ud800 escape decodes to a lone surrogate, which no UTF-8 COPY line can carry.
         raise RecordError(f"field {spec_field.name!r} is not valid Unicode: {exc.reason}") from exc
     return value
 
 
+def _check_value(spec_field: Field, value: Any) -> Any:
+    """The value if its JSON type is the one the field's column takes; its domain is the database's to judge."""
+    kind = spec_field.pg_type
+    if kind in _INTEGER_TYPES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecordError(f"field {spec_field.name!r} must be an integer, got {type(value).__name__}")
+        return value
+    if kind in ("double precision", "numeric"):
+        if isinstance(value, bool) or not isinstance(value, (int, Decimal, float)):  # float: NaN, Infinity
+            raise RecordError(f"field {spec_field.name!r} must be a number, got {type(value).__name__}")
+        return float(value) if kind == "double precision" else value
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            raise RecordError(f"field {spec_field.name!r} must be true or false")
+        return value
+    if not isinstance(value, str):
+        expected = "an ISO-8601 timestamp string" if kind == "timestamptz" else "a string"
+        raise RecordError(f"field {spec_field.name!r} must be {expected}, got {type(value).__name__}")
+    return _check_text(spec_field, value)
+
+
 def parse_record(spec: PipelineSpec, value: bytes | None) -> dict[str, Any]:
-    """Decodes one Kafka value into validated field values, or raises RecordError."""
+    """Decodes one Kafka value into checked field values, or raises RecordError.
+
+    Any exception raised on the record's bytes is that record's fault (an
+    integer of 5,000 digits, nesting past the recursion limit, a float that
+    overflows): it becomes a RecordError, so no record can fail its batch here."""
     if value is None:
         raise RecordError("record has no value (tombstone)")
     try:
-        if value[:1] == b"{" and value[1:2] != b"\x00":
-            # Exactly json.loads for bytes its detect_encoding calls UTF-8 (an
-            # object's first byte, no BOM, no UTF-16/32 zero byte), without the detection.
-            payload = _decode_json(value.decode("utf-8", "surrogatepass"))
-        else:
-            payload = json.loads(value)
+        return _parse(spec, value)
+    except RecordError:
+        raise
+    except RecursionError as exc:
+        raise RecordError("malformed JSON: nested too deeply") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RecordError(f"malformed JSON: {exc}") from exc
-    except RecursionError as exc:  # not a JSONDecodeError, and it must not fail the batch
-        raise RecordError("malformed JSON: nested too deeply") from exc
+    except (UnicodeError, ValueError) as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise RecordError(f"malformed JSON: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # whatever the bytes provoke is the record's fault, never the batch's
+        raise RecordError(f"unreadable record: {type(exc).__name__}: {exc}") from exc
+
+
+def _parse(spec: PipelineSpec, value: bytes) -> dict[str, Any]:
+    if value[:1] == b"{" and value[1:2] != b"\x00":
+        # Exactly json.loads for bytes its detect_encoding calls UTF-8 (an
+        # object's first byte, no BOM, no UTF-16/32 zero byte), without the detection.
+        payload = _decode_json(value.decode("utf-8", "surrogatepass"))
+    else:
+        payload = json.loads(value, parse_float=Decimal)
     if not isinstance(payload, dict):
         raise RecordError(f"record must be a JSON object, got {type(payload).__name__}")
     out: dict[str, Any] = {}
@@ -134,7 +156,7 @@ def _encoder(pg_type: str, checked: bool):
     """The field's COPY encoder. ``checked``: values are exactly what
     ``parse_record``'s checks return (no transform changed them), so text
     and timestamps are str and booleans bool, and need no type dispatch."""
-    if pg_type in ("bigint", "integer", "double precision"):
+    if pg_type in ("bigint", "integer", "numeric", "double precision"):
         return _encode_number  # numbers never need escaping
     if checked:
         return _encode_bool if pg_type == "boolean" else _encode_str

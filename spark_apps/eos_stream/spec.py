@@ -13,7 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 # PostgreSQL types the record parser knows how to validate and encode for COPY.
-SUPPORTED_TYPES = ("text", "bigint", "integer", "double precision", "boolean", "timestamptz")
+SUPPORTED_TYPES = ("text", "bigint", "integer", "numeric", "double precision", "boolean", "timestamptz")
+
+# Field types an aggregate may sum: exact ones. A sum of floats depends on the
+# order of the additions, which neither PostgreSQL nor Spark fixes, so no two
+# runs (and no audit) could be held to the same total; use numeric instead.
+SUMMABLE_TYPES = ("bigint", "integer", "numeric")
 
 # Target columns that carry each row's Kafka coordinates.
 SOURCE_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
@@ -126,6 +131,14 @@ class PipelineSpec:
             unknown = used - names
             if unknown:
                 raise SpecError(f"target {target.table!r} uses unknown fields {sorted(unknown)}")
+            if isinstance(target, AggregateTarget):
+                types = {f.name: f.pg_type for f in self.fields}
+                inexact = sorted(s for s in target.increments.values() if s and types[s] not in SUMMABLE_TYPES)
+                if inexact:
+                    raise SpecError(
+                        f"target {target.table!r} sums {inexact}, which are not of an exact type "
+                        f"{SUMMABLE_TYPES}: a float sum depends on the order of its additions, so it could "
+                        "never be checked; declare the field numeric")
 
     @property
     def has_aggregates(self) -> bool:

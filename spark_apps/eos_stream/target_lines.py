@@ -23,10 +23,6 @@ from typing import Any
 from spark_apps.eos_stream.records import NULL, RecordError, _encode, _encoder, parse_record
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
 
-# Field types whose sums Python computes exactly as PostgreSQL's sum() does
-# (integers without bound, like sum(bigint)'s numeric; floats as float8).
-SUMMABLE_TYPES = ("bigint", "integer", "double precision")
-
 # (topic, partition, offset, key, value), as Kafka gives a record.
 Record = tuple[str, int, int, bytes | None, bytes | None]
 
@@ -34,27 +30,15 @@ Record = tuple[str, int, int, bytes | None, bytes | None]
 PARTIAL_PARTITION, PARTIAL_OFFSET = "_last_partition", "_last_offset"
 
 
-def supported(spec: PipelineSpec) -> bool:
-    """Whether every aggregate of the spec sums only numbers (others take the staged path)."""
-    types = {f.name: f.pg_type for f in spec.fields}
-    return all(
-        source is None or types[source] in SUMMABLE_TYPES
-        for target in spec.targets if isinstance(target, AggregateTarget)
-        for source in target.increments.values()
-    )
-
-
 def partial_columns(spec: PipelineSpec, target: AggregateTarget) -> list[tuple[str, str]]:
     """(name, PostgreSQL type) of a partials table, in the order of its COPY lines:
     the keys, a sum per increment, the last record's coordinates, its latest values."""
     types = {f.name: f.pg_type for f in spec.fields}
 
-    def sum_type(source: str | None) -> str:
-        return "double precision" if source and types[source] == "double precision" else "numeric"
-
     return [
         *((key, types[key]) for key in target.group_by),
-        *((f"_sum_{i}", sum_type(source)) for i, source in enumerate(target.increments.values())),
+        # Python sums ints and Decimals exactly, as sum() over bigint and numeric does in numeric.
+        *((f"_sum_{i}", "numeric") for i in range(len(target.increments))),
         (PARTIAL_PARTITION, "integer"),
         (PARTIAL_OFFSET, "bigint"),
         *((f"_latest_{i}", types[source]) for i, source in enumerate(target.latest.values())),

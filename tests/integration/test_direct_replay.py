@@ -42,13 +42,9 @@ def test_direct_replay_applies_committed_records_once_with_dead_letters(stack: d
     topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions=3)
     produced = produce_ledger(bootstrap, 9000, topic=topic, abort_every=3, malformed=2, poison=1, seed=21)
-    exits = []
-    for _ in range(4):  # a supervisor's restarts: the poison batch fails max_batch_attempts times
-        code, batches, _ = _replay(config, tmp_path)
-        exits.append(code)
-        if code == 0:
-            break
-    assert exits == [1, 1, 0], exits
+    code, batches, log = _replay(config, tmp_path)
+    # The poison batch fails max_batch_attempts times and is isolated, in this one run.
+    assert code == 0, log[-4000:]
     assert any(b["record_by_record"] for b in batches)
     report = audit(config, tmp_path)
     assert report["ok"], report

@@ -21,15 +21,16 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
-from spark_apps.eos_stream.sink.direct_rows import DirectRows, task_chunks
+from spark_apps.eos_stream.sink.direct_rows import DirectRows
 from spark_apps.eos_stream.sink.poison_guard import batch_key
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage
 from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from tests.sink_harness import LedgerSink, direct_chunks
 from tests.streaming import pg_connect
 
 SPEC = PipelineSpec(
     name="direct-differential",
-    fields=(Field("k", "text"), Field("v", "bigint", required=False), Field("f", "double precision", required=False),
+    fields=(Field("k", "text"), Field("v", "bigint", required=False), Field("f", "numeric", required=False),
             Field("ts", "timestamptz"), Field("seq", "bigint")),
     targets=(
         RowTarget("rows", columns=("k", "v", "ts", "seq")),
@@ -48,7 +49,7 @@ def _ddl(schema: str) -> list[sql.Composed]:
                 " v bigint, ts timestamptz, seq bigint)").format(s),
         sql.SQL("CREATE TABLE {}.rows_narrow (kafka_topic text, kafka_partition int, kafka_offset bigint,"
                 " seq bigint)").format(s),
-        sql.SQL("CREATE TABLE {}.totals (k text PRIMARY KEY, total bigint, n bigint NOT NULL, fsum double precision,"
+        sql.SQL("CREATE TABLE {}.totals (k text PRIMARY KEY, total bigint, n bigint NOT NULL, fsum numeric,"
                 " last_seq bigint, last_v bigint)").format(s),
         # Earlier state: NULL and non-NULL running totals the batch adds to.
         sql.SQL("INSERT INTO {}.totals VALUES ('k1', 100, 3, 0.5, 7, 1), ('k2', NULL, 1, NULL, 1, NULL),"
@@ -76,23 +77,6 @@ def _corpus(seed: int) -> list[tuple[str, int, int, bytes | None, bytes | None]]
                     value = json.dumps(payload).encode()
                 records.append((topic, partition, offset, f"key{offset}".encode(), value))
     return records
-
-
-def _tasks(records):
-    """Spark's split of a batch: one task per topic-partition, in offset order."""
-    tasks: dict[tuple[str, int], list] = {}
-    for record in records:
-        tasks.setdefault((record[0], record[1]), []).append(record)
-    return list(tasks.values())
-
-
-def _direct_chunks(spec: PipelineSpec, records):
-    """What the tasks send the driver for these records, without Spark: the
-    task writer's own ``task_chunks``, several "Arrow batches" of 37 per task."""
-    for task in _tasks(records):
-        batches = (task[start:start + 37] for start in range(0, len(task), 37))
-        for chunks in task_chunks(spec, batches):
-            yield from chunks
 
 
 def _contents(cur, schema: str, meta: str, pipeline: str) -> dict[str, list]:
@@ -156,18 +140,18 @@ def _both_paths(stack: dict, unique_name: str, records, chunks) -> tuple[dict, d
 def test_the_direct_path_writes_what_the_staged_path_writes(stack: dict, unique_name: str, seed: int) -> None:
     records = _corpus(seed)
     expected, got, staged_counts, direct_counts = _both_paths(stack, unique_name, records,
-                                                              _direct_chunks(SPEC, records))
+                                                              direct_chunks(SPEC, records))
     assert direct_counts == staged_counts
     assert got == expected
     assert len(got["rows"]) > 300 and len(got["dead_letters"]) > 10
     nulls = [row for row in got["totals"] if row[0] == "k-null-only"]
-    assert nulls and nulls[0][1] is None, "a key whose every summed value is NULL keeps a NULL sum"
+    assert nulls and nulls[0][1] == 0, "a key whose every summed value is NULL sums to 0, never NULL"
 
 
 def test_the_comparison_sees_a_lost_partial(stack: dict, unique_name: str) -> None:
     """The differential test can fail: one task's partials for one key, lost, show in the totals."""
     records = _corpus(1)
-    chunks = list(_direct_chunks(SPEC, records))
+    chunks = list(direct_chunks(SPEC, records))
     index = next(i for i, (what, _, _) in enumerate(chunks) if what == 1)  # the first task's partials
     what, count, text = chunks[index]
     chunks[index] = (what, count - 1, b"".join(text.splitlines(keepends=True)[1:]))
@@ -176,73 +160,13 @@ def test_the_comparison_sees_a_lost_partial(stack: dict, unique_name: str) -> No
     assert got["totals"] != expected["totals"]
 
 
-class _LedgerSink:
-    """A ``BatchSink`` (exactly_once) over new ledger targets, ten records of one
-    partition, and the two ways a batch can arrive: staged and direct."""
-
-    def __init__(self, stack: dict, unique_name: str) -> None:
-        import datetime
-
-        from spark_apps.eos_stream import preflight
-        from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
-        from spark_apps.ledger.generator import _event
-        from spark_apps.ledger.spec import LEDGER
-
-        self.spec = LEDGER
-        self.target, self.meta = f"t_fb{unique_name}", f"m_fb{unique_name}"
-        rng, start = random.Random(5), datetime.datetime(2026, 1, 1)
-        self.records = [("t", 0, offset, None, _event(rng, offset, 3, start)[1]) for offset in range(10)]
-        self.conn, self.guard = pg_connect(stack), pg_connect(stack)
-        self.conn.autocommit = False
-        mode = MODES["exactly_once"]
-        preflight.ensure_meta_tables(self.conn, self.meta)
-        preflight.create_targets(self.conn, LEDGER, self.target, mode)
-        self.sink = BatchSink(conn=self.conn, guard_conn=self.guard, spec=LEDGER, mode=mode,
-                              pipeline=f"fallback{unique_name}", target_schema=self.target,
-                              meta_schema=self.meta, max_batch_attempts=3, transient_retry_seconds=30)
-
-    def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
-        with self.conn.cursor() as cur:
-            copy_from_chunks(cur, sql.Identifier(self.meta, stage_name), staging_columns(self.spec),
-                             iter(["".join(staging_lines(self.spec, self.records, keep_raw)).encode()]))
-        self.conn.commit()
-        return len(self.records)
-
-    def stream_rows(self):
-        return _direct_chunks(self.spec, self.records)
-
-    def events_and_count(self) -> tuple[tuple[int, int], int | None]:
-        """((rows, distinct offsets) of ledger_events, sum of the balances' event counts)."""
-        with self.conn.cursor() as cur:
-            cur.execute(sql.SQL("SELECT count(*), count(DISTINCT kafka_offset) FROM {}").format(
-                sql.Identifier(self.target, "ledger_events")))
-            events = cur.fetchone()
-            cur.execute(sql.SQL("SELECT sum(event_count) FROM {}").format(
-                sql.Identifier(self.target, "account_balances")))
-            counted = cur.fetchone()[0]
-        self.conn.commit()
-        return events, counted
-
-    def close(self) -> None:
-        self.conn.rollback()
-        with self.conn.cursor() as cur:
-            for schema in (self.meta, self.target):
-                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-        self.conn.commit()
-        self.conn.close()
-        self.guard.close()
-
-
 @pytest.fixture
 def ledger_sink(stack: dict, unique_name: str):
-    sink = _LedgerSink(stack, unique_name)
-    try:
+    with LedgerSink(stack, unique_name) as sink:
         yield sink
-    finally:
-        sink.close()
 
 
-def test_a_batch_with_applied_records_falls_back_to_the_staged_skip(ledger_sink: _LedgerSink) -> None:
+def test_a_batch_with_applied_records_falls_back_to_the_staged_skip(ledger_sink: LedgerSink) -> None:
     """Failure transition 4d: the first batch goes direct; the same records
     again (a replay after a commit Spark never checkpointed) find the stored
     offset above their start, write nothing directly, and the staged path skips them."""
@@ -254,7 +178,7 @@ def test_a_batch_with_applied_records_falls_back_to_the_staged_skip(ledger_sink:
     assert s.events_and_count() == ((10, 10), 10)
 
 
-def test_a_task_failing_mid_batch_rolls_back_and_is_not_retried(ledger_sink: _LedgerSink) -> None:
+def test_a_task_failing_mid_batch_rolls_back_and_is_not_retried(ledger_sink: LedgerSink) -> None:
     """Failure transition 2d: a task fails after some of the batch's rows are
     COPYed into the targets. Everything rolls back, and the task's own error
     is raised at once: not retried as the transient database error psycopg2's

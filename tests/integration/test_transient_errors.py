@@ -102,13 +102,19 @@ def test_lock_timeout_storm_quarantines_nothing(stack: dict, tmp_path: Path, uni
 
 def test_lock_timeout_during_record_by_record_rolls_the_batch_back(
         stack: dict, tmp_path: Path, unique_name: str) -> None:
-    """A batch already going record by record (one real poison record, past
-    max_batch_attempts) meets a lock timeout: the records it hits are not
-    quarantined; the whole batch rolls back and is retried, and in the end only
-    the poison record is dead-lettered, with its SQLSTATE."""
+    """A batch already being isolated (one real poison record, its data error
+    counted by an earlier driver that died: past max_batch_attempts) meets a
+    lock timeout: the records it hits are not quarantined; the whole batch
+    rolls back and is retried, and in the end only the poison record is
+    dead-lettered, with its SQLSTATE."""
+    from spark_apps.eos_stream.driver import EARLIEST
+    from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
+
     config = _storm_pipeline(stack, tmp_path, f"rbr{unique_name}", poison=1)
-    first = run_app(config, tmp_path, env_extra=APP_ENV, label="poisoned")
-    assert first.process.returncode == 1, first.log()[-3000:]  # the data error, counted once
+    counter = pg_connect(stack)
+    PoisonGuard(counter, config["meta_schema"], config["pipeline"], max_attempts=1).record_failure(
+        batch_key({(config["topics"][0], 0): EARLIEST}), "data: counted by a driver that died", counted=True)
+    counter.close()
 
     holder = pg_connect(stack)
     with holder.cursor() as cur:

@@ -80,6 +80,22 @@ def test_root_cause_digs_the_database_error_out_of_sparks_wrapping() -> None:
     assert root_cause(ValueError("plain message")) == "plain message"
 
 
+def test_root_cause_is_not_sparks_query_report() -> None:
+    """Spark's StreamingQueryException ends with the query's report, whose lines look like errors."""
+    from spark_apps.eos_stream.app import root_cause
+
+    failed = RuntimeError(
+        "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: ...\n"
+        "Traceback (most recent call last):\n"
+        "spark_apps.eos_stream.sink.staging.StageCopyError: [EOS-SQLSTATE 22021] CharacterNotInRepertoire: bad\n"
+        "\tat org.apache.spark.sql.execution.python.PythonRunner.handle(PythonRunner.scala:1)\n"
+        "=== Streaming Query ===\n"
+        "Identifier: eos-ledger [id = 1, runId = 2]\n"
+        "Current Committed Offsets: {}\n"
+    )
+    assert root_cause(failed) == "StageCopyError: [EOS-SQLSTATE 22021] CharacterNotInRepertoire: bad"
+
+
 def test_root_cause_is_the_error_not_postgresqls_context_lines() -> None:
     from spark_apps.eos_stream.app import root_cause
 

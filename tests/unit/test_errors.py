@@ -23,6 +23,10 @@ from spark_apps.eos_stream.records import RecordError
         ("23505", "data"),  # unique_violation
         ("23502", "data"),  # not_null_violation
         ("23514", "data"),  # check_violation
+        ("22009", "data"),  # invalid_time_zone_displacement_value: a +16:00 offset
+        ("22021", "data"),  # character_not_in_repertoire
+        # blocked: the parent row may arrive later; retried with backoff, never quarantined
+        ("23503", "blocked"),  # foreign_key_violation
         # transient: retried whole, never quarantined, never counted
         ("08000", "transient"),  # connection_exception
         ("08006", "transient"),  # connection_failure
@@ -37,6 +41,7 @@ from spark_apps.eos_stream.records import RecordError
         ("57P02", "transient"),  # crash_shutdown
         ("57P03", "transient"),  # cannot_connect_now
         ("58030", "transient"),  # io_error
+        ("53400", "other"),  # configuration_limit_exceeded: max_prepared_transactions used up, not weather
         # other: the run fails and says why; not poison either
         ("42P01", "other"),  # undefined_table
         ("42501", "other"),  # insufficient_privilege
@@ -59,6 +64,13 @@ def _server_error(cls: type[psycopg2.Error], sqlstate: str) -> psycopg2.Error:
     return type(cls.__name__, (cls,), {"pgcode": sqlstate})("message from the server")
 
 
+def _wrapped(cause: BaseException) -> BaseException:
+    try:
+        raise RuntimeError("cannot connect to PostgreSQL") from cause
+    except RuntimeError as exc:
+        return exc
+
+
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
@@ -75,6 +87,14 @@ def _server_error(cls: type[psycopg2.Error], sqlstate: str) -> psycopg2.Error:
         (psycopg2.InterfaceError("connection already closed"), "transient"),
         # Not from the database at all: a bug, or Spark failing around the sink.
         (RuntimeError("py4j: STREAM_FAILED"), "other"),
+        # An executor's database error, as text inside Spark's job failure: its tag carries the SQLSTATE.
+        (RuntimeError("STREAM_FAILED ... StageCopyError: [EOS-SQLSTATE 22021] CharacterNotInRepertoire: x"), "data"),
+        (RuntimeError("Job aborted ... StageCopyError: [EOS-SQLSTATE 57P01] AdminShutdown: terminating"),
+         "transient"),
+        # A wrapper around a lost connection ("cannot connect to PostgreSQL ...") is still the weather.
+        (_wrapped(psycopg2.OperationalError("connection refused")), "transient"),
+        # A source's own error, chained from the QueryCanceled psycopg2 makes of a failed COPY read: not weather.
+        (_wrapped(_server_error(psycopg2.errors.QueryCanceled, "57014")), "other"),
         (psycopg2.ProgrammingError("no results to fetch"), "other"),
     ],
 )
@@ -85,7 +105,7 @@ def test_exception_classes(exc: BaseException, expected: str) -> None:
 @pytest.mark.parametrize(
     ("sqlstate", "expected"),
     [(None, "parse"), ("22001", "data_exception"), ("23505", "integrity"), ("55P03", "not_data:55P03"),
-     ("57014", "not_data:57014")],
+     ("57014", "not_data:57014"), ("23503", "not_data:23503")],
 )
 def test_dead_letter_classes(sqlstate: str | None, expected: str) -> None:
     assert dead_letter_class(sqlstate, "an error") == expected
@@ -103,3 +123,11 @@ def test_a_nul_in_a_text_field_is_the_apps_own_data_error() -> None:
     with pytest.raises(RecordError, match="NUL character") as caught:
         parse_record(LEDGER, value)
     assert classify(caught.value) == "data"
+
+
+def test_the_tag_round_trips_a_database_errors_sqlstate() -> None:
+    from spark_apps.eos_stream.errors import sqlstate_of, tagged
+
+    text = tagged(_server_error(psycopg2.errors.InvalidTimeZoneDisplacementValue, "22009"))
+    assert text.startswith("[EOS-SQLSTATE 22009] ")
+    assert sqlstate_of(RuntimeError(f"Py4JJavaError ... {text}\n\tat org.apache.spark")) == "22009"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from psycopg2 import sql
 
 from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.records import staging_columns
 from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec, RowTarget
 from spark_apps.eos_stream.target_lines import PARTIAL_OFFSET, PARTIAL_PARTITION
 
@@ -32,6 +33,7 @@ def apply_batch_statement(
     dedupe: bool,
     upsert_rows: bool,
     only_record: bool = False,
+    only_range: bool = False,
 ) -> sql.Composed:
     """One statement that moves a staged batch into every target.
 
@@ -40,8 +42,10 @@ def apply_batch_statement(
     :param dedupe: keep one staged copy per (topic, partition, offset): a
         retried Spark task may have staged its partition twice.
     :param upsert_rows: ON CONFLICT DO NOTHING on row targets (idempotent mode).
-    :param only_record: restrict to the record bound as %(topic)s/%(partition)s/%(offset)s
-        (record-by-record processing of a poisoned batch).
+    :param only_record: restrict to the record bound as %(topic)s/%(partition)s/%(offset)s.
+    :param only_range: restrict to the records from %(first_topic)s/%(first_partition)s/%(first_offset)s
+        to %(last_topic)s/%(last_partition)s/%(last_offset)s, both included, in
+        (topic, partition, offset) order (isolating the records of a poisoned batch).
 
     Binds %(pipeline)s; returns (applied, dead_lettered) counts.
     """
@@ -58,9 +62,16 @@ def apply_batch_statement(
         conditions.append(
             sql.SQL("s._topic = %(topic)s AND s._partition = %(partition)s AND s._offset = %(offset)s")
         )
+    if only_range:
+        # A row comparison: the stage's index on the coordinates serves it.
+        conditions.append(sql.SQL(
+            "(s._topic, s._partition, s._offset) >= (%(first_topic)s, %(first_partition)s, %(first_offset)s)"
+            " AND (s._topic, s._partition, s._offset) <= (%(last_topic)s, %(last_partition)s, %(last_offset)s)"
+        ))
     distinct = sql.SQL("DISTINCT ON (s._topic, s._partition, s._offset) ") if dedupe else sql.SQL("")
-    fresh = sql.SQL("SELECT {distinct}s.* FROM {stage} s{join} WHERE {where}").format(
-        distinct=distinct, stage=stage, join=join, where=sql.SQL(" AND ").join(conditions)
+    fresh = sql.SQL("SELECT {distinct}{columns} FROM {stage} s{join} WHERE {where}").format(
+        distinct=distinct, columns=typed_stage_columns(spec), stage=stage, join=join,
+        where=sql.SQL(" AND ").join(conditions),
     )
 
     parts = [sql.SQL("WITH fresh AS MATERIALIZED ({})").format(fresh)]
@@ -86,6 +97,18 @@ def apply_batch_statement(
     return sql.Composed(parts)
 
 
+def typed_stage_columns(spec: PipelineSpec) -> sql.Composed:
+    """A staged record's columns, its fields cast from staged text to their
+    types: the database judges each value here (``staging.stage_column_types``)."""
+    # pg_type is one of spec.SUPPORTED_TYPES (checked by Field), never user text.
+    types = {f.name: sql.SQL(f.pg_type) for f in spec.fields}
+    return sql.SQL(", ").join(
+        sql.SQL("CAST(s.{c} AS {t}) AS {c}").format(c=sql.Identifier(c), t=types[c]) if c in types
+        else sql.SQL("s.{}").format(sql.Identifier(c))
+        for c in staging_columns(spec)
+    )
+
+
 def _aggregate_upsert(table: sql.Composed, target: AggregateTarget, source: sql.Composable,
                       deltas: list[sql.Composable]) -> sql.Composed:
     # Deltas are summed per key first, so each key is written once per batch:
@@ -95,8 +118,11 @@ def _aggregate_upsert(table: sql.Composed, target: AggregateTarget, source: sql.
     # order: one waits for the other instead of both deadlocking.
     # Latest values: the batch's last record of the key in Kafka order. Batches apply in
     # offset order per partition, so overwriting the stored value keeps the last one.
+    # An increment never becomes NULL: a key's sum over records whose value is
+    # NULL is 0 (COALESCE below and in the deltas), and a NULL left by an older
+    # writer counts as 0, so the column means in SQL what the audit sums.
     updates = [
-        sql.SQL("{col} = {table}.{col} + EXCLUDED.{col}").format(col=sql.Identifier(c), table=table)
+        sql.SQL("{col} = COALESCE({table}.{col}, 0) + EXCLUDED.{col}").format(col=sql.Identifier(c), table=table)
         for c in target.increments
     ] + [sql.SQL("{col} = EXCLUDED.{col}").format(col=sql.Identifier(c)) for c in target.latest]
     return sql.SQL(
@@ -120,7 +146,7 @@ def _last_of_key(column: str, partition: str, offset: str) -> sql.Composed:
 
 def _aggregate_from_records(table: sql.Composed, target: AggregateTarget) -> sql.Composed:
     deltas = [
-        sql.SQL("sum({})").format(sql.Identifier(source)) if source else sql.SQL("count(*)")
+        sql.SQL("COALESCE(sum({}), 0)").format(sql.Identifier(source)) if source else sql.SQL("count(*)")
         for source in target.increments.values()
     ] + [_last_of_key(source, "_partition", "_offset") for source in target.latest.values()]
     return _aggregate_upsert(table, target, sql.SQL("fresh WHERE _error IS NULL"), deltas)
@@ -130,10 +156,10 @@ def aggregate_from_partials_statement(target: AggregateTarget, target_schema: st
                                       partials: sql.Composed) -> sql.Composed:
     """Applies a batch's partials (``target_lines.partial_columns``: one row per
     key and task) to an aggregate target, exactly as ``apply_batch_statement``
-    applies the batch's records: a sum of partial sums is the sum, NULL where
-    every record's value was; the last record is the partials' last."""
+    applies the batch's records: a sum of partial sums is the sum, 0 where
+    every record's value was NULL; the last record is the partials' last."""
     deltas: list[sql.Composable] = [
-        sql.SQL("sum({})").format(sql.Identifier(f"_sum_{i}")) for i in range(len(target.increments))
+        sql.SQL("COALESCE(sum({}), 0)").format(sql.Identifier(f"_sum_{i}")) for i in range(len(target.increments))
     ] + [_last_of_key(f"_latest_{i}", PARTIAL_PARTITION, PARTIAL_OFFSET) for i in range(len(target.latest))]
     return _aggregate_upsert(_qualified(target_schema, target.table), target, partials, deltas)
 

@@ -15,11 +15,24 @@ next run is still exact in ``exactly_once``):
    show: the staging table then holds more rows than the successful tasks
    reported (each task's COPY commits before it reports), so only a batch
    whose count matches skips the dedupe's sort.
-6. a record the database rejects on every attempt with a *data* error
-   (SQLSTATE class 22 or 23, ``errors.classify``): failed attempts are counted
-   outside the transaction; past ``max_batch_attempts`` the batch is applied
-   record by record, rejected records go to the dead-letter table (with their
-   SQLSTATE) in the same transaction as the rest, and the stream moves on.
+6. a record the database rejects with a *data* error (SQLSTATE class 22 or
+   23 but 23503, ``errors.classify``; fields are staged as text and cast in
+   the apply, so every value's verdict is the database's and arrives here
+   with its SQLSTATE): the failed attempt is counted outside the transaction
+   and the batch is retried at once, in this driver. Past
+   ``max_batch_attempts`` counted failures it is staged again with raw bytes
+   and isolated (``_isolate``): the whole batch is tried under a savepoint,
+   and a range that fails with a data error is halved until the failing
+   records stand alone, so k poison records among n cost about 2k·log2(n)
+   statements. Rejected records go to the dead-letter table with their
+   coordinates, raw bytes, message and SQLSTATE, in the same transaction as
+   the rest, and the stream moves on. A crash anywhere in this leaves the
+   counted attempts behind and nothing else: the next run continues from them.
+6s. a data error that isolation cannot pin on a record (a staging COPY that
+   fails for a reason of no single row, an error outside the per-range
+   apply): the batch fails for good with ``BatchStuck``, naming its offsets
+   and the error, and its counted attempts stand, so every later run fails
+   the same way at once instead of looping: an operator must look.
 7. fenced: under the pipeline lock, before writing anything, the batch finds
    the pipeline's epoch changed (a newer driver, a restore, a stop for
    recovery, the fence operator) or a partition's stored ``next_offset``
@@ -29,7 +42,10 @@ next run is still exact in ``exactly_once``):
    a restart resumes from the database's offsets. Stored offsets *above* the
    start are not fencing: those records are skipped as in 4.
 8. a transient error (connection, serialization failure, deadlock, lock or
-   statement timeout, admin shutdown, out of resources: ``errors.classify``):
+   statement timeout, admin shutdown, out of resources: ``errors.classify``),
+   on the apply connection or the guard connection (which is reopened and
+   takes the running lock again; another driver holding it fails this one),
+   or a foreign key whose parent row is not there yet (23503, "blocked"):
    the transaction rolls back, nothing is counted, and the driver retries the
    whole batch (staging included, on a new connection if the old one broke)
    with capped exponential backoff for ``transient_retry_seconds``; after
@@ -38,10 +54,10 @@ next run is still exact in ``exactly_once``):
    commits it first (``resolve_in_doubt``) and then applies nothing. Any
    other error (a missing table, a permission, a bug) rolls back and fails
    the run at once, uncounted: neither is the record's fault.
-9. a transient (or other) error during record-by-record processing: the
-   record is NOT quarantined; the whole batch rolls back (records already
-   applied under their savepoints with it) and is handled as in 8, still
-   record by record on its next attempt, since the counted failures stand.
+9. a transient (or blocked, or other) error during isolation: no record is
+   quarantined for it; the whole batch rolls back (ranges already applied
+   under their savepoints with it) and is handled as in 8, isolated again on
+   its next attempt, since the counted failures stand.
 
 The direct write path (``direct_rows``: each row written once, straight
 into its target, from the tasks through this driver's transaction) changes
@@ -62,7 +78,7 @@ what staging leaves behind; its transitions, numbered as above:
     dedupe.
 6d. a record the database rejects fails the COPY (or the aggregate's upsert)
     with its data error: counted as in 6, and past ``max_batch_attempts`` the
-    batch is applied record by record, which is always the staged path.
+    batch is isolated, which is always the staged path.
 
 ``two_phase`` is ``exactly_once`` with the commit split in two, as in Flink's
 XA sink: the writer ends with PREPARE TRANSACTION under a deterministic id
@@ -93,7 +109,7 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import errors, fencing, target_lines
+from spark_apps.eos_stream import errors, fencing
 from spark_apps.eos_stream.sink import apply_sql
 from spark_apps.eos_stream.sink.direct_rows import Chunk, DirectRows, Written
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt, transaction_id
@@ -101,6 +117,15 @@ from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartitio
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix
 from spark_apps.eos_stream.spec import PipelineSpec
+
+
+class BatchStuck(RuntimeError):
+    """A batch fails with a data error that no single record of it explains
+    (failure transition 6s): it will fail the same way on every attempt."""
+
+
+class BatchBlocked(RuntimeError):
+    """A batch waited out its retry time on a foreign key whose parent rows never came."""
 
 
 @dataclass(frozen=True)
@@ -301,35 +326,51 @@ class BatchWriter:
             pass
 
     def _apply_each(self, cur, stage: sql.Composed, params: dict) -> tuple[int, int]:
-        """Applies records one at a time, each under a savepoint, quarantining
-        the ones the database rejects. Only coordinates come to the driver."""
+        """Applies the batch while isolating the records the database rejects
+        (failure transition 6). Only coordinates come to the driver."""
         cur.execute(sql.SQL("CREATE INDEX ON {} (_topic, _partition, _offset)").format(stage))
         cur.execute(sql.SQL("SELECT DISTINCT _topic, _partition, _offset FROM {} ORDER BY 1, 2, 3").format(stage))
         coordinates = cur.fetchall()
-        one = self._statement(stage=stage, dedupe=self.mode.dedupe, only_record=True)
+        if not coordinates:
+            return 0, 0
+        statement = self._statement(stage=stage, dedupe=self.mode.dedupe, only_range=True)
         quarantine = apply_sql.quarantine_record_statement(stage, self.meta_schema)
-        applied = dead = 0
-        for topic, partition, offset in coordinates:
-            record = {**params, "topic": topic, "partition": partition, "offset": offset}
-            cur.execute("SAVEPOINT eos_record")
-            try:
-                cur.execute(one, record)
-                row = cur.fetchone()
-                assert row is not None
-                applied += int(row[0])
-                dead += int(row[1])
-                cur.execute("RELEASE SAVEPOINT eos_record")
-            except psycopg2.Error as exc:
-                if errors.classify(exc) != "data":
-                    # Not this record's fault (a lock timeout, a lost connection,
-                    # a missing grant): quarantining it would lose a valid
-                    # event. The whole batch rolls back instead.
-                    raise
-                cur.execute("ROLLBACK TO SAVEPOINT eos_record")
+        return self._isolate(cur, statement, quarantine, params, coordinates)
+
+    def _isolate(self, cur, statement: sql.Composed, quarantine: sql.Composed, params: dict,
+                 coordinates: list[tuple[str, int, int]]) -> tuple[int, int]:
+        """Applies the records at ``coordinates`` (sorted) under a savepoint;
+        a data error halves the range until the failing record stands alone,
+        and that record alone is quarantined with the database's verdict.
+        Ranges apply in coordinate order, as the whole batch would."""
+        first, last = coordinates[0], coordinates[-1]
+        bounds = {**params, "first_topic": first[0], "first_partition": first[1], "first_offset": first[2],
+                  "last_topic": last[0], "last_partition": last[1], "last_offset": last[2]}
+        cur.execute("SAVEPOINT eos_range")
+        try:
+            cur.execute(statement, bounds)
+            row = cur.fetchone()
+            assert row is not None
+            cur.execute("RELEASE SAVEPOINT eos_range")
+            return int(row[0]), int(row[1])
+        except psycopg2.Error as exc:
+            if errors.classify(exc) != "data":
+                # Not a record's fault (a lock timeout, a lost connection, a
+                # missing parent row): quarantining would lose a valid event.
+                # The whole batch rolls back instead.
+                raise
+            cur.execute("ROLLBACK TO SAVEPOINT eos_range")
+            cur.execute("RELEASE SAVEPOINT eos_range")
+            if len(coordinates) == 1:
+                topic, partition, offset = first
                 error = f"rejected by the database: {(exc.pgerror or str(exc)).strip()}"
-                cur.execute(quarantine, {**record, "error": error, "sqlstate": errors.sqlstate_of(exc)})
-                dead += 1
-        return applied, dead
+                cur.execute(quarantine, {**params, "topic": topic, "partition": partition, "offset": offset,
+                                         "error": error, "sqlstate": errors.sqlstate_of(exc)})
+                return 0, 1
+        half = len(coordinates) // 2
+        applied, dead = self._isolate(cur, statement, quarantine, params, coordinates[:half])
+        more_applied, more_dead = self._isolate(cur, statement, quarantine, params, coordinates[half:])
+        return applied + more_applied, dead + more_dead
 
 
 class BatchCommitter:
@@ -370,6 +411,9 @@ class BatchSink:
         driver after transient errors before the run fails (0: never retried).
     :param reconnect: opens a new apply connection when a transient error
         broke the old one (None: the retry fails if the connection is gone).
+    :param reconnect_guard: opens a new guard connection when the old one
+        broke, holding the pipeline's running lock again before it returns
+        (None: the retry fails if the guard connection is gone).
     :param notify: called as ``notify(event, **fields)`` for each transient
         retry (the app prints it as an ``EOS-RETRY`` line).
 
@@ -394,6 +438,7 @@ class BatchSink:
         epoch: int | None = None,
         transient_retry_seconds: float = 300.0,
         reconnect: Callable[[], PgConnection] | None = None,
+        reconnect_guard: Callable[[], PgConnection] | None = None,
         notify: Callable[..., None] | None = None,
     ) -> None:
         self.conn = conn
@@ -409,9 +454,11 @@ class BatchSink:
         self.transient_retry_seconds = transient_retry_seconds
         # The direct path writes each record once, with no dedupe and no skip of
         # applied records: for the modes that guard with stored offsets and
-        # append rows (not idempotent's ON CONFLICT), and aggregates it can sum.
-        self.writes_directly = mode.stores_offsets and not mode.upsert_rows and target_lines.supported(spec)
+        # append rows (not idempotent's ON CONFLICT). Every aggregate it can sum:
+        # a spec sums only exact types (spec.SUMMABLE_TYPES).
+        self.writes_directly = mode.stores_offsets and not mode.upsert_rows
         self._reconnect = reconnect
+        self._reconnect_guard = reconnect_guard
         self._notify = notify or (lambda event, **fields: None)
         self._crash_point = _fault_injection()
         self._batches_this_run = 0
@@ -442,17 +489,34 @@ class BatchSink:
         delay = 1.0
         retries = 0
         while True:
+            isolate = False
             try:
                 if retries:
                     self._prepare_retry()
-                result = self._attempt(key, batch_id, start_offsets, end_offsets, fill_stage, stream_rows)
+                isolate = self.guard.should_isolate(self.guard.failed_attempts(key))
+                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, stream_rows, isolate)
             except fencing.Fenced as exc:
                 self.fenced = str(exc)
                 raise
             except Exception as exc:
                 kind = errors.classify(exc)
-                self.guard.record_failure(key, f"{kind}: {type(exc).__name__}: {exc}", counted=kind == "data")
-                if kind != "transient" or time.monotonic() + delay > deadline:
+                self._record_failure(key, kind, exc)
+                if kind == "data":
+                    if isolate:
+                        raise BatchStuck(self._describe(batch_id, start_offsets, end_offsets, exc) + (
+                            ": it failed with a data error while its records were being isolated, so no single "
+                            "record explains it; it will fail the same way on every attempt")) from exc
+                    # Deterministic: retried at once, isolated once the counted attempts reach the bound.
+                    self._notify("retry", batch_id=batch_id, error_class=kind, sqlstate=errors.sqlstate_of(exc),
+                                 message=str(exc).strip()[:500], retry_in_seconds=0)
+                    continue
+                if kind not in ("transient", "blocked"):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    if kind == "blocked":
+                        raise BatchBlocked(self._describe(batch_id, start_offsets, end_offsets, exc) + (
+                            f": still refused after {self.transient_retry_seconds:g}s of retries; a foreign key's "
+                            "parent rows must exist before the records that reference them")) from exc
                     raise
                 retries += 1
                 self._notify("retry", batch_id=batch_id, retry=retries, error_class=kind,
@@ -464,16 +528,37 @@ class BatchSink:
             result.transient_retries = retries
             return result
 
+    @staticmethod
+    def _describe(batch_id: int, start_offsets: Mapping[TopicPartition, int],
+                  end_offsets: Mapping[TopicPartition, int], exc: BaseException) -> str:
+        ranges = ", ".join(f"{t}[{p}] {start_offsets.get((t, p), '?')}..{end}"
+                           for (t, p), end in sorted(end_offsets.items()))
+        code = errors.sqlstate_of(exc)
+        # One line: the app's error event and the task log show the cause's first line.
+        text = " ".join(str(exc).split())[:1000]
+        return (f"batch {batch_id} (offsets {ranges or 'unknown'}) failed with {type(exc).__name__}"
+                f"{f' (SQLSTATE {code})' if code else ''}: {text}")
+
+    def _record_failure(self, key: str, kind: str, exc: BaseException) -> None:
+        """Counts a data failure (keeps the last error of any). A guard that
+        cannot write it now is weather: the retry decides, and an uncounted
+        data failure is simply tried again."""
+        try:
+            self.guard.record_failure(key, f"{kind}: {type(exc).__name__}: {exc}", counted=kind == "data")
+        except psycopg2.Error as guard_error:
+            if errors.classify(guard_error) != "transient":
+                raise
+            self._notify("guard_unavailable", error=str(guard_error).strip()[:500])
+
     def _attempt(
         self,
-        key: str,
         batch_id: int,
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
         fill_stage: Callable[[str, bool], int | None],
         stream_rows: Callable[[], Iterable[Chunk]] | None,
+        record_by_record: bool,
     ) -> BatchResult:
-        record_by_record = self.guard.should_isolate(self.guard.failed_attempts(key))
         stage: sql.Composed | None = None
         clock = _Stopwatch()
         try:
@@ -501,15 +586,25 @@ class BatchSink:
         except Exception:
             self.writer.abort()
             raise
-        self.guard.finished(key)
+        self._forget_attempts(start_offsets)
         if stage is not None:
             with self.conn.cursor() as cur:
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
             self.conn.commit()
         return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record, clock.laps)
 
+    def _forget_attempts(self, start_offsets: Mapping[TopicPartition, int]) -> None:
+        """Clears the committed batch's counted attempts. Best effort: a
+        leftover count only names a batch that will never start there again."""
+        try:
+            self.guard.finished(batch_key(start_offsets))
+        except psycopg2.Error as guard_error:
+            if errors.classify(guard_error) != "transient":
+                raise
+            self._notify("guard_unavailable", error=str(guard_error).strip()[:500])
+
     def _prepare_retry(self) -> None:
-        """A new connection if the old one broke; in two_phase, this batch's own
+        """New connections for the ones that broke; in two_phase, this batch's own
         prepared transaction committed if COMMIT PREPARED was what failed (it
         passed the ownership check and holds the pipeline lock, so the retry
         would wait on it forever; committed, the retry's records are all below
@@ -519,6 +614,10 @@ class BatchSink:
                 raise RuntimeError("the apply connection broke and there is no way to open a new one")
             self.conn = self._reconnect()
             self.writer.conn = self.conn
+        if self.guard.conn.closed:
+            if self._reconnect_guard is None:
+                raise RuntimeError("the guard connection broke and there is no way to open a new one")
+            self.guard.reopen(self._reconnect_guard())
         if self.mode.two_phase:
             resolve_in_doubt(self.conn, self.pipeline)
 

@@ -94,7 +94,7 @@ class Written:
 class DirectRows:
     """Writes a batch's chunks on the batch transaction's cursor.
 
-    :param spec: the pipeline's data; ``target_lines.supported(spec)`` must hold.
+    :param spec: the pipeline's data.
     :param side_prefix: prefix of this batch's side tables (the pipeline's stage prefix).
     """
 

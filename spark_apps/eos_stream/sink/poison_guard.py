@@ -1,7 +1,8 @@
 """Counts failed attempts per batch so a deterministic failure cannot loop forever.
 
-Only data errors count (``errors.classify``: SQLSTATE class 22 or 23, or the
-app's own ``RecordError``): poison means the data, never the weather. A lock
+Only data errors count (``errors.classify``: SQLSTATE class 22 or 23 but a
+foreign key's 23503, or the app's own ``RecordError``): poison means the data,
+never the weather. A lock
 timeout, a deadlock or a lost connection is retried in the driver and never
 brings a batch closer to record-by-record processing. Failures are written in
 autocommit, outside the sink transaction, so a rolled-back batch's failure is
@@ -38,6 +39,11 @@ class PoisonGuard:
         self.table = meta_tables.table(meta_schema, meta_tables.BATCH_ATTEMPTS)
         self.pipeline = pipeline
         self.max_attempts = max_attempts
+
+    def reopen(self, conn: PgConnection) -> None:
+        """Continues on a new connection after the old one broke."""
+        self.conn = conn
+        self.conn.autocommit = True
 
     def failed_attempts(self, key: str) -> int:
         """How many attempts of the batch failed with a data error so far."""

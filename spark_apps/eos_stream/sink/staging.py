@@ -17,6 +17,7 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
+from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.spec import PipelineSpec, load_spec
 
@@ -30,8 +31,15 @@ def stage_prefix(pipeline: str) -> str:
 
 
 def stage_column_types(spec: PipelineSpec) -> list[tuple[str, str]]:
-    """(name, PostgreSQL type) of a staging table's columns, in COPY order."""
-    types = {**_PG_COLUMN_TYPES, **{f.name: f.pg_type for f in spec.fields}}
+    """(name, PostgreSQL type) of a staging table's columns, in COPY order.
+
+    Fields are staged as text, whatever their type: the apply statement casts
+    them (``apply_sql``), in the driver's batch transaction, where the
+    database's verdict on a value comes back with its SQLSTATE and can
+    quarantine exactly that record. A typed stage would have the executors'
+    COPY judge the values instead, and a refusal there fails a Spark task,
+    whole, with no record to blame."""
+    types = {**_PG_COLUMN_TYPES, **{f.name: "text" for f in spec.fields}}
     return [(c, types[c]) for c in staging_columns(spec)]
 
 
@@ -65,6 +73,10 @@ def drop_stages(conn: PgConnection, meta_schema: str, pipeline: str, keep: str |
             cur.execute(sql.SQL("DROP TABLE IF EXISTS {}.{}").format(sql.Identifier(meta_schema), sql.Identifier(name)))
     conn.commit()
     return len(names)
+
+
+class StageCopyError(RuntimeError):
+    """A database error of a staging COPY, with its SQLSTATE tagged into the message."""
 
 
 # Bytes psycopg2 asks for per read: one COPY message per read.
@@ -199,13 +211,18 @@ def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stag
           chunks: Iterator[bytes | memoryview]) -> None:
     """COPYs the chunks into the stage on a connection of its own, committed
     when the last chunk is in (before the caller reports its count)."""
-    conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
     try:
-        with conn, conn.cursor() as cur:
-            stage = sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(stage_name))
-            copy_from_chunks(cur, stage, staging_columns(spec), chunks)
-    finally:
-        conn.close()
+        conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
+        try:
+            with conn, conn.cursor() as cur:
+                stage = sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(stage_name))
+                copy_from_chunks(cur, stage, staging_columns(spec), chunks)
+        finally:
+            conn.close()
+    except psycopg2.Error as exc:
+        # In a Spark task this reaches the driver only as text inside a job
+        # failure: the tag carries the SQLSTATE there (errors.sqlstate_of).
+        raise StageCopyError(errors.tagged(exc)) from exc
 
 
 def copy_into_stage(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,

@@ -1,0 +1,115 @@
+"""A ``BatchSink`` on the real database without Spark: what a driver hands it, made by hand.
+
+Tests of the sink's own transitions (fallbacks, isolation, retries) use it, so
+each needs PostgreSQL only and no JVM.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from psycopg2 import sql
+
+from spark_apps.eos_stream import preflight
+from spark_apps.eos_stream.records import staging_columns, staging_lines
+from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
+from spark_apps.eos_stream.sink.direct_rows import task_chunks
+from spark_apps.eos_stream.sink.staging import copy_from_chunks
+from spark_apps.eos_stream.spec import PipelineSpec
+from spark_apps.ledger.generator import _event
+from spark_apps.ledger.spec import LEDGER
+from tests.streaming import pg_connect
+
+Record = tuple[str, int, int, bytes | None, bytes | None]
+
+
+def tasks(records: list[Record]) -> list[list[Record]]:
+    """Spark's split of a batch: one task per topic-partition, in offset order."""
+    split: dict[tuple[str, int], list[Record]] = {}
+    for record in records:
+        split.setdefault((record[0], record[1]), []).append(record)
+    return list(split.values())
+
+
+def direct_chunks(spec: PipelineSpec, records: list[Record]) -> Iterator[Any]:
+    """What the tasks send the driver for these records, without Spark: the
+    task writer's own ``task_chunks``, several "Arrow batches" of 37 per task."""
+    for task in tasks(records):
+        batches = (task[start:start + 37] for start in range(0, len(task), 37))
+        for chunks in task_chunks(spec, batches):
+            yield from chunks
+
+
+class LedgerSink:
+    """A ``BatchSink`` (exactly_once) over new ledger targets, ten records of one
+    partition, and the two ways a batch can arrive: staged and direct.
+
+    :param sink_options: passed to ``BatchSink`` over the defaults below.
+    """
+
+    def __init__(self, stack: dict, unique_name: str, **sink_options: Any) -> None:
+        self.stack = stack
+        self.spec = LEDGER
+        self.target, self.meta = f"t_fb{unique_name}", f"m_fb{unique_name}"
+        self.pipeline = f"fallback{unique_name}"
+        rng, start = random.Random(5), datetime.datetime(2026, 1, 1)
+        self.records: list[Record] = [("t", 0, offset, None, _event(rng, offset, 3, start)[1])
+                                      for offset in range(10)]
+        self.conn, self.guard = pg_connect(stack), pg_connect(stack)
+        self.conn.autocommit = False
+        mode = MODES["exactly_once"]
+        preflight.ensure_meta_tables(self.conn, self.meta)
+        preflight.create_targets(self.conn, LEDGER, self.target, mode)
+        options: dict[str, Any] = {"max_batch_attempts": 3, "transient_retry_seconds": 30, **sink_options}
+        self.sink = BatchSink(conn=self.conn, guard_conn=self.guard, spec=LEDGER, mode=mode, pipeline=self.pipeline,
+                              target_schema=self.target, meta_schema=self.meta, **options)
+
+    def __enter__(self) -> LedgerSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
+        with self.conn.cursor() as cur:
+            copy_from_chunks(cur, sql.Identifier(self.meta, stage_name), staging_columns(self.spec),
+                             iter(["".join(staging_lines(self.spec, self.records, keep_raw)).encode()]))
+        self.conn.commit()
+        return len(self.records)
+
+    def stream_rows(self) -> Iterator[Any]:
+        return direct_chunks(self.spec, self.records)
+
+    def process(self, batch_id: int = 0, *, direct: bool = False) -> Any:
+        """The batch of all ten records, from offset 0 to 10."""
+        return self.sink.process(batch_id, {("t", 0): 0}, {("t", 0): 10}, self.fill_stage,
+                                 self.stream_rows if direct else None)
+
+    def events_and_count(self) -> tuple[tuple[int, int], int | None]:
+        """((rows, distinct offsets) of ledger_events, sum of the balances' event counts)."""
+        with self.conn.cursor() as cur:
+            cur.execute(sql.SQL("SELECT count(*), count(DISTINCT kafka_offset) FROM {}").format(
+                sql.Identifier(self.target, "ledger_events")))
+            events = cur.fetchone()
+            cur.execute(sql.SQL("SELECT sum(event_count) FROM {}").format(
+                sql.Identifier(self.target, "account_balances")))
+            counted = cur.fetchone()[0]
+        self.conn.commit()
+        return events, counted
+
+    def close(self) -> None:
+        conn = self.sink.conn  # the sink may have reconnected
+        if conn.closed:
+            conn = pg_connect(self.stack)
+        conn.rollback()
+        with conn.cursor() as cur:
+            for schema in (self.meta, self.target):
+                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        conn.commit()
+        conn.close()
+        for other in (self.conn, self.guard, self.sink.guard.conn):
+            if not other.closed:
+                other.close()
