@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_children_before_their_parents_are_never_quarantined(stack: dict, tmp_path: Path, unique_name: str) -> None:
-    config = pipeline_config(stack, tmp_path, f"fk{unique_name}", transient_retry_seconds=3,
+    config = pipeline_config(stack, tmp_path, f"fk{unique_name}", transient_retry_seconds=8,
                              max_batch_attempts=1)
     topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions=2)
@@ -43,7 +43,8 @@ def test_children_before_their_parents_are_never_quarantined(stack: dict, tmp_pa
     blocked = run_app(config, tmp_path, label="blocked")
     assert blocked.process.returncode == 1, blocked.log()[-3000:]
     retries = blocked.events("retry")
-    assert retries and all(r["error_class"] == "blocked" and r["sqlstate"] == "23503" for r in retries)
+    assert retries and all(r["error_class"] == "blocked" and r["sqlstate"] == "23503" for r in retries), \
+        blocked.log()[-3000:]
     message = blocked.events("error")[-1]["message"]
     assert message.startswith("BatchBlocked: batch 0 (offsets "), message
     assert "SQLSTATE 23503" in message and "parent rows" in message and "Identifier:" not in message

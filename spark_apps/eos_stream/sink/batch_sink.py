@@ -531,8 +531,11 @@ class BatchSink:
     @staticmethod
     def _describe(batch_id: int, start_offsets: Mapping[TopicPartition, int],
                   end_offsets: Mapping[TopicPartition, int], exc: BaseException) -> str:
-        ranges = ", ".join(f"{t}[{p}] {start_offsets.get((t, p), '?')}..{end}"
-                           for (t, p), end in sorted(end_offsets.items()))
+        def start(tp: TopicPartition) -> Any:
+            offset = start_offsets.get(tp)
+            return "?" if offset is None else offset if offset >= 0 else "earliest"  # Kafka's -2
+
+        ranges = ", ".join(f"{t}[{p}] {start((t, p))}..{end}" for (t, p), end in sorted(end_offsets.items()))
         code = errors.sqlstate_of(exc)
         # One line: the app's error event and the task log show the cause's first line.
         text = " ".join(str(exc).split())[:1000]
