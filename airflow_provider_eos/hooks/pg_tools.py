@@ -12,8 +12,9 @@ changes it, and any changed value changes the row's md5. Row text depends on
 session settings, so every session that computes one first sets TimeZone,
 DateStyle, IntervalStyle, bytea_output and extra_float_digits (``_NORMALIZE``).
 
-Passwords never go on a command line: pg_dump, pg_restore and psql get
-``PGPASSWORD`` in their environment only.
+Secrets never go on a command line: pg_dump, pg_restore and psql get
+``PGPASSWORD`` in their environment only, and ``sslpassword`` in a private
+service file named by ``PGSERVICEFILE`` (``PgToolsHook.tool_env``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -310,12 +312,49 @@ class PgToolsHook(EosPostgresHook):
         self.lock_timeout = lock_timeout
 
     def tool_env(self) -> dict[str, str]:
-        """Environment for the client tools: the password travels here, never in argv."""
+        """Environment for the client tools: the password travels here, never in argv;
+        other libpq secrets (``sslpassword``) through a private service file it names."""
         env = dict(os.environ)
         password = self.app_password()
         if password:
             env["PGPASSWORD"] = password
+        service_file = self._secret_service_file()
+        if service_file:
+            env["PGSERVICEFILE"] = service_file
         return env
+
+    def _secrets(self) -> dict[str, Any]:
+        """libpq secrets of the connection other than the password (``sslpassword``)."""
+        from spark_apps.eos_stream.config import SECRET_LIBPQ_OPTIONS
+
+        params = self.libpq_params()
+        return {key: params[key] for key in sorted(SECRET_LIBPQ_OPTIONS - {"password"}) if key in params}
+
+    def _secret_service_file(self) -> str | None:
+        """A libpq service file (mode 0600, in a 0700 directory of its own) holding the
+        connection's non-password secrets as service ``eos``, for the client tools.
+        libpq has no environment variable for ``sslpassword``, and a conninfo on the
+        command line is readable by every local user (``/proc/<pid>/cmdline``), so the
+        tools get ``service=eos`` there and ``PGSERVICEFILE`` in their environment.
+        Removed when the hook is garbage collected or the process exits."""
+        secrets = self._secrets()
+        if not secrets:
+            return None
+        if "service" in self.libpq_params():
+            raise PgToolError(f"connection {self.get_conn_id()!r} sets both 'service' and {sorted(secrets)}: the "
+                              "client tools get those secrets through a service file of their own; move them "
+                              "into your service file, or drop 'service' from the connection's extra")
+        cached = getattr(self, "_service_dir", None)
+        if cached is None:
+            cached = tempfile.TemporaryDirectory(prefix="eos-pgservice-")  # 0700
+            self._service_dir = cached
+        path = Path(cached.name) / "pg_service.conf"
+        lines = ["[eos]"] + [f"{key}={value}" for key, value in secrets.items()]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write("\n".join(lines) + "\n")
+        return str(path)
 
     def tool(self, name: str) -> str:
         if self.pg_bin_dir:
@@ -327,8 +366,14 @@ class PgToolsHook(EosPostgresHook):
 
     def _conn_args(self, dbname: str | None = None) -> list[str]:
         """``-d <conninfo>``: every libpq keyword of the connection (sslmode, sslrootcert, ...)
-        reaches the client tools exactly as it reaches psycopg2. Never the password."""
-        return ["-d", make_dsn(**self.libpq_params(dbname))]
+        reaches the client tools exactly as it reaches psycopg2. Never a secret: the password
+        goes in ``PGPASSWORD``, ``sslpassword`` in the service file of ``tool_env``."""
+        from spark_apps.eos_stream.config import SECRET_LIBPQ_OPTIONS
+
+        params = {key: value for key, value in self.libpq_params(dbname).items() if key not in SECRET_LIBPQ_OPTIONS}
+        if self._secrets():
+            params["service"] = "eos"
+        return ["-d", make_dsn(**params)]
 
     @staticmethod
     def normalize(cur: Any) -> None:
