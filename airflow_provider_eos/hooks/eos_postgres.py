@@ -16,7 +16,7 @@ from psycopg2.extras import RealDictCursor
 
 from airflow_provider_eos.utils.lso_watch import StoredPartition
 from spark_apps.eos_stream import meta_tables
-from spark_apps.eos_stream.sink.postgres import TCP_KEEPALIVES
+from spark_apps.eos_stream.sink.postgres import TCP_KEEPALIVES, with_keepalives
 
 TopicPartitionKey = tuple[str, int]
 
@@ -86,9 +86,7 @@ class EosPostgresHook(PostgresHook):
         params.setdefault("connect_timeout", 10)
         # Under the extras: a vanished worker's session, and its advisory locks, end within
         # about a minute (sink/postgres.py, docs/deployment.md); the connection's own win.
-        for key, value in TCP_KEEPALIVES.items():
-            params.setdefault(key, value)
-        return params
+        return with_keepalives(params)
 
     @property
     def dbname(self) -> str:
@@ -107,11 +105,13 @@ class EosPostgresHook(PostgresHook):
                              "streaming app; use an unencrypted client key file readable by the job only")
         named = ("host", "port", "dbname", "user")
         extras = self.get_connection(self.get_conn_id()).extra_dejson or {}
-        # The app names its own sessions and sets its own connect timeout and keepalive
-        # defaults; keepalives the connection sets itself go along.
+        # The app names its own sessions and sets its own connect timeout and keepalives
+        # (PostgresTarget.dsn_kwargs); only what the connection sets itself goes along.
         options = {key: value for key, value in params.items()
                    if key not in named and key not in ("application_name", "connect_timeout")
-                   and (key not in TCP_KEEPALIVES or key in extras)}
+                   and (key not in (*TCP_KEEPALIVES, "options") or key in extras)}
+        if "options" in extras:
+            options["options"] = extras["options"]
         return {**{key: params[key] for key in named}, "options": options}
 
     def app_password(self) -> str | None:

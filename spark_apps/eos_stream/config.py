@@ -50,10 +50,10 @@ class PostgresTarget:
     def dsn_kwargs(self) -> dict[str, Any]:
         # TCP keepalives under the options: every session of the app, the executors' COPY
         # sessions included, releases its locks soon after its host vanished (sink/postgres.py).
-        from spark_apps.eos_stream.sink.postgres import TCP_KEEPALIVES
+        from spark_apps.eos_stream.sink.postgres import with_keepalives
 
-        kwargs: dict[str, Any] = {**TCP_KEEPALIVES, **self.options, "host": self.host, "port": self.port,
-                                  "dbname": self.dbname, "user": self.user}
+        kwargs: dict[str, Any] = with_keepalives({**self.options, "host": self.host, "port": self.port,
+                                                  "dbname": self.dbname, "user": self.user})
         if self.password:
             kwargs["password"] = self.password
         return kwargs

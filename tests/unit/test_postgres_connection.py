@@ -32,7 +32,8 @@ def test_client_tools_get_every_libpq_option_and_no_password(tls_connection):
     assert parse_dsn(conninfo) == {
         "host": "db.internal", "port": "6432", "dbname": "warehouse", "user": "app", "sslmode": "verify-full",
         "sslrootcert": "/etc/ssl/db-ca.pem", "application_name": "eos-snapshot", "connect_timeout": "10",
-        "keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
+        "keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",
+        "options": "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3"}
     assert hook._conn_args("scratch_x")[1].count("dbname=scratch_x") == 1
     assert SECRET not in " ".join(hook._conn_args()) and hook.tool_env()["PGPASSWORD"] == SECRET
 
@@ -75,10 +76,17 @@ def test_every_session_sets_tcp_keepalives_and_the_connection_may_override_them(
     monkeypatch.setenv("AIRFLOW_CONN_EOS_OWN_KEEPALIVES", json.dumps({
         "conn_type": "postgres", "host": "db", "extra": {"keepalives_idle": 7, "keepalives_count": 9}}))
     own = EosPostgresHook(postgres_conn_id="eos_own_keepalives")
+    server = "-c tcp_keepalives_idle=7 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=9"
     assert own.libpq_params()["keepalives_idle"] == 7 and own.libpq_params()["keepalives_count"] == 9
+    assert own.libpq_params()["options"] == server  # the server probes with the same numbers
     assert own.app_target()["options"] == {"keepalives_idle": 7, "keepalives_count": 9}
     app = from_dict({"pipeline": "p", "topics": ["t"], "postgres": own.app_target()}).postgres.dsn_kwargs()
     assert (app["keepalives_idle"], app["keepalives_count"], app["keepalives_interval"]) == (7, 9, 10)
+    assert app["options"] == server and with_keepalives(app) == app  # idempotent
+    # The connection's own startup options stay, after ours (a -c of its own wins); keepalives=0 is off.
+    assert with_keepalives({"options": "-c search_path=x"})["options"] == (
+        "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3 -c search_path=x")
+    assert "options" not in with_keepalives({"keepalives": 0})
 
 
 def test_the_client_tools_get_sslpassword_from_a_private_service_file_not_argv(monkeypatch):
