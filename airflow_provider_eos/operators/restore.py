@@ -14,7 +14,9 @@ Failure transitions (what a crash at each point leaves behind, and why a rerun
 is still correct; "rerun" is the same DAG run's task cleared or retried, which
 re-enters the recovery lock):
 
-1. before the swap (choosing, refusals, running lock, fetch, SHA-256 check):
+1. before the swap (choosing, refusals: a store root others may write to, a
+   manifest of another database, tables that differ from the snapshot's,
+   dependents; running lock, fetch, SHA-256 check):
    nothing in the target changed. A dead worker's running lock and session
    die with its connection. Rerun: starts over.
 2. during the scratch validation: a scratch database ``eos_scratch_<hash of
@@ -40,8 +42,9 @@ re-enters the recovery lock):
 7. finalize, before its DROP SCHEMA commits: the aside schema is intact.
    Rerun: drops it; after the commit a rerun finds it gone and reports that.
 8. rollback, before its transaction commits: nothing changed (one
-   transaction: drop the restored tables, move the aside tables back, bump
-   the epoch, mark the aside record ``rolled_back_at``). After the commit a
+   transaction: drop the restored tables, move the aside tables back, refill
+   the tables the snapshot lacked from their copies (``allow_table_changes``),
+   bump the epoch, mark the aside record ``rolled_back_at``). After the commit a
    rerun reads the mark and returns at once, instead of dropping the tables it
    had just put back. A rollback after finalize fails: the old state is gone.
 
@@ -67,7 +70,7 @@ from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, aside_sch
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
 from airflow_provider_eos.operators.base import PipelineOperatorMixin, holder_of, timed_step
 from airflow_provider_eos.operators.replay import KafkaOffsetsMixin
-from airflow_provider_eos.operators.stop import StreamStillRunningError, bump_epoch
+from airflow_provider_eos.operators.stop import DEFAULT_FENCE_WAIT, StreamStillRunningError, bump_epoch, commit_orphans
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, SnapshotManifest, identity_problem
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
@@ -465,14 +468,19 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the stream's state without changing it.
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql (unused; for the shared hook).
+    :param wait_seconds: how long the bump waits for the pipeline's lock (a batch in flight)
+        before failing with who holds it; a two_phase batch a dead driver left in doubt,
+        which would hold it forever, is committed first (``stop.commit_orphans``).
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "reason", "plan_only")
 
     def __init__(self, *, pipeline_config: Any, request_stop: bool = False, reason: str = "manual fence",
                  postgres_conn_id: str = "eos_postgres", hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
-                 plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
+                 plan_only: Any = False, pg_bin_dir: str | None = None, wait_seconds: float = DEFAULT_FENCE_WAIT,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.wait_seconds = float(wait_seconds)
         self.pipeline_config = pipeline_config
         self.request_stop = request_stop
         self.reason = reason
@@ -490,10 +498,12 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
         with self.lock_guard(config, context):
             if self.request_stop:
                 self.hook.set_stop_request(config.meta_schema, config.pipeline, True, by=holder_of(context))
-            epoch = bump_epoch(self.hook, config, holder_of(context), str(self.reason))
+            in_doubt = commit_orphans(self.hook, config)
+            epoch = bump_epoch(self.hook, config, holder_of(context), str(self.reason), self.wait_seconds, self.log)
         self.log.info("pipeline %s fenced: epoch %d%s", config.pipeline, epoch,
                       " (stop requested)" if self.request_stop else "")
-        return {"pipeline": config.pipeline, "epoch": epoch, "stop_requested": bool(self.request_stop)}
+        return {"pipeline": config.pipeline, "epoch": epoch, "stop_requested": bool(self.request_stop),
+                "in_doubt_committed": in_doubt}
 
 
 class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):

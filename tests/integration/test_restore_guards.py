@@ -207,3 +207,68 @@ def test_every_session_has_tcp_keepalives(pipeline) -> None:
     finally:
         for conn in sessions.values():
             conn.close()
+
+
+def test_a_fence_never_waits_forever_for_the_pipelines_lock(pipeline, stack) -> None:
+    """§4: the bump waits a bounded time and names what holds the lock; a prepared batch
+    left in doubt is committed once no driver is connected (the Spark case: test_two_phase)."""
+    from airflow_provider_eos.operators.restore import FenceOperator
+    from spark_apps.eos_stream import fencing
+    from spark_apps.eos_stream.sink.in_doubt import gid_prefix
+
+    config, name = pipeline["config"], pipeline["name"]
+    fence = {"task_id": "fence", "pipeline_config": str(pipeline["config_file"]), "postgres_conn_id": PG_CONN,
+             "wait_seconds": 2}
+    # A session stuck in its batch transaction, holding the pipeline's lock.
+    stuck = pg_connect(stack)
+    stuck.autocommit = False
+    with stuck.cursor() as cur:
+        cur.execute("SET application_name = 'stuck-batch'")
+        cur.execute("SELECT pg_backend_pid()")
+        (pid,) = cur.fetchone()
+        fencing.lock_pipeline(cur, name)
+    try:
+        with pytest.raises(Exception, match=rf"could not bump its epoch within 2s, its lock \(eos:{name}\) is held "
+                                            rf"by: pid {pid} \(stuck-batch from 127\.0\.0\.1, idle in transaction"):
+            FenceOperator(**fence).execute({"run_id": "fence-stuck"})
+    finally:
+        stuck.close()
+    # A prepared batch: in doubt while its driver is still connected (it commits its own) ...
+    gid = f"{gid_prefix(name)}{uuid.uuid4().hex[:24]}"
+    driver, batch = pg_connect(stack), pg_connect(stack)
+    try:
+        _fence_with_an_orphan(fence, stack, config, name, gid, driver, batch)
+    finally:
+        admin = pg_connect(stack)  # never leave a prepared transaction behind on the shared server
+        with admin.cursor() as cur:
+            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE gid = %s", (gid,))
+            if cur.fetchone():
+                cur.execute("ROLLBACK PREPARED %s", (gid,))
+        admin.close()
+
+
+def _fence_with_an_orphan(fence: dict, stack: dict, config: dict, name: str, gid: str, driver, batch) -> None:
+    from airflow_provider_eos.operators.restore import FenceOperator
+    from spark_apps.eos_stream import fencing
+    from spark_apps.eos_stream.control import hold_running_lock
+
+    try:
+        hold_running_lock(driver, name, wait_seconds=5)
+        batch.autocommit = False
+        with batch.cursor() as cur:
+            fencing.lock_pipeline(cur, name)
+            cur.execute(sql.SQL("UPDATE {}.kafka_offsets SET batch_id = batch_id WHERE pipeline = %s").format(
+                sql.Identifier(config["meta_schema"])), (name,))
+            cur.execute("PREPARE TRANSACTION %s", (gid,))
+        batch.close()
+        with pytest.raises(Exception, match=rf"is held by: prepared transaction '{gid}' \(in doubt since "):
+            FenceOperator(**fence).execute({"run_id": "fence-live-driver"})
+    finally:
+        driver.close()  # ... then the driver dies: its batch is an orphan, committed by the fence
+    fenced = FenceOperator(**fence).execute({"run_id": "fence-orphan"})
+    assert fenced["in_doubt_committed"] == [gid] and fenced["epoch"] > 0
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,))
+        assert cur.fetchone() == (0,)
+    conn.close()
