@@ -169,18 +169,56 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def postgres_without_2pc(stack: dict, tmp_path: Path):
-    """A second PostgreSQL cluster (Debian's binaries, scripts/stack.sh) with
-    max_prepared_transactions = 0, PostgreSQL's default."""
-    env = {**os.environ, "EOS_STATE_DIR": str(tmp_path / "pg0"), "EOS_PG_PORT": str(_free_port()),
-           "EOS_PG_MAX_PREPARED": "0", "EOS_PG_PASSWORD": stack["EOS_PG_PASSWORD"]}
+def _second_postgres(stack: dict, tmp_path: Path, max_prepared: int):
+    """A second PostgreSQL cluster (Debian's binaries, scripts/stack.sh) of this test alone,
+    with ``max_prepared_transactions`` = ``max_prepared``; removed afterwards."""
+    env = {**os.environ, "EOS_STATE_DIR": str(tmp_path / f"pg{max_prepared}"), "EOS_PG_PORT": str(_free_port()),
+           "EOS_PG_MAX_PREPARED": str(max_prepared), "EOS_PG_PASSWORD": stack["EOS_PG_PASSWORD"]}
     script = str(ROOT / "scripts" / "stack.sh")
     subprocess.run([script, "start-postgres"], env=env, check=True, timeout=120, capture_output=True)
     try:
         yield {**stack, "EOS_PG_PORT": env["EOS_PG_PORT"]}
     finally:
         subprocess.run([script, "reset"], env=env, timeout=120, capture_output=True)
+
+
+@pytest.fixture
+def postgres_without_2pc(stack: dict, tmp_path: Path):
+    """A second cluster with max_prepared_transactions = 0, PostgreSQL's default."""
+    yield from _second_postgres(stack, tmp_path, 0)
+
+
+@pytest.fixture
+def postgres_with_one_slot(stack: dict, tmp_path: Path):
+    """A second cluster with max_prepared_transactions = 1."""
+    yield from _second_postgres(stack, tmp_path, 1)
+
+
+def test_no_free_prepared_transaction_slot_names_the_setting(postgres_with_one_slot: dict) -> None:
+    """Issue 22 §4: what PostgreSQL really answers at PREPARE TRANSACTION (psycopg2's
+    tpc_prepare, as the sink calls it) with every slot taken, and the message
+    ``in_doubt.prepare_failure`` makes of it."""
+    import psycopg2
+
+    from spark_apps.eos_stream.sink.in_doubt import prepare_failure
+
+    stack = postgres_with_one_slot
+    first, second = pg_connect(stack), pg_connect(stack)
+    try:
+        first.autocommit = second.autocommit = False
+        first.tpc_begin("eos:slots:first")
+        first.tpc_prepare()  # takes the only slot, as an orphan would
+        second.tpc_begin("eos:slots:second")
+        with pytest.raises(psycopg2.Error) as raised:
+            second.tpc_prepare()
+        error = prepare_failure(raised.value, gid="eos:slots:second")
+        print(f"\nPostgreSQL: {raised.value.pgcode} {str(raised.value).strip()}\nbecomes: {error}")
+        assert raised.value.pgcode == "53200" and error is not None
+        assert "max_prepared_transactions" in str(error) and "SQLSTATE 53200" in str(error)
+        first.tpc_rollback()
+    finally:
+        first.close()
+        second.close()
 
 
 def test_two_phase_refuses_postgres_without_prepared_transactions(

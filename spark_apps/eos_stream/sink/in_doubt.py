@@ -118,7 +118,7 @@ def prepare_failure(exc: BaseException, gid: str | None = None) -> PreparedTrans
     disabled = code == "55000" and "prepared transactions are disabled" in lowered
     if not (exhausted or disabled):
         return None
-    first = text.splitlines()[0] if text else "no detail"
+    first = text.splitlines()[0].removeprefix("ERROR:").strip() if text else "no detail"
     what = ("prepared transactions are disabled on this server (max_prepared_transactions = 0)" if disabled else
             "the server has no free prepared-transaction slot (max_prepared_transactions are all in use)")
     return PreparedTransactionsExhausted(
