@@ -1,7 +1,8 @@
 """Issue 22 §5 on the real stack, without Spark (the direct replay engine writes):
 a restore puts back only what it can (tests 7 and 8 of the issue), the client
-tools never get a secret on their command line, and every session sets TCP
-keepalives (§4)."""
+tools never get a secret on their command line; and from §4, every session sets
+TCP keepalives and a fence never waits forever for the pipeline's lock (test 5
+of the issue, with a real two_phase driver, is in test_two_phase.py)."""
 
 from __future__ import annotations
 
