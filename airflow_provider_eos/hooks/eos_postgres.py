@@ -16,6 +16,7 @@ from psycopg2.extras import RealDictCursor
 
 from airflow_provider_eos.utils.lso_watch import StoredPartition
 from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.sink.postgres import TCP_KEEPALIVES, with_keepalives
 
 TopicPartitionKey = tuple[str, int]
 
@@ -83,7 +84,9 @@ class EosPostgresHook(PostgresHook):
                 params[key] = value
         params.setdefault("application_name", self.application_name)
         params.setdefault("connect_timeout", 10)
-        return params
+        # Under the extras: a vanished worker's session, and its advisory locks, end within
+        # about a minute (sink/postgres.py, docs/deployment.md); the connection's own win.
+        return with_keepalives(params)
 
     @property
     def dbname(self) -> str:
@@ -101,9 +104,14 @@ class EosPostgresHook(PostgresHook):
             raise ValueError(f"connection {self.get_conn_id()!r}: sslpassword is not supported for the "
                              "streaming app; use an unencrypted client key file readable by the job only")
         named = ("host", "port", "dbname", "user")
-        # The app names its own sessions and sets its own connect timeout.
+        extras = self.get_connection(self.get_conn_id()).extra_dejson or {}
+        # The app names its own sessions and sets its own connect timeout and keepalives
+        # (PostgresTarget.dsn_kwargs); only what the connection sets itself goes along.
         options = {key: value for key, value in params.items()
-                   if key not in named and key not in ("application_name", "connect_timeout")}
+                   if key not in named and key not in ("application_name", "connect_timeout")
+                   and (key not in (*TCP_KEEPALIVES, "options") or key in extras)}
+        if "options" in extras:
+            options["options"] = extras["options"]
         return {**{key: params[key] for key in named}, "options": options}
 
     def app_password(self) -> str | None:

@@ -13,6 +13,7 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets, TopicPartitionKey
+from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
 
 _UNREACHABLE_CODES = frozenset(
     {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
@@ -82,6 +83,7 @@ class KafkaOffsetsHook(KafkaBaseHook):
 
         :raises KafkaUnreachableError: when the cluster does not answer in time.
         :raises KafkaTopicNotFoundError: when a topic does not exist.
+        :raises KafkaUnreachableError: also when a topic exists but has no leader right now.
         """
         topics = list(dict.fromkeys(topics))
         if not topics:
@@ -95,11 +97,15 @@ class KafkaOffsetsHook(KafkaBaseHook):
         result: list[TopicPartitionKey] = []
         for topic in topics:
             meta = metadata.topics.get(topic)
-            if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            problem = topic_metadata_problem(meta)
+            if problem == "missing":
                 missing.append(topic)
                 continue
-            if meta.error is not None:
-                raise AirflowException(f"Kafka metadata error for topic {topic!r}: {meta.error}")
+            if problem is not None or meta is None:
+                # E.g. LEADER_NOT_AVAILABLE during a leader election: the topic exists.
+                raise KafkaUnreachableError(
+                    f"Kafka topic {topic!r} on {self.bootstrap_servers} is temporarily unavailable ({problem}); "
+                    "it exists, but no broker serves it right now: retry")
             result.extend((topic, p) for p in sorted(meta.partitions))
         if missing:
             raise KafkaTopicNotFoundError(

@@ -12,8 +12,9 @@ changes it, and any changed value changes the row's md5. Row text depends on
 session settings, so every session that computes one first sets TimeZone,
 DateStyle, IntervalStyle, bytea_output and extra_float_digits (``_NORMALIZE``).
 
-Passwords never go on a command line: pg_dump, pg_restore and psql get
-``PGPASSWORD`` in their environment only.
+Secrets never go on a command line: pg_dump, pg_restore and psql get
+``PGPASSWORD`` in their environment only, and ``sslpassword`` in a private
+service file named by ``PGSERVICEFILE`` (``PgToolsHook.tool_env``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -83,6 +85,7 @@ class ConsistentSnapshot:
     offsets: dict[str, dict[str, int]]
     other_pipelines: list[str]
     timings: dict[str, float]
+    identity: dict[str, str]
 
 
 def scratch_prefix(owner: str) -> str:
@@ -310,12 +313,49 @@ class PgToolsHook(EosPostgresHook):
         self.lock_timeout = lock_timeout
 
     def tool_env(self) -> dict[str, str]:
-        """Environment for the client tools: the password travels here, never in argv."""
+        """Environment for the client tools: the password travels here, never in argv;
+        other libpq secrets (``sslpassword``) through a private service file it names."""
         env = dict(os.environ)
         password = self.app_password()
         if password:
             env["PGPASSWORD"] = password
+        service_file = self._secret_service_file()
+        if service_file:
+            env["PGSERVICEFILE"] = service_file
         return env
+
+    def _secrets(self) -> dict[str, Any]:
+        """libpq secrets of the connection other than the password (``sslpassword``)."""
+        from spark_apps.eos_stream.config import SECRET_LIBPQ_OPTIONS
+
+        params = self.libpq_params()
+        return {key: params[key] for key in sorted(SECRET_LIBPQ_OPTIONS - {"password"}) if key in params}
+
+    def _secret_service_file(self) -> str | None:
+        """A libpq service file (mode 0600, in a 0700 directory of its own) holding the
+        connection's non-password secrets as service ``eos``, for the client tools.
+        libpq has no environment variable for ``sslpassword``, and a conninfo on the
+        command line is readable by every local user (``/proc/<pid>/cmdline``), so the
+        tools get ``service=eos`` there and ``PGSERVICEFILE`` in their environment.
+        Removed when the hook is garbage collected or the process exits."""
+        secrets = self._secrets()
+        if not secrets:
+            return None
+        if "service" in self.libpq_params():
+            raise PgToolError(f"connection {self.get_conn_id()!r} sets both 'service' and {sorted(secrets)}: the "
+                              "client tools get those secrets through a service file of their own; move them "
+                              "into your service file, or drop 'service' from the connection's extra")
+        cached = getattr(self, "_service_dir", None)
+        if cached is None:
+            cached = tempfile.TemporaryDirectory(prefix="eos-pgservice-")  # 0700
+            self._service_dir = cached
+        path = Path(cached.name) / "pg_service.conf"
+        lines = ["[eos]"] + [f"{key}={value}" for key, value in secrets.items()]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write("\n".join(lines) + "\n")
+        return str(path)
 
     def tool(self, name: str) -> str:
         if self.pg_bin_dir:
@@ -327,8 +367,14 @@ class PgToolsHook(EosPostgresHook):
 
     def _conn_args(self, dbname: str | None = None) -> list[str]:
         """``-d <conninfo>``: every libpq keyword of the connection (sslmode, sslrootcert, ...)
-        reaches the client tools exactly as it reaches psycopg2. Never the password."""
-        return ["-d", make_dsn(**self.libpq_params(dbname))]
+        reaches the client tools exactly as it reaches psycopg2. Never a secret: the password
+        goes in ``PGPASSWORD``, ``sslpassword`` in the service file of ``tool_env``."""
+        from spark_apps.eos_stream.config import SECRET_LIBPQ_OPTIONS
+
+        params = {key: value for key, value in self.libpq_params(dbname).items() if key not in SECRET_LIBPQ_OPTIONS}
+        if self._secrets():
+            params["service"] = "eos"
+        return ["-d", make_dsn(**params)]
 
     @staticmethod
     def normalize(cur: Any) -> None:
@@ -388,6 +434,29 @@ class PgToolsHook(EosPostgresHook):
             )
             return [r[0] for r in cur.fetchall()]
 
+    @staticmethod
+    def database_identity(conn: PgConnection) -> dict[str, str]:
+        """Which database ``conn`` is on: its name and OID, and the cluster's
+        ``system_identifier`` (set by initdb, kept by physical replicas and
+        backups). Recorded in every manifest; a restore refuses a manifest whose
+        identity is not the target's (``snapshot_store.identity_problem``). A role
+        that may not call ``pg_control_system()`` records no system identifier."""
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_database(), oid::text FROM pg_database WHERE datname = current_database()")
+            row = cur.fetchone()
+            assert row is not None
+            identity = {"database": str(row[0]), "database_oid": str(row[1])}
+            cur.execute("SAVEPOINT eos_identity")
+            try:
+                cur.execute("SELECT system_identifier::text FROM pg_control_system()")
+                found = cur.fetchone()
+                if found and found[0]:
+                    identity["system_identifier"] = str(found[0])
+                cur.execute("RELEASE SAVEPOINT eos_identity")
+            except pg_errors.InsufficientPrivilege:
+                cur.execute("ROLLBACK TO SAVEPOINT eos_identity")
+        return identity
+
     # ------------------------------------------------------------------ snapshot
     def dump_consistent(
         self,
@@ -437,6 +506,7 @@ class PgToolsHook(EosPostgresHook):
                 timings["checksums"] = round(time.monotonic() - started, 3)
                 offsets = self.stored_offsets_in(conn, meta_schema, pipeline)
                 others = self.other_pipelines(conn, meta_schema, pipeline)
+                identity = self.database_identity(conn)
                 _, err = dump.communicate()
             finally:
                 if dump.poll() is None:
@@ -456,6 +526,7 @@ class PgToolsHook(EosPostgresHook):
             offsets=offsets,
             other_pipelines=others,
             timings=timings,
+            identity=identity,
         )
 
     @staticmethod
@@ -558,7 +629,8 @@ class PgToolsHook(EosPostgresHook):
     def swap_in(self, dump_file: str | Path, manifest: SnapshotManifest, aside_schema: str,
                 drop_old: bool = True, *, before_commit: Callable[[], Any] | None = None,
                 allow_dependents: bool = False, lock_key: str | None = None,
-                changed_by: str = "eos-restore", reuse_aside: bool = False) -> dict[str, Any]:
+                changed_by: str = "eos-restore", reuse_aside: bool = False,
+                extra_tables: Sequence[TableRef] = ()) -> dict[str, Any]:
         """Replaces the snapshot's tables in the target database in ONE transaction.
 
         psql runs the transaction, Python decides how it ends: it sends ``BEGIN``,
@@ -604,6 +676,13 @@ class PgToolsHook(EosPostgresHook):
             an earlier restore of the same run (whose swap committed, then the run
             failed and was rerun): drop the current tables instead of moving them, so
             the aside keeps the original state, not a copy of the snapshot.
+        :param extra_tables: the pipeline's tables that are not in the snapshot (a
+            target added to the spec after it was taken; ``RestoreOperator`` passes
+            them only with ``allow_table_changes``). The swap leaves them in place,
+            rows and all, and copies their rows into the aside schema (``eos_copy_<n>``,
+            named in the record's ``extras``), so that ``rollback_swap`` gives them back
+            exactly as the recovery found them; one that does not exist is recorded
+            without a copy, and a rollback drops it if the recovery created it.
         :returns: ``swap_seconds``, ``before_commit_seconds``, ``aside_schema``
             (None when dropped), the new ``epoch`` and ``warnings`` (owners that
             could not be given back).
@@ -614,7 +693,8 @@ class PgToolsHook(EosPostgresHook):
         key = lock_key or target_lock_key(self.dbname, manifest.target_schema, manifest.pipeline)
         conn = self.connect()
         try:
-            prelude = self._prelude(conn, manifest, aside_schema, key, changed_by, allow_dependents, reuse_aside)
+            prelude = self._prelude(conn, manifest, aside_schema, key, changed_by, allow_dependents, reuse_aside,
+                                    list(extra_tables))
             postlude = self._postlude(conn, manifest, aside_schema if drop_old else None)
         finally:
             conn.close()
@@ -700,7 +780,8 @@ class PgToolsHook(EosPostgresHook):
         return PgToolError(f"restore transaction failed and was rolled back: {message}")
 
     def _prelude(self, conn: PgConnection, manifest: SnapshotManifest, aside: str, lock_key: str,
-                 changed_by: str, allow_dependents: bool, reuse_aside: bool = False) -> str:
+                 changed_by: str, allow_dependents: bool, reuse_aside: bool = False,
+                 extra_tables: Sequence[TableRef] = ()) -> str:
         from spark_apps.eos_stream import fencing, meta_tables
 
         schemas, tables = [t.schema for t in manifest.tables], [t.table for t in manifest.tables]
@@ -728,14 +809,21 @@ class PgToolsHook(EosPostgresHook):
                 " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
                 " JOIN unnest(%s::text[], %s::text[]) AS m(s, r) ON m.s = n.nspname AND m.r = c.relname"
                 " WHERE c.relkind IN ('r', 'p');", (schemas, tables)))
+        extras = self._extras(conn, manifest, extra_tables)
         record = json.dumps({"marker": ASIDE_MARKER, "pipeline": manifest.pipeline,
                              "target_schema": manifest.target_schema, "meta_schema": manifest.meta_schema,
                              "snapshot_id": manifest.snapshot_id, "created_at": utc_now().isoformat(),
-                             "run": changed_by, "tables": [[t.schema, t.table] for t in manifest.tables]})
+                             "run": changed_by, "tables": [[t.schema, t.table] for t in manifest.tables],
+                             "extras": extras})
         statements = []
         if not reuse_aside:
             statements += [sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(aside)),
                            sql.SQL("COMMENT ON SCHEMA {} IS {}").format(sql.Identifier(aside), sql.Literal(record))]
+            # Tables the snapshot does not hold stay in place through the swap; their rows as the
+            # recovery found them go aside, for a rollback (a rerun keeps the first run's copies).
+            statements += [sql.SQL("CREATE TABLE {}.{} AS TABLE {}.{}").format(
+                sql.Identifier(aside), sql.Identifier(copy), sql.Identifier(schema), sql.Identifier(table))
+                for schema, table, copy in extras if copy]
         for schema in sorted(set(schemas)):
             statements.append(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         if reuse_aside:
@@ -750,6 +838,25 @@ class PgToolsHook(EosPostgresHook):
                     sql.Identifier(t.schema), sql.Identifier(t.table), sql.Identifier(aside)))
         parts += [s.as_string(conn) + ";" for s in statements]
         return "\n".join(parts) + "\n"
+
+    def _extras(self, conn: PgConnection, manifest: SnapshotManifest,
+                extra_tables: Sequence[TableRef]) -> list[list[str | None]]:
+        """``[schema, table, copy]`` per table outside the snapshot: ``copy`` is the name of
+        its copy in the aside schema, None when the table does not exist (nothing to keep)."""
+        held = {t.table for t in manifest.tables}
+        extras: list[list[str | None]] = []
+        with conn.cursor() as cur:
+            for index, (schema, table) in enumerate(sorted(set(extra_tables))):
+                copy = f"eos_copy_{index}"
+                if copy in held:
+                    raise AirflowException(f"snapshot {manifest.snapshot_id} holds a table named {copy!r}, the name "
+                                           f"the restore gives its copy of {schema}.{table}; rename that table")
+                cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.{}").format(
+                    sql.Identifier(schema), sql.Identifier(table)).as_string(conn),))
+                exists = (cur.fetchone() or (None,))[0] is not None
+                extras.append([schema, table, copy if exists else None])
+        conn.rollback()
+        return extras
 
     def _postlude(self, conn: PgConnection, manifest: SnapshotManifest, drop_schema: str | None) -> str:
         checks = []
@@ -935,6 +1042,7 @@ class PgToolsHook(EosPostgresHook):
                         cur.execute(sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
                             sql.Identifier(aside), sql.Identifier(table), sql.Identifier(schema)))
                         moved.append(f"{schema}.{table}")
+                refilled = self._put_extras_back(cur, aside, record.get("extras") or [], kept)
                 done = {**record, "rolled_back_at": utc_now().isoformat(), "rollback_epoch": epoch}
                 cur.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
                     sql.Identifier(aside), sql.Literal(json.dumps(done))))
@@ -942,9 +1050,47 @@ class PgToolsHook(EosPostgresHook):
             return {"aside_schema": aside, "rolled_back": True, "epoch": epoch,
                     "snapshot_id": record.get("snapshot_id"),
                     "restored_dropped": [f"{s}.{t}" for s, t in restored], "moved_back": moved,
-                    "left_in_aside": sorted(set(self.list_tables(conn, aside)))}
+                    "refilled": refilled, "left_in_aside": sorted(set(self.list_tables(conn, aside)))}
         finally:
             conn.close()
+
+
+    @staticmethod
+    def _put_extras_back(cur: Any, aside: str, extras: list[Any], kept: set[str]) -> list[str]:
+        """The rollback's part for tables the snapshot did not hold (the swap's ``extras``):
+        each gets back exactly the rows its copy in the aside schema kept (TRUNCATE, no
+        CASCADE, then the copy's rows; generated columns are computed again, identity
+        values kept), so whatever the replay wrote into it is gone. A table that did not
+        exist at the swap is dropped again (no CASCADE). Returns what it did, one line each."""
+        done = []
+        for schema, table, copy in extras:
+            target = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+            if not copy:
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
+                done.append(f"{schema}.{table}: dropped (it did not exist before the restore)")
+                continue
+            if copy not in kept:
+                raise AsideSchemaError(f"the copy {aside}.{copy} of {schema}.{table} is missing from the aside "
+                                       "schema: its rows from before the restore cannot be put back")
+            cur.execute("SELECT to_regclass(%s)", (target.as_string(cur),))
+            if (cur.fetchone() or (None,))[0] is None:
+                # Dropped since the restore: the copy (rows only, no indexes) takes its place.
+                cur.execute(sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
+                    sql.Identifier(aside), sql.Identifier(copy), sql.Identifier(schema)))
+                cur.execute(sql.SQL("ALTER TABLE {}.{} RENAME TO {}").format(
+                    sql.Identifier(schema), sql.Identifier(copy), sql.Identifier(table)))
+                done.append(f"{schema}.{table}: recreated from its copy (it had been dropped)")
+                continue
+            cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
+                        " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (target.as_string(cur),))
+            columns = sql.SQL(", ").join(sql.Identifier(r[0]) for r in cur.fetchall())
+            cur.execute(sql.SQL("TRUNCATE {}").format(target))
+            cur.execute(sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {}.{}").format(
+                target, columns, columns, sql.Identifier(aside), sql.Identifier(copy)))
+            rows = cur.rowcount
+            cur.execute(sql.SQL("DROP TABLE {}.{}").format(sql.Identifier(aside), sql.Identifier(copy)))
+            done.append(f"{schema}.{table}: {rows} rows back from before the restore")
+        return done
 
 
 def _pattern(schema: str, table: str) -> str:

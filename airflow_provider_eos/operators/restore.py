@@ -14,7 +14,9 @@ Failure transitions (what a crash at each point leaves behind, and why a rerun
 is still correct; "rerun" is the same DAG run's task cleared or retried, which
 re-enters the recovery lock):
 
-1. before the swap (choosing, refusals, running lock, fetch, SHA-256 check):
+1. before the swap (choosing, refusals: a store root others may write to, a
+   manifest of another database, tables that differ from the snapshot's,
+   dependents; running lock, fetch, SHA-256 check):
    nothing in the target changed. A dead worker's running lock and session
    die with its connection. Rerun: starts over.
 2. during the scratch validation: a scratch database ``eos_scratch_<hash of
@@ -40,8 +42,9 @@ re-enters the recovery lock):
 7. finalize, before its DROP SCHEMA commits: the aside schema is intact.
    Rerun: drops it; after the commit a rerun finds it gone and reports that.
 8. rollback, before its transaction commits: nothing changed (one
-   transaction: drop the restored tables, move the aside tables back, bump
-   the epoch, mark the aside record ``rolled_back_at``). After the commit a
+   transaction: drop the restored tables, move the aside tables back, refill
+   the tables the snapshot lacked from their copies (``allow_table_changes``),
+   bump the epoch, mark the aside record ``rolled_back_at``). After the commit a
    rerun reads the mark and returns at once, instead of dropping the tables it
    had just put back. A rollback after finalize fails: the old state is gone.
 
@@ -67,13 +70,18 @@ from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, aside_sch
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
 from airflow_provider_eos.operators.base import PipelineOperatorMixin, holder_of, timed_step
 from airflow_provider_eos.operators.replay import KafkaOffsetsMixin
-from airflow_provider_eos.operators.stop import StreamStillRunningError, bump_epoch
+from airflow_provider_eos.operators.stop import DEFAULT_FENCE_WAIT, StreamStillRunningError, bump_epoch, commit_orphans
 from airflow_provider_eos.utils.params import as_bool
-from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, SnapshotManifest
+from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, SnapshotManifest, identity_problem
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
 
 __all__ = ["DependentObjectsError", "FenceOperator", "FinalizeRestoreOperator", "RecoveryLockOperator",
-           "RecoveryLockedError", "RestoreOperator", "RollbackRestoreOperator", "StreamStillRunningError"]
+           "RecoveryLockedError", "RestoreOperator", "RollbackRestoreOperator", "StreamStillRunningError",
+           "TableChangesError"]
+
+
+class TableChangesError(AirflowException):
+    """The snapshot does not hold the tables the pipeline has now: a restore could not put them all back."""
 
 
 @contextmanager
@@ -176,6 +184,15 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         keys check against the old table, publications publish the old table; dropping
         the aside schema (the swap without ``keep_old``, or finalize) drops such views
         and foreign keys and takes the old tables out of the publications.
+    :param allow_table_changes: restore even though the pipeline's tables differ from the
+        snapshot's (a target added to the spec after it, one it no longer writes, a new
+        bookkeeping table). Without it the restore refuses, listing them
+        (``TableChangesError``). With it, tables the snapshot lacks keep their rows through
+        the restore (while the offsets go back, so the replay applies those events to them
+        again) and their rows are copied aside, so that a rollback gives them back exactly.
+    :param allow_other_database: restore a snapshot whose recorded database identity
+        (name, OID, cluster ``system_identifier``) is not the target's, e.g. the same
+        database after ``pg_upgrade`` or a move to a new cluster. Never needed otherwise.
     :param plan_only: only report the plan.
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql.
     """
@@ -199,6 +216,8 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         keep_old: bool = False,
         kafka_config_id: str = "kafka_default",
         allow_dependents: bool = False,
+        allow_table_changes: bool = False,
+        allow_other_database: bool = False,
         plan_only: Any = False,
         pg_bin_dir: str | None = None,
         **kwargs: Any,
@@ -206,6 +225,8 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         super().__init__(**kwargs)
         self.kafka_config_id = kafka_config_id
         self.allow_dependents = allow_dependents
+        self.allow_table_changes = allow_table_changes
+        self.allow_other_database = allow_other_database
         self.pipeline_config = pipeline_config
         self.snapshot = snapshot
         self.snapshot_store = snapshot_store
@@ -231,13 +252,58 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
                 f"snapshot {manifest.snapshot_id} holds schemas {manifest.target_schema}/{manifest.meta_schema}, "
                 f"the pipeline uses {config.target_schema}/{config.meta_schema}"
             )
+        conn = self.hook.connect()
+        try:
+            target = self.hook.database_identity(conn)
+        finally:
+            conn.close()
+        problem = identity_problem(manifest, target)
+        if problem and not self.allow_other_database:
+            raise AirflowException(problem)
+        if problem:
+            self.log.warning("allow_other_database: %s", problem)
+        elif not manifest.identity:
+            self.log.warning("snapshot %s was written before manifests recorded their database's identity: only "
+                             "its database name %r was checked against the target", manifest.snapshot_id,
+                             manifest.database)
         return manifest
+
+    def table_changes(self, config: Any, manifest: SnapshotManifest) -> dict[str, list[list[str]]]:
+        """What the snapshot lacks or holds beyond the pipeline's tables now; raises unless
+        ``allow_table_changes``. See ``operators.snapshot.table_changes``."""
+        from airflow_provider_eos.operators.snapshot import table_changes
+
+        conn = self.hook.connect()
+        try:
+            changes = table_changes(self.hook, conn, config, manifest)
+        finally:
+            conn.close()
+        if not any(changes.values()) or self.allow_table_changes:
+            if any(changes.values()):
+                self.log.warning("allow_table_changes: restoring snapshot %s although %s", manifest.snapshot_id,
+                                 changes)
+            return changes
+        missing, dropped = (", ".join(f"{schema}.{table}" for schema, table in changes[key])
+                            for key in ("not_in_snapshot", "not_in_spec"))
+        lines = []
+        if missing:
+            lines.append(f"not in the snapshot: {missing} (they would keep their rows while the offsets go back, "
+                         "and keep the replay's writes through a rollback)")
+        if dropped:
+            lines.append(f"in the snapshot but no longer targets of the spec: {dropped} (they would come back "
+                         "with the snapshot's rows)")
+        raise TableChangesError(
+            f"snapshot {manifest.snapshot_id} ({manifest.created_at}) does not hold the tables pipeline "
+            f"{config.pipeline!r} has now; " + "; ".join(lines) + ". A restore puts back only what the snapshot "
+            "holds. Take a new snapshot and restore that, or set allow_table_changes: tables the snapshot lacks "
+            "then keep their rows through the restore, and a rollback gives them back exactly.")
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         manifest = self.choose(config)
-        plan = {"snapshot": manifest.summary(), "target_database": self.hook.dbname}
+        changes = self.table_changes(config, manifest)
+        plan = {"snapshot": manifest.summary(), "target_database": self.hook.dbname, "table_changes": changes}
         if as_bool(self.plan_only):
             self.log.info("dry run: would restore %s", plan)
             return {**plan, "dry_run": True}
@@ -255,7 +321,8 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
                 if reason:
                     raise StreamStillRunningError(f"pipeline {config.pipeline!r} may still be running: {reason}")
                 self._refuse_dependents(manifest)
-                return {**plan, **self._restore(config, manifest, holder_of(context))}
+                extras = [(str(schema), str(table)) for schema, table in changes["not_in_snapshot"]]
+                return {**plan, **self._restore(config, manifest, holder_of(context), extras)}
         finally:
             if self.hold_lock and self.release_lock:
                 self.hook.release_lock(config.meta_schema, self.lock_key(config), holder_of(context))
@@ -288,7 +355,8 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         report.update(self.check_retention(manifest.offsets(), list(config.topics),
                                            f"snapshot {manifest.snapshot_id} (re-checked at the swap)"))
 
-    def _restore(self, config: Any, manifest: SnapshotManifest, holder: str) -> dict[str, Any]:
+    def _restore(self, config: Any, manifest: SnapshotManifest, holder: str,
+                 extras: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
         timings: dict[str, float] = {}
         clock = time.monotonic()
         store = self.resolve_store()
@@ -317,7 +385,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
                 dump, manifest, aside, drop_old=not self.keep_old,
                 before_commit=lambda: self.before_commit(config, manifest, retention),
                 allow_dependents=self.allow_dependents, lock_key=self.lock_key(config), changed_by=holder,
-                reuse_aside=earlier is not None)
+                reuse_aside=earlier is not None, extra_tables=extras)
             timings["swap"] = swap["swap_seconds"]
             timings["retention_recheck"] = swap["before_commit_seconds"]
         timings["total"] = round(time.monotonic() - clock, 3)
@@ -400,14 +468,19 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the stream's state without changing it.
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql (unused; for the shared hook).
+    :param wait_seconds: how long the bump waits for the pipeline's lock (a batch in flight)
+        before failing with who holds it; a two_phase batch a dead driver left in doubt,
+        which would hold it forever, is committed first (``stop.commit_orphans``).
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "reason", "plan_only")
 
     def __init__(self, *, pipeline_config: Any, request_stop: bool = False, reason: str = "manual fence",
                  postgres_conn_id: str = "eos_postgres", hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
-                 plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
+                 plan_only: Any = False, pg_bin_dir: str | None = None, wait_seconds: float = DEFAULT_FENCE_WAIT,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.wait_seconds = float(wait_seconds)
         self.pipeline_config = pipeline_config
         self.request_stop = request_stop
         self.reason = reason
@@ -425,10 +498,12 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
         with self.lock_guard(config, context):
             if self.request_stop:
                 self.hook.set_stop_request(config.meta_schema, config.pipeline, True, by=holder_of(context))
-            epoch = bump_epoch(self.hook, config, holder_of(context), str(self.reason))
+            in_doubt = commit_orphans(self.hook, config)
+            epoch = bump_epoch(self.hook, config, holder_of(context), str(self.reason), self.wait_seconds, self.log)
         self.log.info("pipeline %s fenced: epoch %d%s", config.pipeline, epoch,
                       " (stop requested)" if self.request_stop else "")
-        return {"pipeline": config.pipeline, "epoch": epoch, "stop_requested": bool(self.request_stop)}
+        return {"pipeline": config.pipeline, "epoch": epoch, "stop_requested": bool(self.request_stop),
+                "in_doubt_committed": in_doubt}
 
 
 class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):

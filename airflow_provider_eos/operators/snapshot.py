@@ -41,15 +41,42 @@ def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tup
             f"pipeline {config.pipeline!r}: target tables {missing} do not exist in schema {config.target_schema!r} "
             f"of database {hook.dbname!r}"
         )
-    excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, meta_tables.LSO_WATCH, LOCK_TABLE}
-    meta = [t for t in hook.list_tables(conn, config.meta_schema)
-            if t not in excluded and not t.startswith("stage_")]  # staging leftovers
+    meta = snapshot_meta_tables(hook, conn, config)
     if meta_tables.OFFSETS not in meta:
         raise AirflowException(f"pipeline {config.pipeline!r}: no {config.meta_schema}.{meta_tables.OFFSETS} table; "
                                "has the pipeline ever run in exactly_once mode?")
     tables = [(config.target_schema, t) for t in wanted] + [(config.meta_schema, t) for t in meta]
     roles = {(config.target_schema, t): "target" for t in wanted} | {(config.meta_schema, t): "meta" for t in meta}
     return tables, roles
+
+
+def snapshot_meta_tables(hook: PgToolsHook, conn: Any, config: Any) -> list[str]:
+    """The bookkeeping tables a snapshot takes: all in the meta schema but operational
+    state (see ``snapshot_tables``) and staging leftovers."""
+    from spark_apps.eos_stream import meta_tables
+
+    excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, meta_tables.LSO_WATCH, LOCK_TABLE}
+    return [t for t in hook.list_tables(conn, config.meta_schema)
+            if t not in excluded and not t.startswith("stage_")]  # staging leftovers
+
+
+def table_changes(hook: PgToolsHook, conn: Any, config: Any, manifest: Any) -> dict[str, list[list[str]]]:
+    """How the tables a snapshot taken now would hold differ from ``manifest``'s.
+
+    Each a list of ``[schema, table]``. ``not_in_snapshot``: the spec's targets and the bookkeeping tables of today that
+    the snapshot lacks (e.g. a target added to the spec after it was taken). A
+    restore cannot put them back: they keep their rows while the offsets go back.
+    ``not_in_spec``: target tables of the snapshot that the spec no longer writes
+    (a restore would bring them back with the snapshot's rows). Both empty: the
+    snapshot covers exactly what the pipeline has now."""
+    from spark_apps.eos_stream.spec import load_spec
+
+    wanted = [(config.target_schema, t.table) for t in load_spec(config.spec).targets]
+    now = set(wanted) | {(config.meta_schema, t) for t in snapshot_meta_tables(hook, conn, config)}
+    held = {(t.schema, t.table) for t in manifest.tables}
+    return {"not_in_snapshot": [[s, t] for s, t in sorted(now - held)],
+            "not_in_spec": sorted([t.schema, t.table] for t in manifest.tables
+                                  if t.role == "target" and (t.schema, t.table) not in set(wanted))}
 
 
 class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
@@ -126,6 +153,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
                 server_version=state.server_version,
                 other_pipelines=state.other_pipelines,
                 timings=state.timings,
+                identity=state.identity,
             )
             stored_at = time.monotonic()
             store.save(manifest, dump_file)

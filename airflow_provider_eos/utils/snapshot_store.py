@@ -26,8 +26,12 @@ Pipeline names (the app's ``PIPELINE_NAME``: a letter or digit first, so never
 operation, so no caller can read, write or delete outside
 ``<store>/<pipeline>/<snapshot_id>``. A local store creates its directories
 0700 and its files 0600 whatever the umask (dumps hold the pipeline's data),
-and refuses symlinked pipeline or snapshot directories. An object store's
-access is its bucket policy's business.
+refuses symlinked pipeline or snapshot directories, and refuses a root that
+another user owns or that group or others may write to (``check_store_root``):
+the store is a trust boundary, whatever lies in it a restore loads into the
+target database. An object store's access is its bucket policy's business.
+Each manifest records the identity of the database it came from
+(``identity_problem``): a restore refuses a snapshot of another database.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -109,6 +114,10 @@ class SnapshotManifest:
     :param other_pipelines: other pipelines with rows in the meta tables (a
         restore would roll them back too, so it refuses unless allowed).
     :param timings: seconds per phase of taking the snapshot.
+    :param identity: which database the dump came from (``database_identity``): its
+        name, its OID and the cluster's ``system_identifier``. A restore refuses a
+        manifest whose identity is not the target's. Empty in manifests written
+        before it was recorded: those are checked by ``database`` alone.
     """
 
     snapshot_id: str
@@ -125,6 +134,7 @@ class SnapshotManifest:
     server_version: str = ""
     other_pipelines: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    identity: dict[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -180,6 +190,79 @@ class SnapshotManifest:
             raise SnapshotError(f"manifest has unexpected fields: {exc}") from exc
         manifest.created  # noqa: B018 -- validates the timestamp
         return manifest
+
+
+# The parts of a database's identity (PgToolsHook.database_identity) a restore compares.
+IDENTITY_KEYS = ("database", "database_oid", "system_identifier")
+
+
+def identity_problem(manifest: SnapshotManifest, target: dict[str, str]) -> str | None:
+    """Why ``manifest`` is not a snapshot of the ``target`` database (its
+    ``database_identity``), or None when it is.
+
+    A manifest with an identity must match the target on every part both know: the
+    database name, its OID (a database dropped and created again under the same name
+    is another one) and the cluster's ``system_identifier`` (the same name on another
+    cluster: a staging copy, a restored backup's new cluster, or the same cluster after
+    ``pg_upgrade``, which initializes a new one). A manifest written before identities
+    were recorded is checked by its database name only: the name is all it holds, and a
+    store that anyone but its owner could write to is refused anyway (``SnapshotStore``),
+    so the check guards against a wrong store or connection, not against a forger.
+    """
+    recorded = {key: str(value) for key, value in (manifest.identity or {}).items() if value not in (None, "")}
+    recorded.setdefault("database", manifest.database)
+    differs = [f"{key} {recorded[key]!r} (the target's is {target[key]!r})" for key in IDENTITY_KEYS
+               if key in recorded and target.get(key) not in (None, "") and recorded[key] != str(target[key])]
+    if not differs:
+        return None
+    return (f"snapshot {manifest.snapshot_id} is of another database: its " + ", ".join(differs)
+            + ". Restoring it would replace this database's tables with another database's. Choose a snapshot "
+            "of this database, or, if it really is this database under a new identity (after pg_upgrade or a "
+            "restore into a new cluster), set allow_other_database")
+
+
+def check_store_root(root: Path) -> None:
+    """Refuses a local store whose root (or a directory above it) others could write to.
+
+    A restore loads whatever dump the store holds into the target database: anyone who
+    can create or replace entries under the root can plant a snapshot. So the root must
+    belong to this process's user and be writable by it alone (no group or world write
+    bit), and every directory above it must not be writable by group or others unless it
+    has the sticky bit (like /tmp, where only an entry's owner may rename or delete it).
+    A root that does not exist yet is created private by ``save``.
+
+    :raises SnapshotError: naming the path and how to fix it.
+    """
+    try:
+        info = os.stat(root)
+    except FileNotFoundError:
+        return
+    problems = []
+    uid = os.geteuid()
+    if info.st_uid != uid:
+        problems.append(f"it is owned by uid {info.st_uid}, not by this process's user (uid {uid})")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022:
+        writers = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "every user")) if mode & bit)
+        problems.append(f"its mode {mode:04o} lets {writers} write to it")
+    if problems:
+        raise SnapshotError(
+            f"refusing snapshot store {root}: " + "; ".join(problems) + ". Whoever can write there can plant a "
+            "snapshot that a restore loads into the target database. Fix: "
+            + (f"chown {uid} {root} (as its owner or root), then " if info.st_uid != uid else "")
+            + f"chmod go-w {root} (or chmod 700 {root}), or point [eos] snapshot_store at a private directory"
+        )
+    for parent in Path(os.path.abspath(root)).parents:
+        try:
+            above = os.stat(parent)
+        except OSError:
+            continue
+        if stat.S_IMODE(above.st_mode) & 0o022 and not above.st_mode & stat.S_ISVTX:
+            raise SnapshotError(
+                f"refusing snapshot store {root}: {parent} above it (mode {stat.S_IMODE(above.st_mode):04o}) lets "
+                f"others than its owner write to it, so they could replace the store. Fix: chmod go-w {parent}, "
+                "or move the store under a directory only its owner can write to"
+            )
 
 
 def new_snapshot_id(now: datetime | None = None) -> str:
@@ -337,6 +420,8 @@ class SnapshotStore:
         return f"SnapshotStore({str(self.base)!r})"
 
     def _dir(self, pipeline: str, snapshot_id: str | None = None) -> Any:
+        if self._local is not None:
+            check_store_root(self._local)  # every read and write: the store is a trust boundary
         path = self._root / check_pipeline_name(pipeline)
         if self._local is not None and _is_symlink(path):
             raise SnapshotError(f"refusing {path}: the pipeline directory is a symlink")
@@ -405,6 +490,7 @@ class SnapshotStore:
             (target / MANIFEST).write_text(manifest.to_json())
             return target
         self._private_dir(self._local, create_parents=True)
+        check_store_root(self._local)  # created just now, or checked by _dir already
         self._private_dir(target.parent)
         try:
             os.mkdir(target, DIR_MODE)
@@ -423,8 +509,9 @@ class SnapshotStore:
 
     def _private_dir(self, path: Path, create_parents: bool = False) -> None:
         """Creates ``path`` with mode 0700. The store's root keeps the mode it has if
-        it already exists (the deployment chose it); a pipeline directory is the
-        store's own and is set to 0700."""
+        it already exists (the deployment chose it, and ``check_store_root`` refuses
+        one that others can write to); a pipeline directory is the store's own and is
+        set to 0700."""
         if _is_symlink(path) and path != self._local:
             raise SnapshotError(f"refusing {path}: it is a symlink")
         if path.is_dir():
@@ -432,7 +519,14 @@ class SnapshotStore:
                 os.chmod(path, DIR_MODE)
             return
         if create_parents:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # Missing parents as 0755 whatever the umask: a parent others may write to would let
+            # them replace the store (check_store_root refuses that).
+            for parent in reversed([p for p in path.parents if not p.exists()]):
+                try:
+                    os.mkdir(parent, 0o755)
+                except FileExistsError:
+                    continue  # a concurrent save created it
+                os.chmod(parent, 0o755)
         try:
             os.mkdir(path, DIR_MODE)
         except FileExistsError:

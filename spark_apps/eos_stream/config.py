@@ -48,8 +48,12 @@ class PostgresTarget:
     password: str | None = field(default=None, repr=False)
 
     def dsn_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {**self.options, "host": self.host, "port": self.port, "dbname": self.dbname,
-                                  "user": self.user}
+        # TCP keepalives under the options: every session of the app, the executors' COPY
+        # sessions included, releases its locks soon after its host vanished (sink/postgres.py).
+        from spark_apps.eos_stream.sink.postgres import with_keepalives
+
+        kwargs: dict[str, Any] = with_keepalives({**self.options, "host": self.host, "port": self.port,
+                                                  "dbname": self.dbname, "user": self.user})
         if self.password:
             kwargs["password"] = self.password
         return kwargs

@@ -12,6 +12,7 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig
 from spark_apps.eos_stream.ddl import run_ddl
+from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
 from spark_apps.eos_stream.sink.batch_sink import MODES, DeliveryMode
 from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
 from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
@@ -114,7 +115,14 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
     partitions: dict[str, list[int]] = {}
     for topic in topics:
         found = metadata.topics.get(topic)
-        if found is None or found.error is not None:
+        problem = topic_metadata_problem(found)
+        if problem == "missing":
             raise ConfigError(f"Kafka topic {topic!r} does not exist on {bootstrap}")
+        if problem is not None or found is None:
+            # Retryable: the supervisor restarts the app, a ConfigError would stop it for good.
+            raise KafkaUnavailable(f"Kafka topic {topic!r} on {bootstrap} is temporarily unavailable ({problem}); "
+                                   "it exists, but a broker is not serving it yet (a leader election, a "
+                                   "restarting broker): retried on the next start")
         partitions[topic] = sorted(found.partitions)
     return partitions
+

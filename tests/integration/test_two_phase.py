@@ -79,6 +79,53 @@ def test_in_doubt_batch_of_a_killed_driver_is_committed_once(stack: dict, tmp_pa
     assert sum(json.loads(resume["stored_offsets"])[topic].values()) > sum(offsets_before.values())
 
 
+def test_stop_stream_commits_a_batch_left_in_doubt_within_its_bound(
+        stack: dict, tmp_path: Path, unique_name: str) -> None:
+    """Issue 22 test 5: the recovery's stop_stream (stop request, fence, wait) behind a two_phase
+    batch a killed driver left in doubt. It holds the pipeline's lock, which the fence's epoch
+    bump needs: before, the step waited forever. Now the orphan is committed (it passed its
+    ownership check) and the step returns at once; the recovery's replay ends exact."""
+    import threading
+    import time
+
+    from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+    from airflow_provider_eos.operators.replay import ReplayOperator
+    from airflow_provider_eos.operators.stop import StopPipelineOperator
+    from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
+    from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_CONN, connections_env
+
+    os.environ.update(connections_env(stack))
+    config, gid = _left_in_doubt(stack, tmp_path, f"tps{unique_name}", at_batch=2)
+    config_file = tmp_path / "pipeline.json"
+    config_file.write_text(json.dumps(config))
+    stop = StopPipelineOperator(task_id="stop_stream", pipeline_config=str(config_file), postgres_conn_id=PG_CONN,
+                                fence=True, deferrable=False, timeout_seconds=20, poll_interval=0.5,
+                                fence_wait_seconds=10)
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(stop.execute({"run_id": "stop-in-doubt"})), daemon=True)
+    started = time.monotonic()
+    worker.start()
+    worker.join(45)
+    waited = time.monotonic() - started
+    if worker.is_alive():  # the old behaviour: release it, so the thread and the shared server recover
+        conn = EosPostgresHook(postgres_conn_id=PG_CONN).connect()
+        resolve_in_doubt(conn, config["pipeline"], "rollback")
+        conn.close()
+        worker.join(30)
+    print(f"\nstop_stream returned after {waited:.1f}s: {outcome}")
+    assert outcome.get("stopped") and waited < 20, f"stop_stream still waiting after {waited:.0f}s"
+    assert outcome["in_doubt_committed"] == [gid] and _prepared(stack, config["pipeline"]) == []
+
+    # The recovery goes on (its replay, the direct engine here: no second spark-submit) from the
+    # offsets the committed batch stored: nothing twice, nothing lost.
+    replayed = ReplayOperator(task_id="replay", pipeline_config=str(config_file), engine="direct",
+                              postgres_conn_id=PG_CONN, kafka_config_id=KAFKA_CONN).execute({"run_id": "stop-in-doubt"})
+    assert replayed["events_replayed"] > 0 and _prepared(stack, config["pipeline"]) == []
+    report = audit(config, tmp_path)
+    assert report["ok"], report
+    assert report["summary"]["committed_records"] == 3002 and report["summary"]["duplicated"] == 0
+
+
 def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
         stack: dict, tmp_path: Path, unique_name: str) -> None:
     """Seed 001's procedure for a commit left in doubt: restore the snapshot
@@ -122,18 +169,56 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def postgres_without_2pc(stack: dict, tmp_path: Path):
-    """A second PostgreSQL cluster (Debian's binaries, scripts/stack.sh) with
-    max_prepared_transactions = 0, PostgreSQL's default."""
-    env = {**os.environ, "EOS_STATE_DIR": str(tmp_path / "pg0"), "EOS_PG_PORT": str(_free_port()),
-           "EOS_PG_MAX_PREPARED": "0", "EOS_PG_PASSWORD": stack["EOS_PG_PASSWORD"]}
+def _second_postgres(stack: dict, tmp_path: Path, max_prepared: int):
+    """A second PostgreSQL cluster (Debian's binaries, scripts/stack.sh) of this test alone,
+    with ``max_prepared_transactions`` = ``max_prepared``; removed afterwards."""
+    env = {**os.environ, "EOS_STATE_DIR": str(tmp_path / f"pg{max_prepared}"), "EOS_PG_PORT": str(_free_port()),
+           "EOS_PG_MAX_PREPARED": str(max_prepared), "EOS_PG_PASSWORD": stack["EOS_PG_PASSWORD"]}
     script = str(ROOT / "scripts" / "stack.sh")
     subprocess.run([script, "start-postgres"], env=env, check=True, timeout=120, capture_output=True)
     try:
         yield {**stack, "EOS_PG_PORT": env["EOS_PG_PORT"]}
     finally:
         subprocess.run([script, "reset"], env=env, timeout=120, capture_output=True)
+
+
+@pytest.fixture
+def postgres_without_2pc(stack: dict, tmp_path: Path):
+    """A second cluster with max_prepared_transactions = 0, PostgreSQL's default."""
+    yield from _second_postgres(stack, tmp_path, 0)
+
+
+@pytest.fixture
+def postgres_with_one_slot(stack: dict, tmp_path: Path):
+    """A second cluster with max_prepared_transactions = 1."""
+    yield from _second_postgres(stack, tmp_path, 1)
+
+
+def test_no_free_prepared_transaction_slot_names_the_setting(postgres_with_one_slot: dict) -> None:
+    """Issue 22 §4: what PostgreSQL really answers at PREPARE TRANSACTION (psycopg2's
+    tpc_prepare, as the sink calls it) with every slot taken, and the message
+    ``in_doubt.prepare_failure`` makes of it."""
+    import psycopg2
+
+    from spark_apps.eos_stream.sink.in_doubt import prepare_failure
+
+    stack = postgres_with_one_slot
+    first, second = pg_connect(stack), pg_connect(stack)
+    try:
+        first.autocommit = second.autocommit = False
+        first.tpc_begin("eos:slots:first")
+        first.tpc_prepare()  # takes the only slot, as an orphan would
+        second.tpc_begin("eos:slots:second")
+        with pytest.raises(psycopg2.Error) as raised:
+            second.tpc_prepare()
+        error = prepare_failure(raised.value, gid="eos:slots:second")
+        print(f"\nPostgreSQL: {raised.value.pgcode} {str(raised.value).strip()}\nbecomes: {error}")
+        assert raised.value.pgcode == "53200" and error is not None
+        assert "max_prepared_transactions" in str(error) and "SQLSTATE 53200" in str(error)
+        first.tpc_rollback()
+    finally:
+        first.close()
+        second.close()
 
 
 def test_two_phase_refuses_postgres_without_prepared_transactions(

@@ -31,7 +31,9 @@ def test_client_tools_get_every_libpq_option_and_no_password(tls_connection):
     assert flag == "-d"
     assert parse_dsn(conninfo) == {
         "host": "db.internal", "port": "6432", "dbname": "warehouse", "user": "app", "sslmode": "verify-full",
-        "sslrootcert": "/etc/ssl/db-ca.pem", "application_name": "eos-snapshot", "connect_timeout": "10"}
+        "sslrootcert": "/etc/ssl/db-ca.pem", "application_name": "eos-snapshot", "connect_timeout": "10",
+        "keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",
+        "options": "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3"}
     assert hook._conn_args("scratch_x")[1].count("dbname=scratch_x") == 1
     assert SECRET not in " ".join(hook._conn_args()) and hook.tool_env()["PGPASSWORD"] == SECRET
 
@@ -53,3 +55,54 @@ def test_an_ssl_key_password_is_refused_for_the_app(monkeypatch):
         EosPostgresHook(postgres_conn_id="eos_keypw").app_target()
     with pytest.raises(ConfigError, match="sslpassword"):
         from_dict({"pipeline": "p", "topics": ["t"], "postgres": {"options": {"sslpassword": "k"}}})
+
+
+def test_every_session_sets_tcp_keepalives_and_the_connection_may_override_them(tls_connection, monkeypatch):
+    """A vanished host's advisory locks end with its sessions: keepalives on the provider's
+    sessions, the client tools' conninfo and the app's (driver and executors alike)."""
+    from spark_apps.eos_stream.sink.postgres import TCP_KEEPALIVES, with_keepalives
+
+    assert TCP_KEEPALIVES == {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                              "keepalives_count": 3}
+    hook = EosPostgresHook(postgres_conn_id=tls_connection)
+    assert TCP_KEEPALIVES.items() <= hook.libpq_params().items()
+    assert TCP_KEEPALIVES.items() <= hook.libpq_params(include_password=True).items()
+    # The app sets the same defaults itself: they are not copied into its config.
+    assert not set(TCP_KEEPALIVES) & set(hook.app_target()["options"])
+    config = from_dict({"pipeline": "p", "topics": ["t"], "postgres": hook.app_target()})
+    assert TCP_KEEPALIVES.items() <= config.postgres.dsn_kwargs().items()
+    assert with_keepalives({"keepalives_idle": 5})["keepalives_idle"] == 5
+
+    monkeypatch.setenv("AIRFLOW_CONN_EOS_OWN_KEEPALIVES", json.dumps({
+        "conn_type": "postgres", "host": "db", "extra": {"keepalives_idle": 7, "keepalives_count": 9}}))
+    own = EosPostgresHook(postgres_conn_id="eos_own_keepalives")
+    server = "-c tcp_keepalives_idle=7 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=9"
+    assert own.libpq_params()["keepalives_idle"] == 7 and own.libpq_params()["keepalives_count"] == 9
+    assert own.libpq_params()["options"] == server  # the server probes with the same numbers
+    assert own.app_target()["options"] == {"keepalives_idle": 7, "keepalives_count": 9}
+    app = from_dict({"pipeline": "p", "topics": ["t"], "postgres": own.app_target()}).postgres.dsn_kwargs()
+    assert (app["keepalives_idle"], app["keepalives_count"], app["keepalives_interval"]) == (7, 9, 10)
+    assert app["options"] == server and with_keepalives(app) == app  # idempotent
+    # The connection's own startup options stay, after ours (a -c of its own wins); keepalives=0 is off.
+    assert with_keepalives({"options": "-c search_path=x"})["options"] == (
+        "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3 -c search_path=x")
+    assert "options" not in with_keepalives({"keepalives": 0})
+
+
+def test_the_client_tools_get_sslpassword_from_a_private_service_file_not_argv(monkeypatch):
+    import os
+    import stat
+
+    monkeypatch.setenv("AIRFLOW_CONN_EOS_KEYPW", json.dumps({
+        "conn_type": "postgres", "host": "db", "login": "app", "password": SECRET,
+        "extra": {"sslmode": "verify-full", "sslpassword": "keypw-7Qx"}}))
+    hook = PgToolsHook(postgres_conn_id="eos_keypw")
+    _, conninfo = hook._conn_args()
+    assert "keypw-7Qx" not in conninfo and SECRET not in conninfo
+    assert parse_dsn(conninfo)["service"] == "eos" and parse_dsn(conninfo)["sslmode"] == "verify-full"
+    env = hook.tool_env()
+    service_file = env["PGSERVICEFILE"]
+    assert stat.S_IMODE(os.stat(service_file).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(service_file)).st_mode) == 0o700
+    with open(service_file) as handle:
+        assert handle.read() == "[eos]\nsslpassword=keypw-7Qx\n"

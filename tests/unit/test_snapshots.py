@@ -372,3 +372,61 @@ def test_local_store_is_private_whatever_the_umask(tmp_path, as_url) -> None:
     assert {p.name: oct(mode(p)) for p in files} == {p.name: "0o600" for p in files}
     assert oct(mode(base / "older")) == "0o700"
     assert sorted(p.name for p in target.iterdir()) == sorted([DUMP, MANIFEST, STORE_MARKER])
+
+
+def test_a_store_root_others_can_write_to_is_refused(tmp_path) -> None:
+    """Issue 22 §5: the store is a trust boundary; whoever can write there can plant a snapshot."""
+    import os
+
+    root = tmp_path / "store"
+    store = SnapshotStore(str(root))
+    dump = tmp_path / "src.pgc"
+    dump.write_bytes(b"PGDMP-fake")
+    store.save(manifest(0), dump)
+    assert len(store.manifests("ledger")) == 1
+    for mode, who in ((0o777, "its group and every user"), (0o707, "every user"), (0o770, "its group")):
+        os.chmod(root, mode)
+        for action in (lambda: store.select("ledger", "latest"), lambda: store.save(manifest(1), dump),
+                       lambda: store.fetch_dump(manifest(0), tmp_path / "x.pgc")):
+            with pytest.raises(SnapshotError, match=rf"refusing snapshot store {root}: its mode 0{mode:o} lets {who} "
+                                                    rf"write to it\..*chmod go-w {root}"):
+                action()
+    os.chmod(root, 0o750)  # readable by the group is the deployment's choice
+    assert store.select("ledger", "latest")
+    if os.geteuid() == 0:  # only root can give the store away to test it
+        os.chown(root, 4242, -1)
+        with pytest.raises(SnapshotError, match=rf"owned by uid 4242, not by this process's user \(uid 0\).*"
+                                                rf"chown 0 {root}"):
+            store.select("ledger", "latest")
+        os.chown(root, 0, -1)
+    # A directory above the store that others may write to (without the sticky bit of /tmp) is refused too.
+    os.chmod(tmp_path, 0o777)
+    try:
+        with pytest.raises(SnapshotError, match=rf"{tmp_path} above it \(mode 0777\)"):
+            store.select("ledger", "latest")
+        os.chmod(tmp_path, 0o1777)
+        assert store.select("ledger", "latest")
+    finally:
+        os.chmod(tmp_path, 0o700)
+
+
+def test_a_manifest_of_another_database_is_refused() -> None:
+    from airflow_provider_eos.utils.snapshot_store import identity_problem
+
+    target = {"database": "eos", "database_oid": "16384", "system_identifier": "7711896226601803066"}
+    m = manifest(0)
+    m.identity = dict(target)
+    assert identity_problem(m, target) is None
+    assert SnapshotManifest.from_json(m.to_json()).identity == target
+    other_cluster = {**target, "system_identifier": "7000000000000000001"}
+    problem = identity_problem(m, other_cluster)
+    assert problem and "system_identifier '7711896226601803066' (the target's is '7000000000000000001')" in problem
+    assert "allow_other_database" in problem
+    assert "database_oid '16384'" in (identity_problem(m, {**target, "database_oid": "99"}) or "")
+    # The role may not read pg_control_system(): the parts both sides know are compared.
+    assert identity_problem(m, {"database": "eos", "database_oid": "16384"}) is None
+    # A manifest from before identities: its database name decides.
+    old = SnapshotManifest.from_json(json.dumps({k: v for k, v in json.loads(manifest(0).to_json()).items()
+                                                 if k != "identity"}))
+    assert old.identity == {} and identity_problem(old, target) is None
+    assert "database 'eos' (the target's is 'prod')" in (identity_problem(old, {**target, "database": "prod"}) or "")

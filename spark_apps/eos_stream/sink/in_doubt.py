@@ -90,3 +90,42 @@ def max_prepared_transactions(conn: PgConnection) -> int:
         row = cur.fetchone()
     conn.rollback()
     return int(row[0]) if row else 0
+
+
+
+class PreparedTransactionsExhausted(RuntimeError):
+    """PREPARE TRANSACTION found no free prepared-transaction slot on the server."""
+
+
+def prepare_failure(exc: BaseException, gid: str | None = None) -> PreparedTransactionsExhausted | None:
+    """The clear error to raise instead of ``exc``, an error of PREPARE TRANSACTION
+    (``conn.tpc_prepare()``), when the server has no free prepared-transaction
+    slot; None for any other error (raise that one as it is).
+
+    What PostgreSQL answers (twophase.c, MarkAsPreparing): every slot taken is
+    SQLSTATE 53200 "maximum number of prepared transactions reached" (its hint names
+    the setting); ``max_prepared_transactions = 0`` is 55000 "prepared transactions
+    are disabled". Issue 22 calls it 53400 (configuration_limit_exceeded), also
+    accepted here. None of them is transient in the usual sense, nor any record's
+    fault: the slots are held by transactions left in doubt (this pipeline's or
+    another's, holding their locks until resolved) or the setting is too low for the
+    two_phase pipelines writing to this server. Retrying without freeing a slot fails
+    the same way, so the message says what to do."""
+    code = getattr(exc, "pgcode", None)
+    text = str(getattr(exc, "pgerror", None) or exc).strip()
+    lowered = text.lower()
+    exhausted = code == "53400" or (code == "53200" and "prepared transactions" in lowered)
+    disabled = code == "55000" and "prepared transactions are disabled" in lowered
+    if not (exhausted or disabled):
+        return None
+    first = text.splitlines()[0].removeprefix("ERROR:").strip() if text else "no detail"
+    what = ("prepared transactions are disabled on this server (max_prepared_transactions = 0)" if disabled else
+            "the server has no free prepared-transaction slot (max_prepared_transactions are all in use)")
+    return PreparedTransactionsExhausted(
+        f"PREPARE TRANSACTION{f' {gid}' if gid else ''} failed: {what} (SQLSTATE {code}: {first}). Each two_phase "
+        "batch holds one slot from PREPARE to COMMIT PREPARED, and a transaction left in doubt keeps its slot and "
+        "its locks: list them in pg_prepared_xacts and resolve old ones (COMMIT PREPARED or ROLLBACK PREPARED; "
+        "restarting the pipeline whose gid prefix 'eos:<pipeline>:' they carry commits its own), or raise "
+        "max_prepared_transactions in postgresql.conf (at least one per two_phase pipeline writing to this "
+        "server; it takes a server restart)."
+    )
