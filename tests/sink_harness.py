@@ -44,13 +44,13 @@ def direct_chunks(spec: PipelineSpec, records: list[Record]) -> Iterator[Any]:
 
 
 class LedgerSink:
-    """A ``BatchSink`` (exactly_once) over new ledger targets, ten records of one
+    """A ``BatchSink`` (exactly_once, or ``delivery``) over new ledger targets, ten records of one
     partition, and the two ways a batch can arrive: staged and direct.
 
     :param sink_options: passed to ``BatchSink`` over the defaults below.
     """
 
-    def __init__(self, stack: dict, unique_name: str, **sink_options: Any) -> None:
+    def __init__(self, stack: dict, unique_name: str, delivery: str = "exactly_once", **sink_options: Any) -> None:
         self.stack = stack
         self.spec = LEDGER
         self.target, self.meta = f"t_fb{unique_name}", f"m_fb{unique_name}"
@@ -60,7 +60,7 @@ class LedgerSink:
                                       for offset in range(10)]
         self.conn, self.guard = pg_connect(stack), pg_connect(stack)
         self.conn.autocommit = False
-        mode = MODES["exactly_once"]
+        mode = MODES[delivery]
         preflight.ensure_meta_tables(self.conn, self.meta)
         preflight.create_targets(self.conn, LEDGER, self.target, mode)
         options: dict[str, Any] = {"max_batch_attempts": 3, "transient_retry_seconds": 30, **sink_options}

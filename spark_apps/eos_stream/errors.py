@@ -23,8 +23,10 @@ SQLSTATE                   class       why
 08, 40, 53, 58 classes     transient   connection, serialization failure and deadlock,
 55P03, 57014, 57P01-03                 resources, system errors, lock and statement
                                        timeouts, shutdowns: the weather, retried whole
-53400                      other       ``max_prepared_transactions`` is used up: a setting
-                                       to change, not weather to wait out
+53400 config limit         other       a setting to change, not weather to wait out; so is
+                                       PREPARE's "maximum number of prepared transactions
+                                       reached" (53200), which ``in_doubt.prepare_failure``
+                                       turns into an error naming ``max_prepared_transactions``
 anything else              other       a missing table, a permission, a bug: the run
                                        fails at once and says why
 =========================  ==========  ==================================================

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -200,7 +201,8 @@ def test_no_free_prepared_transaction_slot_names_the_setting(postgres_with_one_s
     ``in_doubt.prepare_failure`` makes of it."""
     import psycopg2
 
-    from spark_apps.eos_stream.sink.in_doubt import prepare_failure
+    from spark_apps.eos_stream.sink.in_doubt import PreparedTransactionsExhausted, prepare_failure
+    from tests.sink_harness import LedgerSink
 
     stack = postgres_with_one_slot
     first, second = pg_connect(stack), pg_connect(stack)
@@ -215,6 +217,13 @@ def test_no_free_prepared_transaction_slot_names_the_setting(postgres_with_one_s
         print(f"\nPostgreSQL: {raised.value.pgcode} {str(raised.value).strip()}\nbecomes: {error}")
         assert raised.value.pgcode == "53200" and error is not None
         assert "max_prepared_transactions" in str(error) and "SQLSTATE 53200" in str(error)
+        # Through the sink: the clear error at once, not 300 s of retrying a "transient" 53200.
+        with LedgerSink(stack, "slots", delivery="two_phase") as sink:
+            started = time.monotonic()
+            with pytest.raises(PreparedTransactionsExhausted, match="max_prepared_transactions"):
+                sink.process()
+            assert time.monotonic() - started < 10
+            assert sink.events_and_count() == ((0, 0), None)
         first.tpc_rollback()
     finally:
         first.close()

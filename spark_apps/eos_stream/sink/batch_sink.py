@@ -112,7 +112,7 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import errors, fencing
 from spark_apps.eos_stream.sink import apply_sql
 from spark_apps.eos_stream.sink.direct_rows import Chunk, DirectRows, Written
-from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt, transaction_id
+from spark_apps.eos_stream.sink.in_doubt import prepare_failure, resolve_in_doubt, transaction_id
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix
@@ -276,7 +276,14 @@ class BatchWriter:
             if self.mode.stores_offsets:
                 self.offsets.advance(cur, end_offsets, batch_id)
         if gid is not None:
-            self.conn.tpc_prepare()  # durable from here on: a crash leaves it in doubt, not lost
+            try:
+                self.conn.tpc_prepare()  # durable from here on: a crash leaves it in doubt, not lost
+            except psycopg2.Error as exc:
+                # No free slot (53200) is no weather to wait out, nor any record's fault: say which setting.
+                clear = prepare_failure(exc, gid)
+                if clear is not None:
+                    raise clear from exc
+                raise
         return PreparedBatch(self.conn, batch_id, counts[0], counts[1], gid)
 
     def _has_applied_records(self, start_offsets: Mapping[TopicPartition, int]) -> bool:
