@@ -648,6 +648,8 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
         "wrongly_quarantined": len(wrongly),
         "dead_letters_not_in_kafka": len(not_in_kafka),
         "dead_letters_by_class": dict(sorted(by_class.items())),
+        # What each dead letter's own insert did when tried (and rolled back): applies, refused:<SQLSTATE>...
+        "dead_letter_trials": dict(sorted(Counter(trials.values()).items())),
         "rows_below_earliest": sum(p["rows_below_earliest"] for p in partitions.values()),
         "beyond_offsets": sum(p["beyond_offsets"] for p in partitions.values()) + dead_beyond,
         "not_yet_applied": sum(not_yet_applied.values()),
