@@ -33,12 +33,19 @@ Green only when the target is right, red only when it is wrong. The rules
   (some partition's earliest offset above 0) cannot be recomputed: it is
   reported under ``unverified`` with the reason, neither ok nor a mismatch.
 * **Dead letters** are grouped by ``errors.dead_letter_class``. One whose
-  SQLSTATE is not a data error (class 22 or 23) is a mismatch; so is one
-  without a SQLSTATE (the app's own parse and validation errors) whose value
-  ``parse_record`` accepts: a valid record wrongly quarantined. The value
-  re-parsed is Kafka's while Kafka holds the record, the stored raw value
-  after that. A dead letter at an offset where Kafka holds no committed
-  record is a mismatch too; a malformed record not quarantined is one.
+  SQLSTATE is not a data error (class 22 or 23) is a mismatch. Every other
+  one is judged by PostgreSQL: ``try_dead_letters`` tries the record's own
+  insert into the targets (the sink's staging and apply SQL) and rolls it
+  back; one that applies is a valid record wrongly quarantined. The value
+  tried is Kafka's while Kafka holds the record, the stored raw value after
+  that. A dead letter at an offset where Kafka holds no committed record is a
+  mismatch too; a malformed record not quarantined is one.
+* **After a replay** (``goal``: its ``lso_at_start``) the tail is the resumed
+  stream's work even with no driver running, and the stored offsets must
+  have reached the goal (``goal_not_reached`` otherwise).
+* **Compacted topics** are refused; topics no longer in the definition are
+  ``retired_topics``: reported, not compared (their carrier rows still count
+  in the aggregates).
 * **Bounded reads.** A partition is finished by offset (record, position or
   end-of-partition), never by waiting for a record, so trailing markers or a
   fully deleted partition cannot hang the read; an overall ``timeout`` ends

@@ -174,6 +174,16 @@ def test_a_valid_record_wrongly_quarantined_is_red(stack: dict, tmp_path: Path, 
     assert run.process.returncode == 0, run.log()[-3000:]
     clean = audit(config, tmp_path)
     assert clean["ok"], clean
+    # The same target once its topic is removed from the definition (another topic in its place):
+    # its rows, offsets and dead letter are retired, reported and not compared; the balances are
+    # checked against the carrier's rows, all of which now stand where Kafka is not read.
+    other = f"{topic}.next"
+    ensure_topic(bootstrap, other, partitions=1)
+    retired = audit({**config, "topics": [other]}, tmp_path)
+    assert retired["ok"], retired
+    assert retired["retired_topics"] == {topic: {"stored_offsets": {"0": clean["kafka"][f"{topic}:0"]["stored_offset"]},
+                                                 "rows": {"ledger_events": 1500}, "dead_letters": 1}}, retired
+    assert retired["aggregates"]["account_balances"]["keys_wrong"] == 0
 
     target, meta = sql.Identifier(config["target_schema"]), sql.Identifier(config["meta_schema"])
     conn = pg_connect(stack)
@@ -366,3 +376,21 @@ def test_partitions_left_with_markers_or_nothing_do_not_hang_the_audit(
     assert f"{topic}[0] at offset 0 of {lso[0]}" in timed_out["stderr"]
     assert f"{topic}[1]" not in timed_out["stderr"]  # nothing left to read there
     assert {(u["topic"], u["partition"]) for u in timed_out["unfinished"]} >= {(topic, 0)}
+
+
+def test_a_compacted_topic_is_refused_by_the_audit_and_the_replay(stack: dict, tmp_path: Path,
+                                                                  unique_name: str) -> None:
+    from spark_apps.eos_stream import audit as audit_module
+    from spark_apps.eos_stream import direct_replay
+    from spark_apps.eos_stream.config import ConfigError, from_dict
+    from spark_apps.ledger.spec import LEDGER
+
+    config = pipeline_config(stack, tmp_path, f"acomp{unique_name}")
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=1,
+                 config={"cleanup.policy": "compact,delete"})
+    app_config = from_dict(config)
+    app_config.postgres.password = stack["EOS_PG_PASSWORD"]
+    with pytest.raises(ConfigError, match=r"audit refused: Kafka topic\(s\) \['ledger\.acomp.*cleanup.policy=compact"):
+        audit_module.audit(app_config, LEDGER)
+    with pytest.raises(ConfigError, match="replay refused"):
+        direct_replay.replay(app_config)
