@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,15 +68,13 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any] | None:
         from spark_apps.eos_stream.audit import audit
-        from spark_apps.eos_stream.audit_rules import goal_offsets
         from spark_apps.eos_stream.spec import load_spec
 
         if as_bool(self.plan_only):
             self.log.info("dry run: audit skipped")
             return None
         config = self.app_config()
-        # A goal rendered from a missing XCom is None or "None": no goal, never an empty one.
-        goal = goal_offsets(self.goal_offsets) if isinstance(self.goal_offsets, dict) else None
+        goal = self.goal()
         with self.lock_guard(config, context):
             report = audit(config, load_spec(config.spec), pending=self.pending, goal=goal)
         self.report = report  # for the lineage's data-quality facet, on success and on failure
@@ -87,6 +86,21 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
                 f"summary {report['summary']}, aggregates {report['aggregates']}"
             )
         return report
+
+    def goal(self) -> dict[tuple[str, int], int] | None:
+        """The rendered ``goal_offsets``: a dict (native rendering) or its JSON. A goal rendered from
+        a missing XCom (None, "None", "") is no goal, so the audit demands everything up to the LSO
+        rather than nothing: never green for want of a goal."""
+        from spark_apps.eos_stream.audit_rules import goal_offsets
+
+        value = self.goal_offsets
+        if isinstance(value, str):
+            value = None if value.strip() in ("", "None", "null") else json.loads(value)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise AirflowException(f"goal_offsets must be {{topic: {{partition: offset}}}}, got {value!r}")
+        return goal_offsets(value)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The topics and the target tables it read, each table with the audit's assertions
