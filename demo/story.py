@@ -7,7 +7,8 @@ dag-processor, triggerer), then drives the DAGs through the REST API:
  2. start ``eos_stream__ledger`` and SIGKILL its Spark driver once mid-stream;
  3. leave an open transaction behind a killed producer; ``eos_health__ledger`` catches the stuck LSO;
  4. snapshot with ``eos_snapshot__ledger``, keep streaming, then damage the target;
- 5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes;
+ 5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes,
+    while a producer keeps committing ledger events (a live topic, the normal case);
  6. a final audit against Kafka, a report on the terminal and in HTML.
 
 A second pipeline of another shape, ``orders`` (spark_apps/orders: order lines and sales per

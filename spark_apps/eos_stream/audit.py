@@ -440,7 +440,8 @@ def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
                     outcomes[(topic, partition, offset)] = outcome
                     break
     finally:
-        conn.rollback()  # the stage, and every trial insert, never existed
+        if not conn.closed:  # a lost connection rolled back by itself; its error is the one to raise
+            conn.rollback()  # the stage, and every trial insert, never existed
         conn.close()
     return outcomes
 
