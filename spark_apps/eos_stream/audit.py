@@ -53,6 +53,7 @@ Green only when the target is right, red only when it is wrong. The rules
   records inside the range while it is read, the audit starts over.
 
     python -m spark_apps.eos_stream.audit --config pipeline.json [--timeout S] [--pending auto|missing|allowed]
+        [--goal '{"topic": {"0": 1234}}']
 
 Prints one JSON report; exits 1 on any mismatch, 0 when exact, 2 when the
 read of Kafka timed out.
@@ -87,6 +88,7 @@ from spark_apps.eos_stream.audit_rules import (
     carrier_for,
     compare_rows,
     dead_letter_verdict,
+    goal_offsets,
     goal_shortfall,
     keep_latest,
     retired_topics,
@@ -689,12 +691,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds the read of Kafka may take (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("--pending", choices=PENDING_POLICIES, default="auto",
-                        help="records above the stored offsets: auto (not yet applied while a driver runs, "
-                        "missing otherwise), missing, allowed")
+                        help="records above the stored offsets: auto (not yet applied while a driver runs "
+                        "or --goal is given, missing otherwise), missing, allowed")
+    parser.add_argument("--goal", type=json.loads, default=None,
+                        help='offsets the stored ones must have reached, {"topic": {"partition": offset}} '
+                        "(a replay's lso_at_start)")
     args, rest = parser.parse_known_args(argv)
     config = parse_args(rest)
     try:
-        report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending)
+        report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending,
+                       goal=None if args.goal is None else goal_offsets(args.goal))
     except AuditTimeout as exc:
         print(str(exc), file=sys.stderr)
         print(json.dumps({"pipeline": config.pipeline, "ok": False, "error": str(exc),

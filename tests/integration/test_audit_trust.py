@@ -206,6 +206,9 @@ def test_a_valid_record_wrongly_quarantined_is_red(stack: dict, tmp_path: Path, 
                     (config["pipeline"], t, p, o, raw,
                      "rejected by the database: canceling statement due to lock timeout", "55P03"))
         cur.execute("COMMIT")
+        cur.execute(sql.SQL("SELECT balance_cents FROM {t}.account_balances WHERE account_id = %s").format(t=target),
+                    (account,))
+        [balance_before] = cur.fetchone()
 
     def set_sqlstate(code: str | None) -> dict[str, Any]:
         with conn.cursor() as cur:
@@ -220,6 +223,19 @@ def test_a_valid_record_wrongly_quarantined_is_red(stack: dict, tmp_path: Path, 
         data_error = set_sqlstate("22001")
     finally:
         conn.close()
+    # The trials left nothing behind: no staging table, no row, no balance changed.
+    conn = pg_connect(stack)
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s"
+                    " AND starts_with(tablename, 'eos_audit_trial_')", (config["meta_schema"],))
+        assert cur.fetchone()[0] == 0
+        cur.execute(sql.SQL("SELECT count(*), sum(balance_cents) FROM {t}.account_balances"
+                            " WHERE account_id = %s").format(t=target), (account,))
+        balance_after = cur.fetchone()
+        cur.execute(sql.SQL("SELECT count(*) FROM {t}.ledger_events WHERE kafka_offset = %s").format(t=target), (o,))
+        assert cur.fetchone()[0] == 0
+    conn.close()
+    assert balance_after == (1, balance_before), (balance_after, balance_before)
     for name, report in (("55P03", lock_timeout), ("no sqlstate", no_sqlstate), ("22001", data_error)):
         print(f"\ndead letter with {name}: ok={report['ok']} mismatches={report['mismatches']} "
               f"by_class={report['summary'].get('dead_letters_by_class')} "
@@ -279,6 +295,14 @@ def test_a_latest_value_out_of_kafka_order_is_red(stack: dict, tmp_path: Path, u
     assert balances["wrong_keys"] == [[account]] and balances["keys_wrong"] == 1
     assert balances["expected_balance_cents"] == balances["actual_balance_cents"]  # the sums were right
     assert restored["ok"], restored
+
+    # After a replay the stored offsets must reach its goal: the CLI's --goal.
+    stored = {str(p): restored["kafka"][f"{topic}:{p}"]["stored_offset"] for p in (0, 1)}
+    reached = _audit_cli(config, tmp_path, "--goal", json.dumps({topic: stored}), timeout=120)
+    short = _audit_cli(config, tmp_path, "--goal", json.dumps({topic: {**stored, "1": stored["1"] + 5}}), timeout=120)
+    assert reached["exit_code"] == 0 and reached["goal"][f"{topic}:1"]["short"] == 0, reached
+    assert short["exit_code"] == 1 and short["mismatches"] == [f"goal_not_reached:{topic}:1"], short
+    assert short["summary"]["goal_shortfall"] == 5
 
 
 def test_an_audit_while_the_stream_runs_does_not_false_alarm(stack: dict, tmp_path: Path, unique_name: str) -> None:
