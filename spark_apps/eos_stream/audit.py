@@ -111,6 +111,8 @@ ATTEMPTS = 3
 SAMPLE = 20  # entries of a list the report spells out
 # Above any Kafka offset: a retired topic's carrier rows all count as "below the earliest offset".
 ALL_OFFSETS = 2**63 - 1
+# Shifts a retired topic's partitions below every current one in the order behind `latest`.
+RETIRED_FIRST = 2**31
 # A dead letter's trial waits at most this long for a row lock a running stream's batch holds.
 TRIAL_LOCK_TIMEOUT = "10s"
 TRIAL_ATTEMPTS = 3
@@ -332,15 +334,24 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
                 values = sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(v)) for v in target.latest.values())
                 for row in _below_earliest(
                         conn, config, carrier, gone,
-                        sql.SQL("DISTINCT ON ({keys}, r.kafka_partition) {keys}, r.kafka_partition, r.kafka_offset,"
-                                " {values}"),
-                        sql.SQL(" ORDER BY {keys}, r.kafka_partition, r.kafka_offset DESC"), keys=keys, values=values):
-                    position = (int(row[width]), int(row[width + 1]))
-                    for column, value in zip(target.latest, row[width + 2:], strict=True):
-                        keep_latest(latest[tuple(row[:width])], column, position, value)
+                        sql.SQL("DISTINCT ON ({keys}, r.kafka_topic, r.kafka_partition) {keys}, r.kafka_topic,"
+                                " r.kafka_partition, r.kafka_offset, {values}"),
+                        sql.SQL(" ORDER BY {keys}, r.kafka_topic, r.kafka_partition, r.kafka_offset DESC"),
+                        keys=keys, values=values):
+                    topic, partition, offset = row[width], int(row[width + 1]), int(row[width + 2])
+                    for column, value in zip(target.latest, row[width + 3:], strict=True):
+                        keep_latest(latest[tuple(row[:width])], column,
+                                    latest_position(topic, partition, offset, retired), value)
         below_latest.append(latest)
         below.append(None if carrier is None else sums)
     return Snapshot(running, stored, dead, rows, actual, below, below_latest, retired)
+
+
+def latest_position(topic: str, partition: int, offset: int, retired: set[TopicPartition]) -> Position:
+    """Where a carrier row stands in the order behind ``latest``. A retired topic's rows come
+    before every record of the current topics: the stream has applied none of its records
+    since the topic left the definition, so its values can only be older."""
+    return (partition - RETIRED_FIRST, offset) if (topic, partition) in retired else (partition, offset)
 
 
 def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],

@@ -358,3 +358,16 @@ def test_a_column_cannot_be_both_an_increment_and_a_latest_value() -> None:
     with pytest.raises(SpecError, match="unknown fields"):
         PipelineSpec(name="x", fields=(Field("k", "text"),),
                      targets=(AggregateTarget("a", group_by=("k",), increments={}, latest={"last": "nope"}),))
+
+
+def test_a_retired_topics_rows_come_before_every_current_record_in_the_latest_order() -> None:
+    from spark_apps.eos_stream.audit import latest_position
+
+    retired = {("old", 0), ("old", 1)}
+    latest: dict = {}
+    keep_latest(latest, "last", latest_position("old", 1, 9_000, retired), "old value")
+    keep_latest(latest, "last", latest_position("new", 0, 3, retired), "new value")
+    keep_latest(latest, "last", latest_position("old", 0, 50_000, retired), "older still")
+    assert latest["last"][1] == "new value"
+    # Within the retired topic its own order holds.
+    assert latest_position("old", 0, 5, retired) < latest_position("old", 0, 6, retired)
