@@ -76,6 +76,7 @@ class KafkaOffsetsMixin(PipelineOperatorMixin):
 
         retired = {tp: needed[tp] for tp in retired_topics(topics, needed)}
         needed = {tp: o for tp, o in needed.items() if tp not in retired}
+        kafka = self.kafka_offsets(topics)  # first: a missing topic gets its own clear error
         hook = KafkaOffsetsHook(kafka_config_id=self.kafka_config_id)
         try:
             preflight.refuse_compacted(hook.get_admin_client(), topics, "replay")
@@ -83,7 +84,6 @@ class KafkaOffsetsMixin(PipelineOperatorMixin):
             raise CompactedTopicError(str(exc)) from exc
         finally:
             hook.close()
-        kafka = self.kafka_offsets(topics)
         gaps = retention_gaps(needed, kafka)
         report = {
             "retired_topics": _nested(retired),
@@ -105,7 +105,9 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
     """
     Checks that Kafka still holds every record from a replay point on: for every
     partition ``earliest <= needed <= log end``. Fails naming each partition and
-    the size of its gap, BEFORE anything is restored.
+    the size of its gap, BEFORE anything is restored. A compacted topic is refused
+    (``CompactedTopicError``); offsets of topics no longer in the definition are not
+    needed (reported as ``retired_topics``; see docs/recovery.md).
 
     The replay point is the chosen snapshot's offsets (``snapshot`` given) or the
     offsets stored in the database (``snapshot=None``).
