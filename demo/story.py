@@ -7,7 +7,8 @@ dag-processor, triggerer), then drives the DAGs through the REST API:
  2. start ``eos_stream__ledger`` and SIGKILL its Spark driver once mid-stream;
  3. leave an open transaction behind a killed producer; ``eos_health__ledger`` catches the stuck LSO;
  4. snapshot with ``eos_snapshot__ledger``, keep streaming, then damage the target;
- 5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes;
+ 5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes,
+    while a producer keeps committing ledger events (a live topic, the normal case);
  6. a final audit against Kafka, a report on the terminal and in HTML.
 
 A second pipeline of another shape, ``orders`` (spark_apps/orders: order lines and sales per
@@ -49,11 +50,12 @@ from airflow_provider_eos.links.spark_ui import SparkDriverUILink  # noqa: E402
 from demo import report as html_report  # noqa: E402
 from demo.airflow_api import AirflowApi  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
+from demo.feed import Feed  # noqa: E402
 from spark_apps.eos_stream.audit import audit  # noqa: E402
 from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from spark_apps.ledger.spec import LEDGER  # noqa: E402
-from spark_apps.orders.generator import OrdersSummary, produce_orders  # noqa: E402
+from spark_apps.orders.generator import produce_orders  # noqa: E402
 from spark_apps.orders.spec import LINES_TABLE, ORDERS, SALES_TABLE  # noqa: E402
 
 PIPELINE = "ledger"
@@ -156,36 +158,12 @@ class LsoSampler(threading.Thread):
                     continue
 
 
-class OrdersFeed(threading.Thread):
+def orders_feed(bootstrap: str, lines_per_tick: int) -> Feed:
     """Keeps order lines flowing for the whole story, so the orders stream has work to commit
     while the ledger crashes, hangs and is recovered. Every other transaction aborts."""
-
-    def __init__(self, bootstrap: str, lines_per_tick: int, interval: float = 2.0) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap, self.lines, self.interval = bootstrap, lines_per_tick, interval
-        self.summaries: list[OrdersSummary] = []
-        self.error: BaseException | None = None
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        tick = 0
-        while not self.stop_event.wait(self.interval):
-            tick += 1
-            try:
-                # One producer id for the feed: each call's init_transactions fences the previous one.
-                self.summaries.append(produce_orders(
-                    self.bootstrap, self.lines, topic=ORDERS_TOPIC, orders_per_transaction=20, abort_every=2,
-                    seed=3000 + tick, first_seq=tick * 1_000_000, transactional_id="demo-orders-feed"))
-            except Exception as exc:  # reported by stop(): the demo must not claim a feed that died
-                self.error = exc
-                return
-
-    def stop(self) -> list[OrdersSummary]:
-        self.stop_event.set()
-        self.join(60)
-        if self.error is not None:
-            raise RuntimeError(f"the orders feed failed: {self.error}") from self.error
-        return self.summaries
+    return Feed(lambda tick: produce_orders(
+        bootstrap, lines_per_tick, topic=ORDERS_TOPIC, orders_per_transaction=20, abort_every=2,
+        seed=3000 + tick, first_seq=tick * 1_000_000, transactional_id="demo-orders-feed"), name="orders feed")
 
 
 class Story:
@@ -403,7 +381,7 @@ class Story:
         # Continuous, 3 s batches, its own target and meta schemas: all in orders.yaml.
         self.orders_run = self.api.trigger(ORDERS_STREAM, {})
         self.wait_until("the orders stream's first batches", lambda: self.orders_batches() >= 1, 240)
-        feed = OrdersFeed(bootstrap, lines_per_tick=max(100, self.events // 50))
+        feed = orders_feed(bootstrap, lines_per_tick=max(100, self.events // 50))
         feed.start()
 
         c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for its first batches")
@@ -463,10 +441,19 @@ class Story:
             sql.Identifier(TARGET), sql.Identifier(TARGET)))
         damaged = self.final_audit()
 
-        c.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume; "
-                f"{ORDERS_STREAM} keeps streaming")
+        c.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume; the ledger's producer "
+                f"keeps committing and {ORDERS_STREAM} keeps streaming")
         orders_drivers = {process.pid for process in self.spark_drivers(ORDERS_PIPELINE)}
-        recovery = self.run_dag(RECOVERY, {"snapshot": "latest"}, budget=900)
+        # A live topic is the normal case: what is committed after the replay started is the
+        # resumed stream's work, and the final audit below holds it to it.
+        ledger_feed = Feed(lambda tick: produce_ledger(
+            bootstrap, 200, topic=TOPIC, batch_size=50, abort_every=4, seed=5000 + tick,
+            first_seq=30_000_000 + tick * 10_000, transactional_id="demo-ledger-feed"), name="ledger feed")
+        ledger_feed.start()
+        try:
+            recovery = self.run_dag(RECOVERY, {"snapshot": "latest"}, budget=900)
+        finally:
+            during_recovery = ledger_feed.stop()
         instances = self.api.task_instances(RECOVERY, recovery)
         # In the order they ran.
         ran = sorted((ti for ti in instances if ti.get("duration") is not None),
@@ -501,7 +488,7 @@ class Story:
 
         summary = final["summary"]
         aggregates = final["aggregates"]["account_balances"]
-        batches = (produced, more, later)
+        batches = (produced, more, later, *during_recovery)
         committed = sum(b.committed + b.poison + b.malformed for b in batches)
         aborted = sum(b.aborted for b in batches) + OPEN_TRANSACTION_RECORDS
         self.wait_until(f"{STREAM} runs to end", lambda: all(

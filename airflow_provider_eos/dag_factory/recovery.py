@@ -3,7 +3,8 @@
 check_conf -> gate (no partition stuck) -> lock -> stop stream -> choose snapshot -> retention
 check -> restore (scratch validation, single-transaction swap; the old tables kept aside) ->
 replay (availableNow from the restored offsets; the stop request stays set) -> wait caught up
--> audit -> finalize (drop the old tables) -> resume ``eos_stream__<pipeline>`` (the same
+-> audit (up to the stored offsets, which must reach the replay's goal: a live topic's newer
+records are the resumed stream's work) -> finalize (drop the old tables) -> resume ``eos_stream__<pipeline>`` (the same
 pipeline, in the mode its definition gives) and announce (an Asset event on each target table,
 with the restored and replayed offsets) -> summary. If replay, caught-up or audit fails,
 ``rollback`` puts the old tables back and the run fails; the stream stays stopped either way.
@@ -181,7 +182,11 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
             meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
             target_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
             plan_only=DRY_RUN, poke_interval=5, timeout=600)
-        audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN, **locked)
+        # Compared up to the offsets the target stores, which must have reached the replay's goal:
+        # what producers committed since the replay started is the resumed stream's work, not missing.
+        audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,
+                              goal_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
+                              **locked)
         # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
         finalize = FinalizeRestoreOperator(task_id="finalize", restore_task_id="restore",
                                            retention_days=RETENTION_DAYS, plan_only=DRY_RUN, **locked)

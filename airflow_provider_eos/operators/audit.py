@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,9 +21,15 @@ class AuditMismatchError(AirflowException):
 class AuditOperator(PipelineOperatorMixin, BaseOperator):
     """
     Runs :func:`spark_apps.eos_stream.audit.audit`: every committed Kafka record
-    (read_committed, up to the LSO) against the database, per partition and per
-    aggregate key. Returns the report via XCom and fails on any mismatch
-    (duplicates, missing rows, wrong totals, malformed records not quarantined).
+    (read_committed, up to the stored offsets, or the LSO) against the database, per
+    partition and per aggregate key. Returns the report via XCom and fails on any mismatch
+    (duplicates, missing rows, wrong totals, malformed records not quarantined, valid
+    records quarantined).
+
+    After a replay (the recovery's step) ``goal_offsets`` is the replay's ``lso_at_start``:
+    the target is compared with Kafka up to the offsets it stores, and separately those
+    offsets must have reached the goal. What producers committed after the replay started
+    is the resumed stream's next work, not missing (see docs/audit.md, "After a replay").
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
     :param postgres_conn_id: the target database connection, default "eos_postgres"
@@ -32,15 +39,20 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     :param hold_lock: hold the target's recovery lock while auditing (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: skip the audit (returns None).
+    :param goal_offsets: ``{topic: {partition: offset}}`` the stored offsets must have reached
+        (templated); None: no goal.
+    :param pending: how committed records above the stored offsets count (``auto``, ``missing``,
+        ``allowed``; see :func:`spark_apps.eos_stream.audit.audit`).
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "plan_only")
+    template_fields: Sequence[str] = ("pipeline_config", "plan_only", "goal_offsets")
     ui_color = "#f3e8fd"
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str | None = None, fail_on_mismatch: bool = True, hold_lock: bool = False,
                  lock_ttl: float = DEFAULT_LOCK_TTL,
-                 plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
+                 plan_only: Any = False, pg_bin_dir: str | None = None, goal_offsets: Any = None,
+                 pending: str = "auto", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
@@ -50,6 +62,8 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
         self.lock_ttl = lock_ttl
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
+        self.goal_offsets = goal_offsets
+        self.pending = pending
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any] | None:
@@ -60,8 +74,9 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
             self.log.info("dry run: audit skipped")
             return None
         config = self.app_config()
+        goal = self.goal()
         with self.lock_guard(config, context):
-            report = audit(config, load_spec(config.spec))
+            report = audit(config, load_spec(config.spec), pending=self.pending, goal=goal)
         self.report = report  # for the lineage's data-quality facet, on success and on failure
         self.log.info("audit of %s: ok=%s summary=%s mismatches=%s", config.pipeline, report["ok"],
                       report["summary"], report["mismatches"])
@@ -71,6 +86,21 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
                 f"summary {report['summary']}, aggregates {report['aggregates']}"
             )
         return report
+
+    def goal(self) -> dict[tuple[str, int], int] | None:
+        """The rendered ``goal_offsets``: a dict (native rendering) or its JSON. A goal rendered from
+        a missing XCom (None, "None", "") is no goal, so the audit demands everything up to the LSO
+        rather than nothing: never green for want of a goal."""
+        from spark_apps.eos_stream.audit_rules import goal_offsets
+
+        value = self.goal_offsets
+        if isinstance(value, str):
+            value = None if value.strip() in ("", "None", "null") else json.loads(value)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise AirflowException(f"goal_offsets must be {{topic: {{partition: offset}}}}, got {value!r}")
+        return goal_offsets(value)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The topics and the target tables it read, each table with the audit's assertions

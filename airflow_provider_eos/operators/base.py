@@ -8,13 +8,48 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook, target_lock_key
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, holding_lock
 from airflow_provider_eos.utils.snapshot_store import SnapshotError, SnapshotStore, load_pipeline_config
+
+T = TypeVar("T")
+
+# Seconds a deferrable step checks in the worker before it defers (see poll_before_defer).
+DEFAULT_DEFER_AFTER = 10.0
+
+
+def poll_before_defer(check: Callable[[], T], done: Callable[[T], bool], seconds: float, interval: float,
+                      clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep) -> tuple[T, bool]:
+    """Checks in the worker, every ``interval`` seconds for ``seconds``, before a step defers.
+
+    Every deferrable step of this provider calls it first (the stop, the LSO gate and health
+    watch, the progress sensors): a trigger that fires before the deferring task process has
+    ended meets an Airflow race (apache/airflow#72716: the deferring process's late "success"
+    makes the resumed task fail), and most waits of a recovery end within seconds, which is
+    exactly when that race is lost. A condition that holds at once, or within ``seconds``, is
+    answered here and never deferred; only a longer wait goes to the triggerer, whose first
+    check then comes at least ``seconds`` later than the deferral's start. It costs a worker
+    slot for those seconds, less than a defer and resume.
+
+    :param check: one check (its result is returned).
+    :param done: whether a result ends the wait (success, or a failure the caller raises).
+    :param seconds: how long to check in the worker; 0 checks once.
+    :return: the last result, and whether ``done`` held for it (False: defer).
+    """
+    started = clock()
+    while True:
+        result = check()
+        if done(result):
+            return result, True
+        left = seconds - (clock() - started)
+        if left <= 0:
+            return result, False
+        sleep(min(interval, left))
 
 
 def holder_of(context: Any) -> str:

@@ -32,6 +32,10 @@ class RetentionGapError(AirflowException):
     """Kafka no longer holds (part of) what a replay needs: replaying would lose data silently."""
 
 
+class CompactedTopicError(AirflowException):
+    """A topic is compacted: Kafka no longer holds every record, so no replay from offsets is exact."""
+
+
 class PipelineNotStoppedError(AirflowException):
     """No stop request holds the pipeline: a supervisor may start a driver that fights the replay."""
 
@@ -60,10 +64,29 @@ class KafkaOffsetsMixin(PipelineOperatorMixin):
             hook.close()
 
     def check_retention(self, needed: dict[tuple[str, int], int], topics: list[str], what: str) -> dict[str, Any]:
-        """Raises RetentionGapError naming every partition Kafka cannot replay in full."""
-        kafka = self.kafka_offsets(topics)
+        """Raises RetentionGapError naming every partition Kafka cannot replay in full, and
+        CompactedTopicError when a topic is compacted (Kafka cannot give back every record).
+
+        Offsets stored for topics no longer in the definition (a topic removed from it) are
+        not needed: nothing replays them, their rows stay as they are (``retired_topics``)."""
+        from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+        from spark_apps.eos_stream import preflight
+        from spark_apps.eos_stream.audit_rules import retired_topics
+        from spark_apps.eos_stream.config import ConfigError
+
+        retired = {tp: needed[tp] for tp in retired_topics(topics, needed)}
+        needed = {tp: o for tp, o in needed.items() if tp not in retired}
+        kafka = self.kafka_offsets(topics)  # first: a missing topic gets its own clear error
+        hook = KafkaOffsetsHook(kafka_config_id=self.kafka_config_id)
+        try:
+            preflight.refuse_compacted(hook.get_admin_client(), topics, "replay")
+        except ConfigError as exc:
+            raise CompactedTopicError(str(exc)) from exc
+        finally:
+            hook.close()
         gaps = retention_gaps(needed, kafka)
         report = {
+            "retired_topics": _nested(retired),
             "needed": _nested(needed),
             "earliest": _nested({k: int(v.earliest or 0) for k, v in kafka.items()}),
             "last_stable": _nested({k: v.last_stable for k, v in kafka.items()}),
@@ -82,7 +105,9 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
     """
     Checks that Kafka still holds every record from a replay point on: for every
     partition ``earliest <= needed <= log end``. Fails naming each partition and
-    the size of its gap, BEFORE anything is restored.
+    the size of its gap, BEFORE anything is restored. A compacted topic is refused
+    (``CompactedTopicError``); offsets of topics no longer in the definition are not
+    needed (reported as ``retired_topics``; see docs/recovery.md).
 
     The replay point is the chosen snapshot's offsets (``snapshot`` given) or the
     offsets stored in the database (``snapshot=None``).

@@ -12,7 +12,13 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, take_lock
-from airflow_provider_eos.operators.base import PipelineOperatorMixin, holder_of, timed_step
+from airflow_provider_eos.operators.base import (
+    DEFAULT_DEFER_AFTER,
+    PipelineOperatorMixin,
+    holder_of,
+    poll_before_defer,
+    timed_step,
+)
 from airflow_provider_eos.triggers.stream_stopped import StreamStoppedTrigger
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
@@ -161,9 +167,8 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     (no worker slot while a batch finishes); with ``hold_lock`` the trigger keeps the
     recovery lock's heartbeat, and the step fails if another run took the lock over. A stop
     usually lands within seconds, so the task first polls for ``defer_after`` seconds in the
-    worker and defers only a longer wait: a defer and resume costs more than that, and a
-    trigger that fires within seconds of the deferral meets an Airflow race (apache/airflow#72716:
-    the deferring process's late "success" fails the resumed task).
+    worker and defers only a longer wait (``base.poll_before_defer``, shared by every deferrable
+    step: a trigger that fires within seconds of the deferral meets apache/airflow#72716).
 
     A hard stop is not done here: if the pipeline has not stopped within ``timeout_seconds``
     (a batch that takes longer, a hung driver), the task fails saying what still runs. Mark the
@@ -195,7 +200,8 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres", fence: bool = False,
                  quiet_seconds: float | str = 0.0, wait: bool = True, timeout_seconds: float = 600.0,
-                 poll_interval: float = 2.0, deferrable: bool = True, defer_after: float = 10.0,
+                 poll_interval: float = 2.0, deferrable: bool = True,
+                 defer_after: float = DEFAULT_DEFER_AFTER,
                  hold_lock: bool = False, fence_wait_seconds: float = DEFAULT_FENCE_WAIT,
                  lock_ttl: float = DEFAULT_LOCK_TTL, plan_only: Any = False, pg_bin_dir: str | None = None,
                  **kwargs: Any) -> None:
@@ -240,7 +246,8 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
                 return request
             started = time.monotonic()
             in_worker = min(self.defer_after, self.timeout_seconds) if self.deferrable else self.timeout_seconds
-            activity, reason = self._poll(config, started, in_worker)
+            (activity, reason), _stopped = poll_before_defer(lambda: self._check(config), lambda r: r[1] is None,
+                                                             in_worker, self.poll_interval)
             if reason is None:
                 return {**request, **activity, "stopped": True, "waited_s": round(time.monotonic() - started, 1)}
             if not self.deferrable or in_worker >= self.timeout_seconds:
@@ -260,16 +267,14 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
                    kwargs={"request": request, "step_started": step_started},
                    timeout=timedelta(seconds=self.timeout_seconds + max(60.0, 2 * self.poll_interval)))
 
-    def _poll(self, config: Any, started: float, limit: float) -> tuple[dict[str, Any], str | None]:
-        """The wait in the worker, inside the lock guard's heartbeat: until stopped or ``limit``
-        seconds after ``started``. Returns the last activity and why it is not stopped (None: it is)."""
-        while True:
-            activity = jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))
-            reason = why_not_stopped(activity, float(self.quiet_seconds))
-            if reason is None or time.monotonic() - started >= limit:
-                return activity, reason
+    def _check(self, config: Any) -> tuple[dict[str, Any], str | None]:
+        """One check in the worker (inside the lock guard's heartbeat): the activity and why the
+        pipeline has not stopped (None: it has)."""
+        activity = jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))
+        reason = why_not_stopped(activity, float(self.quiet_seconds))
+        if reason is not None:
             self.log.info("waiting for pipeline %s to stop: %s", config.pipeline, reason)
-            time.sleep(min(self.poll_interval, max(0.0, limit - (time.monotonic() - started))))
+        return activity, reason
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, request: dict[str, Any] | None = None,
                          step_started: float | None = None) -> dict[str, Any]:

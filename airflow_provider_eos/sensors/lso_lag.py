@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
 from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook, open_transaction_of
+from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, poll_before_defer
 from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
 from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
 from airflow_provider_eos.utils.lso_watch import (
@@ -50,7 +51,10 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
     transaction); at ``timeout`` the gate fails naming the stuck partitions and for
     how long, and a ``hanging`` one fails it at once.
 
-    By default the sensor defers at once to :class:`~airflow_provider_eos.triggers.lso_lag.LsoLagTrigger`
+    By default the sensor watches in the worker for ``defer_after`` seconds (a gate usually
+    opens within seconds, and a trigger that fires that soon after a deferral meets
+    apache/airflow#72716; see ``base.poll_before_defer``), then defers the same watch to
+    :class:`~airflow_provider_eos.triggers.lso_lag.LsoLagTrigger`
     (``timeout`` is honoured: in ``gate`` mode the trigger gets it as a deadline and
     reports what is stuck, and the deferral's own timeout, a little later, is only a
     backstop). With ``deferrable=False`` it pokes with the same logic;
@@ -77,6 +81,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
     :param margin: seconds added to ``txn_max_timeout_ms``.
     :param request_timeout: seconds allowed for each Admin API request.
     :param deferrable: defer to the trigger (default) instead of poking in the worker.
+    :param defer_after: seconds to watch in the worker before deferring (0: one observation).
     :param pipeline: the pipeline whose health this is; with ``meta_schema``, keeps the
         stuck-since times across runs. None (the recovery gate): every run starts afresh.
     :param meta_schema: the pipeline's bookkeeping schema (holds ``lso_watch``).
@@ -107,6 +112,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         meta_schema: str | None = None,
         postgres_conn_id: str = "eos_postgres",
         hanging_after: float | None = None,
+        defer_after: float = DEFAULT_DEFER_AFTER,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
@@ -119,6 +125,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         self.margin = float(margin)
         self.request_timeout = float(request_timeout)
         self.deferrable = deferrable
+        self.defer_after = float(defer_after)
         self.pipeline = pipeline
         self.meta_schema = meta_schema
         self.postgres_conn_id = postgres_conn_id
@@ -257,17 +264,22 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         if not self.deferrable:
             return super().execute(context)
         seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else float(self.timeout)
+        # The same watch as poke's (it starts the deadline), so the trigger continues it: the
+        # stuck-since times and the gate's deadline do not start over at the deferral.
+        poked, done = poll_before_defer(lambda: self.poke(context), lambda r: r.is_done,
+                                        min(self.defer_after, seconds), float(self.poke_interval))
+        if done:
+            return poked.xcom_value
         deadline = None
+        remaining = max(0.0, float(self._deadline or 0.0) - time.time())
         if self.watch_mode == GATE:
             # The trigger gives up at the deadline with a report naming the stuck
             # partitions; Airflow's deferral timeout, one poke and one request later
             # (+ slack for delivering the event), only backs it up.
-            deadline = time.time() + seconds
-            seconds += float(self.poke_interval) + self.request_timeout + GATE_DEFERRAL_SLACK
-        watch = self.new_watch() if self.persistent else None
-        self.defer(
-            trigger=self._trigger(deadline, watch), method_name="execute_complete", timeout=timedelta(seconds=seconds)
-        )
+            deadline = self._deadline
+            remaining += float(self.poke_interval) + self.request_timeout + GATE_DEFERRAL_SLACK
+        self.defer(trigger=self._trigger(deadline, self._watch), method_name="execute_complete",
+                   timeout=timedelta(seconds=remaining))
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         if not event:

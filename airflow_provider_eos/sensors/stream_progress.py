@@ -3,6 +3,7 @@ offsets vs the Kafka last stable offset)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, poll_before_defer
 from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
 from airflow_provider_eos.triggers.stream_progress import (
     StreamCaughtUpTrigger,
@@ -22,12 +24,18 @@ from airflow_provider_eos.utils.params import as_bool
 
 
 class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
-    """Deferrable by default: checks once in the worker, then defers to the trigger (which fires
-    ``timeout`` with its last report when ``timeout`` runs out). ``deferrable=False`` pokes."""
+    """Deferrable by default: checks in the worker every ``poke_interval`` for ``defer_after``
+    seconds (``base.poll_before_defer``: a trigger firing at once would meet apache/airflow#72716),
+    then defers to the trigger (which fires ``timeout`` with its last report when ``timeout``
+    runs out). ``deferrable=False`` pokes.
 
-    def __init__(self, *, deferrable: bool = True, **kwargs: Any) -> None:
+    :param defer_after: seconds to check in the worker before deferring (0: check once).
+    """
+
+    def __init__(self, *, deferrable: bool = True, defer_after: float = DEFAULT_DEFER_AFTER, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.deferrable = deferrable
+        self.defer_after = float(defer_after)
         self.last_report: dict[str, Any] | None = None
 
     def check(self) -> dict[str, Any]:
@@ -53,14 +61,23 @@ class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
                 message = self.last_report["message"] if self.last_report else str(err)
                 raise AirflowSensorTimeout(f"{self.check_name} not satisfied within {self.timeout}s: {message}"
                                            ) from err
+        timeout = float(self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout)
+        started = time.monotonic()
+        report, done = poll_before_defer(self._logged_check, lambda r: bool(r["ok"]),
+                                         min(self.defer_after, timeout), float(self.poke_interval))
+        if done:
+            return report
+        remaining = timeout - (time.monotonic() - started)
+        if remaining <= 0:
+            raise AirflowSensorTimeout(f"{self.check_name} not satisfied within {self.timeout}s: {report['message']}")
+        # The trigger fires "timeout" with its last report; the deferral timeout is only a backstop.
+        self.defer(trigger=self.make_trigger(remaining), method_name="execute_complete",
+                   timeout=timedelta(seconds=remaining + max(60.0, float(self.poke_interval) * 2)))
+
+    def _logged_check(self) -> dict[str, Any]:
         report = self.last_report = self.check()
         self.log.info("%s: %s", self.check_name, report["message"])
-        if report["ok"]:
-            return report
-        timeout = float(self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout)
-        # The trigger fires "timeout" with its last report; the deferral timeout is only a backstop.
-        self.defer(trigger=self.make_trigger(timeout), method_name="execute_complete",
-                   timeout=timedelta(seconds=timeout + max(60.0, float(self.poke_interval) * 2)))
+        return report
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
         if not event:

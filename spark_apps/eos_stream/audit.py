@@ -33,12 +33,19 @@ Green only when the target is right, red only when it is wrong. The rules
   (some partition's earliest offset above 0) cannot be recomputed: it is
   reported under ``unverified`` with the reason, neither ok nor a mismatch.
 * **Dead letters** are grouped by ``errors.dead_letter_class``. One whose
-  SQLSTATE is not a data error (class 22 or 23) is a mismatch; so is one
-  without a SQLSTATE (the app's own parse and validation errors) whose value
-  ``parse_record`` accepts: a valid record wrongly quarantined. The value
-  re-parsed is Kafka's while Kafka holds the record, the stored raw value
-  after that. A dead letter at an offset where Kafka holds no committed
-  record is a mismatch too; a malformed record not quarantined is one.
+  SQLSTATE is not a data error (class 22 or 23) is a mismatch. Every other
+  one is judged by PostgreSQL: ``try_dead_letters`` tries the record's own
+  insert into the targets (the sink's staging and apply SQL) and rolls it
+  back; one that applies is a valid record wrongly quarantined. The value
+  tried is Kafka's while Kafka holds the record, the stored raw value after
+  that. A dead letter at an offset where Kafka holds no committed record is a
+  mismatch too; a malformed record not quarantined is one.
+* **After a replay** (``goal``: its ``lso_at_start``) the tail is the resumed
+  stream's work even with no driver running, and the stored offsets must
+  have reached the goal (``goal_not_reached`` otherwise).
+* **Compacted topics** are refused; topics no longer in the definition are
+  ``retired_topics``: reported, not compared (their carrier rows still count
+  in the aggregates).
 * **Bounded reads.** A partition is finished by offset (record, position or
   end-of-partition), never by waiting for a record, so trailing markers or a
   fully deleted partition cannot hang the read; an overall ``timeout`` ends
@@ -46,6 +53,7 @@ Green only when the target is right, red only when it is wrong. The rules
   records inside the range while it is read, the audit starts over.
 
     python -m spark_apps.eos_stream.audit --config pipeline.json [--timeout S] [--pending auto|missing|allowed]
+        [--goal '{"topic": {"0": 1234}}']
 
 Prints one JSON report; exits 1 on any mismatch, 0 when exact, 2 when the
 read of Kafka timed out.
@@ -57,6 +65,7 @@ import argparse
 import json
 import sys
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -65,9 +74,12 @@ from typing import Any
 from psycopg2 import sql
 from psycopg2.extensions import ISOLATION_LEVEL_REPEATABLE_READ
 
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream import meta_tables, preflight
 from spark_apps.eos_stream.audit_rules import (
+    APPLIES,
     PENDING_POLICIES,
+    REFUSED,
+    UNPARSABLE,
     AuditTimeout,
     PartitionRange,
     Position,
@@ -76,15 +88,18 @@ from spark_apps.eos_stream.audit_rules import (
     carrier_for,
     compare_rows,
     dead_letter_verdict,
+    goal_offsets,
+    goal_shortfall,
     keep_latest,
-    parses,
+    retired_topics,
     tail_counts_as_missing,
     wrong_keys,
 )
 from spark_apps.eos_stream.config import PipelineConfig, parse_args
 from spark_apps.eos_stream.control import driver_running
 from spark_apps.eos_stream.errors import dead_letter_class
-from spark_apps.eos_stream.records import RecordError, parse_record
+from spark_apps.eos_stream.records import RecordError, parse_record, staging_lines
+from spark_apps.eos_stream.sink import apply_sql, staging
 from spark_apps.eos_stream.sink.batch_sink import MODES
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget, load_spec
@@ -94,6 +109,13 @@ DEFAULT_TIMEOUT = 900.0
 # Starts over when retention deletes records in the range while it is read.
 ATTEMPTS = 3
 SAMPLE = 20  # entries of a list the report spells out
+# Above any Kafka offset: a retired topic's carrier rows all count as "below the earliest offset".
+ALL_OFFSETS = 2**63 - 1
+# Shifts a retired topic's partitions below every current one in the order behind `latest`.
+RETIRED_FIRST = 2**31
+# A dead letter's trial waits at most this long for a row lock a running stream's batch holds.
+TRIAL_LOCK_TIMEOUT = "10s"
+TRIAL_ATTEMPTS = 3
 
 
 class KafkaOffsets:
@@ -190,8 +212,8 @@ class Snapshot:
 
     running: bool
     stored: dict[TopicPartition, int]
-    # (topic, partition, offset) -> (error, sqlstate, raw value)
-    dead: dict[tuple[str, int, int], tuple[str, str | None, bytes | None]]
+    # (topic, partition, offset) -> (error, sqlstate, raw key, raw value)
+    dead: dict[tuple[str, int, int], tuple[str, str | None, bytes | None, bytes | None]]
     # row target -> partition -> offset -> row count
     rows: dict[str, dict[TopicPartition, Counter]]
     # per aggregate target: key -> column -> stored total
@@ -200,6 +222,8 @@ class Snapshot:
     below_earliest: list[dict[tuple, Counter] | None]
     # per aggregate target: key -> latest column -> (position, value) among those rows
     below_latest: list[dict[tuple, dict[str, tuple[Position, Any]]]]
+    # partitions of topics no longer in the definition that hold offsets, rows or dead letters
+    retired: set[TopicPartition] = field(default_factory=set)
 
 
 @dataclass
@@ -214,8 +238,8 @@ class KafkaSide:
     sums: tuple[list, list] = field(init=False)
     # per region, per aggregate: key -> latest column -> (position, value) of its last record
     latest: tuple[list, list] = field(init=False)
-    # dead-lettered offsets Kafka still holds -> whether parse_record accepts Kafka's value
-    dead_seen: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+    # dead-lettered offsets Kafka still holds -> Kafka's copy of the value
+    dead_seen: dict[tuple[str, int, int], bytes | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sums = tuple([defaultdict(Counter) for _ in range(self.aggregates)] for _ in range(2))  # type: ignore[assignment]
@@ -259,9 +283,9 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
         "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s"
         " AND column_name = 'sqlstate'"), (config.meta_schema, meta_tables.DEAD_LETTERS)))
     dead = {
-        (t, p, int(o)): (error, code, None if value is None else bytes(value))
-        for t, p, o, error, code, value in _fetch(conn, sql.SQL(
-            'SELECT topic, partition, "offset", error, {}, value FROM {} WHERE pipeline = %s').format(
+        (t, p, int(o)): (error, code, None if key is None else bytes(key), None if value is None else bytes(value))
+        for t, p, o, error, code, key, value in _fetch(conn, sql.SQL(
+            'SELECT topic, partition, "offset", error, {}, key, value FROM {} WHERE pipeline = %s').format(
             sql.Identifier("sqlstate") if has_sqlstate else sql.SQL("NULL::text"),
             meta_tables.table(config.meta_schema, meta_tables.DEAD_LETTERS)), (config.pipeline,))
     }
@@ -273,10 +297,15 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
                 _target(config, row_target.table))):
             present[(t, p)][int(o)] = int(count)
         rows[row_target.table] = present
+    retired = retired_topics(config.topics, [*stored, *((t, p) for t, p, _o in dead),
+                                             *(tp for present in rows.values() for tp in present)])
     actual: list[dict[tuple, dict[str, Any]]] = []
     below: list[dict[tuple, Counter] | None] = []
     below_latest: list[dict[tuple, dict[str, tuple[Position, Any]]]] = []
+    # Where Kafka's copy is not read, the carrier's rows stand in: below each partition's
+    # earliest offset, and all of a retired topic's rows (its records still count in the aggregates).
     gone = [(t, p, e) for (t, p), e in sorted(earliest.items()) if e > 0]
+    gone += [(t, p, ALL_OFFSETS) for t, p in sorted(retired)]
     for target in aggregates:
         columns, width = target.columns, len(target.group_by)
         actual.append({
@@ -305,15 +334,24 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
                 values = sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(v)) for v in target.latest.values())
                 for row in _below_earliest(
                         conn, config, carrier, gone,
-                        sql.SQL("DISTINCT ON ({keys}, r.kafka_partition) {keys}, r.kafka_partition, r.kafka_offset,"
-                                " {values}"),
-                        sql.SQL(" ORDER BY {keys}, r.kafka_partition, r.kafka_offset DESC"), keys=keys, values=values):
-                    position = (int(row[width]), int(row[width + 1]))
-                    for column, value in zip(target.latest, row[width + 2:], strict=True):
-                        keep_latest(latest[tuple(row[:width])], column, position, value)
+                        sql.SQL("DISTINCT ON ({keys}, r.kafka_topic, r.kafka_partition) {keys}, r.kafka_topic,"
+                                " r.kafka_partition, r.kafka_offset, {values}"),
+                        sql.SQL(" ORDER BY {keys}, r.kafka_topic, r.kafka_partition, r.kafka_offset DESC"),
+                        keys=keys, values=values):
+                    topic, partition, offset = row[width], int(row[width + 1]), int(row[width + 2])
+                    for column, value in zip(target.latest, row[width + 3:], strict=True):
+                        keep_latest(latest[tuple(row[:width])], column,
+                                    latest_position(topic, partition, offset, retired), value)
         below_latest.append(latest)
         below.append(None if carrier is None else sums)
-    return Snapshot(running, stored, dead, rows, actual, below, below_latest)
+    return Snapshot(running, stored, dead, rows, actual, below, below_latest, retired)
+
+
+def latest_position(topic: str, partition: int, offset: int, retired: set[TopicPartition]) -> Position:
+    """Where a carrier row stands in the order behind ``latest``. A retired topic's rows come
+    before every record of the current topics: the stream has applied none of its records
+    since the topic left the definition, so its values can only be older."""
+    return (partition - RETIRED_FIRST, offset) if (topic, partition) in retired else (partition, offset)
 
 
 def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
@@ -327,13 +365,13 @@ def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Agg
         tp, key = (topic, partition), (topic, partition, offset)
         region = 0 if offset < ranges[tp].applied_end else 1
         side.committed[region][tp] += 1
+        if key in dead:
+            side.dead_seen[key] = value  # tried against the database, not judged here
+            continue
         try:
             record: dict[str, Any] | None = parse_record(spec, value)
         except RecordError:
             record = None
-        if key in dead:
-            side.dead_seen[key] = record is not None
-            continue
         if record is None:
             side.malformed[region][tp].add(offset)
             continue
@@ -347,8 +385,82 @@ def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Agg
     return side
 
 
+DeadLetterKey = tuple[str, int, int]
+
+
+def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
+                     records: Mapping[DeadLetterKey, tuple[bytes | None, bytes | None]]) -> dict[DeadLetterKey, str]:
+    """Asks PostgreSQL whether each dead letter is really poison: its own insert into the targets.
+
+    On a connection of its own (the audit's snapshot is READ ONLY), in one transaction that is
+    rolled back: a staging table built like a batch's (``staging.stage_column_types`` and
+    ``create_table``), then per record, inside a savepoint, its COPY line (``records.staging_lines``)
+    and the batch's apply statement restricted to it (``apply_sql.apply_batch_statement``,
+    ``only_record``). The sink's own SQL, so what "applies" means cannot drift from the sink.
+    A record whose value does not parse is not tried: nothing of it can reach a target.
+
+    :param records: (topic, partition, offset) -> (key, value) to try.
+    :return: per record ``APPLIES``, ``UNPARSABLE`` or ``REFUSED`` + the SQLSTATE.
+    :raises RuntimeError: a trial failed, ``TRIAL_ATTEMPTS`` times, with an error that says nothing
+        of the record (a lock timeout, a lost connection): the audit cannot decide, so it says so.
+    """
+    import psycopg2
+
+    outcomes: dict[DeadLetterKey, str] = {}
+    tried = {}
+    for coordinates, (key, value) in sorted(records.items()):
+        try:
+            parse_record(spec, value)
+        except Exception:  # any exception of the parser on a record's bytes is that record's fault
+            outcomes[coordinates] = UNPARSABLE
+        else:
+            tried[coordinates] = (key, value)
+    if not tried:
+        return outcomes
+    columns = staging.stage_column_types(spec)
+    conn = connect(config.postgres.dsn_kwargs(), describe=config.postgres.describe(),
+                   application_name="eos-audit-trial")
+    try:
+        with conn.cursor() as cur:
+            # A running stream's batch may hold a target row's lock; wait for it, a while.
+            cur.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(TRIAL_LOCK_TIMEOUT)))
+            stage = staging.create_table(cur, config.meta_schema, f"eos_audit_trial_{uuid.uuid4().hex[:12]}",
+                                         columns)
+            statement = apply_sql.apply_batch_statement(
+                spec, stage=stage, target_schema=config.target_schema, meta_schema=config.meta_schema,
+                skip_applied=False, dedupe=False, upsert_rows=False, only_record=True)
+            for (topic, partition, offset), (key, value) in tried.items():
+                lines = "".join(staging_lines(spec, [(topic, partition, offset, key, value)], keep_raw=True))
+                for attempt in range(1, TRIAL_ATTEMPTS + 1):
+                    cur.execute("SAVEPOINT eos_audit_trial")
+                    try:
+                        staging.copy_from_chunks(cur, stage, [c for c, _t in columns], iter([lines.encode()]))
+                        cur.execute(statement, {"pipeline": config.pipeline, "topic": topic,
+                                                "partition": partition, "offset": offset})
+                        outcome = APPLIES
+                    except psycopg2.Error as exc:
+                        if dead_letter_class(exc.pgcode, "").startswith(("not_data", "parse")):
+                            if attempt < TRIAL_ATTEMPTS:
+                                cur.execute("ROLLBACK TO SAVEPOINT eos_audit_trial")
+                                time.sleep(attempt)
+                                continue
+                            raise RuntimeError(
+                                f"audit: cannot decide whether dead letter {topic}[{partition}]@{offset} is poison: "
+                                f"its trial insert failed {TRIAL_ATTEMPTS} times with SQLSTATE {exc.pgcode}, not a "
+                                f"data error ({str(exc).strip().splitlines()[0]}); rerun the audit") from exc
+                        outcome = REFUSED + str(exc.pgcode)
+                    cur.execute("ROLLBACK TO SAVEPOINT eos_audit_trial")
+                    outcomes[(topic, partition, offset)] = outcome
+                    break
+    finally:
+        if not conn.closed:  # a lost connection rolled back by itself; its error is the one to raise
+            conn.rollback()  # the stage, and every trial insert, never existed
+        conn.close()
+    return outcomes
+
+
 def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAULT_TIMEOUT,
-          pending: str = "auto") -> dict[str, Any]:
+          pending: str = "auto", goal: Mapping[TopicPartition, int] | None = None) -> dict[str, Any]:
     """Compares the pipeline's target with what Kafka committed (rules in the module docstring).
 
     :param config: the pipeline's config.
@@ -356,16 +468,20 @@ def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAUL
     :param timeout: seconds from the audit's start after which the read of
         Kafka gives up; AuditTimeout then names the partitions that did not finish.
     :param pending: how committed records above the stored offsets count:
-        ``auto`` (not yet applied while a driver runs, missing otherwise),
-        ``missing`` or ``allowed``.
+        ``auto`` (not yet applied while a driver runs or a ``goal`` is given, missing
+        otherwise), ``missing`` or ``allowed``.
+    :param goal: ``{(topic, partition): offset}`` the stored offsets must have reached (a
+        replay's ``lso_at_start``); a partition short of it is a ``goal_not_reached`` mismatch.
     :raises AuditTimeout: the read of Kafka did not finish in ``timeout``.
+    :raises ConfigError: a topic is compacted (``preflight.refuse_compacted``).
     """
     if pending not in PENDING_POLICIES:
         raise ValueError(f"pending must be one of {PENDING_POLICIES}, got {pending!r}")
     deadline = time.monotonic() + timeout
     moved = ""
     for _attempt in range(ATTEMPTS):
-        report, moved = _audit_once(config, spec, timeout=timeout, deadline=deadline, pending=pending)
+        report, moved = _audit_once(config, spec, timeout=timeout, deadline=deadline, pending=pending,
+                                    goal=goal)
         if report is not None:
             return report
     raise RuntimeError(f"audit: retention deleted records inside the audited range during each of {ATTEMPTS} "
@@ -373,9 +489,10 @@ def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAUL
 
 
 def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, deadline: float,
-                pending: str) -> tuple[dict[str, Any] | None, str]:
+                pending: str, goal: Mapping[TopicPartition, int] | None) -> tuple[dict[str, Any] | None, str]:
     kafka = KafkaOffsets(config.kafka_bootstrap, config.librdkafka_options())
     partitions = kafka.partitions(config.topics)
+    preflight.refuse_compacted(kafka.admin, list(config.topics), "audit")
     earliest = kafka.offsets(partitions, "earliest")
     aggregates = [t for t in spec.targets if isinstance(t, AggregateTarget)]
     stores = MODES[config.delivery].stores_offsets
@@ -397,14 +514,20 @@ def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, d
     if moved:
         return None, ", ".join(moved)
     running = snap.running or running_after
-    return _report(config, spec, aggregates, snap, ranges, side, running=running, pending=pending), ""
+    # Kafka's copy while Kafka holds it, the stored one after that; a not_data class is wrong whatever it holds.
+    trials = try_dead_letters(config, spec, {
+        k: (key, side.dead_seen[k] if k in side.dead_seen else value)
+        for k, (error, code, key, value) in snap.dead.items()
+        if (k[0], k[1]) not in snap.retired and not dead_letter_class(code, error).startswith("not_data:")})
+    return _report(config, spec, aggregates, snap, ranges, side, trials, running=running, pending=pending,
+                   goal=goal), ""
 
 
 def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget], snap: Snapshot,
-            ranges: dict[TopicPartition, PartitionRange], side: KafkaSide, *, running: bool,
-            pending: str) -> dict[str, Any]:
+            ranges: dict[TopicPartition, PartitionRange], side: KafkaSide, trials: Mapping[DeadLetterKey, str], *,
+            running: bool, pending: str, goal: Mapping[TopicPartition, int] | None = None) -> dict[str, Any]:
     stores = MODES[config.delivery].stores_offsets
-    tail_missing = tail_counts_as_missing(pending, running)
+    tail_missing = tail_counts_as_missing(pending, running, has_goal=goal is not None)
     regions = (0, 1) if tail_missing else (0,)
 
     def merged(parts: tuple[dict, dict]) -> dict[TopicPartition, set[int]]:
@@ -438,7 +561,7 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
     partitions: dict[str, dict[str, Any]] = {}
     dead_per_partition = Counter((t, p) for t, p, _o in snap.dead)
     for table, present in snap.rows.items():
-        for tp in sorted(set(ranges) | set(present)):
+        for tp in sorted((set(ranges) | set(present)) - snap.retired):
             rng = range_of(tp)
             end = rng.check_end(tail_missing)
             expected = {o for o in valid.get(tp, ()) if rng.earliest <= o < end}
@@ -458,14 +581,15 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
     wrongly: list[dict[str, Any]] = []
     not_in_kafka: list[dict[str, Any]] = []
     dead_beyond = 0
-    for (t, p, o), (error, code, value) in sorted(snap.dead.items()):
+    for (t, p, o), (error, code, _key, _value) in sorted(snap.dead.items()):
+        if (t, p) in snap.retired:
+            continue
         error_class = dead_letter_class(code, error)
         by_class[error_class] += 1
-        # Kafka's copy while Kafka holds it; the stored raw value once it is gone.
-        value_parses = side.dead_seen[(t, p, o)] if (t, p, o) in side.dead_seen else parses(spec, value)
-        reason = dead_letter_verdict(error_class, value_parses)
+        trial = trials.get((t, p, o))
+        reason = dead_letter_verdict(error_class, trial)
         entry = {"topic": t, "partition": p, "offset": o, "class": error_class, "sqlstate": code,
-                 "error": error[:200]}
+                 "error": error[:200], "trial": trial}
         if reason:
             wrongly.append({**entry, "reason": reason})
         held = ranges.get((t, p))
@@ -482,6 +606,7 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
     totals: dict[str, Any] = {}
     unverified: list[dict[str, str]] = []
     gone = sorted(f"{t}[{p}]" for (t, p), rng in ranges.items() if rng.earliest > 0)
+    gone += [f"{t}[{p}] (retired)" for t, p in sorted(snap.retired)]
     for index, target in enumerate(aggregates):
         columns = target.columns
         expected_totals: dict[tuple, Counter] = defaultdict(Counter)
@@ -524,26 +649,44 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
         if wrong:
             mismatches.append(target.table)
 
+    shortfall = goal_shortfall(snap.stored, goal or {})
+    mismatches += [f"goal_not_reached:{t}:{p}" for t, p in shortfall]
+    retired: dict[str, dict[str, Any]] = {}  # per retired topic: its offsets, rows and dead letters, kept as they are
+    for t, p in sorted(snap.retired):
+        gone_topic = retired.setdefault(t, {"stored_offsets": {}, "rows": Counter(), "dead_letters": 0})
+        if (t, p) in snap.stored:
+            gone_topic["stored_offsets"][str(p)] = snap.stored[(t, p)]
+        for table, present in snap.rows.items():
+            gone_topic["rows"][table] += sum(present.get((t, p), Counter()).values())
+        gone_topic["dead_letters"] += sum(1 for dt, dp, _o in snap.dead if (dt, dp) == (t, p))
     summary = {
         "committed_records": sum(committed.values()),
         "duplicated": sum(p["duplicated"] for p in partitions.values()),
         "missing": sum(p["missing"] for p in partitions.values()),
         "unexpected": sum(p["unexpected"] for p in partitions.values()),
-        "dead_lettered": len(snap.dead),
+        "dead_lettered": sum(1 for t, p, _o in snap.dead if (t, p) not in snap.retired),
         "malformed_not_quarantined": missing_dead,
         "wrongly_quarantined": len(wrongly),
         "dead_letters_not_in_kafka": len(not_in_kafka),
         "dead_letters_by_class": dict(sorted(by_class.items())),
+        # What each dead letter's own insert did when tried (and rolled back): applies, refused:<SQLSTATE>...
+        "dead_letter_trials": dict(sorted(Counter(trials.values()).items())),
         "rows_below_earliest": sum(p["rows_below_earliest"] for p in partitions.values()),
         "beyond_offsets": sum(p["beyond_offsets"] for p in partitions.values()) + dead_beyond,
         "not_yet_applied": sum(not_yet_applied.values()),
         "retention_gap_offsets": sum(r.retention_gap for r in ranges.values()),
         "offsets_ahead": sum(r.offsets_ahead for r in ranges.values()),
         "unverified_aggregates": len(unverified),
+        "goal_shortfall": sum(shortfall.values()),
+        "retired_topics": len(retired),
     }
     return {
         "pipeline": config.pipeline, "ok": not mismatches, "mismatches": mismatches, "summary": summary,
         "aggregates": totals, "partitions": partitions, "kafka": kafka_report, "unverified": unverified,
+        "goal": None if goal is None else {
+            f"{t}:{p}": {"goal": want, "stored_offset": snap.stored.get((t, p)), "short": shortfall.get((t, p), 0)}
+            for (t, p), want in sorted(goal.items())},
+        "retired_topics": {t: {**e, "rows": dict(e["rows"])} for t, e in retired.items()},
         "dead_letters": {"by_class": summary["dead_letters_by_class"], "wrongly_quarantined": wrongly[:SAMPLE],
                          "not_in_kafka": not_in_kafka[:SAMPLE]},
         "snapshot": {
@@ -559,12 +702,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds the read of Kafka may take (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("--pending", choices=PENDING_POLICIES, default="auto",
-                        help="records above the stored offsets: auto (not yet applied while a driver runs, "
-                        "missing otherwise), missing, allowed")
+                        help="records above the stored offsets: auto (not yet applied while a driver runs "
+                        "or --goal is given, missing otherwise), missing, allowed")
+    parser.add_argument("--goal", type=json.loads, default=None,
+                        help='offsets the stored ones must have reached, {"topic": {"partition": offset}} '
+                        "(a replay's lso_at_start)")
     args, rest = parser.parse_known_args(argv)
     config = parse_args(rest)
     try:
-        report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending)
+        report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending,
+                       goal=None if args.goal is None else goal_offsets(args.goal))
     except AuditTimeout as exc:
         print(str(exc), file=sys.stderr)
         print(json.dumps({"pipeline": config.pipeline, "ok": False, "error": str(exc),

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_apps.eos_stream.records import RecordError, parse_record
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
 
 TopicPartition = tuple[str, int]
@@ -33,30 +32,54 @@ class AuditTimeout(TimeoutError):
 # --- dead letters -------------------------------------------------------------
 
 
-def parses(spec: PipelineSpec, value: bytes | None) -> bool:
-    """Whether ``parse_record``, the one definition of a valid record, accepts ``value``."""
-    try:
-        parse_record(spec, value)
-    except RecordError:
-        return False
-    return True
+# What trying a dead letter's own insert (in a transaction rolled back) gave: it applies
+# now, its value does not parse, or the database refused it ("refused:<SQLSTATE>").
+APPLIES = "applies"
+UNPARSABLE = "does_not_parse"
+REFUSED = "refused:"
 
 
-def dead_letter_verdict(error_class: str, value_parses: bool) -> str | None:
+def dead_letter_verdict(error_class: str, trial: str | None) -> str | None:
     """Why a dead letter is illegitimate, or None when quarantining it was right.
 
-    :param error_class: from ``errors.dead_letter_class``.
-    :param value_parses: whether ``parse_record`` accepts the record's value
-        (Kafka's copy while Kafka holds it, the stored raw value after that).
+    PostgreSQL is the judge, not a copy of its rules: the audit tries the record's own
+    insert into the targets and rolls it back (``audit.try_dead_letters``).
+
+    :param error_class: from ``errors.dead_letter_class`` (the SQLSTATE stored with it).
+    :param trial: the trial's outcome (``APPLIES``, ``UNPARSABLE`` or ``REFUSED`` + SQLSTATE);
+        None when it was not tried (a ``not_data`` class is wrong whatever the record holds).
     """
     if error_class.startswith("not_data:"):
         return f"SQLSTATE {error_class.split(':', 1)[1]} is not a data error: a valid record must be retried, " \
                "never quarantined"
-    if error_class == "parse" and value_parses:
-        return "no SQLSTATE (a parse or validation error) but parse_record accepts the value: " \
-               "a valid record wrongly quarantined"
+    if trial == APPLIES:
+        return "its own insert into the targets succeeds (tried in a transaction, rolled back): " \
+               "a valid record quarantined"
     return None
 
+
+def retired_topics(topics: Iterable[str], seen: Iterable[TopicPartition]) -> set[TopicPartition]:
+    """The partitions in ``seen`` (stored offsets, rows, dead letters) of topics no longer in the
+    definition's ``topics``: their rows and offsets stay as the pipeline left them, and are
+    reported, not compared (Kafka is not read for them, the stream never writes them again)."""
+    current = set(topics)
+    return {tp for tp in seen if tp[0] not in current}
+
+
+# --- the replay's goal ---------------------------------------------------------
+
+
+def goal_offsets(nested: Mapping[str, Mapping[Any, Any]] | None) -> dict[TopicPartition, int]:
+    """``{topic: {partition: offset}}`` (a replay's ``lso_at_start``, keys as JSON gives them) as
+    ``{(topic, partition): offset}``."""
+    return {(str(t), int(p)): int(o) for t, parts in (nested or {}).items() for p, o in parts.items()}
+
+
+def goal_shortfall(stored: Mapping[TopicPartition, int], goal: Mapping[TopicPartition, int]
+                   ) -> dict[TopicPartition, int]:
+    """Per partition whose stored next offset is below the goal, how far below (a partition
+    with nothing stored is at 0)."""
+    return {tp: want - stored.get(tp, 0) for tp, want in sorted(goal.items()) if stored.get(tp, 0) < want}
 
 
 # --- ranges -------------------------------------------------------------------
@@ -105,13 +128,18 @@ class PartitionRange:
         return 0
 
 
-def tail_counts_as_missing(pending: str, running: bool) -> bool:
+def tail_counts_as_missing(pending: str, running: bool, has_goal: bool = False) -> bool:
     """Whether committed records above the stored offsets are "missing" (a
-    stopped pipeline should have them) or "not yet applied" (a running one will)."""
+    stopped pipeline should have them) or "not yet applied" (a running one will).
+
+    :param has_goal: the audit checks the stored offsets against a goal of their own
+        (a replay's ``lso_at_start``): what Kafka committed past the goal is the resumed
+        stream's next work, so under ``auto`` it is never missing.
+    """
     if pending not in PENDING_POLICIES:
         raise ValueError(f"pending must be one of {PENDING_POLICIES}, got {pending!r}")
     if pending == "auto":
-        return not running
+        return not running and not has_goal
     return pending == "missing"
 
 

@@ -29,6 +29,8 @@ R3. Kafka no longer holds a record the replay needs (retention): the consumer
 R4. a partition's records below its end do not arrive within
     ``STALL_SECONDS``: the batch fails uncommitted instead of storing an end
     offset it has not read up to.
+R5. a compacted topic (``cleanup.policy`` with ``compact``): refused before the
+    claim, nothing written (``preflight.refuse_compacted``).
 
 Exit codes are the app's (``app.main``).
 """
@@ -120,9 +122,12 @@ def read_range(consumer: Any, tp: TopicPartition, start: int, end: int) -> Itera
 def replay(config: PipelineConfig) -> int:
     """Replays to the last stable offsets; returns the app's exit code (or raises as the app does)."""
     from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
 
     spec = load_spec(config.spec)
     mode = preflight.delivery_mode(config, spec)
+    preflight.refuse_compacted(AdminClient({"bootstrap.servers": config.kafka_bootstrap,
+                                            **config.librdkafka_options()}), list(config.topics), "replay")
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct")
     driver = claim(config, spec, mode, run_id)

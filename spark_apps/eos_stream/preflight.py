@@ -6,6 +6,8 @@ seconds, instead of as a stack trace from inside a micro-batch.
 
 from __future__ import annotations
 
+from typing import Any
+
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
@@ -126,3 +128,40 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
         partitions[topic] = sorted(found.partitions)
     return partitions
 
+
+def is_compacted(cleanup_policy: str | None) -> bool:
+    """Whether a topic's ``cleanup.policy`` (``delete``, ``compact`` or ``compact,delete``) compacts it."""
+    return "compact" in {p.strip().lower() for p in (cleanup_policy or "").split(",")}
+
+
+def compacted_topics(admin: Any, topics: list[str], timeout: float = 30.0) -> list[str]:
+    """The topics among ``topics`` whose ``cleanup.policy`` compacts them (AdminClient.describe_configs)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    if not topics:
+        return []
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
+                                     request_timeout=timeout)
+    found = []
+    for resource, future in futures.items():
+        policy = future.result(timeout).get("cleanup.policy")
+        if is_compacted(None if policy is None else policy.value):
+            found.append(resource.name)
+    return sorted(found)
+
+
+def refuse_compacted(admin: Any, topics: list[str], what: str) -> None:
+    """Raises ConfigError when a topic is compacted. Compaction deletes every record of a key but
+    its newest, below the log's cleaner point and at any time: a replay from stored offsets would
+    apply only the survivors (increments and rows silently lost), and an audit could not tell a
+    record the pipeline lost from one the cleaner removed. Neither is supported on such a topic.
+
+    :param what: what refuses, for the message (``replay``, ``audit``).
+    """
+    compacted = compacted_topics(admin, topics)
+    if compacted:
+        raise ConfigError(
+            f"{what} refused: Kafka topic(s) {compacted} have cleanup.policy=compact. Compaction removes "
+            "all but the newest record of each key, so Kafka no longer holds every record the target was "
+            f"built from, and a {what} from offsets cannot be exact. Use cleanup.policy=delete for pipeline "
+            "topics (see docs/recovery.md, 'Compacted topics')")

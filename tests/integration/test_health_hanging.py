@@ -89,6 +89,7 @@ def _sensor(setup: dict, run: int, deferrable: bool) -> LastStableOffsetLagSenso
     return LastStableOffsetLagSensor(
         task_id=f"lso_lag_run{run}", topics=[setup["topic"]], kafka_config_id=KAFKA_CONN, watch_mode="health",
         stuck_after=STUCK_AFTER, poke_interval=POKE_INTERVAL, timeout=RUN_TIMEOUT, deferrable=deferrable,
+        defer_after=0,  # one observation in the worker: the watch itself runs in the trigger
         pipeline=setup["pipeline"], meta_schema=setup["meta"], postgres_conn_id=PG_CONN,
         hanging_after=HANGING_AFTER,
     )

@@ -4,7 +4,9 @@ exact and the tables equal the undamaged reference.
 
 Two kinds of damage: rows deleted, duplicated and balances corrupted by hand
 (after a dry run that must change nothing); and the DB ahead of a lost
-checkpoint, with the recovery's worker killed between restore and replay."""
+checkpoint, with the recovery's worker killed between restore and replay.
+And a recovery of a live topic: a producer commits all along, and the target
+is exact once the resumed stream has caught up."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 from psycopg2 import sql
 
+from demo.feed import Feed
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.conftest import ROOT, STATE_DIR
 from tests.streaming import audit, ledger_order, pg_connect, pipeline_config, run_app, write_definition
@@ -319,3 +322,45 @@ def test_failed_replay_rolls_back_to_the_state_before_the_recovery(stack, tmp_pa
     assert _stop_requested(stack, config)  # the pipeline stays stopped for a human to decide
     assert _aside_schemas(stack, config, with_tables=True) == []  # the old tables went back, none left aside
     assert _triggered_stream_runs(env, name) == []
+
+
+def test_recovery_succeeds_while_a_producer_keeps_committing(stack, tmp_path, unique_name) -> None:
+    """Issue 22 §2: a live topic is the normal case. Records committed after the replay started
+    are the resumed stream's next work, not "missing" in the recovery's audit."""
+    name = f"live{unique_name}"
+    bootstrap = stack["EOS_KAFKA_BOOTSTRAP"]
+    config = pipeline_config(stack, tmp_path, name)
+    topic = config["topics"][0]
+    config_dir, store = tmp_path / "pipelines", tmp_path / "store"
+    write_definition(config, config_dir, stream={"replay_engine": "direct"})
+    env = _airflow_env(stack, config_dir, store)
+    ensure_topic(bootstrap, topic, partitions=4)
+    first = produce_ledger(bootstrap, 2000, topic=topic, abort_every=4, malformed=1, seed=5,
+                           transactional_id=f"a{name}")
+    assert run_app(config, tmp_path, label="first").process.returncode == 0
+    [snap] = _dag_test(env, [[f"eos_snapshot__{name}", {}]], tmp_path)
+    assert snap["state"] == "success", snap
+
+    # Small transactions twice a second on every partition, from before the gate to after the audit.
+    feed = Feed(lambda tick: produce_ledger(bootstrap, 60, topic=topic, batch_size=20, abort_every=3,
+                                            seed=100 + tick, first_seq=100_000 * tick,
+                                            transactional_id=f"feed{name}"), interval=0.5, name="ledger feed")
+    feed.start()
+    try:
+        conf = {"snapshot": "latest", "resume": False, "quiet_seconds": 1, "dry_run": False}
+        [run] = _dag_test(env, [[f"eos_recovery__{name}", conf]], tmp_path)
+        during = len(feed.summaries)
+    finally:
+        produced = feed.stop()
+    assert during >= 10, f"the feed committed only {during} times during the recovery"
+    assert run["state"] == "success", run
+    assert run["tasks"]["audit"] == "success" and run["tasks"]["rollback"] == "skipped", run
+    audited = run["summary"]["audit"]["summary"]
+    assert audited["missing"] == 0 and audited["not_yet_applied"] > 0, audited  # the feed's records above the goal
+
+    # The resumed stream (here one availableNow run past the recovery's stop request) catches up.
+    assert run_app({**config, "ignore_stop_request": True}, tmp_path, label="resumed").process.returncode == 0
+    report = audit(config, tmp_path)
+    assert report["ok"], report
+    assert report["summary"]["committed_records"] == first.committed + first.malformed + sum(
+        p.committed for p in produced), report["summary"]

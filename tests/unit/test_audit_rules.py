@@ -4,13 +4,15 @@ read progress that must never wait for a record that cannot come."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.audit_rules import (
+    APPLIES,
+    REFUSED,
+    UNPARSABLE,
     AuditTimeout,
     PartitionRange,
     ReadProgress,
@@ -18,48 +20,65 @@ from spark_apps.eos_stream.audit_rules import (
     carrier_for,
     compare_rows,
     dead_letter_verdict,
+    goal_offsets,
+    goal_shortfall,
     keep_latest,
-    parses,
+    retired_topics,
     tail_counts_as_missing,
     wrong_keys,
 )
 from spark_apps.eos_stream.errors import dead_letter_class
+from spark_apps.eos_stream.preflight import is_compacted
 from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget, SpecError
 from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
 
-VALID = json.dumps({"event_id": "e1", "account_id": "acct-00001", "amount_cents": 5,
-                    "ts": "2026-01-01T00:00:00+00:00", "seq": 1}).encode()
-
-
-def _verdict(sqlstate: str | None, error: str, value: bytes | None) -> str | None:
-    return dead_letter_verdict(dead_letter_class(sqlstate, error), parses(LEDGER, value))
-
 
 @pytest.mark.parametrize(
-    ("sqlstate", "value", "wrong"),
+    ("sqlstate", "trial", "wrong"),
     [
-        ("55P03", VALID, "SQLSTATE 55P03 is not a data error"),  # lock timeout: the weather
-        ("57014", VALID, "SQLSTATE 57014 is not a data error"),  # statement timeout
-        ("40P01", VALID, "SQLSTATE 40P01 is not a data error"),  # deadlock
-        ("42P01", VALID, "SQLSTATE 42P01 is not a data error"),  # a missing table is not the record's fault
-        (None, VALID, "parse_record accepts the value"),  # "parse error" on a record that parses
-        (None, b"{not json", None),  # the app's own parse error
-        (None, None, None),  # a tombstone
-        ("22001", VALID, None),  # value too long: valid JSON the database rejects
-        ("23505", VALID, None),  # integrity
+        ("55P03", None, "SQLSTATE 55P03 is not a data error"),  # lock timeout: the weather
+        ("57014", None, "SQLSTATE 57014 is not a data error"),  # statement timeout
+        ("40P01", None, "SQLSTATE 40P01 is not a data error"),  # deadlock
+        ("42P01", None, "SQLSTATE 42P01 is not a data error"),  # a missing table is not the record's fault
+        (None, APPLIES, "its own insert into the targets succeeds"),  # "parse error" on a record that applies
+        ("22001", APPLIES, "a valid record quarantined"),  # the database takes it now
+        ("23503", None, "SQLSTATE 23503 is not a data error"),  # a missing parent row blocks, never poisons
+        (None, UNPARSABLE, None),  # the app's own parse error, or a tombstone
+        ("22001", REFUSED + "22001", None),  # value too long: the database still refuses it
+        ("23505", REFUSED + "23505", None),  # integrity
+        ("22007", REFUSED + "22P02", None),  # refused, if for another reason now
     ],
 )
-def test_dead_letter_verdicts(sqlstate: str | None, value: bytes | None, wrong: str | None) -> None:
-    verdict = _verdict(sqlstate, "rejected", value)
+def test_dead_letter_verdicts(sqlstate: str | None, trial: str | None, wrong: str | None) -> None:
+    verdict = dead_letter_verdict(dead_letter_class(sqlstate, "rejected"), trial)
     if wrong is None:
         assert verdict is None
     else:
         assert verdict is not None and wrong in verdict
 
 
-def test_a_missing_required_field_is_a_legitimate_parse_dead_letter() -> None:
-    value = json.dumps({"event_id": "e1", "amount_cents": 5}).encode()
-    assert _verdict(None, "missing required field 'account_id'", value) is None
+def test_goal_offsets_and_shortfall() -> None:
+    # As XCom's JSON gives a replay's lso_at_start: partition keys are strings.
+    goal = goal_offsets({"t": {"0": 10, "1": 5}, "u": {"0": 0}})
+    assert goal == {("t", 0): 10, ("t", 1): 5, ("u", 0): 0}
+    assert goal_offsets(None) == {}
+    # Stored at or past the goal is reached (a live topic moves on); below it, or nothing stored, is short.
+    assert goal_shortfall({("t", 0): 12, ("t", 1): 3}, goal) == {("t", 1): 2}
+    assert goal_shortfall({}, goal) == {("t", 0): 10, ("t", 1): 5}
+
+
+@pytest.mark.parametrize(("policy", "compacted"), [
+    ("delete", False), ("compact", True), ("compact,delete", True), ("delete, compact", True),
+    ("COMPACT", True), (None, False), ("", False),
+])
+def test_a_compacted_topic_is_told_by_its_cleanup_policy(policy: str | None, compacted: bool) -> None:
+    assert is_compacted(policy) is compacted
+
+
+def test_retired_topics_are_those_no_longer_in_the_definition() -> None:
+    seen = [("ledger", 0), ("old", 0), ("old", 3), ("ledger", 1)]
+    assert retired_topics(["ledger"], seen) == {("old", 0), ("old", 3)}
+    assert retired_topics(["ledger", "old"], seen) == set()
 
 
 def test_range_compares_up_to_the_stored_offset_and_flags_gaps() -> None:
@@ -84,6 +103,9 @@ def test_pending_policy() -> None:
     assert tail_counts_as_missing("auto", running=True) is False
     assert tail_counts_as_missing("missing", running=True) is True
     assert tail_counts_as_missing("allowed", running=False) is False
+    # After a replay the goal is checked on its own: the tail is the resumed stream's work.
+    assert tail_counts_as_missing("auto", running=False, has_goal=True) is False
+    assert tail_counts_as_missing("missing", running=False, has_goal=True) is True
     with pytest.raises(ValueError, match="pending must be one of"):
         tail_counts_as_missing("sometimes", running=False)
 
@@ -203,18 +225,25 @@ NARROW = PipelineSpec(
 )
 
 
-def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals: int):
+def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals: int,
+                   goal: dict | None = None, retired: dict[int, int] | None = None):
+    """Partition t[0]: offsets 0-9 committed, 8 stored. ``retired``: rows of a topic "old" no longer
+    in the definition (offset: count), with a stored offset 3 and one dead letter."""
     from spark_apps.eos_stream.audit import Snapshot, _report
     from spark_apps.eos_stream.config import PipelineConfig
 
     applied = {o: {"account_id": "a", "amount_cents": 10} for o in range(earliest, 8)}
     tail = {o: {"account_id": "a", "amount_cents": 10} for o in range(8, 10)}
-    snap = Snapshot(running=running, stored={("t", 0): 8}, dead={}, rows={"ids": {("t", 0): Counter(rows)}},
+    stored, present, dead = {("t", 0): 8}, {("t", 0): Counter(rows)}, {}
+    if retired is not None:
+        stored[("old", 0)], present[("old", 0)] = 3, Counter(retired)
+        dead[("old", 0, 2)] = ("malformed JSON", None, None, b"{")
+    snap = Snapshot(running=running, stored=stored, dead=dead, rows={"ids": present},
                     actual=[{("a",): {"total": totals}}], below_earliest=[None],
-                    below_latest=[{}])
+                    below_latest=[{}], retired={tp for tp in stored if tp[0] == "old"})
     ranges = {("t", 0): PartitionRange(earliest, 10, 8, True)}
     return _report(PipelineConfig(pipeline="p", topics=["t"]), NARROW, [NARROW.targets[1]], snap, ranges,
-                   _side(1, applied, tail), running=running, pending="auto")
+                   _side(1, applied, tail), {}, running=running, pending="auto", goal=goal)
 
 
 def test_report_counts_the_tail_as_not_yet_applied_while_a_driver_runs() -> None:
@@ -224,6 +253,36 @@ def test_report_counts_the_tail_as_not_yet_applied_while_a_driver_runs() -> None
     stopped = _narrow_report(earliest=0, running=False, rows={o: 1 for o in range(8)}, totals=80)
     assert not stopped["ok"] and stopped["summary"]["missing"] == 2
     assert stopped["mismatches"] == ["ids:t:0", "sums"]
+
+
+def test_report_after_a_replay_compares_up_to_the_stored_offsets_and_checks_the_goal() -> None:
+    # No driver runs (the recovery's audit), yet the tail is the resumed stream's work: not missing.
+    reached = _narrow_report(earliest=0, running=False, rows={o: 1 for o in range(8)}, totals=80,
+                             goal={("t", 0): 8})
+    assert reached["ok"], reached
+    assert reached["summary"]["not_yet_applied"] == 2 and reached["summary"]["missing"] == 0
+    assert reached["goal"] == {"t:0": {"goal": 8, "stored_offset": 8, "short": 0}}
+    # Stored offsets short of the goal: the replay did not do its work, whatever the rows say.
+    short = _narrow_report(earliest=0, running=False, rows={o: 1 for o in range(8)}, totals=80,
+                           goal={("t", 0): 9})
+    assert short["mismatches"] == ["goal_not_reached:t:0"] and short["summary"]["goal_shortfall"] == 1
+    # Below the stored offsets it is as strict as ever.
+    missing = _narrow_report(earliest=0, running=False, rows={o: 1 for o in range(7)}, totals=80,
+                             goal={("t", 0): 8})
+    assert missing["mismatches"] == ["ids:t:0"] and missing["summary"]["missing"] == 1
+
+
+def test_report_sets_a_retired_topic_aside() -> None:
+    report = _narrow_report(earliest=0, running=True, rows={o: 1 for o in range(8)}, totals=80,
+                            retired={0: 1, 1: 1, 1_000: 1})
+    # Its rows are neither unexpected nor beyond offsets, its dead letter is not "not in Kafka".
+    assert report["ok"], report
+    assert report["retired_topics"] == {"old": {"stored_offsets": {"0": 3}, "rows": {"ids": 3}, "dead_letters": 1}}
+    assert report["summary"]["retired_topics"] == 1 and report["summary"]["dead_lettered"] == 0
+    assert "ids:old:0" not in report["partitions"]
+    # Its records are in the aggregates and Kafka is not read for them: without a carrier, unverified.
+    (entry,) = report["unverified"]
+    assert "old[0] (retired)" in entry["reason"]
 
 
 def test_report_leaves_an_aggregate_without_carrier_unverified_once_kafka_deleted_inputs() -> None:
@@ -238,27 +297,30 @@ def test_report_leaves_an_aggregate_without_carrier_unverified_once_kafka_delete
     assert not whole["ok"] and whole["aggregates"]["sums"]["keys_wrong"] == 1  # all inputs in Kafka: checked
 
 
-def test_report_reparses_the_stored_value_of_a_dead_letter_kafka_no_longer_holds() -> None:
+def test_report_judges_a_dead_letter_by_its_trial() -> None:
     from spark_apps.eos_stream.audit import Snapshot, _report
     from spark_apps.eos_stream.config import PipelineConfig
 
-    valid = json.dumps({"account_id": "a", "amount_cents": 1}).encode()
     config = PipelineConfig(pipeline="p", topics=["t"])
-    ranges = {("t", 0): PartitionRange(5, 10, 10, True)}
+    ranges = {("t", 0): PartitionRange(5, 10, 10, True)}  # offset 0 is gone from Kafka
     rows = {"ids": {("t", 0): Counter({o: 1 for o in range(1, 10)})}}
 
-    def report(value: bytes, sqlstate: str | None):
-        snap = Snapshot(running=False, stored={("t", 0): 10}, dead={("t", 0, 0): ("whatever", sqlstate, value)},
+    def report(sqlstate: str | None, trial: str | None):
+        snap = Snapshot(running=False, stored={("t", 0): 10},
+                        dead={("t", 0, 0): ("whatever", sqlstate, None, b"{}")},
                         rows=rows, actual=[], below_earliest=[], below_latest=[])
         spec = PipelineSpec(name="rows", fields=NARROW.fields, targets=(NARROW.targets[0],))
         side = _side(0, {o: {} for o in range(5, 10)}, {})
-        return _report(config, spec, [], snap, ranges, side, running=False, pending="auto")
+        trials = {} if trial is None else {("t", 0, 0): trial}
+        return _report(config, spec, [], snap, ranges, side, trials, running=False, pending="auto")
 
-    assert report(b"{not json", None)["ok"]
-    wrong = report(valid, None)
+    assert report(None, UNPARSABLE)["ok"]
+    wrong = report(None, APPLIES)
     assert wrong["mismatches"] == ["dead_letters:wrongly_quarantined"]
-    assert report(valid, "23505")["ok"]
-    assert report(valid, "57014")["summary"]["dead_letters_by_class"] == {"not_data:57014": 1}
+    assert wrong["dead_letters"]["wrongly_quarantined"][0]["trial"] == APPLIES
+    assert report("23505", REFUSED + "23505")["ok"]
+    assert report("23503", APPLIES)["mismatches"] == ["dead_letters:wrongly_quarantined"]
+    assert report("57014", None)["summary"]["dead_letters_by_class"] == {"not_data:57014": 1}
 
 
 def test_keep_latest_is_the_in_order_fold_whatever_the_reading_order() -> None:
@@ -296,3 +358,16 @@ def test_a_column_cannot_be_both_an_increment_and_a_latest_value() -> None:
     with pytest.raises(SpecError, match="unknown fields"):
         PipelineSpec(name="x", fields=(Field("k", "text"),),
                      targets=(AggregateTarget("a", group_by=("k",), increments={}, latest={"last": "nope"}),))
+
+
+def test_a_retired_topics_rows_come_before_every_current_record_in_the_latest_order() -> None:
+    from spark_apps.eos_stream.audit import latest_position
+
+    retired = {("old", 0), ("old", 1)}
+    latest: dict = {}
+    keep_latest(latest, "last", latest_position("old", 1, 9_000, retired), "old value")
+    keep_latest(latest, "last", latest_position("new", 0, 3, retired), "new value")
+    keep_latest(latest, "last", latest_position("old", 0, 50_000, retired), "older still")
+    assert latest["last"][1] == "new value"
+    # Within the retired topic its own order holds.
+    assert latest_position("old", 0, 5, retired) < latest_position("old", 0, 6, retired)

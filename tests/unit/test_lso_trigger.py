@@ -115,10 +115,19 @@ def test_trigger_reports_errors_as_events(monkeypatch):
     assert event.payload["status"] == "error" and "no such connection" in event.payload["message"]
 
 
-def test_sensor_defers_immediately_with_timeout():
+class _HeldOffsets:
+    """A KafkaOffsetsHook whose every partition has lag behind an LSO that never moves."""
+
+    def partition_offsets(self, topics, include_earliest=False):
+        return {(t, 0): PartitionOffsets(9, 3) for t in topics}
+
+
+def test_sensor_defers_after_its_worker_check_with_the_rest_of_its_timeout():
+    # defer_after=0: one observation in the worker (see test_defer_after.py), then the trigger.
     sensor = LastStableOffsetLagSensor(
-        task_id="lso", topics=T, watch_mode="gate", stuck_after=5, poke_interval=1, timeout=42
+        task_id="lso", topics=T, watch_mode="gate", stuck_after=5, poke_interval=1, timeout=42, defer_after=0
     )
+    sensor.__dict__["hook"] = _HeldOffsets()
     before = time.time()
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute({})
@@ -129,12 +138,15 @@ def test_sensor_defers_immediately_with_timeout():
     # The gate's own deadline is the sensor's timeout; Airflow's deferral timeout only
     # backs it up, one poke + one request + slack later, so the gate's report wins.
     assert before + 42 <= kwargs["deadline"] <= time.time() + 42
-    assert deferred.value.timeout == timedelta(seconds=42 + 1 + 10 + GATE_DEFERRAL_SLACK)
+    slack = 1 + 10 + GATE_DEFERRAL_SLACK
+    assert timedelta(seconds=41 + slack) <= deferred.value.timeout <= timedelta(seconds=42 + slack)
+    assert kwargs["watch_state"]["partitions"]  # the worker's observation goes on in the trigger
 
-    health = LastStableOffsetLagSensor(task_id="lso", topics=T, watch_mode="health", timeout=42)
+    health = LastStableOffsetLagSensor(task_id="lso", topics=T, watch_mode="health", timeout=42, defer_after=0)
+    health.__dict__["hook"] = _HeldOffsets()
     with pytest.raises(TaskDeferred) as deferred:
         health.execute({})
-    assert deferred.value.timeout == timedelta(seconds=42)
+    assert timedelta(seconds=41) <= deferred.value.timeout <= timedelta(seconds=42)
     assert deferred.value.trigger.serialize()[1]["deadline"] is None
 
 
