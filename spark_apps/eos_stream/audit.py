@@ -71,6 +71,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import ISOLATION_LEVEL_REPEATABLE_READ
 
@@ -379,10 +380,65 @@ def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Agg
         for index, target in enumerate(aggregates):
             group = tuple(record[k] for k in target.group_by)
             for column, source in target.increments.items():
-                side.sums[region][index][group][column] += record[source] if source else 1
+                amount = record[source] if source else 1
+                if amount is not None:  # the apply's COALESCE(sum(...), 0): NULL adds nothing
+                    side.sums[region][index][group][column] += amount
             for column, source in target.latest.items():
                 keep_latest(side.latest[region][index][group], column, (partition, offset), record[source])
     return side
+
+
+def _as_the_database_reads(conn, spec: PipelineSpec, aggregates: list[AggregateTarget], side: KafkaSide) -> None:
+    """Timestamps compare as timestamps: each timestamptz key or latest value read from Kafka
+    (a string) becomes what PostgreSQL's cast makes of it, the cast the apply does, so
+    ``2026-01-01T00:00:00Z`` and ``2026-01-01 01:00:00+01`` are one key and one value, as in
+    the target. A string the database refuses stays a string (and matches nothing)."""
+    types = {f.name: f.pg_type for f in spec.fields}
+    plans = [([i for i, k in enumerate(t.group_by) if types[k] == "timestamptz"],
+              {c for c, source in t.latest.items() if types[source] == "timestamptz"}) for t in aggregates]
+    texts: set[str] = set()
+    for index, (key_at, columns) in enumerate(plans):
+        for region in (0, 1):
+            texts.update(group[i] for group in side.sums[region][index] for i in key_at)
+            for group, values in side.latest[region][index].items():
+                texts.update(group[i] for i in key_at)
+                texts.update(value for column, (_, value) in values.items() if column in columns)
+    texts = {text for text in texts if isinstance(text, str)}  # NULLs stay NULL
+    if not texts:
+        return
+    cast = _timestamps(conn, sorted(texts))
+
+    def key_of(group: tuple, key_at: list[int]) -> tuple:
+        return tuple(cast.get(v, v) if i in key_at else v for i, v in enumerate(group))
+
+    for index, (key_at, columns) in enumerate(plans):
+        for region in (0, 1):
+            sums: dict[tuple, Counter] = defaultdict(Counter)
+            for group, counter in side.sums[region][index].items():
+                sums[key_of(group, key_at)].update(counter)  # two spellings of one instant: one key
+            side.sums[region][index] = sums
+            latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
+            for group, values in side.latest[region][index].items():
+                for column, (position, value) in values.items():
+                    keep_latest(latest[key_of(group, key_at)], column, position,
+                                cast.get(value, value) if column in columns else value)
+            side.latest[region][index] = latest
+
+
+def _timestamps(conn, texts: list[str]) -> dict[str, Any]:
+    """PostgreSQL's timestamptz for each text it accepts, in the audit's read-only session."""
+    query = "SELECT t, t::timestamptz FROM unnest(%s::text[]) AS t"
+    try:
+        return dict(_fetch(conn, query, (texts,)))
+    except psycopg2.DataError:
+        conn.rollback()
+    cast: dict[str, Any] = {}
+    for text in texts:  # one refused text spoils a whole array: cast the others one by one
+        try:
+            cast.update(_fetch(conn, query, ([text],)))
+        except psycopg2.DataError:
+            conn.rollback()
+    return cast
 
 
 DeadLetterKey = tuple[str, int, int]
@@ -504,6 +560,7 @@ def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, d
         lso = kafka.offsets(partitions, "lso")
         ranges = {tp: PartitionRange(earliest[tp], lso[tp], snap.stored.get(tp), stores) for tp in partitions}
         side = _read_kafka(config, spec, aggregates, ranges, snap.dead, timeout, deadline)
+        _as_the_database_reads(conn, spec, aggregates, side)
         running_after = driver_running(conn, config.pipeline)
         conn.commit()
     finally:
@@ -608,7 +665,6 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
     gone = sorted(f"{t}[{p}]" for (t, p), rng in ranges.items() if rng.earliest > 0)
     gone += [f"{t}[{p}] (retired)" for t, p in sorted(snap.retired)]
     for index, target in enumerate(aggregates):
-        columns = target.columns
         expected_totals: dict[tuple, Counter] = defaultdict(Counter)
         expected_latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
         for region in regions:
@@ -631,12 +687,13 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
             for group, values in snap.below_latest[index].items():
                 for column, (position, value) in values.items():
                     keep_latest(expected_latest[group], column, position, value)
-        for group, values in expected_latest.items():
-            for column, (_, value) in values.items():
-                expected_totals[group][column] = as_number(value)  # the in-order fold's result, not a sum
+        # The in-order fold's result, not a sum.
+        latest_values = {group: {column: value for column, (_, value) in values.items()}
+                         for group, values in expected_latest.items()}
         actual = snap.actual[index]
         verified = not (gone and below is None)
-        wrong = wrong_keys(actual, expected_totals, columns) if verified else []
+        wrong = (wrong_keys(actual, expected_totals, target.increments, latest_values, target.latest)
+                 if verified else [])
         totals[target.table] = {
             "keys": len(actual),
             "keys_wrong": len(wrong) if verified else None,

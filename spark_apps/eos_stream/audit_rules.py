@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
@@ -191,11 +192,13 @@ def carrier_for(spec: PipelineSpec, aggregate: AggregateTarget) -> RowTarget | N
 
 
 def as_number(value: Any) -> Any:
-    """Decimal sums from PostgreSQL compare equal to ints, but JSON needs plain numbers."""
+    """A stored total as a plain number: NULL as 0 (for the report's sums; ``wrong_keys``
+    never lets a NULL pass), an integral Decimal as int, any other Decimal exact: a numeric
+    sum compares with the audit's own Decimal sum digit for digit, never through a float."""
     if value is None:
         return 0
-    if hasattr(value, "is_integer") and not isinstance(value, float):  # Decimal
-        return int(value) if value == int(value) else float(value)
+    if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
+        return int(value)
     return value
 
 
@@ -213,16 +216,28 @@ def keep_latest(latest: dict[str, tuple[Position, Any]], column: str, position: 
 
 
 def wrong_keys(actual: Mapping[tuple, Mapping[str, Any]], expected: Mapping[tuple, Counter],
-               columns: Iterable[str]) -> list[tuple]:
-    """Keys whose stored totals differ from the expected ones (a key absent on one
-    side counts as all zeros there)."""
-    cols = list(columns)
+               increments: Iterable[str], expected_latest: Mapping[tuple, Mapping[str, Any]] | None = None,
+               latest: Iterable[str] = ()) -> list[tuple]:
+    """Keys whose stored row differs from the expected one.
+
+    Increments mean in the audit what they mean in SQL: a key absent on one side counts as
+    all zeros there, but a NULL stored in a present key's increment is wrong, whatever was
+    expected (the apply never writes one, and NULL + x stays NULL for every later writer).
+    Latest values compare as they are, NULL included (timestamps as timestamps: the audit
+    casts Kafka's strings in the database first)."""
+    sums, last, want_latest = list(increments), list(latest), expected_latest or {}
     empty: Counter = Counter()
-    return sorted(
-        (key for key in set(actual) | set(expected)
-         if any(as_number(actual.get(key, {}).get(c)) != expected.get(key, empty)[c] for c in cols)),
-        key=repr,
-    )
+
+    def differs(key: tuple) -> bool:
+        row, want = actual.get(key), expected.get(key, empty)
+        for column in sums:
+            have = 0 if row is None else row.get(column)
+            if have is None or as_number(have) != want[column]:
+                return True
+        return any((None if row is None else row.get(column)) != want_latest.get(key, {}).get(column)
+                   for column in last)
+
+    return sorted((key for key in set(actual) | set(expected) | set(want_latest) if differs(key)), key=repr)
 
 
 # --- reading Kafka --------------------------------------------------------------

@@ -371,3 +371,17 @@ def test_a_retired_topics_rows_come_before_every_current_record_in_the_latest_or
     assert latest["last"][1] == "new value"
     # Within the retired topic its own order holds.
     assert latest_position("old", 0, 5, retired) < latest_position("old", 0, 6, retired)
+
+
+def test_wrong_keys_means_what_sql_means() -> None:
+    """A NULL increment is wrong even where 0 is expected (NULL + x stays NULL in SQL); numeric
+    totals compare digit for digit, not through a float; a latest NULL is not a latest 0."""
+    from decimal import Decimal
+
+    assert wrong_keys({("a",): {"n": None}}, {("a",): Counter()}, ["n"]) == [("a",)]
+    tenth = sum([Decimal("0.1")] * 10, Decimal(0))
+    assert wrong_keys({("a",): {"s": Decimal("1.0")}}, {("a",): Counter(s=tenth)}, ["s"]) == []
+    assert wrong_keys({("a",): {"s": Decimal("1.000000001")}}, {("a",): Counter(s=tenth)}, ["s"]) == [("a",)]
+    assert as_number(Decimal("0.1")) == Decimal("0.1") and as_number(Decimal("0.1")) != 0.1
+    assert wrong_keys({("a",): {"last": None}}, {("a",): Counter()}, [], {("a",): {"last": 0}}, ["last"]) == [("a",)]
+    assert wrong_keys({("a",): {"last": None}}, {("a",): Counter()}, [], {("a",): {"last": None}}, ["last"]) == []

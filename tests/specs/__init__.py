@@ -1,0 +1,1 @@
+"""Pipeline specs that exist only for tests (loaded by reference, e.g. ``tests.specs.readings:READINGS``)."""
