@@ -27,6 +27,7 @@ OPERATORS = [
 ]
 SENSORS = ["airflow_provider_eos.sensors.lso_lag", "airflow_provider_eos.sensors.stream_progress"]
 TRIGGERS = [
+    "airflow_provider_eos.triggers.committed_offsets",
     "airflow_provider_eos.triggers.lso_lag",
     "airflow_provider_eos.triggers.stream_progress",
     "airflow_provider_eos.triggers.stream_stopped",
@@ -43,13 +44,8 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Launch, supervise, check, snapshot and recover exactly-once "
         "Kafka -> Spark Structured Streaming -> PostgreSQL pipelines.",
         "versions": [__version__],
-        "integrations": [
-            {
-                "integration-name": INTEGRATION,
-                "external-doc-url": "https://github.com/",
-                "tags": ["software"],
-            }
-        ],
+        # No documentation URL: the docs ship in the repository (README.md, docs/), not on a site.
+        "integrations": [{"integration-name": INTEGRATION, "tags": ["software"]}],
         "hooks": [{"integration-name": INTEGRATION, "python-modules": HOOKS}],
         "operators": [{"integration-name": INTEGRATION, "python-modules": OPERATORS}],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": SENSORS}],
