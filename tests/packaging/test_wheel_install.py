@@ -64,6 +64,9 @@ def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: P
                    "spark_apps/eos_stream/app.py", "spark_apps/orders/spec.py"):
         assert module in names, f"{module} is not in the wheel"
     assert not any(name.startswith(("tests/", "dags/")) for name in names)
+    for marker in ("airflow_provider_eos/py.typed", "spark_apps/py.typed"):
+        assert marker in names, f"{marker} is not in the wheel: type checkers would ignore the package's hints"
+    assert any(name.endswith("/LICENSE") and ".dist-info/" in name for name in names), names
     built = time.monotonic() - started
 
     venv = tmp_path / "venv"
