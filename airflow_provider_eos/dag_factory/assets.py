@@ -46,7 +46,7 @@ def pipeline_assets(definition: PipelineDefinition) -> PipelineAssets | None:
     from airflow.providers.postgres.assets.postgres import create_asset as postgres_asset
 
     from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-    from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
+    from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
     from airflow_provider_eos.utils.lineage import first_bootstrap_server
 
     conns = connection_ids(definition)

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property
 from typing import Any, TypeVar
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook, target_lock_key
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, holding_lock
@@ -107,7 +107,7 @@ class PipelineOperatorMixin:
         ``kafka_config_id`` when the operator has one."""
         config = self.load_config()
         if self.kafka_config_id:
-            from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
+            from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
 
             config.kafka_bootstrap = kafka_bootstrap_from_connection(self.kafka_config_id)
         # The same target the submitted app gets (libpq options included), plus the password.
@@ -142,3 +142,58 @@ class PipelineOperatorMixin:
                             float(self.lock_ttl))
 
 
+class KafkaOffsetsMixin(PipelineOperatorMixin):
+    """For operators that must know what Kafka still holds (``recovery.retention``)."""
+
+    kafka_config_id: str
+
+    def kafka_offsets(self, topics: list[str]) -> dict[tuple[str, int], Any]:
+        from airflow_provider_eos.recovery import retention
+
+        return retention.kafka_offsets(self.kafka_config_id, topics)
+
+    def check_retention(self, needed: dict[tuple[str, int], int], topics: list[str], what: str) -> dict[str, Any]:
+        from airflow_provider_eos.recovery import retention
+
+        return retention.check_retention(self.kafka_config_id, needed, topics, what)
+
+
+CHECK_XCOM_KEY = "eos_check"
+
+
+def record_check(context: Any, outcome: dict[str, Any]) -> None:
+    ti = context.get("ti") if hasattr(context, "get") else None
+    if ti is not None:
+        ti.xcom_push(key=CHECK_XCOM_KEY, value=outcome)
+
+
+class CheckOutcomeMixin:
+    """Records ``{"check", "ok", "message", "report"}`` as XCom ``eos_check`` around ``execute``
+    and ``resume_execution`` (a deferral passes through unrecorded). ``report`` is what the
+    check measured: its dict result when it passes, its ``last_report`` when it fails (a
+    failing check sets that before raising), None when it measured nothing."""
+
+    check_name: str = "check"
+    last_report: dict[str, Any] | None = None
+
+    def _recorded(self, context: Any, call: Callable[[], Any]) -> Any:
+        try:
+            result = call()
+        except TaskDeferred:
+            raise
+        except BaseException as err:
+            record_check(context, {"check": self.check_name, "ok": False,
+                                   "message": str(err) or type(err).__name__, "report": self.last_report})
+            raise
+        report = result if isinstance(result, dict) else self.last_report
+        message = result.get("message") if isinstance(result, dict) else None
+        record_check(context, {"check": self.check_name, "ok": True, "message": message or "ok", "report": report})
+        return result
+
+    def execute(self, context: Any) -> Any:
+        parent: Any = super()
+        return self._recorded(context, lambda: parent.execute(context))
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
+        parent: Any = super()
+        return self._recorded(context, lambda: parent.resume_execution(next_method, next_kwargs, context))

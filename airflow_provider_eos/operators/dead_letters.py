@@ -8,55 +8,16 @@ an upstream check failed, and what it measured (the summary sends that as metric
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Variable
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.operators.base import CHECK_XCOM_KEY, CheckOutcomeMixin
 from airflow_provider_eos.utils.metrics import health_metrics
 from airflow_provider_eos.utils.stats_emitter import emit
-
-CHECK_XCOM_KEY = "eos_check"
-
-
-def record_check(context: Any, outcome: dict[str, Any]) -> None:
-    ti = context.get("ti") if hasattr(context, "get") else None
-    if ti is not None:
-        ti.xcom_push(key=CHECK_XCOM_KEY, value=outcome)
-
-
-class CheckOutcomeMixin:
-    """Records ``{"check", "ok", "message", "report"}`` as XCom ``eos_check`` around ``execute``
-    and ``resume_execution`` (a deferral passes through unrecorded). ``report`` is what the
-    check measured: its dict result when it passes, its ``last_report`` when it fails (a
-    failing check sets that before raising), None when it measured nothing."""
-
-    check_name: str = "check"
-    last_report: dict[str, Any] | None = None
-
-    def _recorded(self, context: Any, call: Callable[[], Any]) -> Any:
-        try:
-            result = call()
-        except TaskDeferred:
-            raise
-        except BaseException as err:
-            record_check(context, {"check": self.check_name, "ok": False,
-                                   "message": str(err) or type(err).__name__, "report": self.last_report})
-            raise
-        report = result if isinstance(result, dict) else self.last_report
-        message = result.get("message") if isinstance(result, dict) else None
-        record_check(context, {"check": self.check_name, "ok": True, "message": message or "ok", "report": report})
-        return result
-
-    def execute(self, context: Any) -> Any:
-        parent: Any = super()
-        return self._recorded(context, lambda: parent.execute(context))
-
-    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
-        parent: Any = super()
-        return self._recorded(context, lambda: parent.resume_execution(next_method, next_kwargs, context))
 
 
 def _variable_key(meta_schema: str, pipeline: str) -> str:

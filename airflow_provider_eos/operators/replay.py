@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -14,9 +13,10 @@ from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
-from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
+from airflow_provider_eos.operators.base import KafkaOffsetsMixin, timed_step
+from airflow_provider_eos.recovery.retention import flat_offsets, nested_offsets
 from airflow_provider_eos.utils.params import as_bool
-from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, retention_gaps
+from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError
 from spark_apps.eos_stream.config import REPLAY_ENGINES
 
 if TYPE_CHECKING:
@@ -28,77 +28,8 @@ DEFAULT_SPARK_CONF = {
 }
 
 
-class RetentionGapError(AirflowException):
-    """Kafka no longer holds (part of) what a replay needs: replaying would lose data silently."""
-
-
-class CompactedTopicError(AirflowException):
-    """A topic is compacted: Kafka no longer holds every record, so no replay from offsets is exact."""
-
-
 class PipelineNotStoppedError(AirflowException):
     """No stop request holds the pipeline: a supervisor may start a driver that fights the replay."""
-
-
-def _nested(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        out.setdefault(topic, {})[str(partition)] = int(offset)
-    return out
-
-
-def _flat(nested: dict[str, dict[str, int]]) -> dict[tuple[str, int], int]:
-    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
-
-
-class KafkaOffsetsMixin(PipelineOperatorMixin):
-    kafka_config_id: str
-
-    def kafka_offsets(self, topics: list[str]) -> dict[tuple[str, int], Any]:
-        from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
-
-        hook = KafkaOffsetsHook(kafka_config_id=self.kafka_config_id)
-        try:
-            return hook.partition_offsets(topics, include_earliest=True)
-        finally:
-            hook.close()
-
-    def check_retention(self, needed: dict[tuple[str, int], int], topics: list[str], what: str) -> dict[str, Any]:
-        """Raises RetentionGapError naming every partition Kafka cannot replay in full, and
-        CompactedTopicError when a topic is compacted (Kafka cannot give back every record).
-
-        Offsets stored for topics no longer in the definition (a topic removed from it) are
-        not needed: nothing replays them, their rows stay as they are (``retired_topics``)."""
-        from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
-        from spark_apps.eos_stream import preflight
-        from spark_apps.eos_stream.audit_rules import retired_topics
-        from spark_apps.eos_stream.config import ConfigError
-
-        retired = {tp: needed[tp] for tp in retired_topics(topics, needed)}
-        needed = {tp: o for tp, o in needed.items() if tp not in retired}
-        kafka = self.kafka_offsets(topics)  # first: a missing topic gets its own clear error
-        hook = KafkaOffsetsHook(kafka_config_id=self.kafka_config_id)
-        try:
-            preflight.refuse_compacted(hook.get_admin_client(), topics, "replay")
-        except ConfigError as exc:
-            raise CompactedTopicError(str(exc)) from exc
-        finally:
-            hook.close()
-        gaps = retention_gaps(needed, kafka)
-        report = {
-            "retired_topics": _nested(retired),
-            "needed": _nested(needed),
-            "earliest": _nested({k: int(v.earliest or 0) for k, v in kafka.items()}),
-            "last_stable": _nested({k: v.last_stable for k, v in kafka.items()}),
-            "records_to_replay": sum(max(0, v.last_stable - needed.get(k, 0)) for k, v in kafka.items()),
-            "gaps": [asdict(g) | {"missing": g.missing} for g in gaps],
-        }
-        if gaps:
-            raise RetentionGapError(
-                f"cannot replay {what}: Kafka no longer holds what it needs, a replay would lose data silently. "
-                + "; ".join(g.describe() for g in gaps)
-            )
-        return report
 
 
 class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
@@ -147,7 +78,7 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
         else:
             conn = self.hook.connect()
             try:
-                needed = _flat(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
+                needed = flat_offsets(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
             finally:
                 conn.close()
             what = "from the database's stored offsets"
@@ -248,7 +179,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     def _stored(self, config: Any) -> dict[tuple[str, int], int]:
         conn = self.hook.connect()
         try:
-            return _flat(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
+            return flat_offsets(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
         finally:
             conn.close()
 
@@ -258,8 +189,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         started = time.monotonic()
         before = self._stored(config)
         retention = self.check_retention(before, list(config.topics), "from the restored offsets")
-        lso_at_start = _flat(retention["last_stable"])
-        plan = {"offsets_before": _nested(before), "retention": retention}
+        lso_at_start = flat_offsets(retention["last_stable"])
+        plan = {"offsets_before": nested_offsets(before), "retention": retention}
         if as_bool(self.plan_only):
             return {**plan, "dry_run": True}
         with self.lock_guard(config, context):
@@ -282,8 +213,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         counts_after = self._row_counts(config)
         result = {
             **plan,
-            "offsets_after": _nested(after),
-            "lso_at_start": _nested(lso_at_start),
+            "offsets_after": nested_offsets(after),
+            "lso_at_start": nested_offsets(lso_at_start),
             "events_replayed": sum(counts_after[k] - counts_before.get(k, 0) for k in counts_after),
             "rows_added": {k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
             "seconds": round(time.monotonic() - started, 3),
@@ -293,7 +224,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
 
     def replay_config(self, config: Any) -> dict[str, Any]:
         """The replay run's app config: the pipeline's, run once to the end, past the stop request."""
-        from airflow_provider_eos.operators.stream import kafka_bootstrap_from_connection
+        from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
 
         data = json.loads(config.to_json())  # no password, no kafka options
         data["trigger"] = "availableNow"

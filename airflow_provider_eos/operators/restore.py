@@ -68,16 +68,14 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, aside_schema_name
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
-from airflow_provider_eos.operators.base import PipelineOperatorMixin, holder_of, timed_step
-from airflow_provider_eos.operators.replay import KafkaOffsetsMixin
-from airflow_provider_eos.operators.stop import DEFAULT_FENCE_WAIT, StreamStillRunningError, bump_epoch, commit_orphans
+from airflow_provider_eos.operators.base import KafkaOffsetsMixin, PipelineOperatorMixin, holder_of, timed_step
+from airflow_provider_eos.recovery.guards import DEFAULT_FENCE_WAIT, StreamStillRunningError, bump_epoch, commit_orphans
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, SnapshotManifest, identity_problem
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
 
 __all__ = ["DependentObjectsError", "FenceOperator", "FinalizeRestoreOperator", "RecoveryLockOperator",
-           "RecoveryLockedError", "RestoreOperator", "RollbackRestoreOperator", "StreamStillRunningError",
-           "TableChangesError"]
+           "RecoveryLockedError", "RestoreOperator", "RollbackRestoreOperator", "TableChangesError"]
 
 
 class TableChangesError(AirflowException):
@@ -271,7 +269,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
     def table_changes(self, config: Any, manifest: SnapshotManifest) -> dict[str, list[list[str]]]:
         """What the snapshot lacks or holds beyond the pipeline's tables now; raises unless
         ``allow_table_changes``. See ``operators.snapshot.table_changes``."""
-        from airflow_provider_eos.operators.snapshot import table_changes
+        from airflow_provider_eos.recovery.tables import table_changes
 
         conn = self.hook.connect()
         try:

@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
@@ -45,15 +45,6 @@ class PipelineConfigError(AirflowFailException):
 class PipelineTakenOverError(AirflowException):
     """The app was fenced and another driver of the pipeline now holds its running lock:
     starting this one again would make two drivers fence each other in turn."""
-
-
-def kafka_bootstrap_from_connection(kafka_config_id: str) -> str:
-    """``bootstrap.servers`` from the extra of a ``kafka`` connection."""
-    conn = KafkaBaseHook.get_connection(kafka_config_id)
-    bootstrap = (conn.extra_dejson or {}).get("bootstrap.servers")
-    if not bootstrap:
-        raise AirflowFailException(f"connection {kafka_config_id!r} has no 'bootstrap.servers' in its extra")
-    return str(bootstrap)
 
 
 class StreamingPipelineOperator(BaseOperator):

@@ -15,8 +15,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
 from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook, open_transaction_of
-from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, poll_before_defer
-from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
+from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, CheckOutcomeMixin, poll_before_defer
 from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
 from airflow_provider_eos.utils.lso_watch import (
     DEFAULT_MARGIN_SECONDS,

@@ -12,8 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, poll_before_defer
-from airflow_provider_eos.operators.dead_letters import CheckOutcomeMixin
+from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, CheckOutcomeMixin, poll_before_defer
 from airflow_provider_eos.triggers.stream_progress import (
     StreamCaughtUpTrigger,
     StreamLivenessTrigger,

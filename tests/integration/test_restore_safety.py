@@ -16,14 +16,11 @@ from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, PgToolsHook, aside_schema_name
-from airflow_provider_eos.operators.replay import RetentionCheckOperator, RetentionGapError
-from airflow_provider_eos.operators.restore import (
-    FenceOperator,
-    FinalizeRestoreOperator,
-    RollbackRestoreOperator,
-    StreamStillRunningError,
-)
+from airflow_provider_eos.operators.replay import RetentionCheckOperator
+from airflow_provider_eos.operators.restore import FenceOperator, FinalizeRestoreOperator, RollbackRestoreOperator
 from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.recovery.guards import StreamStillRunningError
+from airflow_provider_eos.recovery.retention import RetentionGapError
 from airflow_provider_eos.utils.snapshot_store import DUMP, SnapshotStore
 from spark_apps.eos_stream import fencing
 from spark_apps.eos_stream.control import AlreadyRunning, hold_running_lock

@@ -15,9 +15,11 @@ from psycopg2 import sql
 
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook, scratch_prefix
 from airflow_provider_eos.hooks.recovery_lock import holding_lock
-from airflow_provider_eos.operators.replay import RetentionCheckOperator, RetentionGapError
-from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator, StreamStillRunningError
+from airflow_provider_eos.operators.replay import RetentionCheckOperator
+from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
+from airflow_provider_eos.recovery.guards import StreamStillRunningError
+from airflow_provider_eos.recovery.retention import RetentionGapError
 from airflow_provider_eos.utils.snapshot_store import DUMP, MANIFEST, SnapshotManifest, SnapshotStore
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import pipeline_config, run_app

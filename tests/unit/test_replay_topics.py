@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_eos.operators.audit import AuditOperator
-from airflow_provider_eos.operators.replay import CompactedTopicError, RetentionCheckOperator
+from airflow_provider_eos.operators.replay import RetentionCheckOperator
+from airflow_provider_eos.recovery.retention import CompactedTopicError
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets
 
 

@@ -1,0 +1,80 @@
+"""Whether Kafka still holds everything a replay from stored offsets needs: retention gaps and
+compacted topics refuse a replay (and a restore that would need one) before anything is written."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_eos.utils.snapshot_store import retention_gaps
+
+
+class RetentionGapError(AirflowException):
+    """Kafka no longer holds (part of) what a replay needs: replaying would lose data silently."""
+
+
+class CompactedTopicError(AirflowException):
+    """A topic is compacted: Kafka no longer holds every record, so no replay from offsets is exact."""
+
+
+def nested_offsets(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = int(offset)
+    return out
+
+
+def flat_offsets(nested: dict[str, dict[str, int]]) -> dict[tuple[str, int], int]:
+    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
+
+
+def kafka_offsets(kafka_config_id: str, topics: list[str]) -> dict[tuple[str, int], Any]:
+    """Each partition's earliest and last stable offset, through the Kafka connection."""
+    from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+
+    hook = KafkaOffsetsHook(kafka_config_id=kafka_config_id)
+    try:
+        return hook.partition_offsets(topics, include_earliest=True)
+    finally:
+        hook.close()
+
+
+def check_retention(kafka_config_id: str, needed: dict[tuple[str, int], int], topics: list[str],
+                    what: str) -> dict[str, Any]:
+    """Raises RetentionGapError naming every partition Kafka cannot replay in full, and
+    CompactedTopicError when a topic is compacted (Kafka cannot give back every record).
+
+    Offsets stored for topics no longer in the definition (a topic removed from it) are
+    not needed: nothing replays them, their rows stay as they are (``retired_topics``)."""
+    from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+    from spark_apps.eos_stream import preflight
+    from spark_apps.eos_stream.audit_rules import retired_topics
+    from spark_apps.eos_stream.config import ConfigError
+
+    retired = {tp: needed[tp] for tp in retired_topics(topics, needed)}
+    needed = {tp: o for tp, o in needed.items() if tp not in retired}
+    kafka = kafka_offsets(kafka_config_id, topics)  # first: a missing topic gets its own clear error
+    hook = KafkaOffsetsHook(kafka_config_id=kafka_config_id)
+    try:
+        preflight.refuse_compacted(hook.get_admin_client(), topics, "replay")
+    except ConfigError as exc:
+        raise CompactedTopicError(str(exc)) from exc
+    finally:
+        hook.close()
+    gaps = retention_gaps(needed, kafka)
+    report = {
+        "retired_topics": nested_offsets(retired),
+        "needed": nested_offsets(needed),
+        "earliest": nested_offsets({k: int(v.earliest or 0) for k, v in kafka.items()}),
+        "last_stable": nested_offsets({k: v.last_stable for k, v in kafka.items()}),
+        "records_to_replay": sum(max(0, v.last_stable - needed.get(k, 0)) for k, v in kafka.items()),
+        "gaps": [asdict(g) | {"missing": g.missing} for g in gaps],
+    }
+    if gaps:
+        raise RetentionGapError(
+            f"cannot replay {what}: Kafka no longer holds what it needs, a replay would lose data silently. "
+            + "; ".join(g.describe() for g in gaps)
+        )
+    return report
