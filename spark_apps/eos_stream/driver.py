@@ -106,6 +106,7 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     control_conn = connect(dsn, describe=describe)
     control_conn.autocommit = True  # polled from the main thread while the sink's transaction runs on another
     preflight.check_two_phase(conn, mode, describe)
+    preflight.check_encoding(conn, describe)
     # First of all: an in-doubt batch of a dead driver holds locks on the
     # pipeline's tables (DDL below would wait on it) and the pipeline lock
     # (the epoch bump would), and its offsets are part of the resume point.

@@ -45,6 +45,22 @@ def check_two_phase(conn: PgConnection, mode: DeliveryMode, where: str) -> None:
         )
 
 
+def check_encoding(conn: PgConnection, where: str) -> None:
+    """The target database must store UTF-8. Records are staged as UTF-8 text by the executors;
+    a database of another encoding refuses characters it cannot represent (22P05) in that COPY,
+    where no single record can be blamed, so every batch holding one would fail (BatchStuck)
+    instead of quarantining it. Refused at the start, with the fix."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()")
+        row = cur.fetchone()
+    conn.rollback()
+    encoding = row[0] if row else "unknown"
+    if encoding != "UTF8":
+        raise ConfigError(
+            f"the target database on {where} has encoding {encoding}: the pipeline needs a UTF8 database "
+            "(text a record carries must be storable; create the database WITH ENCODING 'UTF8')")
+
+
 def ensure_meta_tables(conn: PgConnection, meta_schema: str) -> None:
     """Creates the bookkeeping tables, and adds the columns newer versions
     write (``sqlstate`` on dead letters) to tables an older version made."""

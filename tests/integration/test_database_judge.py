@@ -121,3 +121,29 @@ def test_the_guard_connection_lost_mid_batch_is_retried_and_loses_nothing(stack:
         assert s.events_and_count() == ((10, 10), 10)
         with pytest.raises(psycopg2.InterfaceError):
             s.guard.cursor().execute("SELECT 1")  # the old guard is really gone
+
+
+def test_a_database_that_cannot_store_utf8_is_refused_at_the_start(stack: dict, unique_name: str) -> None:
+    """Text PostgreSQL cannot store in a LATIN1 database fails the staging COPY with 22P05, where no
+    record can be blamed: the app refuses such a target up front, naming the fix (exit 2, no restarts)."""
+    from spark_apps.eos_stream.config import ConfigError
+    from spark_apps.eos_stream.preflight import check_encoding
+
+    name = f"latin1_{unique_name}"
+    admin = pg_connect(stack)
+    with admin.cursor() as cur:
+        cur.execute(sql.SQL("CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+                    .format(sql.Identifier(name)))
+    try:
+        latin1 = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], dbname=name,
+                                  user=stack["EOS_PG_USER"], password=stack["EOS_PG_PASSWORD"])
+        try:
+            with pytest.raises(ConfigError, match=r"encoding LATIN1.*UTF8"):
+                check_encoding(latin1, "the test server")
+        finally:
+            latin1.close()
+        check_encoding(admin, "the stack's database")  # UTF8: accepted
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        admin.close()
