@@ -66,6 +66,11 @@ PARAMS: dict[str, Param] = {
     "resume": Param(True, type="boolean", description="start this pipeline's stream DAG again at the end"),
     "quiet_seconds": Param(0, type="number", minimum=0,
                            description="also require no micro-batch for this long (the running lock decides)"),
+    # A safety override, not a location: which tables and which store stay the deployment's.
+    "allow_table_changes": Param(False, type="boolean",
+                                 description="restore even though the pipeline's tables differ from the "
+                                 "snapshot's (a target added since): a rollback still gives back exactly "
+                                 "the state the recovery found"),
 }
 STORE = "{{ ti.xcom_pull(task_ids='check_conf')['snapshot_store'] }}"
 RETENTION_DAYS = "{{ ti.xcom_pull(task_ids='check_conf')['aside_retention_days'] }}"
@@ -172,6 +177,7 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
         # drops them) or one of them fails (rollback puts them back).
         restore = RestoreOperator(task_id="restore", snapshot=PINNED, snapshot_store=STORE, keep_old=True,
                                   kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
+                                  allow_table_changes="{{ params.allow_table_changes }}",
                                   plan_only=DRY_RUN, **locked)
         replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
                                 engine=definition.stream.replay_engine, plan_only=DRY_RUN, **locked)

@@ -195,7 +195,8 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql.
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store", "quiet_seconds", "plan_only")
+    template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store", "quiet_seconds",
+                                      "allow_table_changes", "plan_only")
     ui_color = "#fdf1e3"
 
     def __init__(
@@ -214,7 +215,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         keep_old: bool = False,
         kafka_config_id: str = "kafka_default",
         allow_dependents: bool = False,
-        allow_table_changes: bool = False,
+        allow_table_changes: Any = False,
         allow_other_database: bool = False,
         plan_only: Any = False,
         pg_bin_dir: str | None = None,
@@ -268,7 +269,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
 
     def table_changes(self, config: Any, manifest: SnapshotManifest) -> dict[str, list[list[str]]]:
         """What the snapshot lacks or holds beyond the pipeline's tables now; raises unless
-        ``allow_table_changes``. See ``operators.snapshot.table_changes``."""
+        ``allow_table_changes``. See ``recovery.tables.table_changes``."""
         from airflow_provider_eos.recovery.tables import table_changes
 
         conn = self.hook.connect()
@@ -276,7 +277,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
             changes = table_changes(self.hook, conn, config, manifest)
         finally:
             conn.close()
-        if not any(changes.values()) or self.allow_table_changes:
+        if not any(changes.values()) or as_bool(self.allow_table_changes):
             if any(changes.values()):
                 self.log.warning("allow_table_changes: restoring snapshot %s although %s", manifest.snapshot_id,
                                  changes)
