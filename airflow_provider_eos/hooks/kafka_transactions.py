@@ -163,6 +163,19 @@ class _RedactAdminConfig(logging.Filter):
 
 _REDACT = _RedactAdminConfig()
 logging.getLogger("kafka.admin.client").addFilter(_REDACT)
+# kafka-python logs every connection and transport at INFO: a dozen lines per call in a task log.
+# Unless a deployment configured its logger, only its warnings and errors are shown.
+if logging.getLogger("kafka").level == logging.NOTSET:
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+def _stop_partial(client: Any) -> None:
+    """Stop what a ``KafkaAdminClient`` whose ``__init__`` failed had started (as its ``close``)."""
+    for part, method in (("_client", "close"), ("_net", "stop")):
+        try:
+            getattr(getattr(client, part), method)()
+        except Exception:  # best effort: the start's own error is what matters
+            pass
 
 
 def _producer_row(p: Any) -> dict[str, Any]:
@@ -239,9 +252,13 @@ class KafkaTransactionsHook(KafkaBaseHook):
         from kafka import KafkaAdminClient
 
         config = self.client_config()
+        # Created in two steps so that a client whose start fails (cluster unreachable, wrong
+        # password) can still be stopped: kafka-python starts its IO thread before it bootstraps.
+        client = KafkaAdminClient.__new__(KafkaAdminClient)
         try:
-            client = KafkaAdminClient(**config)
+            client.__init__(**config)
         except Exception as err:
+            _stop_partial(client)
             raise self._failure("admin client start", err, config["bootstrap_servers"]) from err
         try:
             yield client

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -98,8 +99,11 @@ def test_unreachable_secured_cluster_fails_clearly_without_the_password(monkeypa
              "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "eos", "sasl.password": SECRET}
     monkeypatch.setenv("AIRFLOW_CONN_EOS_SASL_UNIT", json.dumps({"conn_type": "kafka", "extra": extra}))
     hook = KafkaTransactionsHook(kafka_config_id="eos_sasl_unit", request_timeout=1)
-    with caplog.at_level(logging.DEBUG), pytest.raises(Exception) as err:
+    # A deployment that turns kafka-python's logger up to DEBUG still sees no password.
+    with caplog.at_level(logging.DEBUG, logger="kafka"), pytest.raises(Exception) as err:
         hook.describe_producers("t", 0)
+    # The failed client's IO thread was stopped, not left behind.
+    assert not [t for t in threading.enumerate() if t.name.startswith("kafka-io-")]
     assert "'eos_sasl_unit'" in str(err.value) and "127.0.0.1:9" in str(err.value)
     assert SECRET not in str(err.value)
     assert "Starting KafkaAdminClient with configuration: <redacted>" in caplog.text
