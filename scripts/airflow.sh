@@ -47,12 +47,11 @@ log() { echo "airflow: $*"; }
 write_env() {
   mkdir -p "$EOS_AIRFLOW_HOME"
   # The stack's own view of itself wins; config.sh's values are the fallback.
-  local kafka_bootstrap="$EOS_BIND_HOST:$EOS_KAFKA_PORT" pg_host="$EOS_BIND_HOST" spark_jars="" kafka_tools=""
+  local kafka_bootstrap="$EOS_BIND_HOST:$EOS_KAFKA_PORT" pg_host="$EOS_BIND_HOST" spark_jars=""
   if [ -f "$EOS_STATE_DIR/stack.env" ]; then
     # shellcheck disable=SC1091
     kafka_bootstrap=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_KAFKA_BOOTSTRAP")
     spark_jars=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_SPARK_JARS")
-    kafka_tools=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_KAFKA_TOOLS_CLASSPATH")
     pg_host=$(source "$EOS_STATE_DIR/stack.env" && echo "$EOS_PG_HOST")
   fi
   local secret_file="$EOS_AIRFLOW_HOME/jwt.secret"
@@ -62,7 +61,7 @@ write_env() {
   # Values go through the environment into Python, never onto a command line.
   (umask 077
    EOS_KAFKA_BOOTSTRAP="$kafka_bootstrap" EOS_PG_HOST="$pg_host" EOS_SPARK_JARS="$spark_jars" \
-   EOS_KAFKA_TOOLS_CLASSPATH="$kafka_tools" EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" \
+   EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" \
    EOS_AIRFLOW_METADATA="$EOS_AIRFLOW_METADATA" EOS_AIRFLOW_PG_DB="$EOS_AIRFLOW_PG_DB" \
    EOS_AIRFLOW_API_PORT="$EOS_AIRFLOW_API_PORT" EOS_JWT_SECRET_FILE="$secret_file" \
    EOS_SPARK_MASTER="$EOS_SPARK_MASTER" \
@@ -126,9 +125,9 @@ values = {
         {"type": "file", "log_file_path": os.path.join(e["EOS_STATE_DIR"], "openlineage", "events.jsonl"),
          "append": True}),
     "AIRFLOW__OPENLINEAGE__NAMESPACE": "eos-local",
-    # Spark's Kafka connector and Kafka's admin tools, as resolved by install.sh.
+    # Spark's Kafka connector, as resolved by install.sh. (Hanging transactions are found and
+    # aborted from Python: Airflow needs no Kafka tools classpath.)
     "EOS_SPARK_JARS": e.get("EOS_SPARK_JARS", ""),
-    "EOS_KAFKA_TOOLS_CLASSPATH": e.get("EOS_KAFKA_TOOLS_CLASSPATH", ""),
     # Spark's Python workers use the venv (pyarrow, psycopg2), whatever python3 is on PATH.
     "PYSPARK_PYTHON": os.path.join(e["EOS_VENV"], "bin", "python"),
 }

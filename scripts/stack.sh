@@ -275,7 +275,6 @@ export EOS_PG_PORT=$EOS_PG_PORT
 export EOS_PG_DB=$EOS_PG_DB
 export EOS_PG_USER=$EOS_PG_USER
 export EOS_PG_PASSWORD=$EOS_PG_PASSWORD
-export EOS_KAFKA_TOOLS_CLASSPATH='$EOS_KAFKA_LIBS/*'
 export EOS_SPARK_JARS=$(ls "$EOS_SPARK_JARS_DIR"/*.jar 2>/dev/null | grep -v postgresql | paste -sd, -)
 export EOS_PG_JDBC_JAR=$(ls "$EOS_SPARK_JARS_DIR"/postgresql-*.jar 2>/dev/null | head -1)
 # The standalone cluster's addresses (running only after start-spark): master, its web UI and

@@ -1,151 +1,205 @@
-"""Kafka's ``TransactionsCommand`` (``kafka-transactions.sh``, KIP-664) as a hook: find
-hanging transactions, describe a partition's producers, abort a transaction.
+"""Hanging Kafka transactions (KIP-664) from Python: find them, describe a partition's
+producers, abort one. No JVM: the hook speaks the Kafka protocol through kafka-python's
+``KafkaAdminClient`` (``DescribeProducers``, ``ListTransactions``, ``DescribeTransactions``
+and ``WriteTxnMarkers``); librdkafka (confluent-kafka) has none of these calls.
 
-librdkafka (and so confluent-kafka) has no DescribeProducers, ListTransactions or
-admin-abort (WriteTxnMarkers) API, so the hook runs Kafka's own tool in a subprocess.
-Secrets never go on its command line: the connection's security settings are written
-to a mode-600 ``--command-config`` file in a private temporary directory.
+``find_hanging`` takes the **partition-side view**, as Kafka's own ``kafka-transactions.sh
+find-hanging`` does: it asks each partition's leader (``DescribeProducers``) which producers
+have a transaction open there for longer than the maximum transaction timeout, then asks the
+coordinators whether they still know that transaction. One whose coordinator has forgotten it
+(no transactional id for the producer id, an unknown transactional id, or a transaction that
+no longer includes the partition) is hanging. kafka-python's own
+``find_hanging_transactions`` only lists what the coordinators know and misses exactly that
+case, so it is not used.
+
+Credentials come only from the ``kafka`` connection's extra (librdkafka names), translated
+by :func:`kafka_python_config`; no secret is logged or put in an exception.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shlex
-import subprocess
-import tempfile
-from pathlib import Path
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk.exceptions import AirflowException
 
-TOOL_CLASS = "org.apache.kafka.tools.TransactionsCommand"
-CLASSPATH_ENV = "EOS_KAFKA_TOOLS_CLASSPATH"
+# Producers read per DescribeProducers request (Kafka's tool uses the same batch size).
+DESCRIBE_BATCH = 500
 
-_JAAS_MODULES = {
-    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+_SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+_PASSWORD_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
+# librdkafka security settings -> kafka-python options (file paths and the key's password).
+_SSL_FILES = {
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "ssl.crl.location": "ssl_crlfile",
 }
-# librdkafka keys that only matter to librdkafka and can be ignored for the Java tool.
-_IGNORED_KEYS = re.compile(
-    r"^(bootstrap\.servers|group\.id|client\.id|.*_cb|enable\..*|auto\..*|socket\..*|"
-    r"session\.timeout\.ms|isolation\.level|debug|log_level|"
-    r"ssl\.endpoint\.identification\.algorithm)$"
-)
-
-
-def _jaas_quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _properties_escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def java_client_properties(config: dict[str, Any], workdir: Path) -> dict[str, str]:
-    """
-    Translate the security settings of a librdkafka config into Java admin client
-    properties (SASL PLAIN/SCRAM with username/password, SSL with PEM files).
-
-    :param config: librdkafka config (the ``kafka`` connection's extra).
-    :param workdir: private directory for derived files (PEM key store).
-    :raises AirflowException: for settings that cannot be translated; pass them
-        through ``command_properties`` instead.
-    """
-    props: dict[str, str] = {}
-    unsupported: list[str] = []
-    handled = {
+_HANDLED = frozenset(
+    {
+        "bootstrap.servers",
+        "client.id",
         "security.protocol",
         "sasl.mechanism",
         "sasl.mechanisms",
         "sasl.username",
         "sasl.password",
-        "ssl.ca.location",
-        "ssl.certificate.location",
-        "ssl.key.location",
-        "ssl.key.password",
+        "ssl.endpoint.identification.algorithm",
+        *_SSL_FILES,
     }
-    if "security.protocol" in config:
-        props["security.protocol"] = str(config["security.protocol"]).upper()
-    mechanism = config.get("sasl.mechanism") or config.get("sasl.mechanisms")
-    if mechanism:
-        mechanism = str(mechanism).upper()
-        props["sasl.mechanism"] = mechanism
-    if "sasl.username" in config or "sasl.password" in config:
-        module = _JAAS_MODULES.get(mechanism or "PLAIN")
-        if module is None:
-            unsupported.append(f"sasl.username/sasl.password with sasl.mechanism={mechanism}")
-        else:
-            props["sasl.jaas.config"] = (
-                f"{module} required username={_jaas_quote(str(config.get('sasl.username', '')))} "
-                f"password={_jaas_quote(str(config.get('sasl.password', '')))};"
-            )
-    if "ssl.ca.location" in config:
-        props["ssl.truststore.type"] = "PEM"
-        props["ssl.truststore.location"] = str(config["ssl.ca.location"])
-    if "ssl.certificate.location" in config or "ssl.key.location" in config:
-        cert = config.get("ssl.certificate.location")
-        key = config.get("ssl.key.location")
-        if not (cert and key):
-            unsupported.append("ssl.certificate.location without ssl.key.location (or vice versa)")
-        else:
-            # The Java PEM key store wants the (PKCS#8) key and the certificate chain in one file.
-            bundle = workdir / "client-keystore.pem"
-            bundle.write_text(Path(key).read_text() + "\n" + Path(cert).read_text())
-            bundle.chmod(0o600)
-            props["ssl.keystore.type"] = "PEM"
-            props["ssl.keystore.location"] = str(bundle)
-            if config.get("ssl.key.password"):
-                props["ssl.key.password"] = str(config["ssl.key.password"])
-    if config.get("ssl.endpoint.identification.algorithm") == "none":
-        props["ssl.endpoint.identification.algorithm"] = ""
-    for key in config:
-        if key in handled or _IGNORED_KEYS.match(key):
-            continue
-        if key.startswith(("sasl.", "ssl.", "security.")):
-            unsupported.append(key)
-    if unsupported:
-        raise AirflowException(
-            "Cannot translate these Kafka connection settings for the Java TransactionsCommand: "
-            f"{', '.join(sorted(unsupported))}. Pass the equivalent Java client settings in "
-            "command_properties."
+)
+
+
+class KafkaAdminConfigError(AirflowException):
+    """A security setting of the Kafka connection that the Python admin client cannot use."""
+
+
+def kafka_python_config(config: dict[str, Any]) -> dict[str, Any]:
+    """
+    Translate a librdkafka config (a ``kafka`` connection's extra) into
+    ``kafka.KafkaAdminClient`` options.
+
+    Handled: ``bootstrap.servers``, ``client.id``, ``security.protocol`` (PLAINTEXT, SSL,
+    SASL_PLAINTEXT, SASL_SSL), ``sasl.mechanism(s)`` PLAIN / SCRAM-SHA-256 / SCRAM-SHA-512
+    with ``sasl.username`` and ``sasl.password``, ``ssl.ca.location``,
+    ``ssl.certificate.location``, ``ssl.key.location``, ``ssl.key.password``,
+    ``ssl.crl.location`` and ``ssl.endpoint.identification.algorithm`` (``https`` or ``none``).
+    Settings that are not about security (``group.id``, timeouts, callbacks, ...) are ignored:
+    they are librdkafka's. Any other ``security.*``, ``sasl.*`` or ``ssl.*`` setting (GSSAPI,
+    OAUTHBEARER, inline PEM strings, key stores) raises :class:`KafkaAdminConfigError` naming
+    the key; no value is ever put in the message.
+    """
+    out: dict[str, Any] = {}
+    servers = config.get("bootstrap.servers")
+    if not servers:
+        raise KafkaAdminConfigError("The Kafka connection has no bootstrap.servers")
+    out["bootstrap_servers"] = [s.strip() for s in str(servers).split(",") if s.strip()]
+    if config.get("client.id"):
+        out["client_id"] = str(config["client.id"])
+
+    unknown = sorted(
+        k for k in config if k not in _HANDLED and k.split(".", 1)[0] in ("security", "sasl", "ssl")
+    )
+    if unknown:
+        raise KafkaAdminConfigError(
+            f"Kafka connection setting(s) {', '.join(unknown)} are not supported by the Python admin "
+            "client used to find, describe and abort hanging transactions (supported: security.protocol, "
+            "sasl.mechanism PLAIN/SCRAM-SHA-256/SCRAM-SHA-512 with sasl.username and sasl.password, "
+            f"{', '.join(_SSL_FILES)}, ssl.endpoint.identification.algorithm)"
         )
-    return props
+
+    protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
+    if protocol not in _SECURITY_PROTOCOLS:
+        raise KafkaAdminConfigError(
+            f"Kafka connection setting security.protocol={protocol} is not one of "
+            f"{', '.join(sorted(_SECURITY_PROTOCOLS))}"
+        )
+    out["security_protocol"] = protocol
+
+    mechanism_key = "sasl.mechanism" if "sasl.mechanism" in config else "sasl.mechanisms"
+    credentials = [k for k in ("sasl.username", "sasl.password") if k in config]
+    if protocol.startswith("SASL_"):
+        # librdkafka's default mechanism is GSSAPI, which this client does not do.
+        mechanism = str(config.get(mechanism_key) or "GSSAPI").upper()
+        if mechanism not in _PASSWORD_MECHANISMS:
+            given = f"{mechanism_key}={mechanism}" if config.get(mechanism_key) else "sasl.mechanism (unset: GSSAPI)"
+            raise KafkaAdminConfigError(
+                f"Kafka connection setting {given} is not supported by the Python admin client "
+                f"(supported with security.protocol={protocol}: {', '.join(sorted(_PASSWORD_MECHANISMS))})"
+            )
+        missing = [k for k in ("sasl.username", "sasl.password") if not config.get(k)]
+        if missing:
+            raise KafkaAdminConfigError(
+                f"Kafka connection has security.protocol={protocol} with {mechanism_key}={mechanism} "
+                f"but no {' or '.join(missing)}"
+            )
+        out["sasl_mechanism"] = mechanism
+        out["sasl_plain_username"] = str(config["sasl.username"])
+        out["sasl_plain_password"] = str(config["sasl.password"])
+    elif credentials or config.get("sasl.mechanism") or config.get("sasl.mechanisms"):
+        sasl_keys = credentials + [k for k in ("sasl.mechanism", "sasl.mechanisms") if k in config]
+        raise KafkaAdminConfigError(
+            f"Kafka connection setting(s) {', '.join(sasl_keys)} given, but security.protocol={protocol} "
+            "does not use SASL (use SASL_PLAINTEXT or SASL_SSL)"
+        )
+
+    ssl_given = [k for k in _SSL_FILES if config.get(k)]
+    if protocol.endswith("SSL"):
+        for key in ssl_given:
+            out[_SSL_FILES[key]] = str(config[key])
+        if ("ssl.certificate.location" in config) != ("ssl.key.location" in config):
+            raise KafkaAdminConfigError(
+                "Kafka connection has only one of ssl.certificate.location and ssl.key.location "
+                "(a client certificate needs both)"
+            )
+        algorithm = str(config.get("ssl.endpoint.identification.algorithm", "https")).lower()
+        if algorithm not in ("https", "none"):
+            raise KafkaAdminConfigError(
+                f"Kafka connection setting ssl.endpoint.identification.algorithm={algorithm} is not https or none"
+            )
+        out["ssl_check_hostname"] = algorithm == "https"
+    elif ssl_given:
+        raise KafkaAdminConfigError(
+            f"Kafka connection setting(s) {', '.join(ssl_given)} given, but security.protocol={protocol} "
+            "does not use TLS (use SSL or SASL_SSL)"
+        )
+    return out
 
 
-def parse_table(stdout: str) -> list[dict[str, Any]]:
-    """Parse the tab-separated table TransactionsCommand prints (header + rows);
-    numbers become ints and ``None`` becomes None."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if not lines:
-        return []
-    header = [h.strip() for h in lines[0].split("\t") if h.strip()]
-    rows: list[dict[str, Any]] = []
-    for line in lines[1:]:
-        cells = [c.strip() for c in line.split("\t")]
-        row: dict[str, Any] = {}
-        for name, cell in zip(header, cells, strict=False):
-            if cell == "None":
-                row[name] = None
-            elif re.fullmatch(r"-?\d+", cell):
-                row[name] = int(cell)
-            else:
-                row[name] = cell
-        rows.append(row)
-    return rows
+class _RedactAdminConfig(logging.Filter):
+    """kafka-python logs its whole configuration, password included, at DEBUG when an admin
+    client starts: replace that record's arguments so no secret reaches a task log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Starting KafkaAdminClient with configuration"):
+            record.args = ("<redacted>",)
+        return True
+
+
+_REDACT = _RedactAdminConfig()
+logging.getLogger("kafka.admin.client").addFilter(_REDACT)
+# kafka-python logs every connection and transport at INFO: a dozen lines per call in a task log.
+# Unless a deployment configured its logger, only its warnings and errors are shown.
+if logging.getLogger("kafka").level == logging.NOTSET:
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+def _stop_partial(client: Any) -> None:
+    """Stop what a ``KafkaAdminClient`` whose ``__init__`` failed had started (as its ``close``)."""
+    for part, method in (("_client", "close"), ("_net", "stop")):
+        try:
+            getattr(getattr(client, part), method)()
+        except Exception:  # best effort: the start's own error is what matters
+            pass
+
+
+def _producer_row(p: Any) -> dict[str, Any]:
+    """A ``DescribeProducers`` entry, with the column names of Kafka's ``describe-producers``."""
+    start = int(p.current_transaction_start_offset)
+    return {
+        "ProducerId": int(p.producer_id),
+        "ProducerEpoch": int(p.producer_epoch),
+        "LatestCoordinatorEpoch": int(p.coordinator_epoch),
+        "LastSequence": int(p.last_sequence),
+        "LastTimestamp": int(p.last_timestamp),
+        "CurrentTransactionStartOffset": start if start >= 0 else None,
+    }
 
 
 def open_transaction_of(rows: list[dict[str, Any]], last_stable: int | None = None) -> dict[str, Any] | None:
     """
-    The ``describe-producers`` row whose open transaction holds the partition's LSO back.
+    The ``describe_producers`` row whose open transaction holds the partition's LSO back.
 
     The LSO is the first offset of the partition's oldest open transaction, so that is the
     producer whose ``CurrentTransactionStartOffset`` equals it; without ``last_stable`` (or if
     none equals it: the LSO moved since it was read) the open transaction that started first.
 
-    :param rows: parsed ``describe-producers`` rows.
+    :param rows: ``describe_producers`` rows.
     :param last_stable: the partition's LSO, if known.
     :return: the row, or None when no producer has an open transaction.
     """
@@ -158,18 +212,12 @@ def open_transaction_of(rows: list[dict[str, Any]], last_stable: int | None = No
 
 class KafkaTransactionsHook(KafkaBaseHook):
     """
-    Runs Kafka's ``TransactionsCommand`` against the cluster of a ``kafka`` connection.
+    Finds, describes and aborts open Kafka transactions with kafka-python's admin client.
 
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
-        (``bootstrap.servers`` and security settings come from its extra).
-    :param tools_classpath: classpath with Kafka's ``kafka-tools`` jars; defaults to the
-        ``EOS_KAFKA_TOOLS_CLASSPATH`` environment variable.
-    :param kafka_transactions_script: path of ``kafka-transactions.sh``, used instead of
-        ``java -cp`` when given.
-    :param java_bin: the ``java`` executable.
-    :param command_properties: extra Java admin client properties, written (with the
-        translated connection security settings) to a mode-600 ``--command-config`` file.
-    :param command_timeout: seconds allowed for each tool run.
+        (``bootstrap.servers`` and security settings come from its extra, librdkafka names;
+        see :func:`kafka_python_config`).
+    :param request_timeout: seconds allowed to reach the cluster and for each request.
     """
 
     hook_name = "EOS Kafka transactions"
@@ -178,73 +226,98 @@ class KafkaTransactionsHook(KafkaBaseHook):
         self,
         kafka_config_id: str = KafkaBaseHook.default_conn_name,
         *,
-        tools_classpath: str | None = None,
-        kafka_transactions_script: str | None = None,
-        java_bin: str = "java",
-        command_properties: dict[str, str] | None = None,
-        command_timeout: float = 120.0,
+        request_timeout: float = 30.0,
     ) -> None:
         super().__init__(kafka_config_id=kafka_config_id)
-        self.tools_classpath = tools_classpath
-        self.kafka_transactions_script = kafka_transactions_script
-        self.java_bin = java_bin
-        self.command_properties = dict(command_properties or {})
-        self.command_timeout = float(command_timeout)
+        self.request_timeout = float(request_timeout)
 
-    # ---------------------------------------------------------------- command line
-    def base_command(self) -> list[str]:
-        """``kafka-transactions.sh`` or ``java -cp <tools classpath> TransactionsCommand``."""
-        if self.kafka_transactions_script:
-            return [self.kafka_transactions_script]
-        classpath = self.tools_classpath or os.environ.get(CLASSPATH_ENV)
-        if not classpath:
-            raise AirflowException(
-                f"No Kafka tools classpath: set tools_classpath, the {CLASSPATH_ENV} environment "
-                "variable, or kafka_transactions_script."
-            )
-        return [self.java_bin, "-cp", classpath, TOOL_CLASS]
+    def client_config(self) -> dict[str, Any]:
+        """The ``KafkaAdminClient`` options for this connection."""
+        timeout_ms = max(1, int(self.request_timeout * 1000))
+        return {
+            **kafka_python_config(self._build_config()),
+            "request_timeout_ms": timeout_ms,
+            "bootstrap_timeout_ms": timeout_ms,
+        }
 
-    def run_command(self, args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    def _failure(self, what: str, err: Exception, servers: Any = None) -> AirflowException:
+        where = f" ({','.join(servers)})" if servers else ""
+        return AirflowException(
+            f"Kafka {what} through connection {self.kafka_config_id!r}{where} failed: {type(err).__name__}: {err}"
+        )
+
+    @contextmanager
+    def admin_client(self) -> Iterator[Any]:
+        """A connected ``kafka.KafkaAdminClient``, closed on exit."""
+        from kafka import KafkaAdminClient
+
+        config = self.client_config()
+        # Created in two steps so that a client whose start fails (cluster unreachable, wrong
+        # password) can still be stopped: kafka-python starts its IO thread before it bootstraps.
+        client = KafkaAdminClient.__new__(KafkaAdminClient)
+        try:
+            client.__init__(**config)
+        except Exception as err:
+            _stop_partial(client)
+            raise self._failure("admin client start", err, config["bootstrap_servers"]) from err
+        try:
+            yield client
+        finally:
+            client.close()
+
+    # ---------------------------------------------------------------- describe
+    def describe_producers(self, topic: str, partition: int, broker_id: int | None = None) -> list[dict[str, Any]]:
         """
-        Run one ``TransactionsCommand`` sub-command.
-
-        :param args: the sub-command and its arguments (``["describe-producers", "--topic", ...]``).
-        :param check: raise ``AirflowException`` (with the tool's error) on a non-zero exit.
+        ``DescribeProducers`` on one partition (its leader, or replica ``broker_id``): its active
+        producers as rows with Kafka's ``describe-producers`` columns (``ProducerId``,
+        ``ProducerEpoch``, ``LatestCoordinatorEpoch``, ``LastSequence``, ``LastTimestamp``,
+        ``CurrentTransactionStartOffset``: None when the producer has no open transaction).
         """
-        config = self._build_config()
-        with tempfile.TemporaryDirectory(prefix="eos-kafka-txn-") as tmp:
-            workdir = Path(tmp)
-            workdir.chmod(0o700)
-            cmd = [*self.base_command(), "--bootstrap-server", str(config["bootstrap.servers"])]
-            props = java_client_properties(config, workdir)
-            props.update(self.command_properties)
-            if props:
-                path = workdir / "command.properties"
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    for key, value in props.items():
-                        fh.write(f"{key}={_properties_escape(str(value))}\n")
-                cmd += ["--command-config", str(path)]
-            cmd += args
-            self.log.info("Running %s", shlex.join(cmd))
+        from kafka import TopicPartition
+
+        tp = TopicPartition(topic, int(partition))
+        with self.admin_client() as client:
             try:
-                result = subprocess.run(cmd, capture_output=True, text=True, timeout=self.command_timeout, check=False)
-            except FileNotFoundError as err:
-                raise AirflowException(f"Cannot run the Kafka TransactionsCommand ({cmd[0]}): {err}") from err
-            except subprocess.TimeoutExpired as err:
-                raise AirflowException(
-                    f"Kafka TransactionsCommand {args[0]} did not finish within {self.command_timeout}s"
-                ) from err
-        if result.stdout.strip():
-            self.log.info("%s output:\n%s", args[0], result.stdout.rstrip())
-        if check and result.returncode != 0:
-            raise AirflowException(
-                f"Kafka TransactionsCommand {shlex.join(args)} failed (exit {result.returncode}): "
-                f"{(result.stderr or result.stdout).strip()[-2000:]}"
-            )
-        return result
+                state = client.describe_producers([tp], broker_id=broker_id)[tp]
+            except Exception as err:
+                raise self._failure(f"DescribeProducers of {topic}[{partition}]", err) from err
+        rows = [_producer_row(p) for p in state.active_producers]
+        self.log.info("Producers of %s[%s]: %s", topic, partition, rows)
+        return rows
 
-    # ---------------------------------------------------------------- sub-commands
+    def describe_transaction(self, transactional_id: str) -> dict[str, Any] | None:
+        """
+        ``DescribeTransactions`` at the id's coordinator, with Kafka's ``describe`` columns
+        (``CoordinatorId``, ``TransactionalId``, ``ProducerId``, ``ProducerEpoch``,
+        ``TransactionState``, ``TransactionTimeoutMs``, ``CurrentTransactionStartTimeMs``,
+        ``TopicPartitions``: ``[(topic, partition), ...]``); None if the coordinator does not
+        know the id.
+        """
+        with self.admin_client() as client:
+            return self._describe_transaction(client, transactional_id)
+
+    def _describe_transaction(self, client: Any, transactional_id: str) -> dict[str, Any] | None:
+        from kafka.errors import TransactionalIdNotFoundError
+
+        try:
+            d = client.describe_transactions([transactional_id])[transactional_id]
+        except TransactionalIdNotFoundError:
+            return None
+        except Exception as err:
+            raise self._failure(f"DescribeTransactions of {transactional_id!r}", err) from err
+        start = int(d.transaction_start_time_ms)
+        return {
+            "CoordinatorId": int(d.coordinator_id),
+            "TransactionalId": transactional_id,
+            "ProducerId": int(d.producer_id),
+            "ProducerEpoch": int(d.producer_epoch),
+            "TransactionState": d.state.value,
+            "TransactionTimeoutMs": int(d.transaction_timeout_ms),
+            "CurrentTransactionStartTimeMs": start if start >= 0 else None,
+            "TopicPartitions": sorted((tp.topic, tp.partition) for tp in d.topic_partitions),
+        }
+
+    # ---------------------------------------------------------------- find-hanging
     def find_hanging(
         self,
         *,
@@ -254,32 +327,153 @@ class KafkaTransactionsHook(KafkaBaseHook):
         max_transaction_timeout_minutes: int | None = None,
     ) -> list[dict[str, Any]]:
         """
-        ``find-hanging``: transactions open longer than ``max_transaction_timeout_minutes``
-        that their coordinator no longer knows, on ``broker_id`` or ``topic`` [``partition``].
+        Transactions open on a partition for longer than ``max_transaction_timeout_minutes``
+        (default 15: Kafka's ``transaction.max.timeout.ms``) that their coordinator no longer
+        resolves, on the partitions of ``topic`` [``partition``] and/or with a replica on
+        ``broker_id`` (asked there). Rows have the columns of Kafka's ``find-hanging``:
+        ``Topic``, ``Partition``, ``ProducerId``, ``ProducerEpoch``, ``CoordinatorEpoch``,
+        ``StartOffset``, ``LastTimestamp``, ``Duration(min)``.
+
+        Partition side first: ``DescribeProducers`` on every partition in scope gives each
+        open transaction and the time of its producer's last write there; one older than the
+        maximum timeout is a candidate. Then the coordinators: ``ListTransactions`` filtered on
+        the candidates' producer ids, and ``DescribeTransactions`` of their transactional ids.
+        A candidate is hanging when no coordinator lists its producer id, its id is unknown,
+        or the coordinator's transaction does not include the partition (it has completed, or
+        a later one is running).
         """
-        args = ["find-hanging"]
-        if broker_id is not None:
-            args += ["--broker-id", str(broker_id)]
-        elif topic:
-            args += ["--topic", topic]
-            if partition is not None:
-                args += ["--partition", str(partition)]
-        else:
+        if broker_id is None and not topic:
             raise AirflowException("find-hanging needs broker_id or topic")
-        if max_transaction_timeout_minutes is not None:
-            args += ["--max-transaction-timeout", str(max_transaction_timeout_minutes)]
-        return parse_table(self.run_command(args).stdout)
-
-    def describe_producers(self, topic: str, partition: int) -> list[dict[str, Any]]:
-        """``describe-producers``: the partition's active producers (``ProducerId``,
-        ``ProducerEpoch``, ``CurrentTransactionStartOffset``, ...)."""
-        return parse_table(
-            self.run_command(["describe-producers", "--topic", topic, "--partition", str(int(partition))]).stdout
+        if partition is not None and not topic:
+            raise AirflowException("find-hanging's partition needs topic")
+        max_ms = 60_000 * (15 if max_transaction_timeout_minutes is None else int(max_transaction_timeout_minutes))
+        with self.admin_client() as client:
+            partitions = self._partitions_in_scope(client, broker_id, topic, partition)
+            candidates = self._candidates(client, partitions, broker_id, max_ms)
+            hanging = self._unresolved(client, candidates) if candidates else []
+        now_ms = int(time.time() * 1000)
+        rows = [
+            {
+                "Topic": tp.topic,
+                "Partition": tp.partition,
+                "ProducerId": int(p.producer_id),
+                "ProducerEpoch": int(p.producer_epoch),
+                "CoordinatorEpoch": int(p.coordinator_epoch),
+                "StartOffset": int(p.current_transaction_start_offset),
+                "LastTimestamp": int(p.last_timestamp),
+                "Duration(min)": (now_ms - int(p.last_timestamp)) // 60_000,
+            }
+            for tp, p in hanging
+        ]
+        self.log.info(
+            "find-hanging on %d partition(s): %d open longer than %d min, %d hanging: %s",
+            len(partitions), len(candidates), max_ms // 60_000, len(rows), rows,
         )
+        return rows
 
-    def abort(self, topic: str, partition: int, start_offset: int) -> None:
-        """``abort``: write an abort marker for the transaction starting at ``start_offset``."""
-        self.log.warning("Aborting the transaction at %s[%s] starting at offset %s", topic, partition, start_offset)
-        self.run_command(
-            ["abort", "--topic", topic, "--partition", str(int(partition)), "--start-offset", str(int(start_offset))]
-        )
+    def _partitions_in_scope(
+        self, client: Any, broker_id: int | None, topic: str | None, partition: int | None
+    ) -> list[Any]:
+        from kafka import TopicPartition
+
+        if topic and partition is not None:
+            return [TopicPartition(topic, int(partition))]
+        try:
+            described = client.describe_topics([topic] if topic else None)
+        except Exception as err:
+            raise self._failure("topic metadata", err) from err
+        found = []
+        for t in described:
+            if t.get("error_code"):
+                from kafka.errors import for_code
+
+                raise self._failure(f"metadata of topic {t.get('name')!r}", for_code(t["error_code"])())
+            for p in t.get("partitions", ()):
+                if broker_id is None or int(broker_id) in p.get("replica_nodes", ()):
+                    found.append(TopicPartition(t["name"], int(p["partition_index"])))
+        return sorted(found)
+
+    def _candidates(self, client: Any, partitions: list[Any], broker_id: int | None, max_ms: int) -> list[Any]:
+        """``(TopicPartition, ProducerState)`` of every transaction open on ``partitions`` whose
+        producer last wrote there more than ``max_ms`` ago."""
+        found = []
+        for i in range(0, len(partitions), DESCRIBE_BATCH):
+            batch = partitions[i : i + DESCRIBE_BATCH]
+            try:
+                states = client.describe_producers(batch, broker_id=broker_id)
+            except Exception as err:
+                raise self._failure(f"DescribeProducers of {len(batch)} partition(s)", err) from err
+            now_ms = int(time.time() * 1000)
+            for tp, state in states.items():
+                for p in state.active_producers:
+                    if p.current_transaction_start_offset >= 0 and now_ms - p.last_timestamp > max_ms:
+                        found.append((tp, p))
+        return found
+
+    def _unresolved(self, client: Any, candidates: list[Any]) -> list[Any]:
+        """The candidates whose coordinator does not know their transaction on that partition."""
+        producer_ids = sorted({int(p.producer_id) for _, p in candidates})
+        try:
+            listings = client.list_transactions(producer_id_filters=producer_ids)
+        except Exception as err:
+            raise self._failure("ListTransactions", err) from err
+        transactional_ids = {
+            int(t.producer_id): t.transactional_id
+            for per_broker in listings.values()
+            for t in per_broker
+            if int(t.producer_id) in producer_ids
+        }
+        descriptions = {
+            txn_id: self._describe_transaction(client, txn_id) for txn_id in sorted(set(transactional_ids.values()))
+        }
+        hanging = []
+        for tp, p in candidates:
+            txn_id = transactional_ids.get(int(p.producer_id))
+            description = descriptions.get(txn_id) if txn_id is not None else None
+            if description is None or (tp.topic, tp.partition) not in description["TopicPartitions"]:
+                hanging.append((tp, p))
+        return hanging
+
+    # ---------------------------------------------------------------- abort
+    def abort(self, topic: str, partition: int, start_offset: int) -> dict[str, Any]:
+        """
+        Abort the transaction open on ``topic``/``partition`` that starts at ``start_offset``:
+        ``DescribeProducers`` finds its producer id and epoch, then ``WriteTxnMarkers`` writes an
+        abort marker at the partition's leader (the coordinator epoch is the producer's latest,
+        or 0 when it has none yet, as Kafka's tool does).
+
+        :return: the aborted producer's ``describe_producers`` row.
+        :raises AirflowException: when no producer has an open transaction starting there.
+        """
+        from kafka import TopicPartition
+        from kafka.admin import AbortTransactionSpec
+
+        tp = TopicPartition(topic, int(partition))
+        with self.admin_client() as client:
+            try:
+                producers = client.describe_producers([tp])[tp].active_producers
+            except Exception as err:
+                raise self._failure(f"DescribeProducers of {topic}[{partition}]", err) from err
+            match = [p for p in producers if p.current_transaction_start_offset == int(start_offset)]
+            if not match:
+                starts = sorted(p.current_transaction_start_offset for p in producers)
+                raise AirflowException(
+                    f"Could not find any open transactions starting at offset {start_offset} on partition "
+                    f"{topic}-{partition} (open ones start at {[s for s in starts if s >= 0]})"
+                )
+            p = match[0]
+            spec = AbortTransactionSpec(
+                topic_partition=tp,
+                producer_id=int(p.producer_id),
+                producer_epoch=int(p.producer_epoch),
+                coordinator_epoch=max(0, int(p.coordinator_epoch)),
+            )
+            self.log.warning(
+                "Aborting the transaction at %s[%s] starting at offset %s (producer id %s epoch %s)",
+                topic, partition, start_offset, spec.producer_id, spec.producer_epoch,
+            )
+            try:
+                client.abort_transaction(spec)
+            except Exception as err:
+                raise self._failure(f"abort (WriteTxnMarkers) of {topic}[{partition}] at {start_offset}", err) from err
+        return _producer_row(p)

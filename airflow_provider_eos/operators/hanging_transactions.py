@@ -1,7 +1,6 @@
 """Find, describe and (only when confirmed) abort hanging Kafka transactions.
 
-The Kafka tool work (Kafka's own ``TransactionsCommand``, KIP-664, run in a subprocess
-because librdkafka has no DescribeProducers or admin-abort API) is in
+The Kafka work (KIP-664's admin calls in pure Python, through kafka-python: no JVM) is in
 :class:`~airflow_provider_eos.hooks.kafka_transactions.KafkaTransactionsHook`; this operator
 only decides what to run and what may be aborted.
 """
@@ -14,24 +13,19 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.hooks.kafka_transactions import (  # noqa: F401  (re-exported: the former home)
-    CLASSPATH_ENV,
-    TOOL_CLASS,
-    KafkaTransactionsHook,
-    java_client_properties,
-    parse_table,
-)
+from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook
 
 ACTIONS = ("find-hanging", "describe-producers", "abort")
 
 
 class HangingTransactionsOperator(BaseOperator):
     """
-    Runs Kafka's ``TransactionsCommand`` to find, describe or abort open transactions.
+    Finds, describes or aborts open Kafka transactions (the calls of Kafka's
+    ``kafka-transactions.sh``, made from Python by the hook).
 
     * ``action='find-hanging'``: transactions that have been open longer than
       ``max_transaction_timeout_minutes`` and that their coordinator no longer
-      knows (``--broker-id`` or ``--topic`` [``--partition``]).
+      resolves (on ``broker_id`` or ``topic`` [``partition``]; see the hook's ``find_hanging``).
     * ``action='describe-producers'``: the active producers of ``topic``/``partition``,
       including ``CurrentTransactionStartOffset`` of an open transaction.
     * ``action='abort'``: abort the transaction starting at ``start_offset`` of
@@ -43,7 +37,9 @@ class HangingTransactionsOperator(BaseOperator):
     finds.
 
     The returned XCom is a dict with ``action``, ``rows`` (the parsed table),
-    ``aborted`` (list of ``{topic, partition, start_offset}``) and ``would_abort``.
+    ``aborted`` (list of ``{topic, partition, start_offset}``) and ``would_abort``. The rows
+    have the column names of Kafka's tool (``ProducerId``, ``CurrentTransactionStartOffset``,
+    ``StartOffset``, ...).
 
     :param action: ``find-hanging``, ``describe-producers`` or ``abort``.
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
@@ -52,12 +48,10 @@ class HangingTransactionsOperator(BaseOperator):
     :param partition: partition number.
     :param broker_id: broker to search (``find-hanging``).
     :param start_offset: first offset of the transaction to abort (``abort``).
-    :param max_transaction_timeout_minutes: ``find-hanging --max-transaction-timeout``
-        (the broker's ``transaction.max.timeout.ms`` in minutes; Kafka's default 15).
+    :param max_transaction_timeout_minutes: for ``find-hanging``: the broker's
+        ``transaction.max.timeout.ms`` in minutes (Kafka's default 15).
     :param confirm_abort: actually abort; otherwise only report.
-    :param tools_classpath: passed to :class:`~airflow_provider_eos.hooks.kafka_transactions.KafkaTransactionsHook`,
-        like ``kafka_transactions_script``, ``java_bin``, ``command_properties`` and
-        ``command_timeout`` (see the hook for their meaning).
+    :param request_timeout: seconds allowed to reach the cluster and for each admin request.
     """
 
     template_fields: Sequence[str] = ("action", "topic", "partition", "start_offset", "broker_id")
@@ -74,11 +68,7 @@ class HangingTransactionsOperator(BaseOperator):
         start_offset: int | None = None,
         max_transaction_timeout_minutes: int | None = None,
         confirm_abort: bool = False,
-        tools_classpath: str | None = None,
-        kafka_transactions_script: str | None = None,
-        java_bin: str = "java",
-        command_properties: dict[str, str] | None = None,
-        command_timeout: float = 120.0,
+        request_timeout: float = 30.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -92,21 +82,10 @@ class HangingTransactionsOperator(BaseOperator):
         self.start_offset = start_offset
         self.max_transaction_timeout_minutes = max_transaction_timeout_minutes
         self.confirm_abort = confirm_abort
-        self.tools_classpath = tools_classpath
-        self.kafka_transactions_script = kafka_transactions_script
-        self.java_bin = java_bin
-        self.command_properties = dict(command_properties or {})
-        self.command_timeout = command_timeout
+        self.request_timeout = float(request_timeout)
 
     def hook(self) -> KafkaTransactionsHook:
-        return KafkaTransactionsHook(
-            kafka_config_id=self.kafka_config_id,
-            tools_classpath=self.tools_classpath,
-            kafka_transactions_script=self.kafka_transactions_script,
-            java_bin=self.java_bin,
-            command_properties=self.command_properties,
-            command_timeout=self.command_timeout,
-        )
+        return KafkaTransactionsHook(kafka_config_id=self.kafka_config_id, request_timeout=self.request_timeout)
 
     def _require_partition(self) -> tuple[str, int]:
         if not self.topic or self.partition is None:

@@ -189,7 +189,8 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         """
         if not report.hanging:
             return []
-        hook = KafkaTransactionsHook(kafka_config_id=self.kafka_config_id)
+        # kafka-python's DescribeProducers (no JVM), bounded like the sensor's other requests.
+        hook = KafkaTransactionsHook(kafka_config_id=self.kafka_config_id, request_timeout=self.request_timeout)
         details = []
         for p in report.hanging:
             entry: dict[str, Any] = {

@@ -99,3 +99,34 @@ def open_transaction(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@contextmanager
+def python_admin_only() -> Iterator[dict]:
+    """Within the block, no child process may start (``subprocess``, ``os.system``,
+    ``os.posix_spawn``, ``os.fork``: a ``java`` TransactionsCommand would need one), and every
+    kafka-python ``KafkaAdminClient`` that starts is counted: yields
+    ``{"admin_clients": n, "spawn_attempts": [...]}``."""
+    import kafka.admin.client as kafka_admin
+    import pytest
+
+    seen: dict = {"admin_clients": 0, "spawn_attempts": []}
+
+    def forbidden(name):
+        def spawn(*args, **kwargs):
+            seen["spawn_attempts"].append((name, args[:2]))
+            raise AssertionError(f"{name} called during a Python-admin-only block: {args[:2]!r}")
+        return spawn
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "__init__", forbidden("subprocess.Popen"))
+        for name in ("system", "posix_spawn", "posix_spawnp", "fork"):
+            mp.setattr(os, name, forbidden(f"os.{name}"))
+        original_init = kafka_admin.KafkaAdminClient.__init__
+
+        def counting_init(self, **configs):
+            seen["admin_clients"] += 1
+            original_init(self, **configs)
+
+        mp.setattr(kafka_admin.KafkaAdminClient, "__init__", counting_init)
+        yield seen

@@ -8,10 +8,13 @@ is kept in ``<meta>.lso_watch`` between runs, so:
 
 1. the first run reports the partition ``open`` (stuck ~3 s), not hanging;
 2. a run after the real stuck time passed ``hanging_after`` reports it ``hanging``, naming
-   the producer (checked against the coordinator's own ``describe --transactional-id``),
+   the producer (checked against the coordinator's own ``DescribeTransactions``),
    the transaction's start offset and the abort operator's parameters;
 3. ``HangingTransactionsOperator(**those parameters)`` aborts it; the next run is healthy
    and the stored state is cleared.
+
+The producer's details and the abort go through kafka-python's admin client (no JVM): from the
+moment the producer is killed no child process may start, and admin clients are counted.
 
 Both sensor paths: deferrable (the trigger serialized, re-created and run in-process with
 asyncio, as the triggerer would) and non-deferrable (``poke``).
@@ -30,11 +33,11 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from confluent_kafka import Producer
 
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
-from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook, parse_table
+from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook
 from airflow_provider_eos.operators.hanging_transactions import HangingTransactionsOperator
 from airflow_provider_eos.sensors.lso_lag import HANGING_XCOM_KEY, LastStableOffsetLagSensor
 from airflow_provider_eos.triggers.lso_lag import LsoLagTrigger
-from tests.helpers.kafka import create_topic, delete_topics, open_transaction, wait_for_markers
+from tests.helpers.kafka import create_topic, delete_topics, open_transaction, python_admin_only, wait_for_markers
 
 pytestmark = pytest.mark.integration
 
@@ -147,54 +150,60 @@ def test_hanging_transaction_seen_across_runs_then_aborted(setup, kafka_bootstra
     start_offset = COMMITTED + 1
     with open_transaction(kafka_bootstrap, topic, partition=0, count=5, txn_timeout_ms=600_000) as info:
         pass  # the producer is SIGKILLed: its transaction stays open on the broker
-    offsets = KafkaOffsetsHook(kafka_config_id=KAFKA_CONN).partition_offsets([topic])[(topic, 0)]
-    assert (offsets.high_watermark, offsets.last_stable) == (start_offset + 5, start_offset)
+    with python_admin_only() as seen:
+        offsets = KafkaOffsetsHook(kafka_config_id=KAFKA_CONN).partition_offsets([topic])[(topic, 0)]
+        assert (offsets.high_watermark, offsets.last_stable) == (start_offset + 5, start_offset)
 
-    # Run 1: stuck for stuck_after within this run: open, not hanging.
-    first = _run(_sensor(setup, 1, deferrable))
-    assert not first["ok"]
-    row = _row(first["message"], topic, 0)
-    print(f"\nrun 1 ({first['seconds']:.1f}s): {' '.join(row)}")
-    assert row[6] == "open" and float(row[5]) < HANGING_AFTER
-    assert "hanging transaction" not in first["message"] and HANGING_XCOM_KEY not in first["xcom"]
-    assert _row(first["message"], topic, 1)[6] == "ok"
-    stored = _stored(pg_conn, setup)
-    assert [(r["topic"], r["partition"], r["lso"]) for r in stored] == [(topic, 0, start_offset)]
-    stuck_since = time.time() - stored[0]["age"]
+        # Run 1: stuck for stuck_after within this run: open, not hanging.
+        first = _run(_sensor(setup, 1, deferrable))
+        assert not first["ok"]
+        row = _row(first["message"], topic, 0)
+        print(f"\nrun 1 ({first['seconds']:.1f}s): {' '.join(row)}")
+        assert row[6] == "open" and float(row[5]) < HANGING_AFTER
+        assert "hanging transaction" not in first["message"] and HANGING_XCOM_KEY not in first["xcom"]
+        assert _row(first["message"], topic, 1)[6] == "ok"
+        stored = _stored(pg_conn, setup)
+        assert [(r["topic"], r["partition"], r["lso"]) for r in stored] == [(topic, 0, start_offset)]
+        stuck_since = time.time() - stored[0]["age"]
 
-    # Run 2, half-way: starts from the stored time, so it is open at its first observation.
-    time.sleep(max(0.0, info["began_at"] + HANGING_AFTER / 2 - time.time()))
-    second = _run(_sensor(setup, 2, deferrable))
-    row = _row(second["message"], topic, 0)
-    print(f"run 2 ({second['seconds']:.1f}s): {' '.join(row)}")
-    assert not second["ok"] and row[6] == "open" and float(row[5]) >= HANGING_AFTER / 2 - 1
-    assert second["seconds"] < STUCK_AFTER  # no need to watch for stuck_after again
+        # Run 2, half-way: starts from the stored time, so it is open at its first observation.
+        time.sleep(max(0.0, info["began_at"] + HANGING_AFTER / 2 - time.time()))
+        second = _run(_sensor(setup, 2, deferrable))
+        row = _row(second["message"], topic, 0)
+        print(f"run 2 ({second['seconds']:.1f}s): {' '.join(row)}")
+        assert not second["ok"] and row[6] == "open" and float(row[5]) >= HANGING_AFTER / 2 - 1
+        assert second["seconds"] < STUCK_AFTER  # no need to watch for stuck_after again
 
-    # Run 3, once the partition has really been stuck for hanging_after: hanging, with the abort.
-    time.sleep(max(0.0, stuck_since + HANGING_AFTER + 1 - time.time()))
-    third = _run(_sensor(setup, 3, deferrable))
-    row = _row(third["message"], topic, 0)
-    print(f"run 3 ({third['seconds']:.1f}s): {' '.join(row)}\n{third['message']}")
-    assert not third["ok"] and row[6] == "hanging" and HANGING_AFTER <= float(row[5]) <= HANGING_AFTER + 5
-    [hanging] = third["xcom"][HANGING_XCOM_KEY]
-    coordinator = parse_table(KafkaTransactionsHook(kafka_config_id=KAFKA_CONN).run_command(
-        ["describe", "--transactional-id", info["transactional_id"]]).stdout)[0]
-    assert hanging["producer"]["producer_id"] == coordinator["ProducerId"]
-    assert hanging["producer"]["producer_epoch"] == coordinator["ProducerEpoch"]
-    assert hanging["start_offset"] == start_offset
-    abort = {"action": "abort", "kafka_config_id": KAFKA_CONN, "topic": topic, "partition": 0,
-             "start_offset": start_offset, "confirm_abort": True}
-    assert hanging["abort"] == abort
-    assert f"producer id {coordinator['ProducerId']}" in third["message"] and json.dumps(abort) in third["message"]
-    assert KafkaOffsetsHook(kafka_config_id=KAFKA_CONN).partition_offsets([topic])[(topic, 0)].lag == 5  # not aborted
+        # Run 3, once the partition has really been stuck for hanging_after: hanging, with the abort.
+        time.sleep(max(0.0, stuck_since + HANGING_AFTER + 1 - time.time()))
+        third = _run(_sensor(setup, 3, deferrable))
+        row = _row(third["message"], topic, 0)
+        print(f"run 3 ({third['seconds']:.1f}s): {' '.join(row)}\n{third['message']}")
+        assert not third["ok"] and row[6] == "hanging" and HANGING_AFTER <= float(row[5]) <= HANGING_AFTER + 5
+        [hanging] = third["xcom"][HANGING_XCOM_KEY]
+        coordinator = KafkaTransactionsHook(kafka_config_id=KAFKA_CONN).describe_transaction(info["transactional_id"])
+        assert coordinator is not None and coordinator["TransactionState"] == "Ongoing"
+        assert coordinator["TopicPartitions"] == [(topic, 0)]
+        assert hanging["producer"]["producer_id"] == coordinator["ProducerId"]
+        assert hanging["producer"]["producer_epoch"] == coordinator["ProducerEpoch"]
+        assert hanging["start_offset"] == start_offset
+        abort = {"action": "abort", "kafka_config_id": KAFKA_CONN, "topic": topic, "partition": 0,
+                 "start_offset": start_offset, "confirm_abort": True}
+        assert hanging["abort"] == abort
+        assert f"producer id {coordinator['ProducerId']}" in third["message"] and json.dumps(abort) in third["message"]
+        not_aborted = KafkaOffsetsHook(kafka_config_id=KAFKA_CONN).partition_offsets([topic])[(topic, 0)]
+        assert not_aborted.lag == 5
 
-    # A person triggers exactly the reported abort.
-    done = HangingTransactionsOperator(task_id="abort_hanging", **hanging["abort"]).execute({})
-    assert done["aborted"] == [{"topic": topic, "partition": 0, "start_offset": start_offset}]
-    wait_for_markers(kafka_bootstrap, topic)
+        # A person triggers exactly the reported abort.
+        done = HangingTransactionsOperator(task_id="abort_hanging", **hanging["abort"]).execute({})
+        assert done["aborted"] == [{"topic": topic, "partition": 0, "start_offset": start_offset}]
+        wait_for_markers(kafka_bootstrap, topic)
 
-    # Run 4: healthy, and nothing is kept for the next run.
-    fourth = _run(_sensor(setup, 4, deferrable))
-    print(f"run 4 ({fourth['seconds']:.1f}s): ok={fourth['ok']}")
-    assert fourth["ok"], fourth["message"]
-    assert _stored(pg_conn, setup) == []
+        # Run 4: healthy, and nothing is kept for the next run.
+        fourth = _run(_sensor(setup, 4, deferrable))
+        print(f"run 4 ({fourth['seconds']:.1f}s): ok={fourth['ok']}")
+        assert fourth["ok"], fourth["message"]
+        assert _stored(pg_conn, setup) == []
+    assert seen["spawn_attempts"] == []
+    # Run 3's describe_producers, the coordinator check and the operator's describe + abort.
+    assert seen["admin_clients"] == 4
