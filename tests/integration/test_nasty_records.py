@@ -6,7 +6,8 @@ shape (a timestamp offset past 15:59, a date that does not exist, integers past
 bigint, text past ``varchar(64)``), bytes the parser cannot read (invalid UTF-8,
 nesting past the recursion limit, a 5,000-digit integer, NUL, a lone surrogate),
 and edge values PostgreSQL accepts (bigint's bounds, an offset of 15:59, text
-full of escapes). Each path must converge in one run: every refused record is
+full of escapes). Each path must converge in one run (two counted attempts, then
+the batch's records isolated in the same driver): every refused record is
 quarantined with its coordinates, raw bytes and, for the database's refusals,
 its SQLSTATE; nothing else is; the audit is exact.
 """
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -94,9 +96,8 @@ def _replay(config: dict, tmp_path: Path) -> int:
     ("engine", "delivery", "record_parsing", "write_path"),
     [
         ("spark", "exactly_once", "python", "staged"),
-        ("spark", "exactly_once", "python", "direct"),
         ("spark", "exactly_once", "jvm", "staged"),
-        ("spark", "two_phase", "python", "direct"),
+        ("spark", "two_phase", "python", "direct"),  # the direct path, and PREPARE around isolation
         ("replay", "exactly_once", "python", "staged"),
     ],
 )
@@ -110,6 +111,12 @@ def test_every_refused_record_is_quarantined_and_the_rest_is_exact(
     if engine == "spark":
         run = run_app(config, tmp_path)
         code, log = run.process.returncode, run.log()
+        # The poisoned batch: max_batch_attempts counted data failures, then isolation, in this driver.
+        retries = run.events("retry")
+        assert retries and {event["error_class"] for event in retries} == {"data"}, log[-4000:]
+        per_batch = Counter(event["batch_id"] for event in retries)
+        assert set(per_batch.values()) == {2}, per_batch  # each poisoned batch: exactly max_batch_attempts
+        assert any(event["record_by_record"] for event in run.events("batch"))
     else:
         code = _replay(config, tmp_path)
         log = (tmp_path / "replay.log").read_text()

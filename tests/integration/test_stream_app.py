@@ -81,40 +81,6 @@ def test_open_transaction_stalls_the_stream_until_it_ends(stack: dict, tmp_path:
     conn.close()
 
 
-@pytest.mark.parametrize(("record_parsing", "write_path"), [("python", "staged"), ("jvm", "staged"),
-                                                          ("python", "direct")])
-def test_poison_record_is_quarantined_after_n_attempts(stack: dict, tmp_path: Path, unique_name: str,
-                                                       record_parsing: str, write_path: str) -> None:
-    """The same dead letters whichever path parses and writes the records: the
-    malformed ones rejected by parse_record, the poison one by the database
-    (on the direct path its COPY fails, and isolation is staged)."""
-    config = pipeline_config(stack, tmp_path, f"poison{unique_name}", max_batch_attempts=2,
-                             record_parsing=record_parsing, write_path=write_path)
-    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
-    ensure_topic(bootstrap, topic, partitions=2)
-    produced = produce_ledger(bootstrap, 3000, topic=topic, poison=1, malformed=2, seed=3)
-    assert produced.poison == 1 and produced.malformed == 2
-    run = run_app(config, tmp_path, label="poison")
-    # Two counted attempts, then isolation, all in this driver: no restart needed.
-    assert run.process.returncode == 0, run.log()[-4000:]
-    assert [event["error_class"] for event in run.events("retry")] == ["data", "data"]
-    assert any(event["record_by_record"] for event in run.events("batch"))
-    conn = pg_connect(stack)
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL('SELECT topic, partition, "offset", error, value IS NOT NULL FROM {}.dead_letters'
-                            " ORDER BY error").format(sql.Identifier(config["meta_schema"])))
-        rows = cur.fetchall()
-    conn.close()
-    assert len(rows) == 3
-    assert sum("malformed JSON" in r[3] for r in rows) == 2
-    poison = [r for r in rows if "value too long" in r[3]]
-    assert len(poison) == 1 and poison[0][0] == topic and poison[0][4]  # coordinates and raw value kept
-    report = audit(config, tmp_path)
-    assert report["ok"], report
-    assert report["summary"]["dead_lettered"] == 3
-    assert report["aggregates"]["account_balances"]["actual_event_count"] == 3000
-
-
 def test_lost_checkpoint_causes_no_duplicates(stack: dict, tmp_path: Path, unique_name: str) -> None:
     config = pipeline_config(stack, tmp_path, f"ckpt{unique_name}", max_offsets_per_trigger=1000)
     topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
