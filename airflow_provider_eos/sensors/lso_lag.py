@@ -262,7 +262,12 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            return super().execute(context)  # CheckOutcomeMixin records around the poke loop
+        # This class's own execute comes before CheckOutcomeMixin's: record here, so a check that
+        # passes or fails in the worker, before any deferral, still leaves its outcome and report.
+        return self._recorded(context, lambda: self._check_then_defer(context))
+
+    def _check_then_defer(self, context: Any) -> Any:
         seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else float(self.timeout)
         # The same watch as poke's (it starts the deadline), so the trigger continues it: the
         # stuck-since times and the gate's deadline do not start over at the deferral.
