@@ -106,3 +106,15 @@ def test_the_client_tools_get_sslpassword_from_a_private_service_file_not_argv(m
     assert stat.S_IMODE(os.stat(os.path.dirname(service_file)).st_mode) == 0o700
     with open(service_file) as handle:
         assert handle.read() == "[eos]\nsslpassword=keypw-7Qx\n"
+
+
+def test_keepalive_options_keep_what_pgoptions_asked_for(monkeypatch) -> None:
+    """libpq reads PGOPTIONS only when no ``options`` keyword is given, and the keepalives set one:
+    the environment's settings (a deployment's lock_timeout) must still reach the session."""
+    from spark_apps.eos_stream.sink.postgres import with_keepalives
+
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=1000")
+    options = with_keepalives({"host": "db"})["options"]
+    assert "-c tcp_keepalives_idle=30" in options and options.endswith("-c lock_timeout=1000")
+    own = with_keepalives({"host": "db", "options": "-c statement_timeout=5s"})["options"]
+    assert "lock_timeout" not in own and own.endswith("-c statement_timeout=5s")  # libpq's rule: its own win

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg2
@@ -34,9 +35,12 @@ def with_keepalives(dsn_kwargs: dict[str, Any]) -> dict[str, Any]:
     """``dsn_kwargs`` with the TCP keepalive defaults under them (its own values win), and
     the resulting numbers as the server's ``tcp_keepalives_*`` for the session, put before
     the connection's own ``options`` (so a ``-c tcp_keepalives_idle=...`` of its own wins).
-    ``keepalives=0`` turns both off. Idempotent."""
+    Without ``options`` of its own, the environment's ``PGOPTIONS`` stands in for them, as
+    libpq would have used it. ``keepalives=0`` turns both off. Idempotent."""
     merged = {**TCP_KEEPALIVES, **dsn_kwargs}
-    own = str(merged.get("options") or "")
+    # libpq reads PGOPTIONS only when no ``options`` keyword is given; setting one here must
+    # not drop what the environment asked for (a deployment's lock_timeout, say).
+    own = str(merged.get("options") or os.environ.get("PGOPTIONS", ""))
     if str(merged["keepalives"]) == "0" or "tcp_keepalives_idle=" in own:
         return merged
     server = " ".join(f"-c tcp_{key}={int(merged[key])}" for key in _SERVER_SIDE)
