@@ -99,7 +99,7 @@ from spark_apps.eos_stream.audit_rules import (
 from spark_apps.eos_stream.config import PipelineConfig, parse_args
 from spark_apps.eos_stream.control import driver_running
 from spark_apps.eos_stream.errors import dead_letter_class
-from spark_apps.eos_stream.records import RecordError, parse_record, staging_lines
+from spark_apps.eos_stream.records import RecordError, parse_record, staging_columns, staging_lines
 from spark_apps.eos_stream.sink import apply_sql, staging
 from spark_apps.eos_stream.sink.batch_sink import MODES
 from spark_apps.eos_stream.sink.postgres import connect
@@ -473,7 +473,6 @@ def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
             tried[coordinates] = (key, value)
     if not tried:
         return outcomes
-    columns = staging.stage_column_types(spec)
     conn = connect(config.postgres.dsn_kwargs(), describe=config.postgres.describe(),
                    application_name="eos-audit-trial")
     try:
@@ -481,7 +480,7 @@ def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
             # A running stream's batch may hold a target row's lock; wait for it, a while.
             cur.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(TRIAL_LOCK_TIMEOUT)))
             stage = staging.create_table(cur, config.meta_schema, f"eos_audit_trial_{uuid.uuid4().hex[:12]}",
-                                         columns)
+                                         staging.stage_column_types(spec))
             statement = apply_sql.apply_batch_statement(
                 spec, stage=stage, target_schema=config.target_schema, meta_schema=config.meta_schema,
                 skip_applied=False, dedupe=False, upsert_rows=False, only_record=True)
@@ -490,7 +489,7 @@ def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
                 for attempt in range(1, TRIAL_ATTEMPTS + 1):
                     cur.execute("SAVEPOINT eos_audit_trial")
                     try:
-                        staging.copy_from_chunks(cur, stage, [c for c, _t in columns], iter([lines.encode()]))
+                        staging.copy_from_chunks(cur, stage, staging_columns(spec), iter([lines.encode()]))
                         cur.execute(statement, {"pipeline": config.pipeline, "topic": topic,
                                                 "partition": partition, "offset": offset})
                         outcome = APPLIES

@@ -550,11 +550,17 @@ class BatchSink:
                 f"{f' (SQLSTATE {code})' if code else ''}: {text}")
 
     def _record_failure(self, key: str, kind: str, exc: BaseException) -> None:
-        """Counts a data failure (keeps the last error of any). A guard that
-        cannot write it now is weather: the retry decides, and an uncounted
-        data failure is simply tried again."""
+        """Counts a data failure (keeps the last error of any); an uncounted
+        data failure is simply tried again (``_guard_write``)."""
+        self._guard_write(lambda: self.guard.record_failure(key, f"{kind}: {type(exc).__name__}: {exc}",
+                                                            counted=kind == "data"))
+
+    def _guard_write(self, write: Callable[[], None]) -> None:
+        """A write to the guard connection that a lost connection must not turn
+        into a failed batch: that is weather, and the retry decides (the next
+        attempt's ``failed_attempts`` meets the broken connection and reopens it)."""
         try:
-            self.guard.record_failure(key, f"{kind}: {type(exc).__name__}: {exc}", counted=kind == "data")
+            write()
         except psycopg2.Error as guard_error:
             if errors.classify(guard_error) != "transient":
                 raise
@@ -606,12 +612,7 @@ class BatchSink:
     def _forget_attempts(self, start_offsets: Mapping[TopicPartition, int]) -> None:
         """Clears the committed batch's counted attempts. Best effort: a
         leftover count only names a batch that will never start there again."""
-        try:
-            self.guard.finished(batch_key(start_offsets))
-        except psycopg2.Error as guard_error:
-            if errors.classify(guard_error) != "transient":
-                raise
-            self._notify("guard_unavailable", error=str(guard_error).strip()[:500])
+        self._guard_write(lambda: self.guard.finished(batch_key(start_offsets)))
 
     def _prepare_retry(self) -> None:
         """New connections for the ones that broke; in two_phase, this batch's own
