@@ -14,7 +14,8 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook, target_lock_key
 from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, holding_lock
-from airflow_provider_eos.utils.snapshot_store import SnapshotError, SnapshotStore, load_pipeline_config
+from airflow_provider_eos.utils.pipeline_config import PipelineConfigError, load_pipeline_config
+from airflow_provider_eos.utils.snapshot_store import SnapshotStore
 
 T = TypeVar("T")
 
@@ -98,7 +99,7 @@ class PipelineOperatorMixin:
     def load_config(self) -> Any:
         try:
             return load_pipeline_config(self.pipeline_config)
-        except SnapshotError as exc:
+        except PipelineConfigError as exc:
             raise AirflowException(str(exc)) from exc
 
     def app_config(self) -> Any:

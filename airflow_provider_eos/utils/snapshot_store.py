@@ -602,41 +602,7 @@ def _copy(src: BinaryIO, dst: BinaryIO) -> None:
     shutil.copyfileobj(src, dst, 1 << 20)
 
 
-# ---------------------------------------------------------------------- pipelines and replay checks
-def load_pipeline_config(source: Any, pipeline: str | None = None) -> Any:
-    """The pipeline's :class:`spark_apps.eos_stream.config.PipelineConfig` from a
-    dict or a JSON file path (no password: that comes from the Airflow connection).
-
-    :param pipeline: when given, the config must name this pipeline.
-    :raises SnapshotError: the file is missing (the message lists the configs
-        beside it), unreadable, invalid, or for another pipeline.
-    """
-    from spark_apps.eos_stream.config import ConfigError, from_dict
-
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            known = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
-            raise SnapshotError(
-                f"no pipeline config at {path}" + (f"; known pipelines there: {', '.join(known)}" if known else "")
-            )
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SnapshotError(f"cannot read pipeline config {path}: {exc}") from exc
-    elif isinstance(source, dict):
-        data = dict(source)
-    else:
-        raise SnapshotError(f"pipeline config must be a dict or a JSON file path, not {type(source).__name__}")
-    try:
-        config = from_dict(data).validate()
-    except (ConfigError, TypeError) as exc:
-        raise SnapshotError(f"invalid pipeline config: {exc}") from exc
-    if pipeline and config.pipeline != pipeline:
-        raise SnapshotError(f"config is for pipeline {config.pipeline!r}, not {pipeline!r}")
-    return config
-
-
+# ---------------------------------------------------------------------- replay checks
 @dataclass
 class RetentionGap:
     """A partition whose replay start is no longer (or not yet) in Kafka."""

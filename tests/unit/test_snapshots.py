@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets
+from airflow_provider_eos.utils.pipeline_config import PipelineConfigError, load_pipeline_config
 from airflow_provider_eos.utils.snapshot_store import (
     DUMP,
     MANIFEST,
@@ -17,7 +18,6 @@ from airflow_provider_eos.utils.snapshot_store import (
     SnapshotManifest,
     SnapshotStore,
     TableState,
-    load_pipeline_config,
     new_snapshot_id,
     retention_gaps,
     retention_plan,
@@ -153,11 +153,11 @@ def test_stream_stopped_rule() -> None:
 def test_load_pipeline_config(tmp_path) -> None:
     (tmp_path / "a.json").write_text(json.dumps({"pipeline": "a", "topics": ["x"]}))
     assert load_pipeline_config(str(tmp_path / "a.json")).pipeline == "a"
-    with pytest.raises(SnapshotError, match="known pipelines there: a"):
+    with pytest.raises(PipelineConfigError, match="known pipelines there: a"):
         load_pipeline_config(str(tmp_path / "b.json"))
-    with pytest.raises(SnapshotError, match="not 'b'"):
+    with pytest.raises(PipelineConfigError, match="not 'b'"):
         load_pipeline_config(str(tmp_path / "a.json"), pipeline="b")
-    with pytest.raises(SnapshotError, match="invalid pipeline config"):
+    with pytest.raises(PipelineConfigError, match="invalid pipeline config"):
         load_pipeline_config({"pipeline": "a", "nope": 1})
 
 
@@ -255,7 +255,7 @@ def test_pipeline_names_need_a_letter_or_digit_first() -> None:
     for bad in ("..", ".", ".hidden", "-x", "_x", "a/b"):
         with pytest.raises(ConfigError, match="pipeline name"):
             from_dict({"pipeline": bad, "topics": ["t"]}).validate()
-        with pytest.raises(SnapshotError, match="invalid pipeline config"):
+        with pytest.raises(PipelineConfigError, match="invalid pipeline config"):
             load_pipeline_config({"pipeline": bad, "topics": ["t"]})
     for good in ("a", "0", "ledger.v2", "a..b", "A-b_c.1", "x" * 100):
         assert from_dict({"pipeline": good, "topics": ["t"]}).validate().pipeline == good
