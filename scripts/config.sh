@@ -5,6 +5,8 @@ EOS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${EOS_BIND_HOST:=127.0.0.1}"
 : "${EOS_KAFKA_PORT:=19092}"
 : "${EOS_KAFKA_CONTROLLER_PORT:=19093}"
+: "${EOS_KAFKA_SASL_PORT:=19094}"
+: "${EOS_KAFKA_SASL_USER:=eos}"
 # Broker-side ceiling for a producer's transaction.timeout.ms. A transaction
 # open longer than this is no longer timed out by the coordinator ("hanging").
 : "${EOS_KAFKA_TXN_MAX_TIMEOUT_MS:=900000}"
@@ -32,7 +34,13 @@ if [ -z "${EOS_PG_PASSWORD:-}" ]; then
   [ -s "$EOS_STATE_DIR/pg.password" ] || (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$EOS_STATE_DIR/pg.password")
   EOS_PG_PASSWORD="$(cat "$EOS_STATE_DIR/pg.password")"
 fi
-export EOS_ROOT EOS_STATE_DIR EOS_BIND_HOST EOS_KAFKA_PORT EOS_KAFKA_CONTROLLER_PORT \
+# The SASL user's password: random per checkout, in a git-ignored mode-600 file.
+: "${EOS_KAFKA_SASL_PASSWORD_FILE:=$EOS_STATE_DIR/kafka.sasl.password}"
+if [ ! -s "$EOS_KAFKA_SASL_PASSWORD_FILE" ]; then
+  mkdir -p "$(dirname "$EOS_KAFKA_SASL_PASSWORD_FILE")"
+  (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$EOS_KAFKA_SASL_PASSWORD_FILE")
+fi
+export EOS_ROOT EOS_STATE_DIR EOS_KAFKA_SASL_PORT EOS_KAFKA_SASL_USER EOS_KAFKA_SASL_PASSWORD_FILE EOS_BIND_HOST EOS_KAFKA_PORT EOS_KAFKA_CONTROLLER_PORT \
   EOS_KAFKA_TXN_MAX_TIMEOUT_MS EOS_KAFKA_TXN_ABORT_INTERVAL_MS EOS_PG_PORT EOS_PG_DB EOS_PG_USER \
   EOS_PG_MAX_PREPARED EOS_KAFKA_LIBS EOS_SPARK_JARS_DIR EOS_VENV EOS_PG_PASSWORD EOS_SPARK_MASTER_PORT \
   EOS_SPARK_MASTER_UI_PORT EOS_SPARK_WORKER_PORT EOS_SPARK_WORKER_UI_PORT EOS_SPARK_WORKER_CORES EOS_SPARK_WORKER_MEMORY \

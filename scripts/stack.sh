@@ -55,11 +55,15 @@ write_kafka_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=$EOS_BIND_HOST:$EOS_KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://$EOS_BIND_HOST:$EOS_KAFKA_PORT,CONTROLLER://$EOS_BIND_HOST:$EOS_KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$EOS_BIND_HOST:$EOS_KAFKA_PORT
+# A second client listener that needs SASL/SCRAM-SHA-512, as production brokers do; the
+# user and its password are created after start (ensure_kafka_sasl_user).
+listeners=PLAINTEXT://$EOS_BIND_HOST:$EOS_KAFKA_PORT,SASL_PLAINTEXT://$EOS_BIND_HOST:$EOS_KAFKA_SASL_PORT,CONTROLLER://$EOS_BIND_HOST:$EOS_KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$EOS_BIND_HOST:$EOS_KAFKA_PORT,SASL_PLAINTEXT://$EOS_BIND_HOST:$EOS_KAFKA_SASL_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 log.dirs=$kafka_dir/data
 num.partitions=4
 auto.create.topics.enable=false
@@ -101,6 +105,7 @@ start_kafka() {
     || die "Kafka's jars are missing in $EOS_KAFKA_LIBS: run scripts/install.sh (it fetches them with Maven)"
   require_free_port "$EOS_KAFKA_PORT" kafka EOS_KAFKA_PORT
   require_free_port "$EOS_KAFKA_CONTROLLER_PORT" "kafka's controller" EOS_KAFKA_CONTROLLER_PORT
+  require_free_port "$EOS_KAFKA_SASL_PORT" "kafka's SASL listener" EOS_KAFKA_SASL_PORT
   write_kafka_config
   if [ ! -f "$kafka_dir/data/meta.properties" ]; then
     local cluster_id
@@ -116,6 +121,27 @@ start_kafka() {
   echo $! > "$kafka_pid"
   wait_for 90 "kafka on $EOS_BIND_HOST:$EOS_KAFKA_PORT" kafka_ready \
     || die "kafka did not start within 90s: see $kafka_dir/kafka.log"
+}
+
+ensure_kafka_sasl_user() {
+  # SCRAM credentials live in the cluster's metadata, so they are upserted on every start
+  # (idempotent), over the plaintext listener, through the admin API: the password goes
+  # from its mode-600 file to the broker and never onto a command line.
+  local python="$EOS_VENV/bin/python"
+  [ -x "$python" ] || die "$python is missing: run scripts/install.sh (the SASL user is created with confluent-kafka)"
+  "$python" - "$EOS_BIND_HOST:$EOS_KAFKA_PORT" "$EOS_KAFKA_SASL_USER" "$EOS_KAFKA_SASL_PASSWORD_FILE" <<'PY' \
+    || die "could not create Kafka's SASL user $EOS_KAFKA_SASL_USER"
+import sys
+from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+bootstrap, user, password_file = sys.argv[1:]
+password = open(password_file, "rb").read().strip()
+info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+admin = AdminClient({"bootstrap.servers": bootstrap})
+for future in admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, password)]).values():
+    future.result(timeout=30)
+PY
+  log "kafka SASL/SCRAM-SHA-512 user $EOS_KAFKA_SASL_USER on $EOS_BIND_HOST:$EOS_KAFKA_SASL_PORT"
 }
 
 kafka_ready() {
@@ -270,6 +296,10 @@ write_env_file() {
   umask 077
   cat > "$EOS_STATE_DIR/stack.env" <<EOF
 export EOS_KAFKA_BOOTSTRAP=$EOS_BIND_HOST:$EOS_KAFKA_PORT
+# The same broker behind SASL_PLAINTEXT + SCRAM-SHA-512; the password stays in its file.
+export EOS_KAFKA_SASL_BOOTSTRAP=$EOS_BIND_HOST:$EOS_KAFKA_SASL_PORT
+export EOS_KAFKA_SASL_USER=$EOS_KAFKA_SASL_USER
+export EOS_KAFKA_SASL_PASSWORD_FILE=$EOS_KAFKA_SASL_PASSWORD_FILE
 export EOS_PG_HOST=$EOS_BIND_HOST
 export EOS_PG_PORT=$EOS_PG_PORT
 export EOS_PG_DB=$EOS_PG_DB
@@ -290,6 +320,7 @@ case "${1:-}" in
     mkdir -p "$EOS_STATE_DIR"
     start_postgres
     start_kafka
+    ensure_kafka_sasl_user
     write_env_file
     log "ready; clients: source $EOS_STATE_DIR/stack.env" ;;
   stop) stop_spark; stop_kafka; stop_postgres ;;

@@ -189,11 +189,12 @@ def ledger_order(stack: dict[str, str], schema: str) -> dict[str, int]:
         conn.close()
 
 
-def audit(config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+def audit(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None) -> dict[str, Any]:
     config_path = tmp_path / f"{config['pipeline']}-audit.json"
     config_path.write_text(json.dumps(config))
     result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.audit", "--config", str(config_path)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+                            capture_output=True, text=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, **(env_extra or {})})
     report = json.loads(result.stdout)
     report["exit_code"] = result.returncode
     return report

@@ -24,7 +24,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import fencing, preflight, sql_records
+from spark_apps.eos_stream import fencing, kafka_security, preflight, sql_records
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
@@ -116,7 +116,8 @@ def run_stream(config: PipelineConfig) -> int:
         .option("failOnDataLoss", "true")
     )
     reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
-    for key, value in config.kafka_options.items():
+    # The options are librdkafka's names (the Kafka connection's extra); the source is Java.
+    for key, value in kafka_security.java_options(config.kafka_options).items():
         reader = reader.option(f"kafka.{key}", value)
     records = reader.load().select("topic", "partition", "offset", "key", "value")
 
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None, run: Callable[[PipelineConfig], int] | N
             run = run_stream
         config = parse_args(argv)
         return run(config)
-    except (ConfigError, SpecError, PysparkPairingError) as exc:
+    except (ConfigError, SpecError, PysparkPairingError, kafka_security.KafkaSecurityError) as exc:
         emit("error", kind="config", message=str(exc))
         print(f"eos-stream: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -101,7 +101,9 @@ class PipelineConfig:
         nothing needs staging; ``staged``: the executors COPY every batch into
         a staging table in parallel and SQL applies it (for clusters whose
         executors outrun one driver connection). ``jvm`` parsing always stages.
-    :param kafka_options: extra Kafka client options for Spark (without 'kafka.').
+    :param kafka_options: extra Kafka client options in librdkafka's names (a Kafka
+        connection's extra): security options are translated for Spark's Java source
+        (``kafka_security``), others reach it unchanged (without 'kafka.').
     """
 
     pipeline: str = "ledger"
@@ -152,9 +154,12 @@ class PipelineConfig:
         return self
 
     def librdkafka_options(self) -> dict[str, str]:
-        """The security settings librdkafka shares with the Java client (for
-        the driver's metadata and audit reads); the rest are Spark-only."""
-        return {k: v for k, v in self.kafka_options.items() if k.startswith(("security.", "sasl.", "ssl."))}
+        """The security settings (librdkafka names) for the driver's own clients: metadata,
+        audit and Spark-less replay reads; Spark's Java source gets them translated
+        (``kafka_security.java_options``)."""
+        from spark_apps.eos_stream.kafka_security import security_options
+
+        return security_options(self.kafka_options)
 
     def redacted(self) -> dict[str, Any]:
         """The config as a dict for logs: no password, Kafka option values hidden."""

@@ -121,14 +121,31 @@ def check_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, mo
 
 
 def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str, str], timeout: float = 15.0):
-    """Partitions per topic from the brokers' metadata."""
-    from confluent_kafka import KafkaException
+    """Partitions per topic from the brokers' metadata.
+
+    :raises ConfigError: the brokers refused the credentials (not retryable: the same
+        credentials fail the same way), or a topic does not exist.
+    :raises KafkaUnavailable: the brokers cannot be reached (retryable).
+    """
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, **admin_options})
+    refused: list[str] = []
+
+    def on_error(error: Any) -> None:
+        # librdkafka reports a failed SASL handshake here; list_topics only says it timed out.
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            refused.append(error.str())
+
+    settings: dict[str, Any] = {"bootstrap.servers": bootstrap, **admin_options, "error_cb": on_error}
+    admin = AdminClient(settings)
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
+        admin.poll(0)  # serves the queued error callbacks
+        if refused:
+            raise ConfigError(f"Kafka at {bootstrap} refused the credentials ({refused[-1]}); check the "
+                              "security options (sasl.username, sasl.password...) of the Kafka connection") from exc
         raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {exc}") from exc
     partitions: dict[str, list[int]] = {}
     for topic in topics:
