@@ -47,14 +47,48 @@ def app_path() -> str:
     return str(spark_apps_dir() / "eos_stream" / "app.py")
 
 
-def build_spark_apps_zip(target_dir: str | Path) -> str:
-    """Zips the ``spark_apps`` package for ``--py-files`` (executors on other hosts import it)."""
+def spec_package_files(spec: str | None) -> list[tuple[Path, str]]:
+    """The files of the team's own spec package, as ``(file, name in the zip)``, so that executors
+    on other hosts import the spec the driver imports.
+
+    ``my_company.specs.orders:ORDERS`` ships the whole top-level package ``my_company`` (the spec
+    may import its siblings), from wherever this interpreter finds it: the DAGs folder, a
+    ``PYTHONPATH`` entry or an installed distribution. Nothing is shipped for the project's own
+    specs (``spark_apps`` travels anyway) or for a package this worker cannot import: that one
+    must be installed on the cluster (docs/deployment.md says how), and the driver's import
+    says so if it is not.
+    """
+    if not spec:
+        return []
+    top = spec.partition(":")[0].split(".")[0]
+    if top == "spark_apps":
+        return []
+    found = importlib.util.find_spec(top)
+    if found is None:
+        return []
+    if found.submodule_search_locations:  # a package, or a namespace package's portions
+        files = []
+        for location in found.submodule_search_locations:
+            root = Path(location)
+            files += [(f, str(Path(top) / f.relative_to(root))) for f in sorted(root.rglob("*"))
+                      if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"]
+        return files
+    if found.origin and found.origin.endswith(".py"):
+        return [(Path(found.origin), f"{top}.py")]
+    return []  # a compiled module: it cannot travel in a zip of sources
+
+
+def build_spark_apps_zip(target_dir: str | Path, spec: str | None = None) -> str:
+    """Zips the ``spark_apps`` package, and the team's spec package (:func:`spec_package_files`),
+    for ``--py-files`` (executors on other hosts import both)."""
     root = spark_apps_dir()
     path = Path(target_dir) / "spark_apps.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for file in sorted(root.rglob("*.py")):
             if "__pycache__" not in file.parts:
                 archive.write(file, str(Path("spark_apps") / file.relative_to(root)))
+        for file, name in spec_package_files(spec):
+            archive.write(file, name)
     return str(path)
 
 
@@ -149,8 +183,8 @@ class EosStreamSubmitHook(SparkSubmitHook):
     :param kafka_options: extra Kafka client options for the app (may hold secrets).
     :param driver_host: ``spark.driver.host``; default 127.0.0.1 for local masters only.
     :param driver_bind_address: ``spark.driver.bindAddress``; default 127.0.0.1 for local masters only.
-    :param py_files: ``--py-files``; default: a zip of ``spark_apps`` built at submit time for
-        non-local masters.
+    :param py_files: ``--py-files``; default: a zip of ``spark_apps`` and of the config's spec
+        package (:func:`spec_package_files`), built at submit time for non-local masters.
     :param conf: more Spark properties.
     :param kwargs: passed to :class:`SparkSubmitHook` (driver_memory, name, deploy_mode, ...).
     """
@@ -195,8 +229,8 @@ class EosStreamSubmitHook(SparkSubmitHook):
             self._conf.setdefault("spark.driver.host", host)
         if bind:
             self._conf.setdefault("spark.driver.bindAddress", bind)
-        if not self.local and not self._py_files:
-            self._py_files = build_spark_apps_zip(self._workdir)
+        # Built per config (write_config): the zip carries the config's spec package too.
+        self._ships_apps = not self.local and not self._py_files
         self._popen_env: dict[str, str] = {}
         env: dict[str, str] = dict(self._secret_env)
         if self.local and bind:
@@ -240,6 +274,8 @@ class EosStreamSubmitHook(SparkSubmitHook):
         with os.fdopen(fd, "w") as handle:
             json.dump(config, handle, indent=2, sort_keys=True)
         self.config_path = str(path)
+        if self._ships_apps:
+            self._py_files = build_spark_apps_zip(self._workdir, config.get("spec"))
         return self.config_path
 
     def build_command(self, config: dict[str, Any]) -> list[str]:
