@@ -1,0 +1,154 @@
+"""``eos``: check pipeline definitions in a platform team's own CI, before they are deployed.
+
+``eos validate DIR``
+    reads every definition in DIR as the DAG processor will: fields, schedules, that the spec
+    imports, and that no two pipelines share a target table, a meta schema or a checkpoint
+    directory. Needs no Airflow deployment and no network. Exit 1 if any file is refused.
+
+``eos preflight NAME [--dir DIR]``
+    checks one pipeline against what it will run on, through the deployment's Airflow
+    connections: Kafka reachable with the connection's credentials and the topics there (and
+    the credentials translatable for Spark's Java client); PostgreSQL reachable, UTF8, the
+    targets present (or ``create_targets``), ``max_prepared_transactions`` for ``two_phase``;
+    the snapshot store configured; the pyspark pairing where spark-submit would run. Exit 1 if
+    a check fails.
+
+Each line says ``ok`` or ``FAIL`` and what was found; nothing prints a secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+Check = tuple[str, Callable[[], str]]
+
+
+def validate(directory: str, out: TextIO) -> int:
+    """Prints one line per definition file; 1 if any is refused."""
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError, load_definitions
+
+    try:
+        definitions, errors = load_definitions(directory)
+    except PipelineDefinitionError as exc:
+        print(f"FAIL {exc}", file=out)
+        return 1
+    for name in sorted(definitions):
+        print(f"ok   {name}", file=out)
+    for file_name, error in sorted(errors.items()):
+        print(f"FAIL {file_name}: {error}", file=out)
+    if not definitions and not errors:
+        print(f"FAIL no pipeline definitions in {directory}", file=out)
+        return 1
+    return 1 if errors else 0
+
+
+def run_checks(checks: Sequence[Check], out: TextIO) -> int:
+    """Runs every check (one failing never hides the next); 1 if any failed."""
+    failed = 0
+    for label, check in checks:
+        try:
+            print(f"ok   {label}: {check()}", file=out)
+        except Exception as exc:  # every check's failure is reported, whatever raised it
+            failed += 1
+            print(f"FAIL {label}: {exc}", file=out)
+    return 1 if failed else 0
+
+
+def preflight_checks(name: str, directory: str | None) -> list[Check]:
+    """The checks of ``eos preflight`` for pipeline ``name``."""
+    from airflow_provider_eos.utils import provider_config
+    from airflow_provider_eos.utils.pipeline_definition import find_definition, load_definitions
+
+    root = directory or provider_config.pipeline_config_dir()
+    definition = find_definition(root, name)
+    connections = definition.connections.resolved(provider_config.connection_defaults())
+
+    def definition_check() -> str:
+        _definitions, errors = load_definitions(root)
+        mine = [error for file_name, error in errors.items() if Path(file_name).stem == name]
+        if mine:
+            raise ValueError("; ".join(mine))
+        return f"{root}: valid, spec {definition.spec} imports, no place shared with another pipeline"
+
+    def kafka_check() -> str:
+        from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+
+        from spark_apps.eos_stream import kafka_security, preflight
+
+        extra = dict(KafkaBaseHook.get_connection(connections.kafka).extra_dejson or {})
+        bootstrap = extra.get("bootstrap.servers")
+        if not bootstrap:
+            raise ValueError(f"connection {connections.kafka!r} has no 'bootstrap.servers' in its extra")
+        security = kafka_security.security_options(extra)
+        kafka_security.java_options(security)  # Spark's source must be able to use them too
+        partitions = preflight.kafka_partitions(str(bootstrap), list(definition.topics), security)
+        return (f"connection {connections.kafka!r}: " +
+                ", ".join(f"{topic} ({len(p)} partitions)" for topic, p in sorted(partitions.items())))
+
+    def postgres_check() -> str:
+        from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+        from airflow_provider_eos.utils.definition_checks import load_spec
+        from spark_apps.eos_stream import preflight
+        from spark_apps.eos_stream.sink.batch_sink import MODES
+        from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
+
+        hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
+        conn = hook.connect(application_name="eos-preflight")
+        where = f"connection {connections.postgres!r}"
+        try:
+            preflight.check_encoding(conn, where)
+            found = ["UTF8"]
+            mode = MODES[definition.delivery]
+            if mode.two_phase:
+                preflight.check_two_phase(conn, mode, where)
+                found.append(f"max_prepared_transactions {max_prepared_transactions(conn)}")
+            if definition.stream.create_targets:
+                found.append(f"targets in {definition.target_schema} created at the first start")
+            else:
+                preflight.check_targets(conn, load_spec(definition.spec), definition.target_schema, mode)
+                found.append(f"targets present in {definition.target_schema}")
+        finally:
+            conn.close()
+        return f"{where}: " + ", ".join(found)
+
+    def snapshot_store_check() -> str:
+        return f"[eos] snapshot_store = {provider_config.snapshot_store()}"
+
+    def spark_check() -> str:
+        from spark_apps.eos_stream.pyspark_pairing import installed_versions, pairing_problem
+
+        versions = installed_versions()
+        problem = pairing_problem(versions)
+        if problem:
+            raise ValueError(problem)
+        return ", ".join(f"{package} {version}" for package, version in sorted(versions.items()) if version)
+
+    return [("definition", definition_check), ("kafka", kafka_check), ("postgres", postgres_check),
+            ("snapshot store", snapshot_store_check), ("spark", spark_check)]
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    parser = argparse.ArgumentParser(prog="eos", description="Check exactly-once pipeline definitions.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("validate", help="check every definition in a directory (no network)")
+    check.add_argument("directory")
+    pre = commands.add_parser("preflight", help="check one pipeline against its Kafka, PostgreSQL and Spark")
+    pre.add_argument("name")
+    pre.add_argument("--dir", help="definition directory (default: [eos] pipeline_config_dir)")
+    args = parser.parse_args(argv)
+    if args.command == "validate":
+        return validate(args.directory, out)
+    try:
+        checks = preflight_checks(args.name, args.dir)
+    except Exception as exc:  # no such pipeline, an unreadable definition: say so, exit 1
+        print(f"FAIL {args.name}: {exc}", file=out)
+        return 1
+    return run_checks(checks, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

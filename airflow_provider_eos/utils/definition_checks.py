@@ -1,0 +1,110 @@
+"""Checks of pipeline definitions that one field's validator cannot make: a schedule Airflow
+would refuse, a spec that does not import, and two pipelines that would write the same place.
+
+They run when the DAG processor reads the definitions (``load_definitions``) and in
+``eos validate``, so a broken definition fails before it is deployed or, at the latest, when it
+is parsed, with a message that names its file, and never at 3 a.m. in a task.
+
+Nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+# Airflow's schedule presets beyond croniter's own (@hourly, @daily, @weekly, @monthly, @yearly...).
+_AIRFLOW_ONLY_PRESETS = {"@once": None, "@continuous": None, "@quarterly": "0 0 1 */3 *"}
+
+
+class _Definition(Protocol):
+    name: str
+    spec: str
+    target_schema: str
+    meta_schema: str
+    checkpoint_dir: str
+
+
+def schedule_problem(schedule: str | None) -> str | None:
+    """Why Airflow would refuse ``schedule`` as a DAG's schedule, or None."""
+    from croniter import croniter
+
+    if schedule is None or (schedule in _AIRFLOW_ONLY_PRESETS and _AIRFLOW_ONLY_PRESETS[schedule] is None):
+        return None
+    expression = _AIRFLOW_ONLY_PRESETS.get(schedule) or schedule
+    if not croniter.is_valid(expression):
+        return (f"{schedule!r} is not a cron expression or an Airflow preset "
+                "(@hourly, @daily, @weekly, @monthly, @quarterly, @yearly, @once, @continuous)")
+    return None
+
+
+def load_spec(reference: str) -> Any:
+    """The PipelineSpec that ``module:ATTRIBUTE`` names.
+
+    :raises ValueError: it does not import, has no such attribute, or is not a PipelineSpec; the
+        message says which (an import error's own message included).
+    """
+    from spark_apps.eos_stream.spec import PipelineSpec
+
+    module_name, _, attribute = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a spec module may fail in any way; say how
+        raise ValueError(f"spec {reference!r} does not import here: {type(exc).__name__}: {exc}") from None
+    spec = getattr(module, attribute, None)
+    if spec is None:
+        raise ValueError(f"spec {reference!r}: module {module_name} has no attribute {attribute!r}")
+    if not isinstance(spec, PipelineSpec):
+        raise ValueError(f"spec {reference!r} is a {type(spec).__name__}, not a PipelineSpec")
+    return spec
+
+
+def spec_problem(reference: str) -> str | None:
+    try:
+        load_spec(reference)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def target_tables(definition: _Definition) -> set[str]:
+    """``schema.table`` of each table the pipeline's spec writes (empty if the spec does not load)."""
+    try:
+        spec = load_spec(definition.spec)
+    except ValueError:
+        return set()
+    return {f"{definition.target_schema}.{target.table}" for target in spec.targets}
+
+
+def shared_places(definitions: Mapping[str, _Definition]) -> dict[str, list[str]]:
+    """Per pipeline, what it shares with another pipeline: a target table, its meta schema (offsets,
+    epochs and locks are keyed there) or its checkpoint directory. Each would let one pipeline
+    overwrite or fence the other; both pipelines of a pair are named."""
+    owners: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for name, definition in sorted(definitions.items()):
+        places = [("meta schema", definition.meta_schema),
+                  ("checkpoint directory", definition.checkpoint_dir.rstrip("/"))]
+        places += [("target table", table) for table in sorted(target_tables(definition))]
+        for place in places:
+            owners[place].append(name)
+    problems: dict[str, list[str]] = defaultdict(list)
+    for (what, where), names in owners.items():
+        for name in names if len(names) > 1 else ():
+            others = ", ".join(n for n in names if n != name)
+            problems[name].append(f"{what} {where} is also pipeline {others}'s")
+    return dict(problems)
+
+
+def definition_problems(definitions: Mapping[str, _Definition]) -> dict[str, list[str]]:
+    """Every problem per pipeline that its own fields do not show: its spec, and the places it
+    shares with another pipeline. (Schedules are checked with the fields: ``schedule_problem``.)"""
+    problems: dict[str, list[str]] = defaultdict(list)
+    for name, definition in definitions.items():
+        problem = spec_problem(definition.spec)
+        if problem:
+            problems[name].append(f"spec: {problem}")
+    for name, shared in shared_places(definitions).items():
+        problems[name] += shared
+    return dict(problems)

@@ -1,0 +1,69 @@
+"""Definition checks that one field's validator cannot make."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_provider_eos.utils.definition_checks import (
+    definition_problems,
+    load_spec,
+    schedule_problem,
+    shared_places,
+)
+
+LEDGER = "spark_apps.ledger.spec:LEDGER"
+
+
+@pytest.mark.parametrize("good", [None, "@hourly", "@daily", "@quarterly", "@once", "@continuous", "*/5 * * * *",
+                                  "0 3 * * MON-FRI"])
+def test_schedules_airflow_takes(good) -> None:
+    assert schedule_problem(good) is None
+
+
+@pytest.mark.parametrize("bad", ["*/5 * * *", "@sometimes", "61 * * * *", "every 5 minutes", ""])
+def test_schedules_airflow_refuses(bad) -> None:
+    assert "is not a cron expression" in (schedule_problem(bad) or "")
+
+
+def test_a_spec_that_does_not_load_says_why() -> None:
+    assert load_spec(LEDGER).name == "ledger"
+    with pytest.raises(ValueError, match="does not import here: ModuleNotFoundError"):
+        load_spec("no_such_team.specs:ORDERS")
+    with pytest.raises(ValueError, match="has no attribute 'NOPE'"):
+        load_spec("spark_apps.ledger.spec:NOPE")
+    with pytest.raises(ValueError, match="not a PipelineSpec"):
+        load_spec("spark_apps.ledger.spec:EVENTS_TABLE")
+
+
+def _definition(name: str, **kw) -> SimpleNamespace:
+    values = {"spec": LEDGER, "target_schema": f"t_{name}", "meta_schema": f"m_{name}",
+              "checkpoint_dir": f"s3a://b/ck/{name}"} | kw
+    return SimpleNamespace(name=name, **values)
+
+
+def test_pipelines_that_share_a_place_are_both_named() -> None:
+    apart = {"a": _definition("a"), "b": _definition("b")}
+    assert shared_places(apart) == {}
+    same_table = {"a": _definition("a", target_schema="shop"), "b": _definition("b", target_schema="shop")}
+    problems = shared_places(same_table)
+    assert problems["a"] == ["target table shop.account_balances is also pipeline b's",
+                             "target table shop.ledger_events is also pipeline b's"]
+    assert problems["b"][0] == "target table shop.account_balances is also pipeline a's"
+    same_meta = {"a": _definition("a", meta_schema="eos"), "b": _definition("b", meta_schema="eos")}
+    assert shared_places(same_meta) == {"a": ["meta schema eos is also pipeline b's"],
+                                        "b": ["meta schema eos is also pipeline a's"]}
+    # A trailing slash names the same directory.
+    same_dir = {"a": _definition("a", checkpoint_dir="/ck/x/"), "b": _definition("b", checkpoint_dir="/ck/x")}
+    assert shared_places(same_dir)["b"] == ["checkpoint directory /ck/x is also pipeline a's"]
+    # The same table names in different schemas are different tables.
+    assert shared_places({"a": _definition("a"), "b": _definition("b", spec="spark_apps.ledger.spec:LEDGER")}) == {}
+
+
+def test_definition_problems_gathers_spec_and_sharing() -> None:
+    problems = definition_problems({"a": _definition("a", spec="no_such_team.specs:X", meta_schema="m"),
+                                    "b": _definition("b", meta_schema="m")})
+    assert problems["a"][0].startswith("spec: spec 'no_such_team.specs:X' does not import")
+    assert problems["a"][1] == "meta schema m is also pipeline b's"
+    assert problems["b"] == ["meta schema m is also pipeline a's"]
