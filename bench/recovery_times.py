@@ -99,8 +99,8 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     steady_seconds = time.monotonic() - clock
     out["steady"] = {**last_run_rate(stack, config), "seconds": round(steady_seconds, 1),
                      "wall_rows_per_s": round(extra / steady_seconds, 1)}
-    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN, meta_schema=config["meta_schema"])
+    hook.set_stop_request(config["pipeline"], True)
     clock = time.monotonic()
     restored = RestoreOperator(task_id="restore", snapshot_store=str(store), quiet_seconds=0, release_lock=True,
                                kafka_config_id=KAFKA_CONN, **common).execute({"run_id": f"bench-{name}"})

@@ -37,7 +37,6 @@ from airflow_provider_eos.dag_factory.common import (
     tags,
 )
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.operators.audit import AuditOperator
 from airflow_provider_eos.operators.replay import ReplayOperator, RetentionCheckOperator
 from airflow_provider_eos.operators.restore import (
@@ -47,6 +46,7 @@ from airflow_provider_eos.operators.restore import (
     RollbackRestoreOperator,
 )
 from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from airflow_provider_eos.utils import provider_config

@@ -32,7 +32,7 @@ def supervisor_lock_key(meta_schema: str, pipeline: str) -> str:
     return f"eos-supervisor:{meta_schema}:{pipeline}"
 
 
-# The recovery locks' table, in each pipeline's meta schema (see hooks/recovery_lock.py).
+# The recovery locks' table, in each pipeline's meta schema (see recovery/lock.py).
 LOCK_TABLE = "recovery_locks"
 
 
@@ -49,7 +49,10 @@ class EosPostgresHook(PostgresHook):
 
     :param postgres_conn_id: The connection object to use, defaults to "eos_postgres"; its schema
         field is the database name.
-    :param meta_schema: schema of the bookkeeping tables (the app's ``meta_schema``).
+    :param meta_schema: schema of the bookkeeping tables (the app's ``meta_schema``). Bound once:
+        no method takes it again. Required for every method that reads or writes the bookkeeping
+        tables or the locks named after it; a hook built without it (for ``connect``,
+        ``app_target`` or ``prepared_transactions``) refuses those instead of guessing a schema.
     """
 
     default_conn_name = "eos_postgres"
@@ -57,10 +60,21 @@ class EosPostgresHook(PostgresHook):
     # What its sessions are called in pg_stat_activity (a subclass names its own).
     application_name = "airflow-eos"
 
-    def __init__(self, *args: Any, meta_schema: str = meta_tables.DEFAULT_SCHEMA, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, meta_schema: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("postgres_conn_id", self.default_conn_name)
         super().__init__(*args, **kwargs)
-        self.meta_schema = meta_schema
+        self._meta_schema = meta_schema
+
+    @property
+    def meta_schema(self) -> str:
+        """The pipeline's bookkeeping schema this hook was built for.
+
+        :raises ValueError: it was built without one (no silent default: a wrong schema would
+            read another pipeline's bookkeeping, or none, without an error)."""
+        if not self._meta_schema:
+            raise ValueError(f"{type(self).__name__} of connection {self.get_conn_id()!r} was built without a "
+                             "meta_schema: pass the pipeline's meta_schema when building it")
+        return self._meta_schema
 
     # ------------------------------------------------------------------ connections
     # The one connection factory of the provider's PostgreSQL hooks (PgToolsHook builds on it).
@@ -284,12 +298,13 @@ class EosPostgresHook(PostgresHook):
             return None
         return conn
 
-    def stream_activity(self, meta_schema: str, pipeline: str) -> dict[str, Any]:
+    def stream_activity(self, pipeline: str) -> dict[str, Any]:
         """Whether a driver of the pipeline is connected (its running lock), whether a
         supervisor (StreamingPipelineOperator) holds it, when it last recorded progress and
         whether a stop is requested."""
         from spark_apps.eos_stream.control import advisory_lock_held, driver_running
 
+        meta_schema = self.meta_schema
         conn = self.connect()
         try:
             running = driver_running(conn, pipeline)
@@ -318,12 +333,11 @@ class EosPostgresHook(PostgresHook):
         finally:
             conn.close()
 
-    def set_stop_request(self, meta_schema: str, pipeline: str, requested: bool, by: str = "eos-recovery"
-                         ) -> str | None:
+    def set_stop_request(self, pipeline: str, requested: bool, by: str = "eos-recovery") -> str | None:
         """Sets (the app stops at its next batch boundary, a supervisor does not restart it) or
         clears (before a launch: an old request would stop the new run at once) the pipeline's
         stop request in the control table. Returns the request's time (ISO), None when cleared."""
-
+        meta_schema = self.meta_schema
         conn = self.connect()
         try:
             with conn.cursor() as cur:
@@ -343,7 +357,7 @@ class EosPostgresHook(PostgresHook):
         finally:
             conn.close()
 
-    def acquire_lock(self, meta_schema: str, key: str, holder: str, ttl_seconds: float) -> dict[str, Any]:
+    def acquire_lock(self, key: str, holder: str, ttl_seconds: float) -> dict[str, Any]:
         """Takes the recovery lock row for ``key``, or refreshes it for its holder.
 
         Re-entrant: the same holder (a DAG run id) gets it again, so a cleared or
@@ -351,6 +365,7 @@ class EosPostgresHook(PostgresHook):
         ``ttl_seconds`` belonged to a run that died without its teardown, and is
         taken over. Returns ``acquired`` and the holder row; ``taken_over_from``
         names the dead holder when there was one."""
+        meta_schema = self.meta_schema
         conn = self.connect()
         try:
             with conn.cursor() as cur:
@@ -383,20 +398,21 @@ class EosPostgresHook(PostgresHook):
                 "heartbeat_at": row[2].isoformat() if row else None,
                 "taken_over_from": previous if won and previous not in (None, holder) else None}
 
-    def heartbeat_lock(self, meta_schema: str, key: str, holder: str) -> bool:
+    def heartbeat_lock(self, key: str, holder: str) -> bool:
         """Marks the holder alive; False when the lock is no longer its own."""
         conn = self.connect()
         try:
             with conn.cursor() as cur:
                 cur.execute(sql.SQL("UPDATE {} SET heartbeat_at = now() WHERE lock_key = %s AND holder = %s")
-                            .format(lock_table(meta_schema)), (key, holder))
+                            .format(lock_table(self.meta_schema)), (key, holder))
                 alive = cur.rowcount > 0
             conn.commit()
             return alive
         finally:
             conn.close()
 
-    def release_lock(self, meta_schema: str, key: str, holder: str) -> bool:
+    def release_lock(self, key: str, holder: str) -> bool:
+        meta_schema = self.meta_schema
         conn = self.connect()
         try:
             with conn.cursor() as cur:
@@ -484,7 +500,7 @@ class EosPostgresHook(PostgresHook):
         """The live recovery of the pipeline's target, or None.
 
         A recovery holds its row ``<database>/<target_schema>/<pipeline>`` in
-        ``<meta_schema>.recovery_locks`` (see ``airflow_provider_eos.hooks.recovery_lock``) and
+        ``<meta_schema>.recovery_locks`` (see ``airflow_provider_eos.recovery.lock``) and
         heartbeats it; a row whose heartbeat is older than ``ttl_seconds`` belongs to a
         dead run and holds nothing. Returns ``holder``, ``acquired_at``, ``heartbeat_at``
         and ``heartbeat_age_seconds`` (database clock)."""

@@ -9,8 +9,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.utils.params import as_bool
 
 

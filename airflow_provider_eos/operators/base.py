@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from airflow_provider_eos.hooks.pg_tools import PgToolsHook, target_lock_key
-from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, holding_lock
+from airflow_provider_eos.hooks.pg_tools import PgToolsHook
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, holding_lock, target_lock_key
+from airflow_provider_eos.recovery.store import SnapshotStore
 from airflow_provider_eos.utils.pipeline_config import PipelineConfigError, load_pipeline_config
-from airflow_provider_eos.utils.snapshot_store import SnapshotStore
 
 T = TypeVar("T")
 
@@ -79,7 +79,7 @@ class PipelineOperatorMixin:
     pipeline_config: Any
     postgres_conn_id: str
     pg_bin_dir: str | None
-    # Steps of a recovery run hold the target's recovery lock (see recovery_lock.py).
+    # Steps of a recovery run hold the target's recovery lock (see recovery/lock.py).
     hold_lock: bool = False
     lock_ttl: float = DEFAULT_LOCK_TTL
     # When set, Kafka's bootstrap servers come from this connection, not from the config.
@@ -87,7 +87,9 @@ class PipelineOperatorMixin:
 
     @cached_property
     def hook(self) -> PgToolsHook:
-        return PgToolsHook(postgres_conn_id=self.postgres_conn_id, pg_bin_dir=self.pg_bin_dir)
+        """Built for the pipeline's meta schema (from its config), once: no call passes it again."""
+        return PgToolsHook(postgres_conn_id=self.postgres_conn_id, pg_bin_dir=self.pg_bin_dir,
+                           meta_schema=self.load_config().meta_schema)
 
     def resolve_store(self) -> SnapshotStore:
         """The store this step reads or writes: its own ``snapshot_store``, else the deployment's
@@ -139,8 +141,7 @@ class PipelineOperatorMixin:
         """Holds the recovery lock for this run while the step works (when ``hold_lock``)."""
         if not self.hold_lock:
             return nullcontext({})
-        return holding_lock(self.hook, config.meta_schema, self.lock_key(config), holder_of(context),
-                            float(self.lock_ttl))
+        return holding_lock(self.hook, self.lock_key(config), holder_of(context), float(self.lock_ttl))
 
 
 class KafkaOffsetsMixin(PipelineOperatorMixin):

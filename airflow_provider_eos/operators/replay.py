@@ -12,11 +12,12 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
-from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.operators.base import KafkaOffsetsMixin, timed_step
+from airflow_provider_eos.recovery.catalog import stored_offsets_in
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
+from airflow_provider_eos.recovery.manifest import LATEST, SnapshotError
 from airflow_provider_eos.recovery.retention import flat_offsets, nested_offsets
 from airflow_provider_eos.utils.params import as_bool
-from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError
 from spark_apps.eos_stream.config import REPLAY_ENGINES
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
         else:
             conn = self.hook.connect()
             try:
-                needed = flat_offsets(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
+                needed = flat_offsets(stored_offsets_in(conn, config.meta_schema, config.pipeline))
             finally:
                 conn.close()
             what = "from the database's stored offsets"
@@ -179,7 +180,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     def _stored(self, config: Any) -> dict[tuple[str, int], int]:
         conn = self.hook.connect()
         try:
-            return flat_offsets(self.hook.stored_offsets_in(conn, config.meta_schema, config.pipeline))
+            return flat_offsets(stored_offsets_in(conn, config.meta_schema, config.pipeline))
         finally:
             conn.close()
 
@@ -195,7 +196,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
             return {**plan, "dry_run": True}
         with self.lock_guard(config, context):
             if self.require_stop_request:
-                stopped_at = self.hook.stream_activity(config.meta_schema, config.pipeline).get("stop_requested_at")
+                stopped_at = self.hook.stream_activity(config.pipeline).get("stop_requested_at")
                 if stopped_at is None:
                     raise PipelineNotStoppedError(
                         f"pipeline {config.pipeline!r} has no stop request: a supervisor could start a driver "

@@ -1,6 +1,8 @@
 """RestoreOperator (validated, all-or-nothing restore of a snapshot), the steps
 after it (FinalizeRestoreOperator, RollbackRestoreOperator), and the recovery
-lock, stop-request and fence steps around it.
+lock and fence steps around it. Thin: the protocol, and what a crash at each of
+its steps leaves behind, is in ``airflow_provider_eos/recovery/`` (the table of
+failure transitions heads ``recovery/__init__.py``).
 
 What a restore holds while it works, outermost first: the target's recovery
 lock row (one recovery at a time, survives worker crashes); the pipeline's
@@ -9,109 +11,35 @@ restore (no driver runs, none can start; released when that connection
 closes, so also when the worker dies); and, inside the swap transaction only,
 the target's swap lock (exclusive; snapshots take it shared) and the
 pipeline's transaction lock, under which the epoch is bumped.
-
-Failure transitions (what a crash at each point leaves behind, and why a rerun
-is still correct; "rerun" is the same DAG run's task cleared or retried, which
-re-enters the recovery lock):
-
-1. before the swap (choosing, refusals: a store root others may write to, a
-   manifest of another database, tables that differ from the snapshot's,
-   dependents; running lock, fetch, SHA-256 check):
-   nothing in the target changed. A dead worker's running lock and session
-   die with its connection. Rerun: starts over.
-2. during the scratch validation: a scratch database ``eos_scratch_<hash of
-   the target key>_<random>`` may be left. Rerun: under the recovery lock no
-   other restore of this target runs, so it drops them first.
-3. while rolling back in-doubt two_phase transactions: each ROLLBACK PREPARED
-   is its own commit; some may be left. Rerun: rolls back the rest (they
-   belong to the state being replaced either way).
-4. inside the swap transaction, before COMMIT was sent (prelude, restore
-   script, postlude, the retention re-check): psql's stdin closes with the
-   worker, psql exits, and the server rolls back a transaction whose client
-   went away: old tables, old epoch, no aside schema. A retention gap or a
-   validation error ends here on purpose (ROLLBACK). Rerun: restores again.
-5. COMMIT sent, its outcome unknown to the worker: either the old state (as
-   in 4) or the new one (snapshot in place, epoch bumped, old tables in the
-   aside schema with ``keep_old``, else dropped in the same transaction).
-   Rerun: restores the same snapshot again, which ends in the same state. With
-   ``keep_old`` it finds the aside schema its own run kept (the record in the
-   schema's comment names the run) and reuses it: the current tables are
-   dropped instead of moved, so that aside schema still holds the state from
-   before the run, not a copy of the snapshot, and the XCom names it again.
-6. after COMMIT, before the XCom is written: as the committed case of 5.
-7. finalize, before its DROP SCHEMA commits: the aside schema is intact.
-   Rerun: drops it; after the commit a rerun finds it gone and reports that.
-8. rollback, before its transaction commits: nothing changed (one
-   transaction: drop the restored tables, move the aside tables back, refill
-   the tables the snapshot lacked from their copies (``allow_table_changes``),
-   bump the epoch, mark the aside record ``rolled_back_at``). After the commit a
-   rerun reads the mark and returns at once, instead of dropping the tables it
-   had just put back. A rollback after finalize fails: the old state is gone.
-
-While the stream is stopped for recovery a supervisor cannot slip a driver in:
-the stop request stays set, a driver starting meanwhile waits for the running
-lock the restore holds (then exits 1), and a driver that somehow still writes
-is fenced by the epoch bumps of the stop step and of the swap.
 """
 
 from __future__ import annotations
 
-import tempfile
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, aside_schema_name
-from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
 from airflow_provider_eos.operators.base import KafkaOffsetsMixin, PipelineOperatorMixin, holder_of, timed_step
-from airflow_provider_eos.recovery.guards import DEFAULT_FENCE_WAIT, StreamStillRunningError, bump_epoch, commit_orphans
+from airflow_provider_eos.recovery import aside, restore
+from airflow_provider_eos.recovery.catalog import DependentObjectsError
+from airflow_provider_eos.recovery.guards import (
+    DEFAULT_FENCE_WAIT,
+    StreamStillRunningError,
+    bump_epoch,
+    commit_orphans,
+    holding_running_lock,
+    roll_back_in_doubt,
+)
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
+from airflow_provider_eos.recovery.manifest import LATEST, SnapshotManifest
+from airflow_provider_eos.recovery.restore import TableChangesError
 from airflow_provider_eos.utils.params import as_bool
-from airflow_provider_eos.utils.snapshot_store import LATEST, SnapshotError, SnapshotManifest, identity_problem
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
 
 __all__ = ["DependentObjectsError", "FenceOperator", "FinalizeRestoreOperator", "RecoveryLockOperator",
            "RecoveryLockedError", "RestoreOperator", "RollbackRestoreOperator", "TableChangesError"]
-
-
-class TableChangesError(AirflowException):
-    """The snapshot does not hold the tables the pipeline has now: a restore could not put them all back."""
-
-
-@contextmanager
-def holding_running_lock(op: PipelineOperatorMixin, pipeline: str) -> Iterator[None]:
-    """Holds the pipeline's running lock (the one every driver holds for its
-    lifetime) while a recovery step changes the target: no driver can start
-    meanwhile. Taking it, not probing it, closes the gap between "no driver
-    runs" and the change."""
-    conn = op.hook.try_running_lock(pipeline)
-    if conn is None:
-        raise StreamStillRunningError(
-            f"pipeline {pipeline!r} may still be running: a driver of it is connected to the target database "
-            "(it holds the pipeline's running lock)")
-    try:
-        yield
-    finally:
-        conn.close()  # releases the lock
-
-
-def roll_back_in_doubt(op: Any, config: Any) -> list[str]:
-    """Rolls back the pipeline's two_phase transactions a dead driver left in doubt:
-    they hold locks the swap needs, and belong to the state being replaced."""
-    from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
-
-    conn = op.hook.connect()
-    try:
-        gids = [t["gid"] for t in resolve_in_doubt(conn, config.pipeline, "rollback")]
-    finally:
-        conn.close()
-    if gids:
-        op.log.warning("rolled back in-doubt transactions of %s: %s", config.pipeline, gids)
-    return gids
 
 
 def _aside_from(op: Any, context: Any) -> str | None:
@@ -141,7 +69,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
        checksum with the manifest (the target is not touched until this passes);
        then roll back the pipeline's in-doubt two_phase transactions, if any
        (they hold locks and belong to the state being replaced);
-    6. in ONE transaction of the target database (``PgToolsHook.swap_in``):
+    6. in ONE transaction of the target database (``recovery.swap.swap_in``):
        take the swap lock (no snapshot runs meanwhile), bump the pipeline's
        epoch (a driver that somehow still runs is fenced at its next batch),
        move the current tables aside, run the dump's restore script, give the
@@ -241,176 +169,43 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         self.pg_bin_dir = pg_bin_dir
 
     def choose(self, config: Any) -> SnapshotManifest:
-        store = self.resolve_store()
-        try:
-            manifest = store.select(config.pipeline, str(self.snapshot or LATEST))
-        except SnapshotError as exc:
-            raise AirflowException(f"pipeline {config.pipeline!r} in {store.base}: {exc}") from exc
-        if (manifest.target_schema, manifest.meta_schema) != (config.target_schema, config.meta_schema):
-            raise AirflowException(
-                f"snapshot {manifest.snapshot_id} holds schemas {manifest.target_schema}/{manifest.meta_schema}, "
-                f"the pipeline uses {config.target_schema}/{config.meta_schema}"
-            )
-        conn = self.hook.connect()
-        try:
-            target = self.hook.database_identity(conn)
-        finally:
-            conn.close()
-        problem = identity_problem(manifest, target)
-        if problem and not self.allow_other_database:
-            raise AirflowException(problem)
-        if problem:
-            self.log.warning("allow_other_database: %s", problem)
-        elif not manifest.identity:
-            self.log.warning("snapshot %s was written before manifests recorded their database's identity: only "
-                             "its database name %r was checked against the target", manifest.snapshot_id,
-                             manifest.database)
-        return manifest
-
-    def table_changes(self, config: Any, manifest: SnapshotManifest) -> dict[str, list[list[str]]]:
-        """What the snapshot lacks or holds beyond the pipeline's tables now; raises unless
-        ``allow_table_changes``. See ``recovery.tables.table_changes``."""
-        from airflow_provider_eos.recovery.tables import table_changes
-
-        conn = self.hook.connect()
-        try:
-            changes = table_changes(self.hook, conn, config, manifest)
-        finally:
-            conn.close()
-        if not any(changes.values()) or as_bool(self.allow_table_changes):
-            if any(changes.values()):
-                self.log.warning("allow_table_changes: restoring snapshot %s although %s", manifest.snapshot_id,
-                                 changes)
-            return changes
-        missing, dropped = (", ".join(f"{schema}.{table}" for schema, table in changes[key])
-                            for key in ("not_in_snapshot", "not_in_spec"))
-        lines = []
-        if missing:
-            lines.append(f"not in the snapshot: {missing} (they would keep their rows while the offsets go back, "
-                         "and keep the replay's writes through a rollback)")
-        if dropped:
-            lines.append(f"in the snapshot but no longer targets of the spec: {dropped} (they would come back "
-                         "with the snapshot's rows)")
-        raise TableChangesError(
-            f"snapshot {manifest.snapshot_id} ({manifest.created_at}) does not hold the tables pipeline "
-            f"{config.pipeline!r} has now; " + "; ".join(lines) + ". A restore puts back only what the snapshot "
-            "holds. Take a new snapshot and restore that, or set allow_table_changes: tables the snapshot lacks "
-            "then keep their rows through the restore, and a rollback gives them back exactly.")
+        return restore.choose(self.hook, self.resolve_store(), config, self.snapshot, self.allow_other_database)
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         manifest = self.choose(config)
-        changes = self.table_changes(config, manifest)
+        changes = restore.check_table_changes(self.hook, config, manifest, as_bool(self.allow_table_changes))
         plan = {"snapshot": manifest.summary(), "target_database": self.hook.dbname, "table_changes": changes}
         if as_bool(self.plan_only):
             self.log.info("dry run: would restore %s", plan)
             return {**plan, "dry_run": True}
-        others = sorted(set(manifest.other_pipelines) | set(self._current_others(config)))
-        if others and not self.allow_shared_meta:
-            raise AirflowException(
-                f"meta schema {config.meta_schema!r} also holds pipelines {others}: restoring it would roll their "
-                "offsets back without their data. Give each pipeline its own meta schema, or set allow_shared_meta."
-            )
+        restore.check_shared_meta(self.hook, config, manifest, self.allow_shared_meta)
         try:
-            with self.lock_guard(config, context), holding_running_lock(self, config.pipeline):
-                activity = self.hook.stream_activity(config.meta_schema, config.pipeline)
+            with self.lock_guard(config, context), holding_running_lock(self.hook, config.pipeline):
+                activity = self.hook.stream_activity(config.pipeline)
                 activity["driver_running"] = False  # the running lock is ours: no driver holds it
                 reason = why_not_stopped(activity, float(self.quiet_seconds), self.require_stop_request)
                 if reason:
                     raise StreamStillRunningError(f"pipeline {config.pipeline!r} may still be running: {reason}")
-                self._refuse_dependents(manifest)
+                if not self.allow_dependents:
+                    restore.refuse_dependents(self.hook, manifest)
                 extras = [(str(schema), str(table)) for schema, table in changes["not_in_snapshot"]]
-                return {**plan, **self._restore(config, manifest, holder_of(context), extras)}
+                # Under the lock no other restore of this target runs: its scratch leftovers are a dead run's.
+                return {**plan, **restore.restore_snapshot(
+                    self.hook, self.resolve_store(), config, manifest, holder=holder_of(context),
+                    lock_key=self.lock_key(config), kafka_config_id=self.kafka_config_id, keep_old=self.keep_old,
+                    allow_dependents=self.allow_dependents, drop_leftovers=self.hold_lock, extras=extras)}
         finally:
             if self.hold_lock and self.release_lock:
-                self.hook.release_lock(config.meta_schema, self.lock_key(config), holder_of(context))
-
-    def _current_others(self, config: Any) -> list[str]:
-        conn = self.hook.connect()
-        try:
-            return self.hook.other_pipelines(conn, config.meta_schema, config.pipeline)
-        finally:
-            conn.close()
-
-    def _refuse_dependents(self, manifest: SnapshotManifest) -> None:
-        """Fails fast, before the scratch restore; the swap checks again under its locks."""
-        if self.allow_dependents:
-            return
-        conn = self.hook.connect()
-        try:
-            found = self.hook.dependents(conn, [(t.schema, t.table) for t in manifest.tables])
-        finally:
-            conn.close()
-        if found:
-            raise DependentObjectsError(
-                f"objects outside the pipeline's tables depend on them: {', '.join(found)}. A swap would leave "
-                "them on the old tables (and dropping those would drop them); drop or move them first, or set "
-                "allow_dependents. The target was not touched.")
-
-    def before_commit(self, config: Any, manifest: SnapshotManifest, report: dict[str, Any]) -> None:
-        """Runs inside the swap, complete but not committed: Kafka must still hold
-        everything from the snapshot's offsets. Raising rolls the swap back."""
-        report.update(self.check_retention(manifest.offsets(), list(config.topics),
-                                           f"snapshot {manifest.snapshot_id} (re-checked at the swap)"))
-
-    def _restore(self, config: Any, manifest: SnapshotManifest, holder: str,
-                 extras: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-        timings: dict[str, float] = {}
-        clock = time.monotonic()
-        store = self.resolve_store()
-        with tempfile.TemporaryDirectory(prefix="eos-restore-") as tmp:
-            try:
-                dump = store.fetch_dump(manifest, Path(tmp) / "dump.pgc")
-            except SnapshotError as exc:
-                raise AirflowException(f"{exc}; the target was not touched") from exc
-            timings["fetch"] = round(time.monotonic() - clock, 3)
-            # Under the lock no other restore of this target runs: its scratch leftovers are a dead run's.
-            scratch = self.hook.validate_in_scratch(dump, manifest, owner=self.lock_key(config),
-                                                    drop_leftovers=self.hold_lock)
-            timings["scratch_restore"] = scratch["restore_seconds"]
-            timings["scratch_validate"] = scratch["validate_seconds"]
-            rolled_back = roll_back_in_doubt(self, config)
-            # A rerun of a run whose swap committed: the state before the run is in that
-            # swap's aside schema, and must stay the one a rollback goes back to.
-            earlier = self.hook.kept_aside_of_run(config.target_schema, config.pipeline, holder) \
-                if self.keep_old else None
-            if earlier:
-                self.log.warning("this run already swapped (its old state is in %s): restoring again, "
-                                 "keeping that aside schema", earlier)
-            aside = earlier or aside_schema_name(config.target_schema)
-            retention: dict[str, Any] = {}
-            swap = self.hook.swap_in(
-                dump, manifest, aside, drop_old=not self.keep_old,
-                before_commit=lambda: self.before_commit(config, manifest, retention),
-                allow_dependents=self.allow_dependents, lock_key=self.lock_key(config), changed_by=holder,
-                reuse_aside=earlier is not None, extra_tables=extras)
-            timings["swap"] = swap["swap_seconds"]
-            timings["retention_recheck"] = swap["before_commit_seconds"]
-        timings["total"] = round(time.monotonic() - clock, 3)
-        result = {
-            "snapshot_id": manifest.snapshot_id,
-            "rows_restored": manifest.total_rows,
-            "tables": {t.qualified: t.rows for t in manifest.tables},
-            "kafka_offsets": manifest.kafka_offsets,
-            "aside_schema": swap["aside_schema"],
-            "aside_reused": earlier is not None,
-            "epoch": swap["epoch"],
-            "owner_warnings": swap["warnings"],
-            "retention_at_swap": {k: retention.get(k) for k in ("needed", "earliest", "gaps")},
-            "in_doubt_rolled_back": rolled_back,
-            "scratch_leftovers_dropped": scratch["leftovers_dropped"],
-            "timings": timings,
-        }
-        self.log.info("restored snapshot %s: %s", manifest.snapshot_id, result)
-        return result
+                self.hook.release_lock(self.lock_key(config), holder_of(context))
 
 
 class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
     """
     Takes or releases the recovery lock of a pipeline's target: a row keyed by
     ``database/target_schema/pipeline`` in ``{meta_schema}.recovery_locks``
-    holding the DAG run id (see :mod:`airflow_provider_eos.hooks.recovery_lock`). A
+    holding the DAG run id (see :mod:`airflow_provider_eos.recovery.lock`). A
     row survives worker crashes and is visible to every worker (unlike a
     session advisory lock). It is re-entrant for its own run, so a rerun of a
     crashed run goes on; one whose heartbeat is older than ``lock_ttl`` is
@@ -445,8 +240,8 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
         if as_bool(self.plan_only):
             return {"key": key, "holder": holder, "dry_run": True}
         if self.action == "release":
-            return {"key": key, "released": self.hook.release_lock(config.meta_schema, key, holder)}
-        return take_lock(self.hook, config.meta_schema, key, holder, float(self.lock_ttl))
+            return {"key": key, "released": self.hook.release_lock(key, holder)}
+        return take_lock(self.hook, key, holder, float(self.lock_ttl))
 
 
 class FenceOperator(PipelineOperatorMixin, BaseOperator):
@@ -469,7 +264,7 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql (unused; for the shared hook).
     :param wait_seconds: how long the bump waits for the pipeline's lock (a batch in flight)
         before failing with who holds it; a two_phase batch a dead driver left in doubt,
-        which would hold it forever, is committed first (``stop.commit_orphans``).
+        which would hold it forever, is committed first (``recovery.guards.commit_orphans``).
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "reason", "plan_only")
@@ -493,10 +288,10 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         if as_bool(self.plan_only):
-            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
+            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.pipeline))}
         with self.lock_guard(config, context):
             if self.request_stop:
-                self.hook.set_stop_request(config.meta_schema, config.pipeline, True, by=holder_of(context))
+                self.hook.set_stop_request(config.pipeline, True, by=holder_of(context))
             in_doubt = commit_orphans(self.hook, config)
             epoch = bump_epoch(self.hook, config, holder_of(context), str(self.reason), self.wait_seconds, self.log)
         self.log.info("pipeline %s fenced: epoch %d%s", config.pipeline, epoch,
@@ -552,19 +347,19 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        aside = _aside_from(self, context)
+        kept = _aside_from(self, context)
         if as_bool(self.plan_only):
-            return {"dry_run": True, "aside_schema": aside, "retention_days": self.retention_days}
-        result: dict[str, Any] = {"aside_schema": aside, "dropped": False}
+            return {"dry_run": True, "aside_schema": kept, "retention_days": self.retention_days}
+        result: dict[str, Any] = {"aside_schema": kept, "dropped": False}
         with self.lock_guard(config, context):
-            if aside:
-                result = self.hook.finalize_aside(aside, config.target_schema, config.pipeline,
-                                                  allow_dependents=self.allow_dependents)
+            if kept:
+                result = aside.finalize_aside(self.hook, kept, config.target_schema, config.pipeline,
+                                               allow_dependents=self.allow_dependents)
             else:
                 result["reason"] = "the restore kept no old state (keep_old=False, or it did not swap)"
             if self.retention_days not in (None, ""):
-                result["swept"] = self.hook.sweep_asides(config.target_schema, config.pipeline,
-                                                         float(self.retention_days), keep=[aside] if aside else [])
+                result["swept"] = aside.sweep_asides(self.hook, config.target_schema, config.pipeline,
+                                                      float(self.retention_days), keep=[kept] if kept else [])
         self.log.info("finalized restore of %s: %s", config.pipeline, result)
         return result
 
@@ -572,7 +367,7 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
 class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
     """
     Puts back the state a restore replaced, for a recovery whose replay or audit
-    failed. In ONE transaction (``PgToolsHook.rollback_swap``): the restored
+    failed. In ONE transaction (``recovery.aside.rollback_swap``): the restored
     tables are dropped, the aside tables moved back to the schemas the restore
     recorded (they keep their owners, grants, indexes and sequences: they are the
     same tables), and the epoch bumped. The data and the Kafka offsets come back
@@ -616,16 +411,16 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        aside = _aside_from(self, context)
-        if not aside:
+        kept = _aside_from(self, context)
+        if not kept:
             raise AirflowException(f"pipeline {config.pipeline!r}: no aside schema to roll back to (the restore "
                                    "did not keep the old state: keep_old=False, or it did not swap)")
         if as_bool(self.plan_only):
-            return {"dry_run": True, "aside_schema": aside}
-        with self.lock_guard(config, context), holding_running_lock(self, config.pipeline):
-            in_doubt = roll_back_in_doubt(self, config)
-            result = self.hook.rollback_swap(aside, config.target_schema, config.pipeline,
-                                             lock_key=self.lock_key(config), changed_by=holder_of(context))
+            return {"dry_run": True, "aside_schema": kept}
+        with self.lock_guard(config, context), holding_running_lock(self.hook, config.pipeline):
+            in_doubt = roll_back_in_doubt(self.hook, config.pipeline)
+            result = aside.rollback_swap(self.hook, kept, config.target_schema, config.pipeline,
+                                         lock_key=self.lock_key(config), changed_by=holder_of(context))
         self.log.warning("rolled back the restore of %s: %s", config.pipeline, result)
         return {**result, "in_doubt_rolled_back": in_doubt}
 

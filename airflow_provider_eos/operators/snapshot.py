@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_eos import __version__
 from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
-from airflow_provider_eos.recovery.tables import snapshot_tables
-from airflow_provider_eos.utils.snapshot_store import (
-    SnapshotManifest,
-    new_snapshot_id,
-    sha256_file,
-)
+from airflow_provider_eos.recovery.dump import take_snapshot
 
 
 class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
@@ -30,8 +23,8 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
     its own replay point. It holds the target's swap lock shared from before
     that snapshot is taken until the dump ends: a snapshot started during a
     restore's swap waits for the swap's commit (and never sees half-swapped
-    or empty tables), and a swap waits for the snapshot. Returns the manifest
-    summary (XCom).
+    or empty tables), and a swap waits for the snapshot (``recovery.dump``). Returns
+    the manifest summary (XCom).
 
     :param pipeline_config: the pipeline's config, a dict or a JSON file path (templated).
     :param snapshot_store: local directory or object storage URL (templated); default: the deployment's
@@ -66,39 +59,9 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
         config = self.load_config()
         store = self.resolve_store()
         started = time.monotonic()
-        snapshot_id = new_snapshot_id()
-        conn = self.hook.connect()
-        try:
-            tables, roles = snapshot_tables(self.hook, conn, config)
-        finally:
-            conn.close()
-        with tempfile.TemporaryDirectory(prefix="eos-snapshot-") as tmp:
-            dump_file = Path(tmp) / "dump.pgc"
-            # The swap lock, shared: a restore's swap of this target never runs under the snapshot.
-            state = self.hook.dump_consistent(
-                tables, roles, dump_file, meta_schema=config.meta_schema, pipeline=config.pipeline,
-                lock_key=self.lock_key(config),
-            )
-            manifest = SnapshotManifest(
-                snapshot_id=snapshot_id,
-                created_at=state.created_at,
-                pipeline=config.pipeline,
-                database=state.database,
-                target_schema=config.target_schema,
-                meta_schema=config.meta_schema,
-                tables=state.tables,
-                kafka_offsets=state.offsets,
-                dump_bytes=dump_file.stat().st_size,
-                dump_sha256=sha256_file(dump_file),
-                app_version=__version__,
-                server_version=state.server_version,
-                other_pipelines=state.other_pipelines,
-                timings=state.timings,
-                identity=state.identity,
-            )
-            stored_at = time.monotonic()
-            store.save(manifest, dump_file)
-            manifest.timings["store"] = round(time.monotonic() - stored_at, 3)
+        # The swap lock, shared: a restore's swap of this target never runs under the snapshot.
+        manifest = take_snapshot(self.hook, store, config, self.lock_key(config), __version__)
+        snapshot_id = manifest.snapshot_id
         deleted = store.apply_retention(config.pipeline, int(self.keep_last)) if int(self.keep_last) > 0 else []
         self.log.info("snapshot %s of pipeline %s: %d rows in %d tables, %d bytes, offsets %s; retention deleted %s",
                       snapshot_id, config.pipeline, manifest.total_rows, len(manifest.tables), manifest.dump_bytes,

@@ -11,7 +11,6 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL, take_lock
 from airflow_provider_eos.operators.base import (
     DEFAULT_DEFER_AFTER,
     PipelineOperatorMixin,
@@ -20,6 +19,7 @@ from airflow_provider_eos.operators.base import (
     timed_step,
 )
 from airflow_provider_eos.recovery.guards import DEFAULT_FENCE_WAIT, StreamStillRunningError, bump_epoch, commit_orphans
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, take_lock
 from airflow_provider_eos.triggers.stream_stopped import StreamStoppedTrigger
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
@@ -104,10 +104,10 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         if as_bool(self.plan_only):
-            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))}
+            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.pipeline))}
         holder, step_started = holder_of(context), time.time()
         with self.lock_guard(config, context):
-            requested_at = self.hook.set_stop_request(config.meta_schema, config.pipeline, True, by=holder)
+            requested_at = self.hook.set_stop_request(config.pipeline, True, by=holder)
             # A driver between two stop polls would otherwise write one more batch; fenced, it cannot.
             in_doubt = commit_orphans(self.hook, config) if self.fence else []
             if in_doubt:
@@ -147,7 +147,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     def _check(self, config: Any) -> tuple[dict[str, Any], str | None]:
         """One check in the worker (inside the lock guard's heartbeat): the activity and why the
         pipeline has not stopped (None: it has)."""
-        activity = jsonable(self.hook.stream_activity(config.meta_schema, config.pipeline))
+        activity = jsonable(self.hook.stream_activity(config.pipeline))
         reason = why_not_stopped(activity, float(self.quiet_seconds))
         if reason is not None:
             self.log.info("waiting for pipeline %s to stop: %s", config.pipeline, reason)
@@ -165,7 +165,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
             raise AirflowException(f"waiting for the stop failed: {message}")
         if self.hold_lock:  # re-entrant for this run; refuses if another run took the lock over
             config = self.load_config()
-            take_lock(self.hook, config.meta_schema, self.lock_key(config), holder_of(context), float(self.lock_ttl))
+            take_lock(self.hook, self.lock_key(config), holder_of(context), float(self.lock_ttl))
         waited = round(time.time() - step_started, 1) if step_started else None
         self.log.info("%s (%ss after the request)", message, waited)
         return {**request, **(event.get("report") or {}).get("activity", {}), "stopped": True, "waited_s": waited,

@@ -13,9 +13,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
-from airflow_provider_eos.hooks.recovery_lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.utils.metrics import stream_event_metrics
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.stats_emitter import emit
@@ -272,7 +272,7 @@ class StreamingPipelineOperator(BaseOperator):
             )
         try:
             self._wait_for_recovery(pg, pipeline)
-            pg.set_stop_request(self.meta_schema, pipeline, False, by=f"airflow:{self.dag_id}.{self.task_id}")
+            pg.set_stop_request(pipeline, False, by=f"airflow:{self.dag_id}.{self.task_id}")
             self._orphan = self._find_orphan(pg, pipeline)
             return self._supervise(pg, config)
         finally:

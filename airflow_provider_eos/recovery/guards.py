@@ -1,13 +1,19 @@
 """Who may still write to a pipeline's target, and how a recovery takes it from them: the two_phase
-batches a dead driver left in doubt (committed), the pipeline's epoch (bumped, never waiting
-forever for its lock), and who holds that lock when it stays held. Functions of the hook, as
-Flink's ``XaGroupOps`` are of its facade."""
+batches a dead driver left in doubt (committed by a stop, rolled back by a restore), the
+pipeline's epoch (bumped, never waiting forever for its lock), who holds that lock when it stays
+held, and the running lock a restore or rollback holds so that no driver starts under it.
+Functions of the hook, as Flink's ``XaGroupOps`` are of its facade."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
+
+log = logging.getLogger(__name__)
 
 
 class StreamStillRunningError(AirflowException):
@@ -132,3 +138,37 @@ def bump_epoch(hook: Any, config: Any, by: str, reason: str, wait_seconds: float
         finally:
             conn.close()
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def holding_running_lock(hook: Any, pipeline: str) -> Iterator[None]:
+    """Holds the pipeline's running lock (the one every driver holds for its
+    lifetime) while a recovery step changes the target: no driver can start
+    meanwhile. Taking it, not probing it, closes the gap between "no driver
+    runs" and the change.
+
+    :raises StreamStillRunningError: a driver holds it."""
+    conn = hook.try_running_lock(pipeline)
+    if conn is None:
+        raise StreamStillRunningError(
+            f"pipeline {pipeline!r} may still be running: a driver of it is connected to the target database "
+            "(it holds the pipeline's running lock)")
+    try:
+        yield
+    finally:
+        conn.close()  # releases the lock
+
+
+def roll_back_in_doubt(hook: Any, pipeline: str) -> list[str]:
+    """Rolls back the pipeline's two_phase transactions a dead driver left in doubt, under the
+    running lock: they hold locks the swap needs, and belong to the state being replaced."""
+    from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
+
+    conn = hook.connect()
+    try:
+        gids = [t["gid"] for t in resolve_in_doubt(conn, pipeline, "rollback")]
+    finally:
+        conn.close()
+    if gids:
+        log.warning("rolled back in-doubt transactions of %s: %s", pipeline, gids)
+    return gids

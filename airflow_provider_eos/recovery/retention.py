@@ -3,12 +3,10 @@ compacted topics refuse a replay (and a restore that would need one) before anyt
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
-
-from airflow_provider_eos.utils.snapshot_store import retention_gaps
 
 
 class RetentionGapError(AirflowException):
@@ -17,6 +15,53 @@ class RetentionGapError(AirflowException):
 
 class CompactedTopicError(AirflowException):
     """A topic is compacted: Kafka no longer holds every record, so no replay from offsets is exact."""
+
+
+@dataclass
+class RetentionGap:
+    """A partition whose replay start is no longer (or not yet) in Kafka."""
+
+    topic: str
+    partition: int
+    needed: int
+    earliest: int
+    log_end: int
+
+    @property
+    def missing(self) -> int:
+        return self.earliest - self.needed if self.needed < self.earliest else self.needed - self.log_end
+
+    def describe(self) -> str:
+        if self.log_end < 0:
+            return f"{self.topic}[{self.partition}]: partition no longer exists in Kafka (replay needs {self.needed})"
+        if self.needed < self.earliest:
+            return (f"{self.topic}[{self.partition}]: replay needs offset {self.needed} but the log starts at "
+                    f"{self.earliest} ({self.missing} records deleted by retention)")
+        return (f"{self.topic}[{self.partition}]: replay starts at {self.needed}, beyond the log end "
+                f"{self.log_end} (topic recreated or truncated?)")
+
+
+def retention_gaps(
+    needed: dict[tuple[str, int], int], kafka: dict[tuple[str, int], Any]
+) -> list[RetentionGap]:
+    """Partitions a replay from ``needed`` cannot read in full.
+
+    :param needed: ``{(topic, partition): next_offset}`` of the replay point; a
+        partition of the topics absent here starts at 0.
+    :param kafka: ``{(topic, partition): PartitionOffsets}`` (``earliest`` and
+        ``high_watermark`` are used).
+    """
+    gaps = []
+    for key in sorted(kafka):
+        offsets = kafka[key]
+        want = needed.get(key, 0)
+        earliest = int(offsets.earliest or 0)
+        end = int(offsets.high_watermark)
+        if want < earliest or want > end:
+            gaps.append(RetentionGap(key[0], key[1], want, earliest, end))
+    for key in sorted(set(needed) - set(kafka)):
+        gaps.append(RetentionGap(key[0], key[1], needed[key], 0, -1))
+    return gaps
 
 
 def nested_offsets(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:

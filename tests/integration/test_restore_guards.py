@@ -16,7 +16,7 @@ from psycopg2 import sql
 from airflow_provider_eos.operators.replay import ReplayOperator
 from airflow_provider_eos.operators.restore import RollbackRestoreOperator
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
-from airflow_provider_eos.utils.snapshot_store import SnapshotStore
+from airflow_provider_eos.recovery.store import SnapshotStore
 from spark_apps.eos_stream.config import from_dict
 from spark_apps.eos_stream.preflight import create_targets, delivery_mode, ensure_meta_tables
 from spark_apps.eos_stream.sink.postgres import connect as app_connect
@@ -55,9 +55,9 @@ def pipeline(stack, tmp_path):
     snapped = {"config": config, "config_file": config_file, "store": store, "tmp": tmp_path, "name": name}
     from airflow_provider_eos.hooks.pg_tools import PgToolsHook
 
-    hook = PgToolsHook(postgres_conn_id=PG_KEYPW, pg_bin_dir=PG_BIN)
+    hook = PgToolsHook(postgres_conn_id=PG_KEYPW, pg_bin_dir=PG_BIN, meta_schema=config["meta_schema"])
     _create_tables(config, stack)  # what the app's start does before its first batch
-    hook.set_stop_request(config["meta_schema"], name, True)  # the direct replay writes only under a stop
+    hook.set_stop_request(name, True)  # the direct replay writes only under a stop
     _replay(snapped)
     snapped["hook"] = hook
     snapped["snapshot"] = _snapshot(snapped, PG_KEYPW)

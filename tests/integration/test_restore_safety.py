@@ -15,13 +15,16 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
-from airflow_provider_eos.hooks.pg_tools import DependentObjectsError, PgToolsHook, aside_schema_name
+from airflow_provider_eos.hooks.pg_tools import PgToolsHook
 from airflow_provider_eos.operators.replay import RetentionCheckOperator
 from airflow_provider_eos.operators.restore import FenceOperator, FinalizeRestoreOperator, RollbackRestoreOperator
 from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.recovery import swap
+from airflow_provider_eos.recovery.aside import aside_schema_name
+from airflow_provider_eos.recovery.catalog import DependentObjectsError
 from airflow_provider_eos.recovery.guards import StreamStillRunningError
 from airflow_provider_eos.recovery.retention import RetentionGapError
-from airflow_provider_eos.utils.snapshot_store import DUMP, SnapshotStore
+from airflow_provider_eos.recovery.store import DUMP, SnapshotStore
 from spark_apps.eos_stream import fencing
 from spark_apps.eos_stream.control import AlreadyRunning, hold_running_lock
 from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_CONN, _damage, _restore, make_snapped, target_state
@@ -82,11 +85,11 @@ def test_fence_and_stop_bump_the_epoch_and_snapshots_leave_it_out(snapped) -> No
     assert result["epoch"] == before + 3 == _epoch(hook, config)
 
 
-def test_restore_holds_the_running_lock(snapped, stack) -> None:
+def test_restore_holds_the_running_lock(snapped, stack, monkeypatch) -> None:
     """Refused while a driver holds the running lock; while the restore works, a
     driver cannot start (``hold_running_lock`` is what the app runs at start)."""
     hook, config = snapped["hook"], snapped["config"]
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    hook.set_stop_request(config["pipeline"], True)
     _damage(hook, config)
     damaged = target_state(hook, config)
     driver = pg_connect(stack)
@@ -100,7 +103,7 @@ def test_restore_holds_the_running_lock(snapped, stack) -> None:
 
     seen: dict[str, str] = {}
     operator = _restore(snapped)
-    validate = operator.hook.validate_in_scratch
+    validate = swap.validate_in_scratch
 
     def starting_driver_during_the_restore(*args, **kwargs):
         """A supervisor restarts the app while the restore validates the dump."""
@@ -114,7 +117,7 @@ def test_restore_holds_the_running_lock(snapped, stack) -> None:
             late.close()
         return validate(*args, **kwargs)
 
-    operator.hook.validate_in_scratch = starting_driver_during_the_restore
+    monkeypatch.setattr(swap, "validate_in_scratch", starting_driver_during_the_restore)
     operator.execute({"run_id": "driver-starts"})
     assert seen["driver"].startswith("refused: another driver of pipeline"), seen
     assert target_state(hook, config) == snapped["state"]
@@ -146,7 +149,7 @@ def test_dependents_are_refused_and_grants_survive_the_override(snapped, stack) 
             cur.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(
                 sql.Identifier(target), sql.Identifier(owner)))
             cur.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(balances, sql.Identifier(owner)))
-        hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+        hook.set_stop_request(config["pipeline"], True)
         _damage(hook, config)
         damaged = target_state(hook, config)
         with pytest.raises(DependentObjectsError, match=rf"{views}\.big_events \(view\)"):
@@ -156,7 +159,7 @@ def test_dependents_are_refused_and_grants_survive_the_override(snapped, stack) 
         manifest = SnapshotStore(snapped["store"]).select(config["pipeline"], "latest")
         dump = snapped["store"] / config["pipeline"] / manifest.snapshot_id / DUMP
         with pytest.raises(DependentObjectsError, match=rf"{views}\.big_events \(view\)"):
-            hook.swap_in(dump, manifest, aside_schema_name(target))
+            swap.swap_in(hook, dump, manifest, aside_schema_name(target))
         assert target_state(hook, config) == damaged and not _asides(hook, config)
 
         result = _restore(snapped, allow_dependents=True, keep_old=True).execute({"run_id": "override"})
@@ -197,7 +200,7 @@ def test_dependents_are_refused_and_grants_survive_the_override(snapped, stack) 
 
 def test_rollback_puts_the_old_state_back_exactly(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    hook.set_stop_request(config["pipeline"], True)
     _damage(hook, config)
     before = target_state(hook, config)  # includes kafka_offsets: data and replay point
     assert before != snapped["state"]
@@ -294,7 +297,7 @@ def _open_gap(config: dict, manifest, partition: int, deleted: int = 10) -> int:
 
 def test_retention_gap_after_the_check_fails_the_restore_before_the_swap(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    hook.set_stop_request(config["pipeline"], True)
     _damage(hook, config)
     damaged, epoch, asides = target_state(hook, config), _epoch(hook, config), _asides(hook, config)
     check = RetentionCheckOperator(task_id="retention", pipeline_config=str(snapped["config_file"]),
@@ -311,20 +314,20 @@ def test_retention_gap_after_the_check_fails_the_restore_before_the_swap(snapped
     assert _epoch(hook, config) == epoch and _asides(hook, config) == asides  # the bump and the move too
 
 
-def test_retention_gap_during_scratch_validation_fails_the_restore(snapped) -> None:
+def test_retention_gap_during_scratch_validation_fails_the_restore(snapped, monkeypatch) -> None:
     """The gap opens while the restore works (between its start and its swap)."""
     hook, config = snapped["hook"], snapped["config"]
     manifest = SnapshotStore(snapped["store"]).select(config["pipeline"], "latest")
     damaged = target_state(hook, config)
     operator = _restore(snapped, keep_old=True)
-    validate = operator.hook.validate_in_scratch
+    validate = swap.validate_in_scratch
 
     def gap_opens_meanwhile(*args, **kwargs):
         result = validate(*args, **kwargs)
         _open_gap(config, manifest, partition=3, deleted=5)
         return result
 
-    operator.hook.validate_in_scratch = gap_opens_meanwhile
+    monkeypatch.setattr(swap, "validate_in_scratch", gap_opens_meanwhile)
     with pytest.raises(RetentionGapError, match=rf"{config['topics'][0]}\[3\]: replay needs offset"):
         operator.execute({"run_id": "gap-meanwhile"})
     assert target_state(hook, config) == damaged

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from airflow_provider_eos.hooks.pg_tools import aside_schema_name
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
-from airflow_provider_eos.utils.snapshot_store import DUMP, SnapshotStore
+from airflow_provider_eos.recovery.aside import aside_schema_name
+from airflow_provider_eos.recovery.store import DUMP, SnapshotStore
+from airflow_provider_eos.recovery.swap import swap_in
 from tests.integration.test_snapshot_restore import PG_BIN, PG_CONN, _damage, make_snapped, target_state
 
 pytestmark = pytest.mark.integration
@@ -43,8 +44,8 @@ def test_snapshot_during_a_swap_waits_and_sees_the_restored_tables(snapped, tmp_
 
     def swap() -> None:
         try:
-            outcome["swap"] = hook.swap_in(dump, manifest, aside_schema_name(config["target_schema"]),
-                                           before_commit=hold_open)
+            outcome["swap"] = swap_in(hook, dump, manifest, aside_schema_name(config["target_schema"]),
+                                      before_commit=hold_open)
         except BaseException as exc:
             outcome["swap_error"] = exc
         marks["swap_done"] = time.monotonic()
@@ -86,8 +87,10 @@ def test_snapshot_during_a_swap_waits_and_sees_the_restored_tables(snapped, tmp_
 
 _SWAP_CHILD = """
 import sys, time
-from airflow_provider_eos.hooks.pg_tools import PgToolsHook, aside_schema_name
-from airflow_provider_eos.utils.snapshot_store import SnapshotManifest
+from airflow_provider_eos.hooks.pg_tools import PgToolsHook
+from airflow_provider_eos.recovery.aside import aside_schema_name
+from airflow_provider_eos.recovery.manifest import SnapshotManifest
+from airflow_provider_eos.recovery.swap import swap_in
 
 manifest = SnapshotManifest.from_json(open(sys.argv[1]).read())
 
@@ -95,7 +98,7 @@ def hold_open():
     print("READY", flush=True)
     time.sleep(300)
 
-PgToolsHook(postgres_conn_id=sys.argv[3], pg_bin_dir=sys.argv[4]).swap_in(
+swap_in(PgToolsHook(postgres_conn_id=sys.argv[3], pg_bin_dir=sys.argv[4]),
     sys.argv[2], manifest, aside_schema_name(manifest.target_schema), drop_old=False, before_commit=hold_open)
 """
 
@@ -110,7 +113,7 @@ def test_worker_killed_inside_the_swap_leaves_the_old_state(snapped, tmp_path) -
 
     import psutil
 
-    from airflow_provider_eos.utils.snapshot_store import MANIFEST
+    from airflow_provider_eos.recovery.store import MANIFEST
 
     hook, config = snapped["hook"], snapped["config"]
     _damage(hook, config)

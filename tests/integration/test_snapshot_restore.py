@@ -13,14 +13,17 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
-from airflow_provider_eos.hooks.pg_tools import PgToolsHook, scratch_prefix
-from airflow_provider_eos.hooks.recovery_lock import holding_lock
+from airflow_provider_eos.hooks.pg_tools import PgToolsHook
 from airflow_provider_eos.operators.replay import RetentionCheckOperator
 from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
+from airflow_provider_eos.recovery.checksums import measure
 from airflow_provider_eos.recovery.guards import StreamStillRunningError
+from airflow_provider_eos.recovery.lock import holding_lock
+from airflow_provider_eos.recovery.manifest import SnapshotManifest
 from airflow_provider_eos.recovery.retention import RetentionGapError
-from airflow_provider_eos.utils.snapshot_store import DUMP, MANIFEST, SnapshotManifest, SnapshotStore
+from airflow_provider_eos.recovery.store import DUMP, MANIFEST, SnapshotStore
+from airflow_provider_eos.recovery.swap import scratch_prefix
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import pipeline_config, run_app
 
@@ -48,7 +51,7 @@ def target_state(hook: PgToolsHook, config: dict) -> dict:
         tables = [(config["target_schema"], t) for t in hook.list_tables(conn, config["target_schema"])]
         tables += [(config["meta_schema"], t) for t in hook.list_tables(conn, config["meta_schema"])
                    if t not in ("stream_control", "recovery_locks", "pipeline_epochs")]  # operational state
-        state = {f"{s}.{t}": v.checksum for (s, t), v in hook.measure(conn, tables).items()}
+        state = {f"{s}.{t}": v.checksum for (s, t), v in measure(conn, tables).items()}
         conn.rollback()
         return state
     finally:
@@ -80,7 +83,7 @@ def make_snapped(stack, tmp_path_factory) -> dict:
     store = tmp / "store"
     summary = SnapshotOperator(task_id="snap", pipeline_config=str(config_file), snapshot_store=str(store),
                                postgres_conn_id=PG_CONN, keep_last=3, pg_bin_dir=PG_BIN).execute({"run_id": "t"})
-    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
+    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN, meta_schema=config["meta_schema"])
     return {"config": config, "config_file": config_file, "store": store, "summary": summary, "hook": hook,
             "tmp": tmp, "state": target_state(hook, config)}
 
@@ -126,7 +129,7 @@ def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
     _damage(hook, config)
     assert target_state(hook, config) != snapped["state"]
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    hook.set_stop_request(config["pipeline"], True)
     # A restore of this target that crashed during its scratch validation left its database behind.
     leftover = scratch_prefix(f"{hook.dbname}/{config['target_schema']}/{config['pipeline']}") + "deadbeef"
     admin = hook.connect()
@@ -147,7 +150,7 @@ def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
         assert cur.fetchone() == (0,)
     conn.close()
     # The stop request (control table) survived the restore.
-    assert hook.stream_activity(config["meta_schema"], config["pipeline"])["stop_requested_at"] is not None
+    assert hook.stream_activity(config["pipeline"])["stop_requested_at"] is not None
 
 
 def test_corrupted_dump_is_refused_and_target_untouched(snapped, tmp_path) -> None:
@@ -161,7 +164,7 @@ def test_corrupted_dump_is_refused_and_target_untouched(snapped, tmp_path) -> No
     dump = (manifest_dir / DUMP).read_bytes()
     (copy / DUMP).write_bytes(dump[: len(dump) // 2] + bytes(64) + dump[len(dump) // 2 + 64:])
     (copy / MANIFEST).write_text((manifest_dir / MANIFEST).read_text())
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    hook.set_stop_request(config["pipeline"], True)
     with pytest.raises(AirflowException, match="corrupted"):
         _restore(snapped, snapshot_store=str(store)).execute({"run_id": "corrupt"})
     assert target_state(hook, config) == damaged
@@ -190,17 +193,17 @@ def test_bad_params_give_clear_errors(snapped, tmp_path) -> None:
 def test_running_stream_and_concurrent_recovery_are_refused(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
     before = target_state(hook, config)
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], False)
+    hook.set_stop_request(config["pipeline"], False)
     with pytest.raises(StreamStillRunningError, match="no stop has been requested"):
         _restore(snapped).execute({"run_id": "running"})
-    hook.set_stop_request(config["meta_schema"], config["pipeline"], True)
+    hook.set_stop_request(config["pipeline"], True)
     key = f"{hook.dbname}/{config['target_schema']}/{config['pipeline']}"
-    assert hook.acquire_lock(config["meta_schema"], key, "other-run", 3600)["acquired"]
+    assert hook.acquire_lock(key, "other-run", 3600)["acquired"]
     try:
         with pytest.raises(RecoveryLockedError, match="lock held by other-run"):
             _restore(snapped).execute({"run_id": "second"})
     finally:
-        hook.release_lock(config["meta_schema"], key, "other-run")
+        hook.release_lock(key, "other-run")
     assert target_state(hook, config) == before
 
 
@@ -213,33 +216,33 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
     import uuid
 
     os.environ.update(connections_env(stack))
-    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN)
     meta, key = f"m_lock{uuid.uuid4().hex[:8]}", "db/t/ledger"
-    assert hook.acquire_lock(meta, key, "run-a", 2)["acquired"]
-    again = hook.acquire_lock(meta, key, "run-a", 2)  # run-a cleared and rerun after its worker died
+    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN, meta_schema=meta)
+    assert hook.acquire_lock(key, "run-a", 2)["acquired"]
+    again = hook.acquire_lock(key, "run-a", 2)  # run-a cleared and rerun after its worker died
     assert again["acquired"] and again["taken_over_from"] is None
-    refused = hook.acquire_lock(meta, key, "run-b", 2)
+    refused = hook.acquire_lock(key, "run-b", 2)
     assert not refused["acquired"] and refused["holder"] == "run-a"
-    with pytest.raises(RecoveryLockedError, match="lock held by run-a"), holding_lock(hook, meta, key, "run-b", 2):
+    with pytest.raises(RecoveryLockedError, match="lock held by run-a"), holding_lock(hook, key, "run-b", 2):
         pass
     time.sleep(2.5)  # run-a's heartbeat goes stale: it died without its teardown
-    taken = hook.acquire_lock(meta, key, "run-b", 2)
+    taken = hook.acquire_lock(key, "run-b", 2)
     assert taken["acquired"] and taken["taken_over_from"] == "run-a"
     # run-a was only slow, not dead: its next step must not touch the target.
-    with pytest.raises(RecoveryLockedError, match="lock held by run-b"), holding_lock(hook, meta, key, "run-a", 60):
+    with pytest.raises(RecoveryLockedError, match="lock held by run-b"), holding_lock(hook, key, "run-a", 60):
         pass
     # A step holding the lock keeps it alive past the TTL, and notices a takeover.
-    with holding_lock(hook, meta, key, "run-b", 1.2):
+    with holding_lock(hook, key, "run-b", 1.2):
         time.sleep(2.0)
-        assert not hook.acquire_lock(meta, key, "run-c", 1.2)["acquired"]
+        assert not hook.acquire_lock(key, "run-c", 1.2)["acquired"]
     with pytest.raises(RecoveryLockedError, match="taken over by another run"), \
-            holding_lock(hook, meta, key, "run-b", 60):
+            holding_lock(hook, key, "run-b", 60):
         conn = hook.connect()
         with conn.cursor() as cur:  # an operator forcing the lock away mid-step
             cur.execute(sql.SQL("UPDATE {}.recovery_locks SET holder = 'run-c'").format(sql.Identifier(meta)))
         conn.commit()
         conn.close()
-    assert hook.release_lock(meta, key, "run-c") and not hook.release_lock(meta, key, "run-c")
+    assert hook.release_lock(key, "run-c") and not hook.release_lock(key, "run-c")
     conn = hook.connect()
     with conn.cursor() as cur:
         cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(meta)))

@@ -20,7 +20,8 @@ from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
-from airflow_provider_eos.utils.snapshot_store import DUMP, MANIFEST, SnapshotManifest, SnapshotStore
+from airflow_provider_eos.recovery.manifest import SnapshotManifest
+from airflow_provider_eos.recovery.store import DUMP, MANIFEST, SnapshotStore
 from spark_apps.eos_stream.config import from_dict
 from spark_apps.eos_stream.preflight import create_targets, delivery_mode, ensure_meta_tables
 from spark_apps.eos_stream.spec import load_spec

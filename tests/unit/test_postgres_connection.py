@@ -118,3 +118,22 @@ def test_keepalive_options_keep_what_pgoptions_asked_for(monkeypatch) -> None:
     assert "-c tcp_keepalives_idle=30" in options and options.endswith("-c lock_timeout=1000")
     own = with_keepalives({"host": "db", "options": "-c statement_timeout=5s"})["options"]
     assert "lock_timeout" not in own and own.endswith("-c statement_timeout=5s")  # libpq's rule: its own win
+
+
+def test_a_hook_binds_its_meta_schema_once_and_never_guesses_one(tls_connection):
+    """Built without a meta schema, a hook refuses the bookkeeping (it used to read schema
+    'eos' silently); built with one, no method takes it again. Refused before connecting."""
+    unbound = EosPostgresHook(postgres_conn_id=tls_connection)
+    for call in (lambda: unbound.set_stop_request("p", True), lambda: unbound.stream_activity("p"),
+                 lambda: unbound.acquire_lock("k", "run", 60.0), lambda: unbound.release_lock("k", "run")):
+        with pytest.raises(ValueError, match="built without a meta_schema"):
+            call()
+    assert PgToolsHook(postgres_conn_id=tls_connection, meta_schema="m_orders").meta_schema == "m_orders"
+
+
+def test_a_pipeline_step_builds_its_hook_for_the_pipelines_meta_schema(tmp_path):
+    from airflow_provider_eos.operators.restore import FenceOperator
+
+    config = tmp_path / "orders.json"
+    config.write_text(json.dumps({"pipeline": "orders", "topics": ["t"], "meta_schema": "m_orders"}))
+    assert FenceOperator(task_id="fence", pipeline_config=str(config)).hook.meta_schema == "m_orders"

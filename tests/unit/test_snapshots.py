@@ -8,21 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_eos.recovery.manifest import SnapshotError, SnapshotManifest, TableState, new_snapshot_id, select
+from airflow_provider_eos.recovery.retention import retention_gaps
+from airflow_provider_eos.recovery.store import DUMP, MANIFEST, MARKER, SnapshotStore, retention_plan
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets
 from airflow_provider_eos.utils.pipeline_config import PipelineConfigError, load_pipeline_config
-from airflow_provider_eos.utils.snapshot_store import (
-    DUMP,
-    MANIFEST,
-    MARKER,
-    SnapshotError,
-    SnapshotManifest,
-    SnapshotStore,
-    TableState,
-    new_snapshot_id,
-    retention_gaps,
-    retention_plan,
-    select,
-)
 from airflow_provider_eos.utils.stream_stopped import why_not_stopped
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -85,7 +75,7 @@ def test_store_save_list_fetch_retention(tmp_path) -> None:
     store = SnapshotStore(str(tmp_path))
     dump = tmp_path / "src.pgc"
     dump.write_bytes(b"PGDMP-fake")
-    from airflow_provider_eos.utils.snapshot_store import sha256_file
+    from airflow_provider_eos.recovery.store import sha256_file
 
     saved = []
     for h in range(4):
@@ -411,7 +401,7 @@ def test_a_store_root_others_can_write_to_is_refused(tmp_path) -> None:
 
 
 def test_a_manifest_of_another_database_is_refused() -> None:
-    from airflow_provider_eos.utils.snapshot_store import identity_problem
+    from airflow_provider_eos.recovery.manifest import identity_problem
 
     target = {"database": "eos", "database_oid": "16384", "system_identifier": "7711896226601803066"}
     m = manifest(0)

@@ -136,7 +136,7 @@ class FakePg:
     def acquire_supervisor_lock(self, pipeline: str) -> Any:
         return FakeConn()
 
-    def set_stop_request(self, meta_schema: str, pipeline: str, requested: bool, by: str = "") -> None:
+    def set_stop_request(self, pipeline: str, requested: bool, by: str = "") -> None:
         assert not requested  # the stream operator only clears an old request before a launch
         self.cleared.append(pipeline)
 

@@ -1,4 +1,5 @@
-"""The recovery lock: one recovery of a target at a time, across workers and crashes.
+"""The recovery lock: one recovery of a target at a time, across workers and crashes; and the
+target's key, from which the lock row, the scratch databases' names and the swap lock derive.
 
 A row keyed by ``database/target_schema/pipeline`` in ``{meta_schema}.recovery_locks``
 holds the DAG run id that owns the target's recovery. Every lock-guarded step
@@ -40,9 +41,21 @@ class RecoveryLockedError(AirflowException):
     """Another recovery holds the lock for this target."""
 
 
-def take_lock(hook: Any, meta_schema: str, key: str, holder: str, ttl: float) -> dict[str, Any]:
-    """Acquires (or re-enters) the lock or raises :class:`RecoveryLockedError`."""
-    result = hook.acquire_lock(meta_schema, key, holder, ttl)
+def target_lock_key(dbname: str, target_schema: str, pipeline: str) -> str:
+    """The key of one restore target: recovery lock row, scratch names and swap lock derive from it."""
+    return f"{dbname}/{target_schema}/{pipeline}"
+
+
+def swap_lock_key(target_key: str) -> str:
+    """Advisory lock key: snapshots take it shared (session), a swap exclusively (transaction)."""
+    return "eos:swap:" + target_key
+
+
+def take_lock(hook: Any, key: str, holder: str, ttl: float) -> dict[str, Any]:
+    """Acquires (or re-enters) the lock or raises :class:`RecoveryLockedError`.
+
+    :param hook: an ``EosPostgresHook`` built for the pipeline's meta schema (the lock row lives there)."""
+    result = hook.acquire_lock(key, holder, ttl)
     if not result["acquired"]:
         raise RecoveryLockedError(
             f"another recovery of {key} is running (lock held by {result['holder']} since {result['acquired_at']}, "
@@ -55,16 +68,16 @@ def take_lock(hook: Any, meta_schema: str, key: str, holder: str, ttl: float) ->
 
 
 @contextmanager
-def holding_lock(hook: Any, meta_schema: str, key: str, holder: str, ttl: float) -> Iterator[dict[str, Any]]:
+def holding_lock(hook: Any, key: str, holder: str, ttl: float) -> Iterator[dict[str, Any]]:
     """Holds the lock for the duration of a step, heartbeating every ``ttl / 4`` seconds."""
-    result = take_lock(hook, meta_schema, key, holder, ttl)
+    result = take_lock(hook, key, holder, ttl)
     stop = threading.Event()
     lost: list[str] = []
 
     def beat() -> None:
         while not stop.wait(ttl / BEATS_PER_TTL):
             try:
-                if not hook.heartbeat_lock(meta_schema, key, holder):
+                if not hook.heartbeat_lock(key, holder):
                     lost.append(key)
                     return
             except Exception as exc:  # a missed beat is retried; the TTL spans several
@@ -77,7 +90,7 @@ def holding_lock(hook: Any, meta_schema: str, key: str, holder: str, ttl: float)
     finally:
         stop.set()
         thread.join(timeout=5)
-    if lost or not hook.heartbeat_lock(meta_schema, key, holder):
+    if lost or not hook.heartbeat_lock(key, holder):
         raise RecoveryLockedError(
             f"recovery lock {key} was taken over by another run while this step worked "
             f"(this run was presumed dead); its result must not be trusted"
