@@ -10,7 +10,6 @@ Nothing here imports Airflow.
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -41,24 +40,20 @@ def schedule_problem(schedule: str | None) -> str | None:
 
 
 def load_spec(reference: str) -> Any:
-    """The PipelineSpec that ``module:ATTRIBUTE`` names.
+    """The PipelineSpec that ``module:ATTRIBUTE`` names (the app's own ``spec.load_spec``).
 
-    :raises ValueError: it does not import, has no such attribute, or is not a PipelineSpec; the
-        message says which (an import error's own message included).
+    :raises ValueError: it does not import, or is not a PipelineSpec; the message says which,
+        with the import's own error (a spec module may fail in any way, not only ImportError).
     """
-    from spark_apps.eos_stream.spec import PipelineSpec
+    from spark_apps.eos_stream.spec import SpecError
+    from spark_apps.eos_stream.spec import load_spec as load
 
-    module_name, _, attribute = reference.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a spec module may fail in any way; say how
-        raise ValueError(f"spec {reference!r} does not import here: {type(exc).__name__}: {exc}") from None
-    spec = getattr(module, attribute, None)
-    if spec is None:
-        raise ValueError(f"spec {reference!r}: module {module_name} has no attribute {attribute!r}")
-    if not isinstance(spec, PipelineSpec):
-        raise ValueError(f"spec {reference!r} is a {type(spec).__name__}, not a PipelineSpec")
-    return spec
+        return load(reference)
+    except SpecError as exc:
+        raise ValueError(str(exc)) from None
+    except Exception as exc:
+        raise ValueError(f"cannot import spec module of {reference!r}: {type(exc).__name__}: {exc}") from None
 
 
 def spec_problem(reference: str) -> str | None:

@@ -29,11 +29,11 @@ def test_schedules_airflow_refuses(bad) -> None:
 
 def test_a_spec_that_does_not_load_says_why() -> None:
     assert load_spec(LEDGER).name == "ledger"
-    with pytest.raises(ValueError, match="does not import here: ModuleNotFoundError"):
+    with pytest.raises(ValueError, match=r"cannot import spec module 'no_such_team\.specs'"):
         load_spec("no_such_team.specs:ORDERS")
-    with pytest.raises(ValueError, match="has no attribute 'NOPE'"):
+    with pytest.raises(ValueError, match=r"not a PipelineSpec \(found NoneType\)"):
         load_spec("spark_apps.ledger.spec:NOPE")
-    with pytest.raises(ValueError, match="not a PipelineSpec"):
+    with pytest.raises(ValueError, match=r"not a PipelineSpec \(found str\)"):
         load_spec("spark_apps.ledger.spec:EVENTS_TABLE")
 
 
@@ -64,6 +64,6 @@ def test_pipelines_that_share_a_place_are_both_named() -> None:
 def test_definition_problems_gathers_spec_and_sharing() -> None:
     problems = definition_problems({"a": _definition("a", spec="no_such_team.specs:X", meta_schema="m"),
                                     "b": _definition("b", meta_schema="m")})
-    assert problems["a"][0].startswith("spec: spec 'no_such_team.specs:X' does not import")
+    assert problems["a"][0].startswith("spec: cannot import spec module 'no_such_team.specs'")
     assert problems["a"][1] == "meta schema m is also pipeline b's"
     assert problems["b"] == ["meta schema m is also pipeline a's"]
