@@ -116,18 +116,18 @@ values = {
         {"conn_type": "spark", "host": f"spark://{e['EOS_BIND_HOST']}", "port": int(e["EOS_SPARK_MASTER_PORT"])}
         if e["EOS_SPARK_MASTER"] == "cluster" else {"conn_type": "spark", "host": "local[*]"}),
     # The provider's deployment settings ([eos] provider config): the pipeline definitions the DAG
-    # factory reads, and where snapshots are kept (local stack).
+    # factory reads, where snapshots are kept (required: the provider has no default store), and
+    # Spark's Kafka connector as resolved by install.sh. (Hanging transactions are found and aborted
+    # from Python: Airflow needs no Kafka tools classpath.)
     "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": os.path.join(e["EOS_STATE_DIR"], "pipelines"),
     "AIRFLOW__EOS__SNAPSHOT_STORE": os.path.join(e["EOS_STATE_DIR"], "snapshots"),
+    "AIRFLOW__EOS__SPARK_JARS": e.get("EOS_SPARK_JARS", ""),
     # OpenLineage (the provider's listener): every event as one JSON line in one file, from which
     # the demo reads topic -> pipeline -> tables and the audit's data-quality facet (docs/lineage.md).
     "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
         {"type": "file", "log_file_path": os.path.join(e["EOS_STATE_DIR"], "openlineage", "events.jsonl"),
          "append": True}),
     "AIRFLOW__OPENLINEAGE__NAMESPACE": "eos-local",
-    # Spark's Kafka connector, as resolved by install.sh. (Hanging transactions are found and
-    # aborted from Python: Airflow needs no Kafka tools classpath.)
-    "EOS_SPARK_JARS": e.get("EOS_SPARK_JARS", ""),
     # Spark's Python workers use the venv (pyarrow, psycopg2), whatever python3 is on PATH.
     "PYSPARK_PYTHON": os.path.join(e["EOS_VENV"], "bin", "python"),
 }

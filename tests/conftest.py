@@ -23,6 +23,9 @@ def stack() -> dict[str, str]:
     subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True)
     env = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(env)
+    # The deployment's [eos] spark_jars, as scripts/airflow.sh sets it for the Airflow components:
+    # the operators the tests run in this process spark-submit with the Kafka connector from it.
+    os.environ.setdefault("AIRFLOW__EOS__SPARK_JARS", env["EOS_SPARK_JARS"])
     return env
 
 

@@ -12,6 +12,11 @@ from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, R
 # A scheduled DAG's first interval; catchup is off everywhere, so only "now" matters.
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 KINDS = ("stream", "stop", "health", "snapshot", "recovery")
+# The factory's waits defer whatever ``[operators] default_deferrable`` says (Airflow's default: no):
+# they last minutes (a recovery's gate, stop and catch-up; the health sensors of every pipeline, every
+# few minutes), and a worker slot held by each would starve the workers that run the streams and
+# replays. The operators and sensors used directly follow Airflow's convention (operators.base).
+DEFERRABLE = True
 
 
 def dag_id(kind: str, pipeline: str) -> str:

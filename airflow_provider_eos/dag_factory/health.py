@@ -19,6 +19,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, task
 
 from airflow_provider_eos.dag_factory.common import (
+    DEFERRABLE,
     START_DATE,
     connection_ids,
     dag_id,
@@ -71,17 +72,18 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
             # Stuck-since times kept in <meta>.lso_watch across runs: a run watches for minutes, a
             # hanging transaction is one stuck for longer than hanging_after.
             pipeline=definition.name, meta_schema=definition.meta_schema, postgres_conn_id=conns.postgres,
-            hanging_after=health.hanging_after,
+            hanging_after=health.hanging_after, deferrable=DEFERRABLE,
         )
         liveness = StreamLivenessSensor(
             task_id="liveness", pipeline=definition.name, meta_schema=definition.meta_schema,
             postgres_conn_id=conns.postgres, max_age_seconds="{{ params.max_age_seconds }}",
-            poke_interval=health.poke_interval, timeout=health.sensor_timeout,
+            poke_interval=health.poke_interval, timeout=health.sensor_timeout, deferrable=DEFERRABLE,
         )
         caught_up = StreamCaughtUpSensor(
             task_id="caught_up", pipeline=definition.name, topics=list(definition.topics),
             meta_schema=definition.meta_schema, max_lag="{{ params.max_lag }}", kafka_config_id=conns.kafka,
             postgres_conn_id=conns.postgres, poke_interval=health.poke_interval, timeout=health.sensor_timeout,
+            deferrable=DEFERRABLE,
         )
         dead_letters = DeadLetterCheckOperator(
             task_id="dead_letters", pipeline=definition.name, meta_schema=definition.meta_schema,

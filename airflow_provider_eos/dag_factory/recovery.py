@@ -29,6 +29,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_eos.dag_factory.assets import PipelineAssets
 from airflow_provider_eos.dag_factory.common import (
+    DEFERRABLE,
     START_DATE,
     connection_ids,
     dag_id,
@@ -162,13 +163,13 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
         checked = check_conf()
         # Deferred to the triggerer: waiting on a stuck partition holds no worker slot.
         gate = LastStableOffsetLagSensor(task_id="gate", topics=list(definition.topics), kafka_config_id=conns.kafka,
-                                         watch_mode="gate", poke_interval=2, timeout=600, deferrable=True)
+                                         watch_mode="gate", poke_interval=2, timeout=600, deferrable=DEFERRABLE)
         lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=DEFAULT_LOCK_TTL, plan_only=DRY_RUN,
                                     **common)
         # The stop request and an epoch bump, then a deferred wait until neither the pipeline's
         # supervisor nor a driver runs (the trigger keeps the recovery lock's heartbeat).
         stop = StopPipelineOperator(task_id="stop_stream", fence=True, quiet_seconds="{{ params.quiet_seconds }}",
-                                    plan_only=DRY_RUN, **locked)
+                                    plan_only=DRY_RUN, deferrable=DEFERRABLE, **locked)
         choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}", snapshot_store=STORE,
                                  plan_only=True, **common)
         retention = RetentionCheckOperator(task_id="retention_check", snapshot=PINNED, snapshot_store=STORE,
@@ -187,7 +188,7 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
             task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
             meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
             target_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
-            plan_only=DRY_RUN, poke_interval=5, timeout=600)
+            plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
         # Compared up to the offsets the target stores, which must have reached the replay's goal:
         # what producers committed since the replay started is the resumed stream's work, not missing.
         audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,

@@ -13,6 +13,7 @@ from airflow.sdk import DAG, Param, task
 
 from airflow_provider_eos.dag_factory.assets import PipelineAssets
 from airflow_provider_eos.dag_factory.common import (
+    DEFERRABLE,
     START_DATE,
     connection_ids,
     dag_id,
@@ -128,5 +129,6 @@ def build_stop_dag(definition: PipelineDefinition) -> DAG:
             task_id="stop_pipeline",
             pipeline_config=step_config(definition),
             postgres_conn_id=conns.postgres,
+            deferrable=DEFERRABLE,
         )
     return dag

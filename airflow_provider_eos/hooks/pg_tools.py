@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowException
 from psycopg2.extensions import make_dsn
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.utils import provider_config
 
 
 class PgToolError(AirflowException):
@@ -41,7 +42,7 @@ class PgToolsHook(EosPostgresHook):
     :param postgres_conn_id: The connection object to use, defaults to "postgres_default"
         (its schema field is the database).
     :param pg_bin_dir: directory holding pg_dump, pg_restore and psql (their
-        major version must be >= the server's); default: ``EOS_PG_BIN_DIR`` or ``PATH``.
+        major version must be >= the server's); default: ``[eos] pg_bin_dir``, else ``PATH``.
     :param lock_timeout: seconds a restore waits for table locks before giving up.
     :param meta_schema: the pipeline's bookkeeping schema (see ``EosPostgresHook``).
     """
@@ -52,7 +53,7 @@ class PgToolsHook(EosPostgresHook):
 
     def __init__(self, *args: Any, pg_bin_dir: str | None = None, lock_timeout: float = 30.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pg_bin_dir = pg_bin_dir or os.environ.get("EOS_PG_BIN_DIR") or ""
+        self.pg_bin_dir = pg_bin_dir or provider_config.pg_bin_dir() or ""
         self.lock_timeout = lock_timeout
 
     def tool_env(self) -> dict[str, str]:
@@ -105,7 +106,7 @@ class PgToolsHook(EosPostgresHook):
             return str(Path(self.pg_bin_dir) / name)
         found = shutil.which(name)
         if not found:
-            raise PgToolError(f"{name} not found on PATH; set pg_bin_dir or EOS_PG_BIN_DIR")
+            raise PgToolError(f"{name} not found on PATH; set pg_bin_dir or [eos] pg_bin_dir")
         return found
 
     def _conn_args(self, dbname: str | None = None) -> list[str]:

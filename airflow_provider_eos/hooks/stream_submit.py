@@ -24,6 +24,8 @@ import psutil
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_eos.utils import provider_config
+
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # The app's exit when the database fenced it (``spark_apps.eos_stream.fencing.EXIT_FENCED``; not
 # imported: this module must load without the app's psycopg2-based modules on the import path).
@@ -32,7 +34,6 @@ EVENT_PREFIX = "EOS-"
 _JSON = json.JSONDecoder()
 PASSWORD_ENV = "EOS_PG_PASSWORD"
 KAFKA_OPTIONS_ENV = "EOS_KAFKA_OPTIONS_JSON"
-JARS_ENV = "EOS_SPARK_JARS"
 
 
 def spark_apps_dir() -> Path:
@@ -178,7 +179,7 @@ class EosStreamSubmitHook(SparkSubmitHook):
     mode) and a private ``--properties-file`` (cluster mode) instead.
 
     :param conn_id: Spark connection, defaults to "spark_default" (host = master, e.g. ``local[*]``).
-    :param jars: comma-separated jars (the Spark Kafka connector); default: env ``EOS_SPARK_JARS``.
+    :param jars: comma-separated jars (the Spark Kafka connector); default: ``[eos] spark_jars``.
     :param postgres_password: the app's database password (from the postgres connection).
     :param kafka_options: extra Kafka client options for the app (may hold secrets).
     :param driver_host: ``spark.driver.host``; default 127.0.0.1 for local masters only.
@@ -211,7 +212,7 @@ class EosStreamSubmitHook(SparkSubmitHook):
         os.chmod(self._workdir, stat.S_IRWXU)
         super().__init__(
             conn_id=conn_id,
-            jars=jars if jars is not None else (os.environ.get(JARS_ENV) or None),
+            jars=jars if jars is not None else provider_config.spark_jars(),
             py_files=py_files,
             conf=dict(conf or {}),
             **kwargs,

@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property
 from typing import Any, TypeVar
 
+from airflow.configuration import conf
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook
@@ -21,6 +22,14 @@ T = TypeVar("T")
 
 # Seconds a deferrable step checks in the worker before it defers (see poll_before_defer).
 DEFAULT_DEFER_AFTER = 10.0
+
+
+def default_deferrable() -> bool:
+    """Airflow's convention for a step that can defer: ``[operators] default_deferrable`` decides
+    (False unless the deployment says so). Called in the signature, as Airflow's own operators do,
+    so it is read when the module is imported. The DAG factory's DAGs set ``deferrable=True``
+    themselves (docs/operators.md says why)."""
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
 
 
 def poll_before_defer(check: Callable[[], T], done: Callable[[T], bool], seconds: float, interval: float,

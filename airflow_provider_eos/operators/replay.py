@@ -114,7 +114,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
     :param spark_conn_id: The connection object to use, defaults to "spark_default"
-    :param jars: comma-separated jars for spark-submit (default: ``EOS_SPARK_JARS``).
+    :param jars: comma-separated jars for spark-submit (default: ``[eos] spark_jars``).
     :param spark_conf: extra Spark conf.
     :param driver_memory: spark-submit driver memory.
     :param checkpoint_dir: override the config's checkpoint root.

@@ -31,7 +31,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
         ``[eos] snapshot_store``, read at execute time.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param keep_last: keep the newest N snapshots of the pipeline (0: keep all).
-    :param pg_bin_dir: directory of pg_dump/pg_restore/psql (default: PATH or EOS_PG_BIN_DIR).
+    :param pg_bin_dir: directory of pg_dump/pg_restore/psql (default: ``[eos] pg_bin_dir``, else PATH).
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "snapshot_store", "keep_last")

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_eos.operators.base import (
     DEFAULT_DEFER_AFTER,
     PipelineOperatorMixin,
+    default_deferrable,
     holder_of,
     poll_before_defer,
     timed_step,
@@ -60,7 +61,8 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     :param wait: wait for the stop (default); False only writes the request.
     :param timeout_seconds: fail when it has not stopped after this long.
     :param poll_interval: seconds between checks.
-    :param deferrable: wait in the triggerer (default) rather than in a worker slot.
+    :param deferrable: wait in the triggerer rather than in a worker slot; default: ``[operators]
+        default_deferrable``.
     :param defer_after: seconds to poll in the worker before deferring (0: defer at once).
     :param hold_lock: hold the target's recovery lock (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
@@ -77,7 +79,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres", fence: bool = False,
                  quiet_seconds: float | str = 0.0, wait: bool = True, timeout_seconds: float = 600.0,
-                 poll_interval: float = 2.0, deferrable: bool = True,
+                 poll_interval: float = 2.0, deferrable: bool = default_deferrable(),
                  defer_after: float = DEFAULT_DEFER_AFTER,
                  hold_lock: bool = False, fence_wait_seconds: float = DEFAULT_FENCE_WAIT,
                  lock_ttl: float = DEFAULT_LOCK_TTL, plan_only: Any = False, pg_bin_dir: str | None = None,

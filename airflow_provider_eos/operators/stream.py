@@ -92,7 +92,7 @@ class StreamingPipelineOperator(BaseOperator):
     :param kafka_config_id: Kafka connection (its extra's ``bootstrap.servers``), default "kafka_default".
     :param postgres_conn_id: target database connection, default "eos_postgres".
     :param spark_conn_id: Spark connection (master), default "spark_default".
-    :param jars: connector jars (default: env ``EOS_SPARK_JARS``).
+    :param jars: connector jars (default: ``[eos] spark_jars``).
     :param driver_memory: spark-submit ``--driver-memory``.
     :param spark_conf: more Spark properties.
     :param driver_host: ``spark.driver.host`` (default 127.0.0.1 for local masters).

@@ -15,7 +15,12 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
 from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook, open_transaction_of
-from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, CheckOutcomeMixin, poll_before_defer
+from airflow_provider_eos.operators.base import (
+    DEFAULT_DEFER_AFTER,
+    CheckOutcomeMixin,
+    default_deferrable,
+    poll_before_defer,
+)
 from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
 from airflow_provider_eos.utils.lso_watch import (
     DEFAULT_MARGIN_SECONDS,
@@ -79,7 +84,8 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         than this plus ``margin`` is classified ``hanging``.
     :param margin: seconds added to ``txn_max_timeout_ms``.
     :param request_timeout: seconds allowed for each Admin API request.
-    :param deferrable: defer to the trigger (default) instead of poking in the worker.
+    :param deferrable: defer to the trigger instead of poking in the worker; default: ``[operators]
+        default_deferrable``.
     :param defer_after: seconds to watch in the worker before deferring (0: one observation).
     :param pipeline: the pipeline whose health this is; with ``meta_schema``, keeps the
         stuck-since times across runs. None (the recovery gate): every run starts afresh.
@@ -106,7 +112,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         txn_max_timeout_ms: int = DEFAULT_TXN_MAX_TIMEOUT_MS,
         margin: float = DEFAULT_MARGIN_SECONDS,
         request_timeout: float = 10.0,
-        deferrable: bool = True,
+        deferrable: bool = default_deferrable(),
         pipeline: str | None = None,
         meta_schema: str | None = None,
         postgres_conn_id: str = "eos_postgres",

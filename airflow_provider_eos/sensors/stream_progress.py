@@ -12,7 +12,12 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-from airflow_provider_eos.operators.base import DEFAULT_DEFER_AFTER, CheckOutcomeMixin, poll_before_defer
+from airflow_provider_eos.operators.base import (
+    DEFAULT_DEFER_AFTER,
+    CheckOutcomeMixin,
+    default_deferrable,
+    poll_before_defer,
+)
 from airflow_provider_eos.triggers.stream_progress import (
     StreamCaughtUpTrigger,
     StreamLivenessTrigger,
@@ -23,7 +28,8 @@ from airflow_provider_eos.utils.params import as_bool
 
 
 class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
-    """Deferrable by default: checks in the worker every ``poke_interval`` for ``defer_after``
+    """Deferrable if ``deferrable`` (default: ``[operators] default_deferrable``): checks in the
+    worker every ``poke_interval`` for ``defer_after``
     seconds (``base.poll_before_defer``: a trigger firing at once would meet apache/airflow#72716),
     then defers to the trigger (which fires ``timeout`` with its last report when ``timeout``
     runs out). ``deferrable=False`` pokes.
@@ -31,7 +37,8 @@ class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
     :param defer_after: seconds to check in the worker before deferring (0: check once).
     """
 
-    def __init__(self, *, deferrable: bool = True, defer_after: float = DEFAULT_DEFER_AFTER, **kwargs: Any) -> None:
+    def __init__(self, *, deferrable: bool = default_deferrable(), defer_after: float = DEFAULT_DEFER_AFTER,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.defer_after = float(defer_after)
@@ -105,7 +112,7 @@ class StreamLivenessSensor(_ProgressSensor):
     :param postgres_conn_id: target database connection, default "eos_postgres".
     :param meta_schema: schema of the bookkeeping tables.
     :param deferrable: defer to :class:`~airflow_provider_eos.triggers.stream_progress.StreamLivenessTrigger`
-        (default) instead of poking in the worker.
+        instead of poking in the worker; default: ``[operators] default_deferrable``.
     """
 
     template_fields: Sequence[str] = ("pipeline", "max_age_seconds", "postgres_conn_id", "meta_schema")
@@ -152,7 +159,7 @@ class StreamCaughtUpSensor(_ProgressSensor):
         (templated; the recovery passes the LSO its replay started from).
     :param plan_only: check once and return the report without waiting (templated).
     :param deferrable: defer to :class:`~airflow_provider_eos.triggers.stream_progress.StreamCaughtUpTrigger`
-        (default) instead of poking in the worker.
+        instead of poking in the worker; default: ``[operators] default_deferrable``.
     """
 
     template_fields: Sequence[str] = ("pipeline", "topics", "max_lag", "kafka_config_id", "postgres_conn_id",

@@ -45,7 +45,7 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
     out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", str(env_file)],
                          capture_output=True, check=True, timeout=60).stdout.decode()
     env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
-    env.update({"EOS_SPARK_JARS": stack["EOS_SPARK_JARS"], "PYTHONPATH": str(ROOT)})
+    env.update({"AIRFLOW__EOS__SPARK_JARS": stack["EOS_SPARK_JARS"], "PYTHONPATH": str(ROOT)})
     env.pop("EOS_PG_PASSWORD", None)
     env.pop("PGPASSWORD", None)
     return env

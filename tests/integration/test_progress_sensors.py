@@ -48,7 +48,8 @@ def test_liveness_fresh_passes_stale_times_out(make_pipeline):  # noqa: F811 - i
     with pytest.raises(AirflowSensorTimeout, match=r"recorded 36[0-9][0-9]s ago"):
         poke.execute({})
     # One check in the worker (defer_after=0), then the wait in the trigger.
-    deferring = StreamLivenessSensor(task_id="live_defer", poke_interval=0.5, timeout=2, defer_after=0, **kwargs)
+    deferring = StreamLivenessSensor(task_id="live_defer", poke_interval=0.5, timeout=2, defer_after=0, deferrable=True,
+                                     **kwargs)
     with pytest.raises(TaskDeferred) as deferred:
         deferring.execute({})
     trigger = deferred.value.trigger
@@ -61,7 +62,7 @@ def test_liveness_fresh_passes_stale_times_out(make_pipeline):  # noqa: F811 - i
 
     _insert_progress(p, age_seconds=0, batch_id=1)
     assert _first_event(StreamLivenessTrigger(poke_interval=0.2, timeout_seconds=5, **kwargs))["status"] == "ok"
-    report = StreamLivenessSensor(task_id="live_ok", **kwargs).execute({})  # passes without deferring
+    report = StreamLivenessSensor(task_id="live_ok", deferrable=True, **kwargs).execute({})  # passes without deferring
     assert report["ok"] and report["last_progress"]["batch_id"] == 1
 
 
@@ -83,5 +84,5 @@ def test_caught_up_reports_lag_then_passes_after_a_run(make_pipeline):  # noqa: 
     event = _first_event(StreamCaughtUpTrigger(poke_interval=0.2, timeout_seconds=10, **kwargs))
     assert event["status"] == "ok", event
     assert event["report"]["total_lag"] == 0  # stored offsets reach the LSO, markers included
-    report = StreamCaughtUpSensor(task_id="after", **kwargs).execute({})
+    report = StreamCaughtUpSensor(task_id="after", deferrable=True, **kwargs).execute({})
     assert report["ok"] and {x["lag"] for x in report["partitions"]} == {0}

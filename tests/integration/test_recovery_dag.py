@@ -56,8 +56,8 @@ def _airflow_env(stack: dict[str, str], config_dir: Path, store: Path) -> dict[s
     env.update({
         "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": str(config_dir),
         "AIRFLOW__EOS__SNAPSHOT_STORE": str(store),
-        "EOS_PG_BIN_DIR": "/usr/lib/postgresql/15/bin",
-        "EOS_SPARK_JARS": stack["EOS_SPARK_JARS"],
+        "AIRFLOW__EOS__PG_BIN_DIR": "/usr/lib/postgresql/15/bin",
+        "AIRFLOW__EOS__SPARK_JARS": stack["EOS_SPARK_JARS"],
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
         "PYTHONPATH": str(ROOT),
     })
@@ -308,8 +308,9 @@ def test_failed_replay_rolls_back_to_the_state_before_the_recovery(stack, tmp_pa
     before = _state(stack, config)
     assert before != reference
 
-    # The replay's spark-submit cannot load the Kafka connector: it fails after the swap committed.
-    broken = {**env, "EOS_SPARK_JARS": str(tmp_path / "no-such-connector.jar")}
+    # The replay's spark-submit cannot load the Kafka connector ([eos] spark_jars names a missing jar):
+    # it fails after the swap committed.
+    broken = {**env, "AIRFLOW__EOS__SPARK_JARS": str(tmp_path / "no-such-connector.jar")}
     conf = {"snapshot": "latest", "resume": True, "quiet_seconds": 1, "dry_run": False}
     [run] = _dag_test(broken, [[f"eos_recovery__{name}", conf]], tmp_path)
     tasks = run["tasks"]

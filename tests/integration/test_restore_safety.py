@@ -76,7 +76,8 @@ def test_fence_and_stop_bump_the_epoch_and_snapshots_leave_it_out(snapped) -> No
                            request_stop=True, reason="test fence").execute({"run_id": "fence"})
     assert fenced["epoch"] == before + 1 and fenced["stop_requested"]
     stopped = StopPipelineOperator(task_id="stop", pipeline_config=str(snapped["config_file"]), fence=True,
-                                   postgres_conn_id=PG_CONN, timeout_seconds=30).execute({"run_id": "stop"})
+                                   postgres_conn_id=PG_CONN, timeout_seconds=30,
+                                   deferrable=True).execute({"run_id": "stop"})
     assert stopped["epoch"] == before + 2 and stopped["driver_running"] is False
     manifest = SnapshotStore(snapped["store"]).select(config["pipeline"], "latest")
     assert f"{config['meta_schema']}.pipeline_epochs" not in {t.qualified for t in manifest.tables}

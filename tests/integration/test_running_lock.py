@@ -62,7 +62,7 @@ def test_stop_step_returns_when_the_driver_is_gone(stack: dict, tmp_path: Path, 
         observer.close()
         started = time.monotonic()
         stop = StopPipelineOperator(task_id="stop", pipeline_config=str(config_file), postgres_conn_id=PG_CONN,
-                                    fence=True, timeout_seconds=120, poll_interval=0.5)
+                                    fence=True, timeout_seconds=120, poll_interval=0.5, deferrable=True)
         activity, _deferred = run_deferrable(stop, {"run_id": "stop-test"})
         took = time.monotonic() - started
         assert activity["driver_running"] is False and activity["stop_requested_at"]
@@ -97,7 +97,8 @@ def test_a_deferred_stop_keeps_the_recovery_lock_and_fails_if_it_is_taken_over(s
     try:
         hold_running_lock(driver, config["pipeline"])
         stop = StopPipelineOperator(task_id="stop", pipeline_config=config, postgres_conn_id=PG_CONN, fence=True,
-                                    hold_lock=True, timeout_seconds=60, poll_interval=0.5, defer_after=0)
+                                    hold_lock=True, timeout_seconds=60, poll_interval=0.5, defer_after=0,
+                                    deferrable=True)
         with admin.cursor() as cur:
             cur.execute(sql.SQL("SELECT heartbeat_at FROM {}").format(lock_table(config["meta_schema"])))
             (beat_before,) = cur.fetchone()

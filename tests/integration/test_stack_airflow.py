@@ -118,3 +118,18 @@ def test_dags_folder_loads_without_import_errors(airflow_env) -> None:
     dag_files = [p for p in DAGS.rglob("*.py") if not p.name.startswith("_")]
     if dag_files:
         assert bag["dags"], f"{len(dag_files)} files in dags/ but no DAG loaded"
+
+
+def test_the_env_file_sets_the_eos_options_airflow_config_shows(airflow_env, stack) -> None:
+    """`airflow config get-value eos ...` (the CLI's own command) with .local/airflow.env: the stack's
+    snapshot store (required: the provider has none) and Spark's Kafka connector jars."""
+    from tests.integration.test_provider_config_cli import GET_VALUES
+
+    result = subprocess.run([sys.executable, "-c", GET_VALUES, "snapshot_store", "pipeline_config_dir", "spark_jars",
+                             "aside_retention_days"], env=airflow_env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [x for x in result.stdout.splitlines() if x.startswith("SHOWN ")][-1]
+    assert json.loads(line[len("SHOWN "):]) == {
+        "snapshot_store": str(STATE_DIR / "snapshots"), "pipeline_config_dir": str(STATE_DIR / "pipelines"),
+        "spark_jars": stack["EOS_SPARK_JARS"], "aside_retention_days": "7"}

@@ -199,7 +199,7 @@ def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pip
     assert p.pg().supervisor_running(p.name)
     # The wait is deferred: the trigger runs here as the triggerer would run it.
     stop = StopPipelineOperator(task_id="stop", pipeline_config=p.config, timeout_seconds=120, poll_interval=0.5,
-                                defer_after=0)
+                                defer_after=0, deferrable=True)
     result, deferred = run_deferrable(stop, {"run_id": "stop-test"})
     watcher.join(30)
     assert deferred, "the supervisor was running: the stop had to wait"

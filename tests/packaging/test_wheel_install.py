@@ -1,9 +1,13 @@
-"""The built wheel installs into a fresh Airflow 3 virtualenv without constraints.txt, registers the
-provider and its [eos] config, and its DAG factory builds a pipeline's DAGs there.
+"""The built wheel installs with its `spark` extra into a fresh Airflow 3 virtualenv without
+constraints.txt, registers the provider and its [eos] config with their defaults, its DAG factory
+builds a pipeline's DAGs there, and the app's pyspark pairing check passes.
 
-A fresh virtualenv (no system site-packages) gets the wheel with its own version ranges resolved
-from the package index by uv, without the `spark` extra: what a scheduler, dag-processor or
-triggerer needs, which never run Spark. uv's cache lives under .local so that reruns are quick."""
+A fresh virtualenv (no system site-packages) gets `airflow-provider-eos[spark]` from the built wheel,
+every version resolved from the package index by uv, Airflow included: the documented install of
+a worker that runs Spark (an unconstrained install once picked pyspark 4.2.1 beside pyspark-client
+4.2.0, and the app refused to start). The components that never run Spark install without the extra;
+the wheel's metadata shows they get no pyspark. uv's cache lives in the stack's state directory
+(.local) so that reruns are quick: about a minute with a warm cache on 2 cores, three on a cold one."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import STATE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).with_name("uv")
@@ -31,7 +37,10 @@ manager = ProvidersManager()
 info = manager.providers.get("airflow-provider-eos")
 configs = dict(manager.provider_configs)
 from airflow_provider_eos.dag_factory import pipeline_dags
+from airflow.configuration import conf
+from spark_apps.eos_stream.pyspark_pairing import check_pyspark_pairing
 dags = pipeline_dags(sys.argv[1])
+check_pyspark_pairing()  # raises unless pyspark and pyspark-client are one Spark
 def installed(name):
     try:
         return metadata.version(name)
@@ -43,6 +52,8 @@ print("RESULT " + json.dumps({
     "dags": sorted(dags),
     "airflow": installed("apache-airflow"),
     "pyspark": installed("pyspark"),
+    "pyspark-client": installed("pyspark-client"),
+    "pipeline_config_dir": conf.get("eos", "pipeline_config_dir"),
 }))
 """
 
@@ -56,7 +67,7 @@ def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
 def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: Path) -> None:
     started = time.monotonic()
     wheels = tmp_path / "wheels"
-    env = {**os.environ, "UV_CACHE_DIR": str(ROOT / ".local" / "uv-cache")}
+    env = {**os.environ, "UV_CACHE_DIR": str(STATE_DIR / "uv-cache")}
     _run([str(UV), "build", "-q", "--wheel", "-o", str(wheels), str(ROOT)], cwd=tmp_path, env=env, timeout=300)
     [wheel] = wheels.glob("airflow_provider_eos-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -67,12 +78,24 @@ def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: P
     for marker in ("airflow_provider_eos/py.typed", "spark_apps/py.typed"):
         assert marker in names, f"{marker} is not in the wheel: type checkers would ignore the package's hints"
     assert any(name.endswith("/LICENSE") and ".dist-info/" in name for name in names), names
+    [metadata_name] = [name for name in names if name.endswith(".dist-info/METADATA")]
+    requires = zipfile.ZipFile(wheel).read(metadata_name).decode().splitlines()
+    assert "Requires-Python: >=3.10" in requires
+    spark_only = {line.split(":", 1)[1].split(";")[0].strip() for line in requires
+                  if line.startswith("Requires-Dist:") and "extra == \"spark\"" in line}
+    pins = {name: version for name, _, version in (r.partition("==") for r in spark_only)
+            if name in ("pyspark", "pyspark-client")}
+    assert len(pins) == 2 and len(set(pins.values())) == 1, spark_only  # one Spark, pinned
+    # Without the extra, nothing requires pyspark (the Spark provider's pyspark-client is the Connect client).
+    assert not any(line.startswith("Requires-Dist: pyspark") and "extra ==" not in line for line in requires)
     built = time.monotonic() - started
 
     venv = tmp_path / "venv"
     _run([str(UV), "venv", "-q", "--python", sys.executable, str(venv)], env=env, timeout=120)
     python = venv / "bin" / "python"
-    _run([str(UV), "pip", "install", "-q", "--python", str(python), str(wheel)], env=env, timeout=600)
+    # No constraints, no pins of ours: uv resolves the extra's pins together with Airflow's and the
+    # Spark provider's own requirements (pyspark-client among them).
+    _run([str(UV), "pip", "install", "-q", "--python", str(python), f"{wheel}[spark]"], env=env, timeout=600)
     installed = time.monotonic() - started - built
 
     definitions = tmp_path / "pipelines"
@@ -85,9 +108,11 @@ def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: P
     result = _run([str(python), "-c", CHECK, str(definitions)], env=clean_env, cwd=tmp_path, timeout=300)
     line = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")][-1]
     report = json.loads(line[len("RESULT "):])
-    print(f"\nwheel built in {built:.1f}s, installed in {installed:.1f}s (uv, no constraints): {report}")
+    print(f"\nwheel built in {built:.1f}s, installed with [spark] in {installed:.1f}s (uv, no constraints): {report}")
     assert report["provider"] and report["airflow"].startswith("3.")
-    assert {"snapshot_store", "pipeline_config_dir", "kafka_conn_id"} <= set(report["eos_config"])
+    assert {"snapshot_store", "pipeline_config_dir", "kafka_conn_id", "spark_jars"} <= set(report["eos_config"])
+    assert report["pipeline_config_dir"] == "/opt/eos/pipelines"  # the declared default, seen by Airflow
     assert report["dags"] == sorted(f"eos_{kind}__shop" for kind in ("health", "recovery", "snapshot", "stop",
                                                                       "stream"))
-    assert report["pyspark"] is None  # the components that never run Spark do without it
+    # The pairing check passed above, on the extra's Spark (test_pyspark_pairing ties it to the connector's).
+    assert report["pyspark"] == report["pyspark-client"] == pins["pyspark"], report

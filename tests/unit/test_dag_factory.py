@@ -110,3 +110,50 @@ def test_the_dags_folder_reads_the_provider_config_and_no_eos_environment(two_pi
     bag = json.loads(result.stdout.strip().splitlines()[-1])
     assert bag["errors"] == {}
     assert bag["dags"] == sorted(f"eos_{kind}__{name}" for kind in KINDS for name in ("alpha", "beta"))
+
+
+DEFERRING = """
+import json
+from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
+from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor, StreamLivenessSensor
+steps = [StopPipelineOperator(task_id="stop", pipeline_config={}),
+         LastStableOffsetLagSensor(task_id="lso", topics=["t"]),
+         StreamLivenessSensor(task_id="live", pipeline="p", max_age_seconds=1),
+         StreamCaughtUpSensor(task_id="caught", pipeline="p", topics=["t"])]
+print(json.dumps({type(step).__name__: step.deferrable for step in steps}))
+"""
+
+
+def _deferrable_by_default(tmp_path: Path, default_deferrable: str) -> dict[str, bool]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "AIRFLOW_HOME": str(tmp_path / "airflow"),
+           "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": default_deferrable}
+    result = subprocess.run([sys.executable, "-c", DEFERRING], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_steps_used_directly_follow_operators_default_deferrable(tmp_path: Path) -> None:
+    """Airflow's convention: ``[operators] default_deferrable`` (False unless set) is the default."""
+    assert set(_deferrable_by_default(tmp_path, "True").values()) == {True}
+    # Unset, in this process: Airflow's default.
+    from airflow_provider_eos.operators.stop import StopPipelineOperator
+    from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
+
+    assert not StopPipelineOperator(task_id="stop", pipeline_config={}).deferrable
+    assert not LastStableOffsetLagSensor(task_id="lso", topics=["t"]).deferrable
+
+
+def test_the_factorys_waits_defer_whatever_the_deployment_default(two_pipelines: Path) -> None:
+    from airflow.configuration import conf
+
+    # This process runs with Airflow's default (False): the factory's True is its own.
+    assert not conf.getboolean("operators", "default_deferrable", fallback=False)
+    dags = pipeline_dags(two_pipelines)
+    deferring = {(dag_id, task.task_id): task.deferrable for dag_id, dag in dags.items() for task in dag.tasks
+                 if hasattr(task, "deferrable") and type(task).__module__.startswith("airflow_provider_eos.")}
+    assert set(deferring.values()) == {True}, deferring
+    # Every wait of a pipeline's DAGs: the health sensors, the recovery's gate, stop and catch-up, the stop DAG.
+    assert {task for _, task in deferring} == {"lso_lag", "liveness", "caught_up", "gate", "stop_stream",
+                                               "wait_caught_up", "stop_pipeline"}

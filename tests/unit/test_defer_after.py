@@ -55,7 +55,7 @@ def test_it_polls_until_the_condition_holds_or_the_seconds_are_up() -> None:
 
 def _caught_up_sensor(reports: list[dict[str, Any]], defer_after: float) -> StreamCaughtUpSensor:
     sensor = StreamCaughtUpSensor(task_id="caught_up", pipeline="p", topics=["t"], poke_interval=0.01, timeout=60,
-                                  defer_after=defer_after)
+                                  defer_after=defer_after, deferrable=True)
     answers = iter(reports)
     sensor.check = lambda: next(answers)  # type: ignore[method-assign]
     return sensor
@@ -81,7 +81,7 @@ class _Offsets:
 
 def _gate(hook: _Offsets, defer_after: float) -> LastStableOffsetLagSensor:
     sensor = LastStableOffsetLagSensor(task_id="gate", topics=["t"], watch_mode="gate", poke_interval=0.01,
-                                       timeout=60, defer_after=defer_after)
+                                       timeout=60, defer_after=defer_after, deferrable=True)
     sensor.__dict__["hook"] = hook  # the cached_property's slot
     return sensor
 

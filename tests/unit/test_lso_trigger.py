@@ -125,7 +125,8 @@ class _HeldOffsets:
 def test_sensor_defers_after_its_worker_check_with_the_rest_of_its_timeout():
     # defer_after=0: one observation in the worker (see test_defer_after.py), then the trigger.
     sensor = LastStableOffsetLagSensor(
-        task_id="lso", topics=T, watch_mode="gate", stuck_after=5, poke_interval=1, timeout=42, defer_after=0
+        task_id="lso", topics=T, watch_mode="gate", stuck_after=5, poke_interval=1, timeout=42, defer_after=0,
+        deferrable=True,
     )
     sensor.__dict__["hook"] = _HeldOffsets()
     before = time.time()
@@ -142,7 +143,8 @@ def test_sensor_defers_after_its_worker_check_with_the_rest_of_its_timeout():
     assert timedelta(seconds=41 + slack) <= deferred.value.timeout <= timedelta(seconds=42 + slack)
     assert kwargs["watch_state"]["partitions"]  # the worker's observation goes on in the trigger
 
-    health = LastStableOffsetLagSensor(task_id="lso", topics=T, watch_mode="health", timeout=42, defer_after=0)
+    health = LastStableOffsetLagSensor(task_id="lso", topics=T, watch_mode="health", timeout=42, defer_after=0,
+                                       deferrable=True)
     health.__dict__["hook"] = _HeldOffsets()
     with pytest.raises(TaskDeferred) as deferred:
         health.execute({})

@@ -107,9 +107,24 @@ def test_provider_info_declares_the_eos_config_section() -> None:
 
     section = get_provider_info()["config"][provider_config.SECTION]
     assert set(section["options"]) == {"snapshot_store", "pipeline_config_dir", "aside_retention_days",
-                                       "kafka_conn_id", "postgres_conn_id", "spark_conn_id"}
+                                       "kafka_conn_id", "postgres_conn_id", "spark_conn_id", "spark_jars",
+                                       "pg_bin_dir"}
     for option in section["options"].values():
-        assert option["default"] is None and option["type"] in ("string", "float") and option["description"]
+        assert option["type"] in ("string", "float") and option["description"] and option["example"]
+
+
+def test_provider_info_and_the_code_agree_on_every_default() -> None:
+    """One definition per default: what Airflow shows (`airflow config get-value`) is what the code
+    falls back to, and no description states a default of its own in prose."""
+    from airflow_provider_eos.utils import provider_config
+
+    declared = get_provider_info()["config"][provider_config.SECTION]["options"]
+    assert {key: option["default"] for key, option in declared.items()} == {
+        s.key: s.default for s in provider_config.SETTINGS}
+    for key, option in declared.items():
+        assert "default:" not in option["description"].lower(), key
+    # Required, with no default at all: a store under /tmp would lose every snapshot on a reboot.
+    assert declared["snapshot_store"]["default"] is None
 
 
 def test_airflow_sees_the_eos_config_section() -> None:
@@ -124,14 +139,26 @@ def test_settings_come_from_the_provider_config_else_the_default(monkeypatch, pr
     from airflow_provider_eos.utils import provider_config
 
     for setting in provider_config.SETTINGS:
-        variable = f"AIRFLOW__{provider_config.SECTION.upper()}__{setting.key.upper()}"
+        variable = provider_config.env_variable(setting)
+        assert variable == f"AIRFLOW__EOS__{setting.key.upper()}"
         if provider is None:
             monkeypatch.delenv(variable, raising=False)
         else:
             monkeypatch.setenv(variable, provider)
-        assert provider_config.get(setting) == (setting.default if expected == "default" else expected)
-    default = provider_config.SNAPSHOT_STORE.default
-    assert provider_config.snapshot_store() == (default if expected == "default" else expected)
+        assert provider_config.optional(setting) == (setting.default if expected == "default" else expected)
+    assert provider_config.spark_jars() == (None if provider is None else provider)
+    assert provider_config.pg_bin_dir() == (None if provider is None else provider)
+
+
+def test_a_step_needing_the_snapshot_store_refuses_to_run_without_one(monkeypatch) -> None:
+    from airflow_provider_eos.utils import provider_config
+
+    monkeypatch.delenv("AIRFLOW__EOS__SNAPSHOT_STORE", raising=False)
+    with pytest.raises(provider_config.SettingsError) as refused:
+        provider_config.snapshot_store()
+    assert "[eos] snapshot_store" in str(refused.value) and "AIRFLOW__EOS__SNAPSHOT_STORE" in str(refused.value)
+    monkeypatch.setenv("AIRFLOW__EOS__SNAPSHOT_STORE", "s3://aws_default@bucket/eos")
+    assert provider_config.snapshot_store() == "s3://aws_default@bucket/eos"
 
 
 def test_settings_read_airflow_cfg_and_no_environment_variable_of_their_own(monkeypatch) -> None:
@@ -139,10 +166,12 @@ def test_settings_read_airflow_cfg_and_no_environment_variable_of_their_own(monk
 
     from airflow_provider_eos.utils import provider_config
 
-    monkeypatch.delenv("AIRFLOW__EOS__SNAPSHOT_STORE", raising=False)
-    # The provider's own variables of earlier versions: a DAG file must not read them at parse time.
-    monkeypatch.setenv("EOS_SNAPSHOT_STORE", "/from/env")
-    monkeypatch.setenv("EOS_PIPELINE_CONFIG_DIR", "/from/env")
+    for variable in ("AIRFLOW__EOS__SNAPSHOT_STORE", "AIRFLOW__EOS__SPARK_JARS", "AIRFLOW__EOS__PG_BIN_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    # The provider's own variables of earlier versions: a DAG file must not read them at parse time,
+    # nor a worker when it submits or runs pg_dump.
+    for variable in ("EOS_SNAPSHOT_STORE", "EOS_PIPELINE_CONFIG_DIR", "EOS_SPARK_JARS", "EOS_PG_BIN_DIR"):
+        monkeypatch.setenv(variable, "/from/env")
     if not conf.has_section("eos"):
         conf.add_section("eos")
     conf.set("eos", "snapshot_store", "/from/cfg")
@@ -150,8 +179,10 @@ def test_settings_read_airflow_cfg_and_no_environment_variable_of_their_own(monk
         assert provider_config.snapshot_store() == "/from/cfg"
     finally:
         conf.remove_option("eos", "snapshot_store")
-    assert provider_config.snapshot_store() == provider_config.SNAPSHOT_STORE.default
+    with pytest.raises(provider_config.SettingsError, match="snapshot_store"):
+        provider_config.snapshot_store()
     assert provider_config.pipeline_config_dir() == provider_config.PIPELINE_CONFIG_DIR.default
+    assert provider_config.spark_jars() is None and provider_config.pg_bin_dir() is None
 
 
 def test_connection_defaults_come_from_the_provider_config(monkeypatch) -> None:

@@ -37,9 +37,11 @@ def test_this_environment_is_one_spark(monkeypatch) -> None:
         check_pyspark_pairing()
 
 
-def test_the_spark_extra_holds_pyspark_and_its_client_to_the_connectors_spark_line() -> None:
+def test_the_spark_extra_pins_pyspark_and_its_client_to_the_connectors_spark() -> None:
     """`pip install airflow-provider-eos[spark]` must not pick a pyspark the Kafka connector jars
-    were not built for, nor one beside a pyspark-client of another line (issue 24)."""
+    were not built for, nor one beside a pyspark-client of another version: a range of one line is
+    not enough (an unconstrained install resolved pyspark 4.2.1 beside pyspark-client 4.2.0, the
+    newest client; the pairing check refused it), so both are pinned to the connector's Spark."""
     import configparser
     import re
     from pathlib import Path
@@ -48,14 +50,12 @@ def test_the_spark_extra_holds_pyspark_and_its_client_to_the_connectors_spark_li
 
     root = Path(__file__).resolve().parents[2]
     pom = (root / "scripts" / "maven" / "spark-kafka-connector.pom.xml").read_text()
-    match = re.search(r"<spark.version>(\d+\.\d+)\.\d+</spark.version>", pom)
+    match = re.search(r"<spark.version>(\d+\.\d+\.\d+)</spark.version>", pom)
     assert match, "the connector's pom names no spark.version"
-    line = match.group(1)
+    spark = match.group(1)
     setup = configparser.ConfigParser()
     setup.read(root / "setup.cfg")
     extra = {Requirement(r).name: Requirement(r).specifier
              for r in setup["options.extras_require"]["spark"].split("\n") if r.strip()}
     for name in ("pyspark", "pyspark-client"):
-        assert f"{line}.0" in extra[name] and f"{line}.9" in extra[name], (name, extra[name])
-        next_line = f"{line.split('.')[0]}.{int(line.split('.')[1]) + 1}.0"
-        assert next_line not in extra[name], (name, extra[name])
+        assert str(extra[name]) == f"=={spark}", (name, extra[name])

@@ -25,7 +25,7 @@ def conns(monkeypatch):
         {"conn_type": "postgres", "host": "db", "port": 5433, "login": "app", "password": SECRET,
          "schema": "warehouse"}))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
-    monkeypatch.setenv("EOS_SPARK_JARS", "/jars/a.jar,/jars/b.jar")
+    monkeypatch.setenv("AIRFLOW__EOS__SPARK_JARS", "/jars/a.jar,/jars/b.jar")
 
 
 def test_config_from_params_and_connections(conns):
