@@ -47,6 +47,7 @@ from pydantic import (
     field_validator,
 )
 
+from airflow_provider_eos.utils.definition_checks import definition_problems, schedule_problem
 from spark_apps.eos_stream.config import (
     DELIVERY_MODES,
     PIPELINE_NAME,
@@ -69,6 +70,16 @@ class PipelineDefinitionError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("schedule", check_fields=False)
+    @classmethod
+    def _airflow_schedule(cls, value: str | None) -> str | None:
+        # Checked here, not when the DAG is built: there a bad cron string is an import error of
+        # the DAG file that names neither the definition file nor the field.
+        problem = schedule_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class ConnectionIds(_Section):
@@ -305,8 +316,11 @@ def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinitio
     """Every pipeline in ``directory``: (valid definitions by name, error by file name).
 
     One bad file never hides the others: each pipeline is independent, and its team sees its
-    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused."""
+    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused, and so are
+    a definition whose spec does not import and two pipelines that share a target table, a
+    meta schema or a checkpoint directory (``definition_checks``)."""
     found: dict[str, PipelineDefinition] = {}
+    paths: dict[str, Path] = {}
     errors: dict[str, str] = {}
     files = definition_files(directory)
     stems = [p.stem for p in files]
@@ -316,8 +330,12 @@ def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinitio
             continue
         try:
             found[path.stem] = load_definition(path)
+            paths[path.stem] = path
         except PipelineDefinitionError as exc:
             errors[path.name] = str(exc)
+    for name, problems in definition_problems(found).items():
+        errors[paths[name].name] = f"{paths[name]}: invalid pipeline definition: {'; '.join(problems)}"
+        del found[name]
     return found, errors
 
 

@@ -85,18 +85,43 @@ def test_files_that_cannot_be_a_definition(tmp_path: Path) -> None:
         load_definition(_write(tmp_path, "other.json", MINIMAL))
 
 
+def _own(name: str, **change: object) -> dict:
+    """A loadable definition with places of its own (an importable spec, its own schemas)."""
+    return {**MINIMAL, "name": name, "spec": "spark_apps.ledger.spec:LEDGER", "target_schema": f"t_{name}",
+            "meta_schema": f"m_{name}", "checkpoint_dir": f"s3a://bucket/{name}", **change}
+
+
 def test_one_bad_file_hides_no_other_pipeline(tmp_path: Path) -> None:
-    _write(tmp_path, "orders.yaml", MINIMAL)
-    _write(tmp_path, "ledger.json", {**MINIMAL, "name": "ledger"})
-    _write(tmp_path, "broken.yaml", {**MINIMAL, "name": "broken", "delivery": "nope"})
-    _write(tmp_path, "twice.yaml", {**MINIMAL, "name": "twice"})
-    _write(tmp_path, "twice.json", {**MINIMAL, "name": "twice"})
+    _write(tmp_path, "orders.yaml", _own("orders"))
+    _write(tmp_path, "ledger.json", _own("ledger"))
+    _write(tmp_path, "broken.yaml", _own("broken", delivery="nope"))
+    _write(tmp_path, "twice.yaml", _own("twice"))
+    _write(tmp_path, "twice.json", _own("twice"))
     _write(tmp_path, ".hidden.yaml", "not: [valid")
     (tmp_path / "notes.txt").write_text("ignored")
     valid, errors = load_definitions(tmp_path)
     assert sorted(valid) == ["ledger", "orders"]
     assert sorted(errors) == ["broken.yaml", "twice.json", "twice.yaml"]
     assert "delivery" in errors["broken.yaml"] and "more than one definition" in errors["twice.yaml"]
+
+
+def test_what_airflow_or_the_app_would_refuse_later_is_refused_at_parse_naming_the_file(tmp_path: Path) -> None:
+    _write(tmp_path, "cron.yaml", _own("cron", health={"schedule": "*/5 * * *"}))
+    _write(tmp_path, "nospec.yaml", _own("nospec", spec="acme_nowhere.specs:ORDERS"))
+    _write(tmp_path, "a.yaml", _own("a", meta_schema="shared_eos"))
+    _write(tmp_path, "b.yaml", _own("b", meta_schema="shared_eos"))
+    _write(tmp_path, "c.yaml", _own("c", target_schema="t_d"))  # the same target tables as d
+    _write(tmp_path, "d.yaml", _own("d"))
+    _write(tmp_path, "fine.yaml", _own("fine", snapshot={"schedule": "@quarterly"}))
+    valid, errors = load_definitions(tmp_path)
+    assert sorted(valid) == ["fine"]
+    assert errors["cron.yaml"].startswith(f"{tmp_path / 'cron.yaml'}: invalid pipeline definition: health.schedule")
+    assert "is not a cron expression" in errors["cron.yaml"]
+    assert "cannot import spec module 'acme_nowhere.specs'" in errors["nospec.yaml"]
+    assert "meta schema shared_eos is also pipeline b's" in errors["a.yaml"]
+    assert "meta schema shared_eos is also pipeline a's" in errors["b.yaml"]
+    assert "target table t_d.ledger_events is also pipeline d's" in errors["c.yaml"]
+    assert str(tmp_path / "d.yaml") in errors["d.yaml"]
 
 
 def test_find_definition_by_name(tmp_path: Path) -> None:
