@@ -24,6 +24,7 @@ def pipeline_config(stack: dict[str, str], tmp_path: Path, name: str, **override
         "pipeline": name,
         "topics": [f"ledger.{name}"],
         "kafka_bootstrap": stack["EOS_KAFKA_BOOTSTRAP"],
+        "spec": "spark_apps.ledger.spec:LEDGER",
         "delivery": "exactly_once",
         "trigger": "availableNow",
         "max_offsets_per_trigger": 5000,
@@ -38,23 +39,29 @@ def pipeline_config(stack: dict[str, str], tmp_path: Path, name: str, **override
     return config
 
 
-def write_definition(config: dict[str, Any], directory: Path, **sections: dict[str, Any]) -> Path:
-    """``<directory>/<pipeline>.yaml``: the pipeline definition (airflow_provider_eos.utils.pipeline_definition)
-    of an app ``config`` made by :func:`pipeline_config`, with ``sections`` (stream, health, snapshot...)
+def definition_of(config: dict[str, Any], **sections: Any) -> dict[str, Any]:
+    """The pipeline definition (airflow_provider_eos.utils.pipeline_definition), as a dict, of an
+    app ``config`` made by :func:`pipeline_config`, with ``sections`` (stream, health, snapshot...)
     merged over what the config implies. Kafka and the database come from the connections."""
     stream = {key: config[key] for key in ("trigger", "trigger_interval", "max_offsets_per_trigger",
                                            "max_batch_attempts", "create_targets") if key in config}
     definition: dict[str, Any] = {
         "name": config["pipeline"],
         "topics": list(config["topics"]),
-        "spec": config.get("spec", "spark_apps.ledger.spec:LEDGER"),
-        "delivery": config.get("delivery", "exactly_once"),
+        "spec": config["spec"],
+        "delivery": config["delivery"],
         "target_schema": config["target_schema"],
         "meta_schema": config["meta_schema"],
         "checkpoint_dir": config["checkpoint_dir"],
         "stream": {**stream, **sections.pop("stream", {})},
         **sections,
     }
+    return definition
+
+
+def write_definition(config: dict[str, Any], directory: Path, **sections: dict[str, Any]) -> Path:
+    """``<directory>/<pipeline>.yaml``: :func:`definition_of` ``config`` and ``sections``."""
+    definition = definition_of(config, **sections)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{config['pipeline']}.yaml"
     path.write_text(json.dumps(definition, indent=2))  # JSON is YAML

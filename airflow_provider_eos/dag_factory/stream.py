@@ -86,26 +86,14 @@ def build_stream_dag(definition: PipelineDefinition, assets: PipelineAssets | No
         params=params,
     ) as dag:
         defaults = {key: getattr(definition.stream, key) for key in TUNING}
+        pinned = definition.model_dump(mode="json")
+        pinned["stream"].update({key: _pinned(key) for key in TUNING})
         resolve_run(defaults, list(params)) >> StreamingPipelineOperator(
             task_id="run_pipeline",
-            pipeline=definition.name,
-            topics=list(definition.topics),
-            spec=definition.spec,
-            delivery=definition.delivery,
-            trigger=_pinned("trigger"),
-            trigger_interval=_pinned("trigger_interval"),
-            max_offsets_per_trigger=_pinned("max_offsets_per_trigger"),
-            max_batch_attempts=_pinned("max_batch_attempts"),
-            checkpoint_dir=definition.checkpoint_dir,
-            target_schema=definition.target_schema,
-            meta_schema=definition.meta_schema,
-            create_targets=definition.stream.create_targets,
+            definition=pinned,
             run_seconds="{{ params.run_seconds }}",
             max_restarts="{{ params.max_restarts }}",
             restart_backoff="{{ params.restart_backoff }}",
-            extra_config={"transient_retry_seconds": definition.stream.transient_retry_seconds,
-                          "record_parsing": definition.stream.record_parsing,
-                          "write_path": definition.stream.write_path},
             kafka_config_id=conns.kafka,
             postgres_conn_id=conns.postgres,
             spark_conn_id=conns.spark,

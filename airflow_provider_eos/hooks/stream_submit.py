@@ -52,7 +52,7 @@ def spec_package_files(spec: str | None) -> list[tuple[Path, str]]:
     """The files of the team's own spec package, as ``(file, name in the zip)``, so that executors
     on other hosts import the spec the driver imports.
 
-    ``my_company.specs.orders:ORDERS`` ships the whole top-level package ``my_company`` (the spec
+    ``my_company.specs.payments:PAYMENTS`` ships the whole top-level package ``my_company`` (the spec
     may import its siblings), from wherever this interpreter finds it: the DAGs folder, a
     ``PYTHONPATH`` entry or an installed distribution. Nothing is shipped for the project's own
     specs (``spark_apps`` travels anyway) or for a package this worker cannot import: that one

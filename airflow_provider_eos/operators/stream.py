@@ -1,4 +1,11 @@
-"""Launch and supervise one eos streaming pipeline (spark-submit of spark_apps/eos_stream/app.py)."""
+"""Launch and supervise one eos streaming pipeline (spark-submit of spark_apps/eos_stream/app.py).
+
+The operator takes the pipeline's definition (``PipelineDefinition``, or its dict form, as the
+DAG factory passes it), never the pipeline's fields one by one: what the pipeline is and its
+defaults are defined once (spark_apps/eos_stream/config.py, utils/pipeline_definition.py), and
+the app's config is the definition's ``app_config`` plus what a run sets. Its own arguments are
+what only a supervisor knows: connections, the run's time, restarts, Spark submission.
+"""
 
 from __future__ import annotations
 
@@ -17,16 +24,14 @@ from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosS
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.utils.metrics import stream_event_metrics
-from airflow_provider_eos.utils.params import as_bool
-from airflow_provider_eos.utils.stats_emitter import emit
-from spark_apps.eos_stream.config import DELIVERY_MODES, TRIGGERS
-
-# PipelineConfig keys the operator sets from its own arguments or the connections.
-_OWN_KEYS = frozenset(
-    {"pipeline", "topics", "kafka_bootstrap", "spec", "delivery", "trigger", "trigger_interval",
-     "max_offsets_per_trigger", "checkpoint_dir", "target_schema", "meta_schema", "max_batch_attempts",
-     "create_targets", "run_seconds", "stop_poll_seconds", "postgres"}
+from airflow_provider_eos.utils.pipeline_definition import (
+    PipelineDefinition,
+    PipelineDefinitionError,
+    parse_definition,
 )
+from airflow_provider_eos.utils.stats_emitter import emit
+from spark_apps.eos_stream.config import default_of
+
 # After a fenced exit, how long the driver's own database sessions may take to end (the
 # backend sees the closed socket at once; this covers a busy server) before a running
 # lock that is still held is taken for another driver's.
@@ -71,34 +76,26 @@ class StreamingPipelineOperator(BaseOperator):
     stop is requested (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or
     ``run_seconds`` have passed. ``on_kill`` ends the spark-submit process group (no JVM is left).
 
-    :param pipeline: pipeline name (keys offsets, progress, dead letters, stop requests).
-    :param topics: Kafka topics to read.
-    :param spec: ``module:ATTRIBUTE`` of the app's PipelineSpec.
-    :param delivery: ``exactly_once`` (default), ``two_phase`` (the same with PREPARE TRANSACTION /
-        COMMIT PREPARED; needs ``max_prepared_transactions`` > 0), ``idempotent`` or ``at_least_once``.
-    :param trigger: ``availableNow`` (default) or ``processingTime``.
-    :param trigger_interval: processingTime interval, e.g. "5 seconds".
-    :param max_offsets_per_trigger: bound on records per micro-batch.
-    :param checkpoint_dir: Spark checkpoint root (default: the app's).
-    :param target_schema: schema of the target tables.
-    :param meta_schema: schema of the bookkeeping tables.
-    :param max_batch_attempts: failed attempts of one batch before its poison records are quarantined.
-    :param create_targets: let the app create missing target tables.
+    :param definition: the pipeline (``PipelineDefinition`` or its dict form, templated: a DAG may
+        pin a run's ``stream`` tuning with templates). Its ``stream`` section gives the trigger,
+        the batch limits and the restart policy.
     :param run_seconds: processingTime: total time to run, across restarts (0: until stopped).
-    :param stop_poll_seconds: how often the app looks for a stop request.
-    :param extra_config: more PipelineConfig keys (never a password).
+    :param stop_poll_seconds: how often the app looks for a stop request (default: the app's).
     :param kafka_options: extra Kafka client options (Java client names, without ``kafka.``), passed
         through the environment because they may hold secrets.
-    :param kafka_config_id: Kafka connection (its extra's ``bootstrap.servers``), default "kafka_default".
-    :param postgres_conn_id: target database connection, default "eos_postgres".
-    :param spark_conn_id: Spark connection (master), default "spark_default".
+    :param kafka_config_id: Kafka connection (its extra's ``bootstrap.servers``); default: the
+        definition's ``connections.kafka``, else the deployment's ``[eos]`` default.
+    :param postgres_conn_id: target database connection; default as for Kafka.
+    :param spark_conn_id: Spark connection (master); default as for Kafka.
     :param jars: connector jars (default: ``[eos] spark_jars``).
     :param driver_memory: spark-submit ``--driver-memory``.
     :param spark_conf: more Spark properties.
     :param driver_host: ``spark.driver.host`` (default 127.0.0.1 for local masters).
     :param driver_bind_address: ``spark.driver.bindAddress`` (default 127.0.0.1 for local masters).
-    :param max_restarts: restarts after retryable failures before the task fails.
-    :param restart_backoff: seconds before the first restart; doubled each time.
+    :param max_restarts: restarts after retryable failures before the task fails (default: the
+        definition's ``stream.max_restarts``).
+    :param restart_backoff: seconds before the first restart, doubled each time (default: the
+        definition's ``stream.restart_backoff``).
     :param max_backoff: upper bound of one backoff.
     :param max_fenced_restarts: immediate restarts after fenced exits (3) before the task fails;
         counted apart from ``max_restarts``, and bounded so two writers cannot fence each other forever.
@@ -110,9 +107,7 @@ class StreamingPipelineOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "pipeline", "topics", "spec", "delivery", "trigger", "trigger_interval", "max_offsets_per_trigger",
-        "checkpoint_dir", "target_schema", "meta_schema", "max_batch_attempts", "create_targets",
-        "run_seconds", "extra_config", "kafka_config_id", "postgres_conn_id", "spark_conn_id", "max_restarts",
+        "definition", "run_seconds", "kafka_config_id", "postgres_conn_id", "spark_conn_id", "max_restarts",
         "restart_backoff", "max_fenced_restarts",
     )
     ui_color = "#e8f4ff"
@@ -121,32 +116,20 @@ class StreamingPipelineOperator(BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        topics: Sequence[str] | str,
-        spec: str = "spark_apps.ledger.spec:LEDGER",
-        delivery: str = "exactly_once",
-        trigger: str = "availableNow",
-        trigger_interval: str = "5 seconds",
-        max_offsets_per_trigger: int | str = 20000,
-        checkpoint_dir: str | None = None,
-        target_schema: str = "public",
-        meta_schema: str = "eos",
-        max_batch_attempts: int | str = 3,
-        create_targets: bool | str = False,
-        run_seconds: float | str = 0,
-        stop_poll_seconds: float = 1.0,
-        extra_config: dict[str, Any] | None = None,
+        definition: PipelineDefinition | dict[str, Any],
+        run_seconds: float | str = default_of("run_seconds"),
+        stop_poll_seconds: float = default_of("stop_poll_seconds"),
         kafka_options: dict[str, str] | None = None,
-        kafka_config_id: str = "kafka_default",
-        postgres_conn_id: str = "eos_postgres",
-        spark_conn_id: str = "spark_default",
+        kafka_config_id: str | None = None,
+        postgres_conn_id: str | None = None,
+        spark_conn_id: str | None = None,
         jars: str | None = None,
         driver_memory: str | None = "1g",
         spark_conf: dict[str, Any] | None = None,
         driver_host: str | None = None,
         driver_bind_address: str | None = None,
-        max_restarts: int | str = 3,
-        restart_backoff: float | str = 10.0,
+        max_restarts: int | str | None = None,
+        restart_backoff: float | str | None = None,
         max_backoff: float = 300.0,
         max_fenced_restarts: int | str = 3,
         recovery_lock_ttl: float = DEFAULT_LOCK_TTL,
@@ -154,21 +137,11 @@ class StreamingPipelineOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
-        self.topics = topics
-        self.spec = spec
-        self.delivery = delivery
-        self.trigger = trigger
-        self.trigger_interval = trigger_interval
-        self.max_offsets_per_trigger = max_offsets_per_trigger
-        self.checkpoint_dir = checkpoint_dir
-        self.target_schema = target_schema
-        self.meta_schema = meta_schema
-        self.max_batch_attempts = max_batch_attempts
-        self.create_targets = create_targets
+        # Kept as a plain dict: templates inside it render, and it serializes with the DAG.
+        self.definition = (definition.model_dump(mode="json") if isinstance(definition, PipelineDefinition)
+                           else dict(definition))
         self.run_seconds = run_seconds
         self.stop_poll_seconds = stop_poll_seconds
-        self.extra_config = extra_config or {}
         self.kafka_options = kafka_options
         self.kafka_config_id = kafka_config_id
         self.postgres_conn_id = postgres_conn_id
@@ -184,6 +157,8 @@ class StreamingPipelineOperator(BaseOperator):
         self.max_fenced_restarts = max_fenced_restarts
         self.recovery_lock_ttl = recovery_lock_ttl
         self.recovery_wait = recovery_wait
+        self._pipeline: PipelineDefinition | None = None
+        self._parsed: dict[str, Any] | None = None
         self._orphan: dict[str, Any] | None = None
         self._hook: EosStreamSubmitHook | None = None
         self._killed = threading.Event()
@@ -193,57 +168,67 @@ class StreamingPipelineOperator(BaseOperator):
         self._ti: Any = None
 
     # ------------------------------------------------------------------ config
-    def _topics(self) -> list[str]:
-        topics = self.topics
-        if isinstance(topics, str):
-            topics = [t.strip() for t in topics.split(",") if t.strip()]
-        return [str(t) for t in topics]
+    @property
+    def pipeline(self) -> PipelineDefinition:
+        """The validated definition, once its templates are rendered (so, in ``execute``)."""
+        # Parsed again when the templates were rendered (Airflow sets a new dict).
+        if self._pipeline is None or self._parsed is not self.definition:
+            self._parsed = self.definition
+            try:
+                self._pipeline = parse_definition(self.definition, source=f"task {self.task_id}")
+            except PipelineDefinitionError as exc:
+                raise AirflowFailException(str(exc)) from None
+        return self._pipeline
+
+    @property
+    def meta_schema(self) -> str:
+        return self.pipeline.meta_schema
+
+    @property
+    def target_schema(self) -> str:
+        return self.pipeline.target_schema
+
+    def connection(self, role: str) -> str:
+        """The connection id for ``role`` (kafka, postgres, spark): the argument, else the
+        definition's, else the deployment's default (read now, not when the DAG was parsed)."""
+        given = {"kafka": self.kafka_config_id, "postgres": self.postgres_conn_id, "spark": self.spark_conn_id}[role]
+        if given:
+            return str(given)
+        from airflow_provider_eos.utils import provider_config
+
+        return str(getattr(self.pipeline.connections.resolved(provider_config.connection_defaults()), role))
+
+    def restart_policy(self) -> tuple[int, float]:
+        """(max_restarts, restart_backoff): the arguments, else the definition's."""
+        stream = self.pipeline.stream
+        restarts = stream.max_restarts if self.max_restarts in (None, "") else int(self.max_restarts)
+        backoff = stream.restart_backoff if self.restart_backoff in (None, "") else float(self.restart_backoff)
+        return restarts, backoff
 
     def validate(self) -> None:
-        if self.trigger not in TRIGGERS:
-            raise AirflowFailException(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}")
-        if self.delivery not in DELIVERY_MODES:
-            raise AirflowFailException(f"delivery must be one of {DELIVERY_MODES}, got {self.delivery!r}")
-        if not self.pipeline or not self._topics():
-            raise AirflowFailException("a pipeline name and at least one topic are required")
-        clash = _OWN_KEYS & set(self.extra_config)
-        if clash:
-            raise AirflowFailException(f"extra_config must not set {sorted(clash)}: use the operator's arguments")
-        if int(self.max_restarts) < 0 or int(self.max_fenced_restarts) < 0:
+        restarts, _ = self.restart_policy()
+        if restarts < 0 or int(self.max_fenced_restarts) < 0:
             raise AirflowFailException("max_restarts and max_fenced_restarts must be >= 0")
 
     def pg_hook(self) -> EosPostgresHook:
-        return EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
+        return EosPostgresHook(postgres_conn_id=self.connection("postgres"), meta_schema=self.meta_schema)
 
     def build_config(self, pg: EosPostgresHook | None = None) -> dict[str, Any]:
-        """The app's config (PipelineConfig keys) from the arguments and the connections; no secret."""
+        """The app's config: the definition's ``app_config`` with the connections and this run's
+        keys; no secret."""
         self.validate()
         pg = pg or self.pg_hook()
-        config: dict[str, Any] = {
-            "pipeline": self.pipeline,
-            "topics": self._topics(),
-            "kafka_bootstrap": kafka_bootstrap_from_connection(self.kafka_config_id),
-            "spec": self.spec,
-            "delivery": self.delivery,
-            "trigger": self.trigger,
-            "trigger_interval": self.trigger_interval,
-            "max_offsets_per_trigger": int(self.max_offsets_per_trigger),
-            "target_schema": self.target_schema,
-            "meta_schema": self.meta_schema,
-            "max_batch_attempts": int(self.max_batch_attempts),
-            "create_targets": as_bool(self.create_targets),
-            "run_seconds": float(self.run_seconds) if self.trigger == "processingTime" else 0,
-            "stop_poll_seconds": float(self.stop_poll_seconds),
-            "postgres": pg.app_target(),
-        }
-        if self.checkpoint_dir:
-            config["checkpoint_dir"] = self.checkpoint_dir
-        config.update(self.extra_config)
-        return config
+        processing = self.pipeline.stream.trigger == "processingTime"
+        return self.pipeline.app_config(
+            kafka_bootstrap=kafka_bootstrap_from_connection(self.connection("kafka")),
+            postgres=pg.app_target(),
+            run_seconds=float(self.run_seconds) if processing else 0,
+            stop_poll_seconds=float(self.stop_poll_seconds),
+        )
 
     def submit_hook(self, pg: EosPostgresHook) -> EosStreamSubmitHook:
         return EosStreamSubmitHook(
-            conn_id=self.spark_conn_id,
+            conn_id=self.connection("spark"),
             jars=self.jars,
             postgres_password=pg.app_password(),
             kafka_options=self.kafka_options,
@@ -251,13 +236,13 @@ class StreamingPipelineOperator(BaseOperator):
             driver_bind_address=self.driver_bind_address,
             conf=self.spark_conf,
             driver_memory=self.driver_memory,
-            name=f"eos-{self.pipeline}",
+            name=f"eos-{self.pipeline.name}",
         )
 
     # ------------------------------------------------------------------ run
     def backoff(self, restart: int) -> float:
         """Seconds before restart number ``restart`` (1-based)."""
-        return min(float(self.max_backoff), float(self.restart_backoff) * 2 ** (restart - 1))
+        return min(float(self.max_backoff), self.restart_policy()[1] * 2 ** (restart - 1))
 
     def execute(self, context: Any) -> dict[str, Any]:
         self._ti = context.get("ti")
@@ -379,6 +364,7 @@ class StreamingPipelineOperator(BaseOperator):
         attempts: list[dict[str, Any]] = []
         results: list[AppRunResult] = []
         restarts = fenced_restarts = 0
+        max_restarts = self.restart_policy()[0]
         status = "failed"
         while True:
             if deadline is not None:
@@ -438,11 +424,11 @@ class StreamingPipelineOperator(BaseOperator):
                                  "(fenced restart %d of %d). %s", pipeline, fenced_restarts,
                                  int(self.max_fenced_restarts), info["reason"])
                 continue
-            if restarts >= int(self.max_restarts):
+            if restarts >= max_restarts:
                 raise AirflowException(self._exhausted_message(pipeline, attempts))
             delay = self.backoff(restarts + 1)
             self.log.warning("Restarting pipeline %r in %.1fs (restart %d of %d) because: %s",
-                             pipeline, delay, restarts + 1, int(self.max_restarts), info["reason"])
+                             pipeline, delay, restarts + 1, max_restarts, info["reason"])
             # A recovery may stop the stream and begin its restore during the backoff: its stop
             # step passes while no driver is connected. Read again right before restarting.
             held = self._backoff_unless_held(pg, pipeline, delay)
@@ -511,9 +497,9 @@ class StreamingPipelineOperator(BaseOperator):
         from airflow_provider_eos.utils.lineage import operator_lineage
         from spark_apps.eos_stream.spec import load_spec
 
-        return operator_lineage(kafka_bootstrap_from_connection(self.kafka_config_id), self.topics,
-                                EosPostgresHook(postgres_conn_id=self.postgres_conn_id).app_target(),
-                                self.target_schema, load_spec(self.spec).targets)
+        return operator_lineage(kafka_bootstrap_from_connection(self.connection("kafka")), self.pipeline.topics,
+                                EosPostgresHook(postgres_conn_id=self.connection("postgres")).app_target(),
+                                self.target_schema, load_spec(self.pipeline.spec).targets)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         return self.get_openlineage_facets_on_start()

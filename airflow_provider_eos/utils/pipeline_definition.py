@@ -11,16 +11,27 @@ pipeline lets teams own their pipelines separately.
 
 Nothing here imports Airflow: the model is pure data plus validation.
 
-Example ``orders.yaml``::
+One shape: the app's ``PipelineConfig`` (spark_apps/eos_stream/config.py) is the single
+source of a pipeline's app fields and their defaults, because the app runs on Spark
+without Airflow or pydantic. This model restates each of those fields for validation and
+documentation, under the same name (the app's ``pipeline`` is ``name`` here), at the top
+level or in ``stream``, with the app's default read from ``default_of``; it adds only what
+the app never sees (connections, schedules, restart policy, snapshots, health; see
+``DEFINITION_ONLY``). :meth:`PipelineDefinition.app_config` walks the app's fields, so a
+field added to the app without a place here fails at once, and
+tests/unit/test_pipeline_shape.py fails when a name, a type or a default disagrees.
+The stream operator takes this definition (operators/stream.py), not the fields one by one.
 
-    name: orders
-    topics: [orders.events]
-    spec: my_company.specs.orders:ORDERS
+Example ``payments.yaml``::
+
+    name: payments
+    topics: [payments.events]
+    spec: my_company.specs.payments:PAYMENTS
     delivery: exactly_once
-    target_schema: orders
-    meta_schema: orders_eos
-    checkpoint_dir: s3a://bucket/checkpoints/orders
-    connections: {kafka: kafka_orders, postgres: pg_orders}
+    target_schema: payments
+    meta_schema: payments_eos
+    checkpoint_dir: s3a://bucket/checkpoints/payments
+    connections: {kafka: kafka_payments, postgres: pg_payments}
     stream: {trigger: processingTime, trigger_interval: 5 seconds}
     snapshot: {schedule: "@hourly", keep_last: 48}
     health: {schedule: "*/5 * * * *", hanging_after: 900}
@@ -55,6 +66,8 @@ from spark_apps.eos_stream.config import (
     REPLAY_ENGINES,
     TRIGGERS,
     WRITE_PATHS,
+    default_of,
+    pipeline_fields,
 )
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -117,17 +130,19 @@ class StreamSettings(_Section):
         (in the Airflow worker, without Spark: seconds instead of a cold start; docs/recovery.md).
     """
 
-    trigger: str = "processingTime"
-    trigger_interval: str = "5 seconds"
-    max_offsets_per_trigger: PositiveInt = 20000
-    max_batch_attempts: PositiveInt = 3
-    transient_retry_seconds: NonNegativeFloat = 300
+    # The app's fields: their defaults are the app's.
+    trigger: str = default_of("trigger")
+    trigger_interval: str = default_of("trigger_interval")
+    max_offsets_per_trigger: PositiveInt = default_of("max_offsets_per_trigger")
+    max_batch_attempts: PositiveInt = default_of("max_batch_attempts")
+    transient_retry_seconds: NonNegativeFloat = default_of("transient_retry_seconds")
+    create_targets: bool = default_of("create_targets")
+    record_parsing: str = default_of("record_parsing")
+    write_path: str = default_of("write_path")
+    # The supervisor's and the DAGs' own: the app never sees them.
     max_restarts: NonNegativeInt = 3
     restart_backoff: NonNegativeFloat = 10
-    create_targets: bool = False
     schedule: str | None = None
-    record_parsing: str = "python"
-    write_path: str = "staged"
     replay_engine: str = "spark"
 
     @field_validator("trigger", "record_parsing", "write_path", "replay_engine")
@@ -189,9 +204,10 @@ class PipelineDefinition(_Section):
     name: str
     topics: list[str] = Field(min_length=1)
     spec: str
-    delivery: str = "exactly_once"
-    target_schema: str = "public"
-    meta_schema: str = "eos"
+    delivery: str = default_of("delivery")
+    target_schema: str = default_of("target_schema")
+    meta_schema: str = default_of("meta_schema")
+    # Required here though the app has a local default: a deployment names durable storage.
     checkpoint_dir: str
     connections: ConnectionIds = ConnectionIds()
     stream: StreamSettings = StreamSettings()
@@ -234,6 +250,11 @@ class PipelineDefinition(_Section):
             raise ValueError(f"{value!r} must be a lower-case PostgreSQL name (letters, digits, '_')")
         return value
 
+    def app_fields(self) -> dict[str, Any]:
+        """The app's pipeline fields (``pipeline_fields``), each read from where this model keeps it."""
+        return {key: _copy(getattr(self.stream if place == "stream" else self, name))
+                for key, (place, name) in app_field_places().items()}
+
     def app_config(self, *, kafka_bootstrap: str, postgres: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
         """The streaming app's config (``spark_apps.eos_stream.config.PipelineConfig`` as a dict).
 
@@ -244,27 +265,37 @@ class PipelineDefinition(_Section):
         """
         if "password" in postgres:
             raise PipelineDefinitionError("the database password never goes into the app's config")
-        config: dict[str, Any] = {
-            "pipeline": self.name,
-            "topics": list(self.topics),
-            "kafka_bootstrap": kafka_bootstrap,
-            "spec": self.spec,
-            "delivery": self.delivery,
-            "trigger": self.stream.trigger,
-            "trigger_interval": self.stream.trigger_interval,
-            "max_offsets_per_trigger": self.stream.max_offsets_per_trigger,
-            "max_batch_attempts": self.stream.max_batch_attempts,
-            "transient_retry_seconds": self.stream.transient_retry_seconds,
-            "record_parsing": self.stream.record_parsing,
-            "write_path": self.stream.write_path,
-            "create_targets": self.stream.create_targets,
-            "checkpoint_dir": self.checkpoint_dir,
-            "target_schema": self.target_schema,
-            "meta_schema": self.meta_schema,
-            "postgres": dict(postgres),
-        }
+        config: dict[str, Any] = self.app_fields()
+        config.update(kafka_bootstrap=kafka_bootstrap, postgres=dict(postgres))
         config.update(overrides)
         return config
+
+
+# The app's field names this model spells differently.
+APP_FIELD_RENAMES = {"pipeline": "name"}
+# What a definition holds that the app never sees, by place.
+DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health"),
+                   "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine")}
+
+
+def app_field_places() -> dict[str, tuple[str, str]]:
+    """Each app pipeline field's place in the definition: ("top" or "stream", its name there).
+
+    :raises LookupError: an app field has no place here (added to the app, forgotten here)."""
+    places: dict[str, tuple[str, str]] = {}
+    for key in pipeline_fields():
+        name = APP_FIELD_RENAMES.get(key, key)
+        if name in PipelineDefinition.model_fields:
+            places[key] = ("top", name)
+        elif name in StreamSettings.model_fields:
+            places[key] = ("stream", name)
+        else:
+            raise LookupError(f"the app's field {key!r} has no place in PipelineDefinition")
+    return places
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
 
 
 def parse_definition(data: Any, *, source: str) -> PipelineDefinition:

@@ -4,6 +4,17 @@ Secrets never travel on the command line (where ``ps`` shows them): the
 database password comes from ``EOS_PG_PASSWORD`` (or libpq's ``PGPASSWORD``),
 extra Kafka client settings such as SASL credentials from
 ``EOS_KAFKA_OPTIONS_JSON``.
+
+One shape for a pipeline: :class:`PipelineConfig` is the single source of the app's
+fields and their defaults. The provider derives its forms from it mechanically:
+``PipelineDefinition`` (airflow_provider_eos/utils/pipeline_definition.py) takes each
+field in :func:`pipeline_fields` under the same name (``pipeline`` is its ``name``)
+with :func:`default_of` as its default, and builds the app's config by walking those
+fields; the stream operator takes that definition plus the :data:`RUN_FIELDS` a run
+sets. The source lives here, not in the provider, because the app runs on Spark
+without Airflow or pydantic; tests/unit/test_pipeline_shape.py fails when a form
+disagrees. No field defaults to an example pipeline: ``pipeline``, ``topics`` and
+``spec`` are required.
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ import argparse
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
@@ -72,7 +83,7 @@ class PipelineConfig:
     :param spec: ``module:ATTRIBUTE`` of the PipelineSpec.
     :param delivery: at_least_once, idempotent, exactly_once or two_phase.
     :param trigger: availableNow (process what is there, exit) or processingTime.
-    :param trigger_interval: processingTime interval, e.g. "2 seconds".
+    :param trigger_interval: processingTime interval, e.g. "5 seconds".
     :param max_offsets_per_trigger: bound on records per micro-batch.
     :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
     :param target_schema: schema of the target tables.
@@ -106,13 +117,13 @@ class PipelineConfig:
         (``kafka_security``), others reach it unchanged (without 'kafka.').
     """
 
-    pipeline: str = "ledger"
-    topics: list[str] = field(default_factory=lambda: ["ledger.events"])
+    pipeline: str
+    topics: list[str]
+    spec: str
     kafka_bootstrap: str = "127.0.0.1:9092"
-    spec: str = "spark_apps.ledger.spec:LEDGER"
     delivery: str = "exactly_once"
     trigger: str = "processingTime"
-    trigger_interval: str = "2 seconds"
+    trigger_interval: str = "5 seconds"
     max_offsets_per_trigger: int = 20000
     checkpoint_dir: str = "/tmp/eos-checkpoints"
     target_schema: str = "public"
@@ -176,6 +187,37 @@ class PipelineConfig:
         return json.dumps(data, indent=2, sort_keys=True)
 
 
+# The fields a run sets (where Kafka and the database are, how long it runs, how it polls,
+# whether it is a recovery's replay), as opposed to what the pipeline is: a pipeline's
+# definition holds every other field (see pipeline_fields).
+RUN_FIELDS = ("kafka_bootstrap", "postgres", "run_seconds", "stop_poll_seconds", "ignore_stop_request",
+              "kafka_options")
+
+
+def pipeline_fields() -> tuple[str, ...]:
+    """The fields that say what a pipeline is, in declaration order: a definition sets them."""
+    return tuple(f.name for f in fields(PipelineConfig) if f.name not in RUN_FIELDS)
+
+
+def required_fields() -> tuple[str, ...]:
+    """The fields without a default: every config names them."""
+    return tuple(f.name for f in fields(PipelineConfig) if f.default is MISSING and f.default_factory is MISSING)
+
+
+def default_of(name: str) -> Any:
+    """The default of field ``name`` (a fresh one for a list or dict).
+
+    :raises KeyError: no such field, or it is required."""
+    for f in fields(PipelineConfig):
+        if f.name == name:
+            if f.default is not MISSING:
+                return f.default
+            if f.default_factory is not MISSING:
+                return f.default_factory()
+            raise KeyError(f"{name} is required: it has no default")
+    raise KeyError(f"PipelineConfig has no field {name!r}")
+
+
 def from_dict(data: dict[str, Any]) -> PipelineConfig:
     known = {f.name for f in fields(PipelineConfig)}
     unknown = set(data) - known
@@ -189,6 +231,9 @@ def from_dict(data: dict[str, Any]) -> PipelineConfig:
     if secret_options:
         raise ConfigError(f"postgres.options may not carry secrets ({', '.join(sorted(secret_options))}); "
                           "the password travels in EOS_PG_PASSWORD")
+    missing = [name for name in required_fields() if name not in data]
+    if missing:
+        raise ConfigError(f"missing config keys {missing}: every pipeline names them")
     config = PipelineConfig(**data, postgres=PostgresTarget(**pg))
     return config
 

@@ -2,8 +2,8 @@
 
 A pipeline is pluggable: a user module defines a :class:`PipelineSpec` (fields,
 targets, an optional per-record transform, and the DDL of its targets) and
-names it in the app's config as ``module:attribute``. The ledger in
-``spark_apps.ledger`` is the shipped example.
+names it in the app's config as ``module:attribute``. The other packages under
+``spark_apps/`` are the shipped examples; this module names none of them.
 """
 
 from __future__ import annotations

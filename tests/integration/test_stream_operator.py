@@ -5,6 +5,7 @@ request ends a processingTime run (after a restart); a fenced driver is restarte
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import json
 import os
@@ -28,7 +29,7 @@ from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.helpers.deferral import run_deferrable
 from tests.helpers.kafka import delete_topics, wait_for_markers
-from tests.streaming import audit, pg_connect, pipeline_config
+from tests.streaming import audit, definition_of, pg_connect, pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -67,14 +68,15 @@ class Pipeline:
         return produced
 
     def operator(self, task_id: str = "run_pipeline", **kwargs: Any) -> StreamingPipelineOperator:
-        args: dict[str, Any] = {
-            "pipeline": self.name, "topics": [self.topic], "target_schema": self.config["target_schema"],
-            "meta_schema": self.config["meta_schema"], "create_targets": True,
-            "checkpoint_dir": self.config["checkpoint_dir"], "max_offsets_per_trigger": 5000,
-            "restart_backoff": 0.5, "driver_memory": "1g", "spark_conf": {"spark.sql.shuffle.partitions": "2"},
-        }
-        args.update(kwargs)
-        return StreamingPipelineOperator(task_id=task_id, **args)
+        """The operator over this pipeline's definition; ``kwargs`` that are not the operator's own
+        arguments go to the definition's stream section (trigger, trigger_interval...)."""
+        own = inspect.signature(StreamingPipelineOperator.__init__).parameters
+        args: dict[str, Any] = {"restart_backoff": 0.5, "driver_memory": "1g",
+                                "spark_conf": {"spark.sql.shuffle.partitions": "2"}}
+        args.update({key: value for key, value in kwargs.items() if key in own})
+        stream = {key: value for key, value in kwargs.items() if key not in own}
+        return StreamingPipelineOperator(task_id=task_id, definition=definition_of(self.config, stream=stream),
+                                         **args)
 
     def pg(self) -> EosPostgresHook:
         return EosPostgresHook(meta_schema=self.config["meta_schema"])

@@ -27,7 +27,7 @@ from psycopg2 import sql
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from spark_apps.eos_stream.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 (fixtures)
-from tests.streaming import ROOT, ledger_rows, pg_connect
+from tests.streaming import ROOT, definition_of, ledger_rows, pg_connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 # The worker imports the provider and the app from here (its working directory comes first on
@@ -91,10 +91,10 @@ def test_sigkilled_supervisor_then_retry_ends_with_one_driver(make_pipeline, air
     stack, config = airflow_conns, p.config
     schema = config["target_schema"]
     p.produce(2000, seed=31, transactional_id=f"a{p.name}")
-    args = {"pipeline": p.name, "topics": [p.topic], "target_schema": schema, "meta_schema": config["meta_schema"],
-            "create_targets": True, "checkpoint_dir": config["checkpoint_dir"], "trigger": "processingTime",
-            "trigger_interval": "1 second", "max_offsets_per_trigger": 1000, "restart_backoff": 1,
-            "max_restarts": 0, "driver_memory": "1g", "spark_conf": {"spark.sql.shuffle.partitions": "2"}}
+    args = {"definition": definition_of(config, stream={"trigger": "processingTime", "trigger_interval": "1 second",
+                                                         "max_offsets_per_trigger": 1000}),
+            "restart_backoff": 1, "max_restarts": 0, "driver_memory": "1g",
+            "spark_conf": {"spark.sql.shuffle.partitions": "2"}}
     first_log, retry_log = p.tmp_path / "worker-first.log", p.tmp_path / "worker-retry.log"
     first = _start_worker(args, first_log)
     retry: subprocess.Popen | None = None

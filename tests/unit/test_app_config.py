@@ -11,20 +11,23 @@ from spark_apps.eos_stream.preflight import delivery_mode
 from spark_apps.eos_stream.spec import load_spec
 from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
 
+# What every config names (the app has no example pipeline to default to).
+REQUIRED = {"pipeline": "p", "topics": ["t"], "spec": "spark_apps.ledger.spec:LEDGER"}
+
 
 def test_unknown_delivery_mode_is_named() -> None:
     with pytest.raises(ConfigError, match=r"unknown delivery mode 'twice'.*exactly_once"):
-        from_dict({"delivery": "twice"}).validate()
+        from_dict({**REQUIRED, "delivery": "twice"}).validate()
 
 
 def test_unknown_record_parsing_is_named() -> None:
     with pytest.raises(ConfigError, match=r"unknown record_parsing 'gpu'; choose one of jvm, python"):
-        from_dict({"record_parsing": "gpu"}).validate()
+        from_dict({**REQUIRED, "record_parsing": "gpu"}).validate()
 
 
 def test_unknown_write_path_is_named() -> None:
     with pytest.raises(ConfigError, match=r"unknown write_path 'twice'; choose one of direct, staged"):
-        from_dict({"write_path": "twice"}).validate()
+        from_dict({**REQUIRED, "write_path": "twice"}).validate()
 
 
 def test_unknown_key_lists_known_keys() -> None:
@@ -41,7 +44,7 @@ def test_password_comes_from_env_and_never_shows(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("EOS_PG_PASSWORD", "s3cret-value")
     monkeypatch.setenv("EOS_KAFKA_OPTIONS_JSON", json.dumps({"sasl.password": "kafka-secret"}))
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"pipeline": "p", "postgres": {"host": "db.internal"}}))
+    path.write_text(json.dumps({**REQUIRED, "postgres": {"host": "db.internal"}}))
     config = parse_args(["--config", str(path), "--set", "max_offsets_per_trigger=10", "--set", "postgres.port=6432"])
     assert config.postgres.password == "s3cret-value"
     assert config.postgres.port == 6432 and config.max_offsets_per_trigger == 10
@@ -51,7 +54,7 @@ def test_password_comes_from_env_and_never_shows(monkeypatch: pytest.MonkeyPatch
 
 
 def test_idempotent_is_refused_on_aggregates_but_fine_on_rows() -> None:
-    config = from_dict({"delivery": "idempotent"}).validate()
+    config = from_dict({**REQUIRED, "delivery": "idempotent"}).validate()
     with pytest.raises(ConfigError, match="cannot protect aggregate targets \\['account_balances'\\]"):
         delivery_mode(config, LEDGER)
     assert delivery_mode(config, LEDGER_EVENTS_ONLY).upsert_rows
@@ -112,5 +115,11 @@ def test_root_cause_is_the_error_not_postgresqls_context_lines() -> None:
 @pytest.mark.parametrize("name", ["ledger:eu", "", "a b", "x" * 101, "ledger;drop"])
 def test_pipeline_names_that_could_collide_or_break_are_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="pipeline name"):
-        from_dict({"pipeline": name, "topics": ["t"]}).validate()
-    from_dict({"pipeline": "ledger-eu.v2_1", "topics": ["t"]}).validate()
+        from_dict({**REQUIRED, "pipeline": name}).validate()
+    from_dict({**REQUIRED, "pipeline": "ledger-eu.v2_1"}).validate()
+
+
+def test_a_config_without_a_pipeline_topics_or_spec_is_refused() -> None:
+    for key in REQUIRED:
+        with pytest.raises(ConfigError, match=rf"missing config keys \['{key}'\]"):
+            from_dict({k: v for k, v in REQUIRED.items() if k != key})

@@ -242,7 +242,7 @@ def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals
                     actual=[{("a",): {"total": totals}}], below_earliest=[None],
                     below_latest=[{}], retired={tp for tp in stored if tp[0] == "old"})
     ranges = {("t", 0): PartitionRange(earliest, 10, 8, True)}
-    return _report(PipelineConfig(pipeline="p", topics=["t"]), NARROW, [NARROW.targets[1]], snap, ranges,
+    return _report(PipelineConfig(pipeline="p", topics=["t"], spec="m:S"), NARROW, [NARROW.targets[1]], snap, ranges,
                    _side(1, applied, tail), {}, running=running, pending="auto", goal=goal)
 
 
@@ -301,7 +301,7 @@ def test_report_judges_a_dead_letter_by_its_trial() -> None:
     from spark_apps.eos_stream.audit import Snapshot, _report
     from spark_apps.eos_stream.config import PipelineConfig
 
-    config = PipelineConfig(pipeline="p", topics=["t"])
+    config = PipelineConfig(pipeline="p", topics=["t"], spec="m:S")
     ranges = {("t", 0): PartitionRange(5, 10, 10, True)}  # offset 0 is gone from Kafka
     rows = {"ids": {("t", 0): Counter({o: 1 for o in range(1, 10)})}}
 

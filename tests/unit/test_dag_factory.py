@@ -46,11 +46,15 @@ def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
     assert dags["eos_snapshot__beta"].timetable.expression == "0 * * * *"
     # What the tasks do comes from the definition, with the deployment's default connections for the rest.
     alpha_run = dags["eos_stream__alpha"].get_task("run_pipeline")
-    assert (alpha_run.pipeline, alpha_run.topics, alpha_run.kafka_config_id, alpha_run.postgres_conn_id) == (
+    alpha = alpha_run.definition
+    assert (alpha["name"], alpha["topics"], alpha_run.kafka_config_id, alpha_run.postgres_conn_id) == (
         "alpha", ["alpha.events"], "kafka_alpha", "eos_postgres")
     beta_run = dags["eos_stream__beta"].get_task("run_pipeline")
-    assert (beta_run.delivery, beta_run.meta_schema, beta_run.kafka_config_id) == ("two_phase", "m_beta",
-                                                                                   "kafka_default")
+    beta = beta_run.definition
+    assert (beta["delivery"], beta["meta_schema"], beta_run.kafka_config_id) == ("two_phase", "m_beta",
+                                                                                 "kafka_default")
+    # A run pins its tuning in the definition's stream section; the rest is the definition's.
+    assert "resolve_run" in beta["stream"]["trigger"] and beta["stream"]["write_path"] == "staged"
     assert dags["eos_health__alpha"].get_task("lso_lag").topics == ["alpha.events"]
     # The health check keeps each pipeline's stuck-since times in its own meta schema, across runs.
     lso = dags["eos_health__beta"].get_task("lso_lag")

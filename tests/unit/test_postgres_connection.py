@@ -42,7 +42,7 @@ def test_the_app_target_carries_the_options_but_not_the_password(tls_connection)
     target = EosPostgresHook(postgres_conn_id=tls_connection).app_target()
     assert target == {"host": "db.internal", "port": 6432, "dbname": "warehouse", "user": "app",
                       "options": {"sslmode": "verify-full", "sslrootcert": "/etc/ssl/db-ca.pem"}}
-    config = from_dict({"pipeline": "p", "topics": ["t"], "postgres": target})
+    config = from_dict({"pipeline": "p", "topics": ["t"], "spec": "m:S", "postgres": target})
     config.postgres.password = SECRET
     assert config.postgres.dsn_kwargs()["sslmode"] == "verify-full"
     assert SECRET not in config.to_json() and SECRET not in json.dumps(config.redacted())
@@ -54,7 +54,7 @@ def test_an_ssl_key_password_is_refused_for_the_app(monkeypatch):
     with pytest.raises(ValueError, match="sslpassword"):
         EosPostgresHook(postgres_conn_id="eos_keypw").app_target()
     with pytest.raises(ConfigError, match="sslpassword"):
-        from_dict({"pipeline": "p", "topics": ["t"], "postgres": {"options": {"sslpassword": "k"}}})
+        from_dict({"pipeline": "p", "topics": ["t"], "spec": "m:S", "postgres": {"options": {"sslpassword": "k"}}})
 
 
 def test_every_session_sets_tcp_keepalives_and_the_connection_may_override_them(tls_connection, monkeypatch):
@@ -69,7 +69,7 @@ def test_every_session_sets_tcp_keepalives_and_the_connection_may_override_them(
     assert TCP_KEEPALIVES.items() <= hook.libpq_params(include_password=True).items()
     # The app sets the same defaults itself: they are not copied into its config.
     assert not set(TCP_KEEPALIVES) & set(hook.app_target()["options"])
-    config = from_dict({"pipeline": "p", "topics": ["t"], "postgres": hook.app_target()})
+    config = from_dict({"pipeline": "p", "topics": ["t"], "spec": "m:S", "postgres": hook.app_target()})
     assert TCP_KEEPALIVES.items() <= config.postgres.dsn_kwargs().items()
     assert with_keepalives({"keepalives_idle": 5})["keepalives_idle"] == 5
 
@@ -80,7 +80,8 @@ def test_every_session_sets_tcp_keepalives_and_the_connection_may_override_them(
     assert own.libpq_params()["keepalives_idle"] == 7 and own.libpq_params()["keepalives_count"] == 9
     assert own.libpq_params()["options"] == server  # the server probes with the same numbers
     assert own.app_target()["options"] == {"keepalives_idle": 7, "keepalives_count": 9}
-    app = from_dict({"pipeline": "p", "topics": ["t"], "postgres": own.app_target()}).postgres.dsn_kwargs()
+    app = from_dict({"pipeline": "p", "topics": ["t"], "spec": "m:S",
+                     "postgres": own.app_target()}).postgres.dsn_kwargs()
     assert (app["keepalives_idle"], app["keepalives_count"], app["keepalives_interval"]) == (7, 9, 10)
     assert app["options"] == server and with_keepalives(app) == app  # idempotent
     # The connection's own startup options stay, after ours (a -c of its own wins); keepalives=0 is off.
@@ -135,5 +136,6 @@ def test_a_pipeline_step_builds_its_hook_for_the_pipelines_meta_schema(tmp_path)
     from airflow_provider_eos.operators.restore import FenceOperator
 
     config = tmp_path / "orders.json"
-    config.write_text(json.dumps({"pipeline": "orders", "topics": ["t"], "meta_schema": "m_orders"}))
+    config.write_text(json.dumps({"pipeline": "orders", "topics": ["t"], "spec": "spark_apps.ledger.spec:LEDGER",
+                                  "meta_schema": "m_orders"}))
     assert FenceOperator(task_id="fence", pipeline_config=str(config)).hook.meta_schema == "m_orders"

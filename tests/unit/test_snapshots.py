@@ -141,7 +141,7 @@ def test_stream_stopped_rule() -> None:
 
 
 def test_load_pipeline_config(tmp_path) -> None:
-    (tmp_path / "a.json").write_text(json.dumps({"pipeline": "a", "topics": ["x"]}))
+    (tmp_path / "a.json").write_text(json.dumps({"pipeline": "a", "topics": ["x"], "spec": "m:S"}))
     assert load_pipeline_config(str(tmp_path / "a.json")).pipeline == "a"
     with pytest.raises(PipelineConfigError, match="known pipelines there: a"):
         load_pipeline_config(str(tmp_path / "b.json"))
@@ -244,11 +244,11 @@ def test_pipeline_names_need_a_letter_or_digit_first() -> None:
 
     for bad in ("..", ".", ".hidden", "-x", "_x", "a/b"):
         with pytest.raises(ConfigError, match="pipeline name"):
-            from_dict({"pipeline": bad, "topics": ["t"]}).validate()
+            from_dict({"pipeline": bad, "topics": ["t"], "spec": "m:S"}).validate()
         with pytest.raises(PipelineConfigError, match="invalid pipeline config"):
-            load_pipeline_config({"pipeline": bad, "topics": ["t"]})
+            load_pipeline_config({"pipeline": bad, "topics": ["t"], "spec": "m:S"})
     for good in ("a", "0", "ledger.v2", "a..b", "A-b_c.1", "x" * 100):
-        assert from_dict({"pipeline": good, "topics": ["t"]}).validate().pipeline == good
+        assert from_dict({"pipeline": good, "topics": ["t"], "spec": "m:S"}).validate().pipeline == good
 
 
 def test_retention_deletes_only_what_the_store_created(tmp_path) -> None:

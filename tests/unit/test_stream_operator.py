@@ -9,10 +9,11 @@ import stat
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.stream_submit import AppRunResult, EosStreamSubmitHook, parse_event
 from airflow_provider_eos.operators.stream import PipelineConfigError, StreamingPipelineOperator
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 SECRET = "s3cr3t-Pa55"
 
@@ -28,22 +29,39 @@ def conns(monkeypatch):
     monkeypatch.setenv("AIRFLOW__EOS__SPARK_JARS", "/jars/a.jar,/jars/b.jar")
 
 
-def test_config_from_params_and_connections(conns):
-    op = StreamingPipelineOperator(task_id="t", pipeline="p", topics="a, b", create_targets="True",
-                                   max_offsets_per_trigger="100", stop_poll_seconds=0.5)
+def definition(stream: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
+    """A pipeline definition's dict form, as a DAG passes it (rendered)."""
+    return {"name": "p", "topics": ["a"], "spec": "spark_apps.ledger.spec:LEDGER", "checkpoint_dir": "/cp",
+            "stream": stream or {}, **top}
+
+
+def test_config_from_the_definition_and_connections(conns):
+    op = StreamingPipelineOperator(task_id="t", stop_poll_seconds=0.5, definition=definition(
+        {"create_targets": "True", "max_offsets_per_trigger": "100", "trigger": "availableNow"},
+        topics=["a", "b"]))
     config = op.build_config()
     assert config["kafka_bootstrap"] == "broker:9092"
     assert config["postgres"] == {"host": "db", "port": 5433, "dbname": "warehouse", "user": "app", "options": {}}
     assert config["topics"] == ["a", "b"] and config["create_targets"] is True
     assert config["max_offsets_per_trigger"] == 100 and config["run_seconds"] == 0
+    assert config["stop_poll_seconds"] == 0.5 and config["spec"] == "spark_apps.ledger.spec:LEDGER"
     assert SECRET not in json.dumps(config)
 
 
-@pytest.mark.parametrize("bad", [{"trigger": "continuous"}, {"delivery": "maybe"},
-                                 {"extra_config": {"pipeline": "x"}}])
-def test_invalid_arguments_fail_without_retry(conns, bad):
-    op = StreamingPipelineOperator(task_id="t", pipeline="p", topics=["a"], **bad)
-    with pytest.raises(AirflowException):
+def test_a_definition_model_and_its_connections(conns):
+    model = PipelineDefinition.model_validate(definition(connections={"kafka": "kafka_other"}))
+    op = StreamingPipelineOperator(task_id="t", definition=model, postgres_conn_id="eos_postgres")
+    assert op.definition == model.model_dump(mode="json")
+    assert (op.connection("kafka"), op.connection("postgres"), op.connection("spark")) == (
+        "kafka_other", "eos_postgres", "spark_default")
+    assert op.restart_policy() == (model.stream.max_restarts, model.stream.restart_backoff)
+
+
+@pytest.mark.parametrize("bad", [{"stream": {"trigger": "continuous"}}, {"delivery": "maybe"},
+                                 {"pipeline": "x"}, {"spec": None}])
+def test_an_invalid_definition_fails_without_retry(conns, bad):
+    op = StreamingPipelineOperator(task_id="t", definition={**definition(), **bad})
+    with pytest.raises(AirflowFailException):
         op.build_config()
 
 
@@ -167,8 +185,10 @@ class FakeSubmit:
         pass
 
 
-def _operator(monkeypatch, results: list[AppRunResult], pg: FakePg | None = None, **kwargs: Any):
-    op = StreamingPipelineOperator(task_id="t", pipeline="p", topics=["a"], **{"restart_backoff": 0.01, **kwargs})
+def _operator(monkeypatch, results: list[AppRunResult], pg: FakePg | None = None, trigger: str = "availableNow",
+              **kwargs: Any):
+    op = StreamingPipelineOperator(task_id="t", definition=definition({"trigger": trigger}),
+                                   **{"restart_backoff": 0.01, **kwargs})
     configs: list[dict[str, Any]] = []
     pg = pg or FakePg()
     monkeypatch.setattr(op, "pg_hook", lambda: pg)
@@ -213,7 +233,7 @@ def test_failure_during_a_stop_request_is_not_restarted(conns, monkeypatch):
 
 
 def test_backoff_doubles_up_to_the_cap():
-    op = StreamingPipelineOperator(task_id="t", pipeline="p", topics=["a"], restart_backoff=5, max_backoff=12)
+    op = StreamingPipelineOperator(task_id="t", definition=definition(), restart_backoff=5, max_backoff=12)
     assert [op.backoff(n) for n in (1, 2, 3)] == [5, 10, 12]
 
 
