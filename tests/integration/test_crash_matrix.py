@@ -6,12 +6,18 @@ events in order (docs/ordering.md); the same test on at_least_once must report
 duplicates and events out of order, which proves the oracles can fail. In
 two_phase the kill "before_commit" falls between PREPARE TRANSACTION and
 COMMIT PREPARED, leaving the batch in doubt.
+
+Every matrix reads the same topic (produced once per module) into its own
+pipeline, schemas and checkpoint. A matrix's time is its spark-submit starts:
+each kill waits for the driver's startup and its first batch, then kills within
+the next one or two (docs/testing.md).
 """
 
 from __future__ import annotations
 
 import random
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,18 +28,37 @@ from tests.streaming import audit, ledger_order, pipeline_config, run_app, start
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EVENTS = 50_000
+# Records per micro-batch while the kills happen: small, so a run reaches its kill after a batch or two.
+KILL_BATCH = 1500
+# The final run only has to finish the topic; bigger batches make it fewer.
+FINAL_BATCH = 10_000
+# at_least_once's duplicates need one kill between the database's commit and Spark's checkpoint: the
+# "after_commit" fault is one on every run, and the plan's random kills add more chances.
+NEGATIVE_CONTROL_KILLS = 3
+
+
+@pytest.fixture(scope="module")
+def ledger_topic(stack: dict) -> str:
+    """The 50k committed events (and aborted transactions) every matrix reads, produced once."""
+    topic = f"ledger.crash{uuid.uuid4().hex[:10]}"
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=4)
+    produced = produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], EVENTS, topic=topic, batch_size=500, abort_every=7,
+                              seed=11)
+    assert produced.committed == EVENTS and produced.aborted > 0
+    return topic
 
 
 def _kill_plan(kills: int, seed: int) -> list[dict]:
     """Two deterministic crashes at the commit (inside the transaction just
     before COMMIT, and after COMMIT before Spark's checkpoint), the rest at
-    random moments: after 1-3 batches plus a random delay inside the next one."""
+    random moments: after the run's first or second batch, plus a random delay
+    that lands inside the next batch or between two."""
     rng = random.Random(seed)
     plan: list[dict] = [
         {"fault": "after_commit", "at_batch": 2},
         {"fault": "before_commit", "at_batch": 2},
     ]
-    plan += [{"after_batches": rng.randint(1, 3), "delay": rng.uniform(0.0, 1.5)} for _ in range(kills - 2)]
+    plan += [{"after_batches": rng.randint(1, 2), "delay": rng.uniform(0.0, 1.5)} for _ in range(kills - 2)]
     rng.shuffle(plan)
     return plan
 
@@ -60,18 +85,15 @@ def _crash_once(config: dict, tmp_path: Path, step: dict, label: str) -> bool:
     return False
 
 
-def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: int,
+def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str, kills: int,
                 write_path: str = "staged") -> tuple[dict, int]:
-    config = pipeline_config(stack, tmp_path, name, delivery=delivery, max_offsets_per_trigger=1500,
-                             write_path=write_path)
-    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=4)
-    produced = produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], EVENTS, topic=config["topics"][0],
-                              batch_size=500, abort_every=7, seed=11)
-    assert produced.committed == EVENTS and produced.aborted > 0
+    config = pipeline_config(stack, tmp_path, name, delivery=delivery, topics=[topic],
+                             max_offsets_per_trigger=KILL_BATCH, write_path=write_path)
     done = 0
     for index, step in enumerate(_kill_plan(kills, seed=hash(name) & 0xFFFF)):
         done += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
-    final = run_app(config, tmp_path, label=f"{delivery}-final", timeout=400)
+    final = run_app({**config, "max_offsets_per_trigger": FINAL_BATCH}, tmp_path, label=f"{delivery}-final",
+                    timeout=400)
     assert final.process.returncode == 0, final.log()[-3000:]
     report = audit(config, tmp_path)
     report["order"] = ledger_order(stack, config["target_schema"])
@@ -81,9 +103,10 @@ def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: in
 
 @pytest.mark.parametrize("write_path", ["staged", "direct"])
 @pytest.mark.parametrize("delivery", ["exactly_once", "two_phase"])
-def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name: str, delivery: str,
-                                        write_path: str) -> None:
-    report, kills = _run_matrix(stack, tmp_path, f"eos{unique_name}", delivery, kills=10, write_path=write_path)
+def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, ledger_topic: str, unique_name: str,
+                                        delivery: str, write_path: str) -> None:
+    report, kills = _run_matrix(stack, tmp_path, ledger_topic, f"eos{unique_name}", delivery, kills=10,
+                                write_path=write_path)
     print(f"{delivery} ({write_path}): events={EVENTS} kills={kills} summary={report['summary']} "
           f"aggregates={report['aggregates']}")
     assert kills >= 10
@@ -96,10 +119,12 @@ def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, unique_name
     assert report["ok"] and report["exit_code"] == 0
 
 
-def test_at_least_once_shows_duplicates_under_the_same_crashes(stack: dict, tmp_path: Path, unique_name: str) -> None:
-    report, kills = _run_matrix(stack, tmp_path, f"alo{unique_name}", "at_least_once", kills=10)
+def test_at_least_once_shows_duplicates_under_the_same_crashes(stack: dict, tmp_path: Path, ledger_topic: str,
+                                                               unique_name: str) -> None:
+    report, kills = _run_matrix(stack, tmp_path, ledger_topic, f"alo{unique_name}", "at_least_once",
+                                kills=NEGATIVE_CONTROL_KILLS)
     print(f"at_least_once: events={EVENTS} kills={kills} summary={report['summary']}")
-    assert kills >= 10
+    assert kills >= NEGATIVE_CONTROL_KILLS
     assert report["summary"]["duplicated"] > 0
     assert report["aggregates"]["account_balances"]["keys_wrong"] > 0
     assert report["order"]["out_of_order_accounts"] > 0  # a replayed event repeats an earlier seq

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from psycopg2 import sql
 
-from tests.conftest import ROOT, STATE_DIR
+from tests.conftest import ROOT, STATE_DIR, spark_submit_opts
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
 from tests.streaming import write_definition
 
@@ -45,7 +45,8 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
     out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", str(env_file)],
                          capture_output=True, check=True, timeout=60).stdout.decode()
     env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
-    env.update({"AIRFLOW__EOS__SPARK_JARS": stack["EOS_SPARK_JARS"], "PYTHONPATH": str(ROOT)})
+    env.update({"AIRFLOW__EOS__SPARK_JARS": stack["EOS_SPARK_JARS"], "PYTHONPATH": str(ROOT),
+                "SPARK_SUBMIT_OPTS": spark_submit_opts()})
     env.pop("EOS_PG_PASSWORD", None)
     env.pop("PGPASSWORD", None)
     return env

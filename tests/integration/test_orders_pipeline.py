@@ -8,6 +8,7 @@ check the overflowing line fails every batch that holds it (out of range in the 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -37,16 +38,23 @@ def _commit(bootstrap: str, topic: str, value: bytes, transactional_id: str) -> 
     producer.commit_transaction(30)
 
 
-def _crash_then_audit(stack: dict, tmp_path: Path, name: str, delivery: str) -> tuple[dict, int]:
-    config = pipeline_config(stack, tmp_path, name, delivery=delivery, spec="spark_apps.orders.spec:ORDERS",
-                             topics=[f"orders.{name}"], max_offsets_per_trigger=700)
-    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=3)
-    produced = produce_orders(stack["EOS_KAFKA_BOOTSTRAP"], LINES, topic=config["topics"][0], abort_every=4,
-                              malformed=MALFORMED, rejected=REJECTED, seed=3, orders_per_transaction=150,
-                              transactional_id=f"o{name}")
+@pytest.fixture(scope="module")
+def orders_topic(stack: dict) -> str:
+    """The order lines both tests read into their own pipelines, produced once: valid, rejected and
+    malformed lines in transactions (some aborted), then the overflowing line."""
+    bootstrap, topic = stack["EOS_KAFKA_BOOTSTRAP"], f"orders.crash{uuid.uuid4().hex[:10]}"
+    ensure_topic(bootstrap, topic, partitions=3)
+    produced = produce_orders(bootstrap, LINES, topic=topic, abort_every=4, malformed=MALFORMED, rejected=REJECTED,
+                              seed=3, orders_per_transaction=150, transactional_id=f"o{topic}")
     assert produced.committed == LINES and produced.aborted > 0
     assert (produced.rejected, produced.malformed) == (REJECTED, MALFORMED)
-    _commit(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], json.dumps(OVERFLOW).encode(), f"o{name}-overflow")
+    _commit(bootstrap, topic, json.dumps(OVERFLOW).encode(), f"o{topic}-overflow")
+    return topic
+
+
+def _crash_then_audit(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str) -> tuple[dict, int]:
+    config = pipeline_config(stack, tmp_path, name, delivery=delivery, spec="spark_apps.orders.spec:ORDERS",
+                             topics=[topic], max_offsets_per_trigger=700)
     kills = 0
     for index, step in enumerate(_kill_plan(4, seed=len(name))):
         kills += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
@@ -55,8 +63,8 @@ def _crash_then_audit(stack: dict, tmp_path: Path, name: str, delivery: str) -> 
     return audit(config, tmp_path), kills
 
 
-def test_orders_exactly_once_under_sigkills(stack, tmp_path, unique_name) -> None:
-    report, kills = _crash_then_audit(stack, tmp_path, f"ord{unique_name}", "exactly_once")
+def test_orders_exactly_once_under_sigkills(stack, tmp_path, orders_topic, unique_name) -> None:
+    report, kills = _crash_then_audit(stack, tmp_path, orders_topic, f"ord{unique_name}", "exactly_once")
     summary, sales = report["summary"], report["aggregates"]["sku_store_sales"]
     print(f"orders exactly_once: kills={kills} summary={summary} sales={sales}")
     assert kills >= 3
@@ -67,8 +75,8 @@ def test_orders_exactly_once_under_sigkills(stack, tmp_path, unique_name) -> Non
     assert sales["keys_wrong"] == 0 and report["ok"], report["mismatches"]
 
 
-def test_orders_at_least_once_shows_the_crashes(stack, tmp_path, unique_name) -> None:
-    report, kills = _crash_then_audit(stack, tmp_path, f"oal{unique_name}", "at_least_once")
+def test_orders_at_least_once_shows_the_crashes(stack, tmp_path, orders_topic, unique_name) -> None:
+    report, kills = _crash_then_audit(stack, tmp_path, orders_topic, f"oal{unique_name}", "at_least_once")
     summary, sales = report["summary"], report["aggregates"]["sku_store_sales"]
     print(f"orders at_least_once: kills={kills} summary={summary} sales={sales}")
     assert kills >= 3

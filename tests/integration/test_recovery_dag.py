@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from psycopg2 import sql
 
 from demo.feed import Feed
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.conftest import ROOT, STATE_DIR
+from tests.conftest import ROOT, STATE_DIR, spark_submit_opts
 from tests.streaming import audit, ledger_order, pg_connect, pipeline_config, run_app, write_definition
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,6 +61,7 @@ def _airflow_env(stack: dict[str, str], config_dir: Path, store: Path) -> dict[s
         "AIRFLOW__EOS__SPARK_JARS": stack["EOS_SPARK_JARS"],
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
         "PYTHONPATH": str(ROOT),
+        "SPARK_SUBMIT_OPTS": spark_submit_opts(),
     })
     return env
 
@@ -104,29 +106,49 @@ def _state(stack: dict, config: dict) -> dict:
     return json.loads(json.dumps(out, default=str))
 
 
-def _processed_and_snapshotted(stack: dict, tmp_path: Path, name: str,
-                               **sections: dict) -> tuple[dict, dict, dict]:
-    """3000 events processed, an eos_snapshot, 2000 more processed: the config,
-    the Airflow env and the undamaged reference state. ``sections`` go into the definition."""
+# The pipelines of the tests that start from the same state: a name prefix and the definition's sections.
+SNAPSHOTTED = {"replay_spark": ("recs", {"stream": {"replay_engine": "spark"}}),
+               "replay_direct": ("recd", {"stream": {"replay_engine": "direct"}}),
+               "crash": ("crash", {}), "rollback": ("rb", {})}
+
+
+@pytest.fixture(scope="module")
+def snapshotted(stack: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, dict, dict]]:
+    """For each of SNAPSHOTTED, a pipeline with 3000 events processed, an eos_snapshot, 2000 more
+    processed: its config, its Airflow env and its undamaged reference state.
+
+    The same steps each test used to take for itself, taken once for all four: the pipelines read
+    one topic into their own schemas, checkpoints and definitions, and their snapshots run in one
+    dag.test() process. Each env names a definition directory holding only its own pipeline, so a
+    test's DagBag parses one. Running one of these tests alone builds all four."""
     bootstrap = stack["EOS_KAFKA_BOOTSTRAP"]
-    config = pipeline_config(stack, tmp_path, name)
-    topic = config["topics"][0]
-    config_dir, store = tmp_path / "pipelines", tmp_path / "store"
-    write_definition(config, config_dir, **sections)
-    env = _airflow_env(stack, config_dir, store)
+    base, suffix = tmp_path_factory.mktemp("snapshotted"), uuid.uuid4().hex[:8]
+    topic, store, all_dir = f"ledger.snap{suffix}", base / "store", base / "pipelines"
+    configs = {}
+    for key, (prefix, sections) in SNAPSHOTTED.items():
+        (base / key).mkdir()
+        config = pipeline_config(stack, base / key, f"{prefix}{suffix}", topics=[topic])
+        write_definition(config, all_dir, **sections)
+        write_definition(config, base / key / "pipelines", **sections)
+        configs[key] = config
     ensure_topic(bootstrap, topic, partitions=4)
 
-    produce_ledger(bootstrap, 3000, topic=topic, abort_every=4, malformed=1, seed=5, transactional_id=f"a{name}")
-    assert run_app(config, tmp_path, label="first").process.returncode == 0
-    [snap] = _dag_test(env, [[f"eos_snapshot__{name}", {}]], tmp_path)
-    assert snap["state"] == "success", snap
+    produce_ledger(bootstrap, 3000, topic=topic, abort_every=4, malformed=1, seed=5, transactional_id=f"a{topic}")
+    for key, config in configs.items():
+        assert run_app(config, base / key, label="first").process.returncode == 0
+    snaps = _dag_test(_airflow_env(stack, all_dir, store),
+                      [[f"eos_snapshot__{config['pipeline']}", {}] for config in configs.values()], base)
+    assert [snap["state"] for snap in snaps] == ["success"] * len(configs), snaps
 
     produce_ledger(bootstrap, 2000, topic=topic, abort_every=3, malformed=2, seed=6, first_seq=10_000,
-                   transactional_id=f"b{name}")
-    assert run_app(config, tmp_path, label="second").process.returncode == 0
-    reference = _state(stack, config)
-    assert reference["ledger_events"][0] == 5000
-    return config, env, reference
+                   transactional_id=f"b{topic}")
+    out = {}
+    for key, config in configs.items():
+        assert run_app(config, base / key, label="second").process.returncode == 0
+        reference = _state(stack, config)
+        assert reference["ledger_events"][0] == 5000
+        out[key] = (config, _airflow_env(stack, base / key / "pipelines", store), reference)
+    return out
 
 
 def _stop_requested(stack: dict, config: dict) -> bool:
@@ -183,10 +205,9 @@ def _assert_recovered(stack: dict, config: dict, tmp_path: Path, reference: dict
 
 
 @pytest.mark.parametrize("replay_engine", ["spark", "direct"])
-def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, unique_name, replay_engine) -> None:
-    name = f"rec{unique_name}"
-    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name,
-                                                        stream={"replay_engine": replay_engine})
+def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, snapshotted, replay_engine) -> None:
+    config, env, reference = snapshotted[f"replay_{replay_engine}"]
+    name = config["pipeline"]
 
     conn = pg_connect(stack)
     with conn.cursor() as cur:  # damage: lost rows, duplicated rows, corrupted balances
@@ -243,9 +264,9 @@ def _task_state(env: dict[str, str], dag_id: str, logical_date: str, task_id: st
 
 
 def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay(
-        stack, tmp_path, unique_name) -> None:
-    name = f"crash{unique_name}"
-    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name)
+        stack, tmp_path, snapshotted) -> None:
+    config, env, reference = snapshotted["crash"]
+    name = config["pipeline"]
 
     # A lost checkpoint is harmless to exactly_once: every run starts from the DB's offsets.
     shutil.rmtree(config["checkpoint_dir"], ignore_errors=True)
@@ -296,9 +317,9 @@ def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay
     _assert_recovered(stack, config, tmp_path, reference)
 
 
-def test_failed_replay_rolls_back_to_the_state_before_the_recovery(stack, tmp_path, unique_name) -> None:
-    name = f"rb{unique_name}"
-    config, env, reference = _processed_and_snapshotted(stack, tmp_path, name)
+def test_failed_replay_rolls_back_to_the_state_before_the_recovery(stack, tmp_path, snapshotted) -> None:
+    config, env, reference = snapshotted["rollback"]
+    name = config["pipeline"]
     conn = pg_connect(stack)
     with conn.cursor() as cur:  # the state the recovery finds: rows lost and balances off
         t = sql.Identifier(config["target_schema"])

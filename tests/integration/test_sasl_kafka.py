@@ -11,10 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
+from psycopg2 import sql
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.helpers.cmdline import CmdlineWatch
-from tests.streaming import audit, pipeline_config, run_app
+from tests.streaming import audit, pg_connect, pipeline_config, run_app, write_definition
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +58,75 @@ def test_a_wrong_password_is_a_clear_configuration_error(stack: dict, tmp_path: 
     assert run.process.returncode == 2, run.log()[-3000:]
     assert "refused the credentials" in run.log() and "Kafka connection" in run.log()
     assert "not-the-password" not in run.log()
+
+
+# ---------------------------------------------------------------- a pipeline from its definition
+SASL_CONN = "kafka_sasl"
+
+
+def _sasl_connection(stack: dict[str, str], password: str | None = None) -> str:
+    return json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": stack["EOS_KAFKA_SASL_BOOTSTRAP"],
+                                                       "group.id": "eos", **sasl_options(stack, password)}})
+
+
+def test_a_pipeline_runs_and_recovers_through_sasl_from_its_definition(stack: dict, tmp_path: Path,
+                                                                       unique_name: str, monkeypatch) -> None:
+    """Stream, health check, the hanging-transaction search (the abort's client), snapshot, damage,
+    recovery with replay and audit, all through the SASL listener with the credentials only in the
+    connection; no process's command line shows the Kafka or the database password."""
+    from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook
+    from tests.integration.test_recovery_dag import _airflow_env, _dag_test
+
+    name = f"saslp{unique_name}"
+    config = pipeline_config(stack, tmp_path, name, trigger="availableNow")
+    topic, plain = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
+    config_dir, store = tmp_path / "pipelines", tmp_path / "store"
+    write_definition(config, config_dir, connections={"kafka": SASL_CONN})
+    env = {**_airflow_env(stack, config_dir, store), f"AIRFLOW_CONN_{SASL_CONN.upper()}": _sasl_connection(stack)}
+    ensure_topic(plain, topic, partitions=2)
+    produce_ledger(plain, 2000, topic=topic, abort_every=4, seed=7, transactional_id=f"a{name}")
+
+    options = sasl_options(stack)
+    watch = CmdlineWatch({"kafka password": options["sasl.password"], "database password": stack["EOS_PG_PASSWORD"]})
+    watch.start()
+    try:
+        runs = _dag_test(env, [[f"eos_stream__{name}", {}], [f"eos_health__{name}", {}],
+                               [f"eos_snapshot__{name}", {}]], tmp_path)
+        assert [r["state"] for r in runs] == ["success"] * 3, runs
+        monkeypatch.setenv(f"AIRFLOW_CONN_{SASL_CONN.upper()}", env[f"AIRFLOW_CONN_{SASL_CONN.upper()}"])
+        assert KafkaTransactionsHook(kafka_config_id=SASL_CONN).find_hanging(topic=topic) == []
+
+        produce_ledger(plain, 1000, topic=topic, seed=8, first_seq=10_000, transactional_id=f"b{name}")
+        conn = pg_connect(stack)
+        with conn.cursor() as cur:  # damage: lost rows and a corrupted balance
+            cur.execute(sql.SQL("DELETE FROM {}.ledger_events WHERE seq % 7 = 0").format(
+                sql.Identifier(config["target_schema"])))
+        conn.close()
+        [recovered] = _dag_test(env, [[f"eos_recovery__{name}", {"snapshot": "latest", "resume": False,
+                                                                  "quiet_seconds": 1}]], tmp_path)
+        assert recovered["state"] == "success", recovered
+        assert recovered["summary"]["events_replayed"] >= 1000 and recovered["summary"]["audit"]["ok"], recovered
+        report = audit({**config, "kafka_bootstrap": stack["EOS_KAFKA_SASL_BOOTSTRAP"]}, tmp_path,
+                       env_extra={"EOS_KAFKA_OPTIONS_JSON": json.dumps(options)})
+    finally:
+        watch.stop()
+    assert report["ok"] and report["summary"]["committed_records"] == 3000, report["summary"]
+    assert watch.seen > 0 and not watch.hits, watch.hits
+
+
+def test_a_wrong_password_fails_the_stream_naming_the_connection(stack: dict, tmp_path: Path,
+                                                               unique_name: str) -> None:
+    from tests.integration.test_recovery_dag import _airflow_env, _start_dag_test
+
+    name = f"saslw{unique_name}"
+    config = pipeline_config(stack, tmp_path, name, trigger="availableNow")
+    config_dir = tmp_path / "pipelines"
+    write_definition(config, config_dir, connections={"kafka": SASL_CONN}, stream={"max_restarts": 0})
+    env = {**_airflow_env(stack, config_dir, tmp_path / "store"),
+           f"AIRFLOW_CONN_{SASL_CONN.upper()}": _sasl_connection(stack, password="not-the-password")}
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=1)
+    process, log = _start_dag_test(env, [[f"eos_stream__{name}", {}]], tmp_path)
+    process.wait(timeout=300)
+    text = log.read_text(errors="replace")
+    assert "refused the credentials" in text and f"kafka {SASL_CONN!r}" in text, text[-4000:]
+    assert "not-the-password" not in text
