@@ -115,13 +115,15 @@ class PipelineOperatorMixin:
 
     def app_config(self) -> Any:
         """The pipeline config with the database taken from the Airflow connection
-        (password included, for in-process use only), and Kafka's bootstrap servers from
-        ``kafka_config_id`` when the operator has one."""
+        (password included, for in-process use only), and Kafka's bootstrap servers and security
+        options from ``kafka_config_id`` when the operator has one."""
         config = self.load_config()
         if self.kafka_config_id:
-            from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
+            from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
 
-            config.kafka_bootstrap = kafka_bootstrap_from_connection(self.kafka_config_id)
+            kafka = kafka_client_settings(self.kafka_config_id)
+            config.kafka_bootstrap = kafka.bootstrap
+            config.kafka_options = {**kafka.security, **config.kafka_options}
         # The same target the submitted app gets (libpq options included), plus the password.
         for key, value in self.hook.app_target().items():
             setattr(config.postgres, key, value)

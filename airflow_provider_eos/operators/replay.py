@@ -118,7 +118,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param spark_conf: extra Spark conf.
     :param driver_memory: spark-submit driver memory.
     :param checkpoint_dir: override the config's checkpoint root.
-    :param kafka_options: extra Kafka client options (Java client names, without ``kafka.``), merged
+    :param kafka_options: Kafka client options (librdkafka names, over the connection's own), merged
         over the config's; passed through the environment because they may hold secrets.
     :param require_stop_request: refuse to replay unless a stop request holds the pipeline (default True).
     :param hold_lock: hold the target's recovery lock while working (a recovery step).

@@ -19,7 +19,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
+from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection, kafka_client_settings
 from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
@@ -81,8 +81,9 @@ class StreamingPipelineOperator(BaseOperator):
         the batch limits and the restart policy.
     :param run_seconds: processingTime: total time to run, across restarts (0: until stopped).
     :param stop_poll_seconds: how often the app looks for a stop request (default: the app's).
-    :param kafka_options: extra Kafka client options (Java client names, without ``kafka.``), passed
-        through the environment because they may hold secrets.
+    :param kafka_options: Kafka client options in librdkafka's names, over the Kafka connection's
+        own security options (which the app always gets); passed through the environment because
+        they may hold secrets, and translated for Spark's Java source by the app.
     :param kafka_config_id: Kafka connection (its extra's ``bootstrap.servers``); default: the
         definition's ``connections.kafka``, else the deployment's ``[eos]`` default.
     :param postgres_conn_id: target database connection; default as for Kafka.
@@ -231,7 +232,8 @@ class StreamingPipelineOperator(BaseOperator):
             conn_id=self.connection("spark"),
             jars=self.jars,
             postgres_password=pg.app_password(),
-            kafka_options=self.kafka_options,
+            # The connection's credentials first; an explicit option of this task wins.
+            kafka_options={**kafka_client_settings(self.connection("kafka")).security, **(self.kafka_options or {})},
             driver_host=self.driver_host,
             driver_bind_address=self.driver_bind_address,
             conf=self.spark_conf,
@@ -395,7 +397,8 @@ class StreamingPipelineOperator(BaseOperator):
                 break
             if result.config_error:
                 raise PipelineConfigError(
-                    f"pipeline {pipeline!r}: configuration error, not restarted: {info['reason']}"
+                    f"pipeline {pipeline!r}: configuration error, not restarted: {info['reason']} "
+                    f"(connections: kafka {self.connection('kafka')!r}, postgres {self.connection('postgres')!r})"
                 )
             # Fenced or failed, a stop or a recovery wins: it may be the very reason of the fence.
             held = self.hold_reason(pg, pipeline)
