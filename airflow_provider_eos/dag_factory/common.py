@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_provider_eos.utils import provider_config
@@ -27,7 +27,29 @@ def dag_id(kind: str, pipeline: str) -> str:
 
 
 def tags(definition: PipelineDefinition, *more: str) -> list[str]:
-    return ["eos", f"pipeline:{definition.name}", *more]
+    return ["eos", f"pipeline:{definition.name}", *more, *definition.airflow.tags]
+
+
+def task_defaults(definition: PipelineDefinition) -> dict[str, Any]:
+    """Every task's ``default_args`` from the definition's ``airflow`` section (owner, queue, pool,
+    retries, callbacks); what it leaves unset stays Airflow's default."""
+    from airflow_provider_eos.utils.definition_checks import load_callable
+
+    settings = definition.airflow
+    args: dict[str, Any] = {"owner": settings.owner, "queue": settings.queue, "pool": settings.pool,
+                            "retries": settings.retries}
+    if settings.retry_delay_seconds is not None:
+        args["retry_delay"] = timedelta(seconds=settings.retry_delay_seconds)
+    # Checked when the definitions were loaded (definition_checks), so they import here.
+    args.update({key: load_callable(reference) for key, reference in settings.callbacks().items()})
+    return {key: value for key, value in args.items() if value is not None}
+
+
+def spark_task_args(definition: PipelineDefinition) -> dict[str, Any]:
+    """The extra arguments of a task that spark-submits: its queue, so that only the workers of
+    ``airflow.spark_queue`` need pyspark and Java."""
+    queue = definition.airflow.spark_queue
+    return {"queue": queue} if queue else {}
 
 
 def connection_ids(definition: PipelineDefinition) -> ResolvedConnections:

@@ -25,6 +25,7 @@ from airflow_provider_eos.dag_factory.common import (
     dag_id,
     refuse_undeclared_conf,
     tags,
+    task_defaults,
 )
 from airflow_provider_eos.operators.dead_letters import (
     DeadLetterCheckOperator,
@@ -53,6 +54,7 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
     # The whole run fits in the sensors' windows plus the quick checks.
     run_timeout = timedelta(seconds=health.sensor_timeout + health.stuck_after + 120)
     with DAG(
+        default_args=task_defaults(definition),
         dag_id=dag_id("health", definition.name),
         schedule=health.schedule,
         start_date=START_DATE,

@@ -34,8 +34,10 @@ from airflow_provider_eos.dag_factory.common import (
     connection_ids,
     dag_id,
     refuse_undeclared_conf,
+    spark_task_args,
     step_config,
     tags,
+    task_defaults,
 )
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.operators.audit import AuditOperator
@@ -150,6 +152,7 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
     # Steps that change the target hold the pipeline's recovery lock.
     locked: dict[str, Any] = {**common, "hold_lock": True, "lock_ttl": DEFAULT_LOCK_TTL}
     with DAG(
+        default_args=task_defaults(definition),
         dag_id=dag_id("recovery", definition.name),
         schedule=None,
         start_date=START_DATE,
@@ -180,8 +183,12 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
                                   kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
                                   allow_table_changes="{{ params.allow_table_changes }}",
                                   plan_only=DRY_RUN, **locked)
+        spark = definition.spark
         replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
-                                engine=definition.stream.replay_engine, plan_only=DRY_RUN, **locked)
+                                engine=definition.stream.replay_engine, plan_only=DRY_RUN,
+                                spark_conf=spark.submit_conf(), driver_memory=spark.driver_memory,
+                                jars=spark.all_jars(provider_config.spark_jars()) if spark.jars else None,
+                                **spark_task_args(definition), **locked)
         # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
         # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
         caught_up = StreamCaughtUpSensor(

@@ -17,6 +17,7 @@ from airflow_provider_eos.dag_factory.common import (
     refuse_undeclared_conf,
     step_config,
     tags,
+    task_defaults,
 )
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
 from airflow_provider_eos.utils import provider_config
@@ -33,6 +34,7 @@ def pin_snapshot_store(**context: Any) -> dict[str, str]:
 def build_snapshot_dag(definition: PipelineDefinition) -> DAG:
     conns = connection_ids(definition)
     with DAG(
+        default_args=task_defaults(definition),
         dag_id=dag_id("snapshot", definition.name),
         schedule=definition.snapshot.schedule,
         start_date=START_DATE,

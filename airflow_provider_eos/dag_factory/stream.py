@@ -18,8 +18,10 @@ from airflow_provider_eos.dag_factory.common import (
     connection_ids,
     dag_id,
     refuse_undeclared_conf,
+    spark_task_args,
     step_config,
     tags,
+    task_defaults,
 )
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
@@ -74,6 +76,7 @@ def build_stream_dag(definition: PipelineDefinition, assets: PipelineAssets | No
     conns = connection_ids(definition)
     params = stream_params(definition)
     with DAG(
+        default_args=task_defaults(definition),
         dag_id=dag_id("stream", definition.name),
         schedule=definition.stream.schedule,
         start_date=START_DATE,
@@ -98,6 +101,7 @@ def build_stream_dag(definition: PipelineDefinition, assets: PipelineAssets | No
             postgres_conn_id=conns.postgres,
             spark_conn_id=conns.spark,
             inlets=list(assets.topics) if assets else [],
+            **spark_task_args(definition),
         )
     return dag
 
@@ -105,6 +109,7 @@ def build_stream_dag(definition: PipelineDefinition, assets: PipelineAssets | No
 def build_stop_dag(definition: PipelineDefinition) -> DAG:
     conns = connection_ids(definition)
     with DAG(
+        default_args=task_defaults(definition),
         dag_id=dag_id("stop", definition.name),
         schedule=None,
         start_date=START_DATE,

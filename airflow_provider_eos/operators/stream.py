@@ -88,9 +88,9 @@ class StreamingPipelineOperator(BaseOperator):
         definition's ``connections.kafka``, else the deployment's ``[eos]`` default.
     :param postgres_conn_id: target database connection; default as for Kafka.
     :param spark_conn_id: Spark connection (master); default as for Kafka.
-    :param jars: connector jars (default: ``[eos] spark_jars``).
-    :param driver_memory: spark-submit ``--driver-memory``.
-    :param spark_conf: more Spark properties.
+    :param jars: connector jars (default: ``[eos] spark_jars``, then the definition's ``spark.jars``).
+    :param driver_memory: spark-submit ``--driver-memory`` (default: the definition's ``spark.driver_memory``).
+    :param spark_conf: more Spark properties, over the definition's ``spark`` section.
     :param driver_host: ``spark.driver.host`` (default 127.0.0.1 for local masters).
     :param driver_bind_address: ``spark.driver.bindAddress`` (default 127.0.0.1 for local masters).
     :param max_restarts: restarts after retryable failures before the task fails (default: the
@@ -125,7 +125,7 @@ class StreamingPipelineOperator(BaseOperator):
         postgres_conn_id: str | None = None,
         spark_conn_id: str | None = None,
         jars: str | None = None,
-        driver_memory: str | None = "1g",
+        driver_memory: str | None = None,
         spark_conf: dict[str, Any] | None = None,
         driver_host: str | None = None,
         driver_bind_address: str | None = None,
@@ -228,16 +228,19 @@ class StreamingPipelineOperator(BaseOperator):
         )
 
     def submit_hook(self, pg: EosPostgresHook) -> EosStreamSubmitHook:
+        from airflow_provider_eos.utils import provider_config
+
+        spark = self.pipeline.spark  # the definition's spark section; this task's own arguments win
         return EosStreamSubmitHook(
             conn_id=self.connection("spark"),
-            jars=self.jars,
+            jars=self.jars or spark.all_jars(provider_config.spark_jars()),
             postgres_password=pg.app_password(),
             # The connection's credentials first; an explicit option of this task wins.
             kafka_options={**kafka_client_settings(self.connection("kafka")).security, **(self.kafka_options or {})},
             driver_host=self.driver_host,
             driver_bind_address=self.driver_bind_address,
-            conf=self.spark_conf,
-            driver_memory=self.driver_memory,
+            conf={**spark.submit_conf(), **(self.spark_conf or {})},
+            driver_memory=self.driver_memory or spark.driver_memory,
             name=f"eos-{self.pipeline.name}",
         )
 

@@ -10,6 +10,7 @@ Nothing here imports Airflow.
 
 from __future__ import annotations
 
+import importlib
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -56,6 +57,20 @@ def load_spec(reference: str) -> Any:
         raise ValueError(f"cannot import spec module of {reference!r}: {type(exc).__name__}: {exc}") from None
 
 
+def load_callable(reference: str) -> Any:
+    """The function ``module:ATTRIBUTE`` names (a task callback).
+
+    :raises ValueError: it does not import or is not callable."""
+    module_name, _, attribute = reference.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute, None)
+    except Exception as exc:
+        raise ValueError(f"cannot import {reference!r}: {type(exc).__name__}: {exc}") from None
+    if not callable(found):
+        raise ValueError(f"{reference!r} is not a function (found {type(found).__name__})")
+    return found
+
+
 def spec_problem(reference: str) -> str | None:
     try:
         load_spec(reference)
@@ -100,6 +115,11 @@ def definition_problems(definitions: Mapping[str, _Definition]) -> dict[str, lis
         problem = spec_problem(definition.spec)
         if problem:
             problems[name].append(f"spec: {problem}")
+        for key, reference in getattr(getattr(definition, "airflow", None), "callbacks", dict)().items():
+            try:
+                load_callable(reference)
+            except ValueError as exc:
+                problems[name].append(f"airflow.{key}: {exc}")
     for name, shared in shared_places(definitions).items():
         problems[name] += shared
     return dict(problems)

@@ -188,6 +188,84 @@ class HealthSettings(_Section):
     sensor_timeout: PositiveFloat = 120
 
 
+class SparkSettings(_Section):
+    """The pipeline's spark-submits (its stream, and its recovery's replay on the ``spark`` engine).
+
+    :param conf: more Spark properties (``spark.*``); the resources below win over the same keys.
+    :param driver_memory: ``--driver-memory``.
+    :param driver_cores: ``spark.driver.cores`` (cluster deploy mode).
+    :param executor_memory: ``spark.executor.memory``.
+    :param executor_cores: ``spark.executor.cores``.
+    :param num_executors: ``spark.executor.instances`` (YARN, Kubernetes).
+    :param max_cores: ``spark.cores.max`` (standalone: the cores the application takes in all).
+    :param packages: Maven coordinates, ``spark.jars.packages`` (resolved by the cluster's Ivy).
+    :param jars: more jars, after the deployment's ``[eos] spark_jars`` (the Kafka connector).
+    """
+
+    conf: dict[str, str] = {}
+    driver_memory: str = "1g"
+    driver_cores: PositiveInt | None = None
+    executor_memory: str | None = None
+    executor_cores: PositiveInt | None = None
+    num_executors: PositiveInt | None = None
+    max_cores: PositiveInt | None = None
+    packages: list[str] = []
+    jars: list[str] = []
+
+    def submit_conf(self) -> dict[str, str]:
+        """``conf`` with the resources and packages as the Spark properties they are."""
+        resources = {"spark.driver.cores": self.driver_cores, "spark.executor.memory": self.executor_memory,
+                     "spark.executor.cores": self.executor_cores, "spark.executor.instances": self.num_executors,
+                     "spark.cores.max": self.max_cores,
+                     "spark.jars.packages": ",".join(self.packages) or None}
+        return {**self.conf, **{key: str(value) for key, value in resources.items() if value is not None}}
+
+    def all_jars(self, deployment_jars: str | None) -> str | None:
+        """The deployment's jars (``[eos] spark_jars``), then this pipeline's."""
+        jars = [j for j in (deployment_jars or "").split(",") if j] + self.jars
+        return ",".join(jars) or None
+
+
+class AirflowSettings(_Section):
+    """How the pipeline's tasks run in Airflow; unset means Airflow's own default.
+
+    :param owner: every task's ``owner``.
+    :param queue: every task's executor queue (Celery, Kubernetes executor's queues...).
+    :param spark_queue: the queue of the tasks that spark-submit (the stream, a Spark replay); only
+        workers of that queue need pyspark and Java (docs/deployment.md). Default: ``queue``.
+    :param pool: every task's pool.
+    :param retries: every task's retries (the stream's supervisor restarts the app itself).
+    :param retry_delay_seconds: seconds between retries.
+    :param tags: added to each DAG's tags.
+    :param on_failure_callback: ``module:function`` called when a task fails.
+    :param on_retry_callback: ``module:function`` called when a task is retried.
+    :param on_success_callback: ``module:function`` called when a task succeeds.
+    """
+
+    owner: str | None = None
+    queue: str | None = None
+    spark_queue: str | None = None
+    pool: str | None = None
+    retries: NonNegativeInt | None = None
+    retry_delay_seconds: NonNegativeFloat | None = None
+    tags: list[str] = []
+    on_failure_callback: str | None = None
+    on_retry_callback: str | None = None
+    on_success_callback: str | None = None
+
+    @field_validator("on_failure_callback", "on_retry_callback", "on_success_callback")
+    @classmethod
+    def _callback_reference(cls, value: str | None) -> str | None:
+        if value is not None and not SPEC_REFERENCE.fullmatch(value):
+            raise ValueError(f"{value!r} must look like package.module:function")
+        return value
+
+    def callbacks(self) -> dict[str, str]:
+        """The callbacks that are set, by their task argument."""
+        return {key: getattr(self, key) for key in ("on_failure_callback", "on_retry_callback", "on_success_callback")
+                if getattr(self, key)}
+
+
 class PipelineDefinition(_Section):
     """Everything the provider needs to know about one pipeline.
 
@@ -213,6 +291,8 @@ class PipelineDefinition(_Section):
     stream: StreamSettings = StreamSettings()
     snapshot: SnapshotSettings = SnapshotSettings()
     health: HealthSettings = HealthSettings()
+    spark: SparkSettings = SparkSettings()
+    airflow: AirflowSettings = AirflowSettings()
 
     @field_validator("name")
     @classmethod
@@ -274,7 +354,7 @@ class PipelineDefinition(_Section):
 # The app's field names this model spells differently.
 APP_FIELD_RENAMES = {"pipeline": "name"}
 # What a definition holds that the app never sees, by place.
-DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health"),
+DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health", "spark", "airflow"),
                    "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine")}
 
 
