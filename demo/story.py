@@ -6,6 +6,7 @@ dag-processor, triggerer), then drives the DAGs through the REST API:
  1. produce ledger events transactionally (with aborted batches and a poison record);
  2. start ``eos_stream__ledger`` and SIGKILL its Spark driver once mid-stream;
  3. leave an open transaction behind a killed producer; ``eos_health__ledger`` catches the stuck LSO;
+    the producer's successor (same transactional.id) fences it and the transaction aborts;
  4. snapshot with ``eos_snapshot__ledger``, keep streaming, then damage the target;
  5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes,
     while a producer keeps committing ledger events (a live topic, the normal case);
@@ -42,6 +43,7 @@ from typing import Any
 
 import psutil
 import psycopg2
+from confluent_kafka import Producer
 from psycopg2 import sql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,10 +82,14 @@ DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DO
 UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DOWNSTREAM]
 
 OPEN_TRANSACTION_RECORDS = 20
+# Committed just before the driver's SIGKILL, so that it dies with work in hand.
+KILL_BURST = 1000
+# The producer killed inside its transaction, and the successor that fences it.
+KILLED_PRODUCER = "demo-killed-producer"
 OPEN_TRANSACTION = """
 import sys
 from confluent_kafka import Producer
-p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": "demo-killed-producer",
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[4],
               "transaction.timeout.ms": int(sys.argv[3])})
 p.init_transactions(30)
 p.begin_transaction()
@@ -356,7 +362,7 @@ class Story:
         produced = self.produce(bootstrap)
         orders_produced, feed = self.start_orders(bootstrap)
         self.start_ledger()
-        self.kill_the_driver()
+        burst = self.kill_the_driver(bootstrap)
         more = self.hang_a_transaction(bootstrap)
         later = self.snapshot_then_produce(bootstrap)
         damaged = self.damage_the_target()
@@ -366,7 +372,7 @@ class Story:
         self.stop_the_ledger()
         assets, lineage = self.airflow_views(airflow_env)
         self.wait_for_stream_runs()
-        result = self.ledger_result(final, damaged, (produced, more, later, *recovery.during), recovery.steps)
+        result = self.ledger_result(final, damaged, (produced, burst, more, later, *recovery.during), recovery.steps)
         result["orders"] = self.orders_result(orders_final, orders_produced, recovery.orders_through)
         result["exact"] = final["ok"] and orders_final["ok"]
         result["assets"] = assets
@@ -453,25 +459,36 @@ class Story:
                 + ", ".join(f"{dag} -> {ui['link']} ({'serves' if ui['serves'] else 'DOES NOT serve'})"
                             for dag, ui in self.spark_ui.items()))
 
-    def kill_the_driver(self) -> None:
-        """SIGKILL of the ledger's driver; its operator restarts it, which catches up."""
-        self.console.stage("SIGKILL of the Spark driver mid-stream; the operator restarts it")
+    def kill_the_driver(self, bootstrap: str) -> ProduceSummary:
+        """SIGKILL of the ledger's driver with events it has not applied yet; its operator restarts
+        it, which catches up.
+
+        :returns: what was committed just before the kill."""
+        self.console.stage(f"{KILL_BURST} more events, then SIGKILL of the Spark driver mid-stream; "
+                           "the operator restarts it")
+        # Mid-stream whatever the first production's size and however long the stages before took:
+        # the stream's next trigger cannot have applied a burst committed just now.
+        burst = produce_ledger(bootstrap, KILL_BURST, topic=TOPIC, seed=11, first_seq=5_000_000,
+                               transactional_id="demo-generator")
+        stored, lso = self.stored_offsets(META, PIPELINE), self.lso()
+        self.behind_at_kill = sum(max(0, offset - stored.get((TOPIC, p), 0)) for p, offset in lso.items())
         for process in self.spark_drivers():
             for child in process.children(recursive=True):
                 child.send_signal(signal.SIGKILL)
             process.send_signal(signal.SIGKILL)
         self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, 240)
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
+        return burst
 
     def hang_a_transaction(self, bootstrap: str) -> ProduceSummary:
-        """A producer killed inside its transaction: the health DAG catches the stuck LSO, the
-        coordinator aborts the transaction, the stream resumes.
+        """A producer killed inside its transaction: the health DAG catches the stuck LSO; the
+        producer's successor fences it, so the coordinator aborts the transaction; the stream resumes.
 
         :returns: what was committed behind the open transaction."""
         c = self.console
         c.stage("a producer dies inside an open transaction; more events queue behind it")
         child = subprocess.Popen([sys.executable, "-c", OPEN_TRANSACTION, bootstrap, TOPIC,
-                                  str(self.open_txn_timeout_ms)], stdout=subprocess.PIPE, text=True)
+                                  str(self.open_txn_timeout_ms), KILLED_PRODUCER], stdout=subprocess.PIPE, text=True)
         assert child.stdout is not None and child.stdout.readline().strip() == "OPEN"
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -483,10 +500,16 @@ class Story:
         self.health_run = self.run_dag(HEALTH, {}, budget=300, expect="failed")
         self.timings["stuck LSO detected after (s)"] = round(time.monotonic() - killed_at, 1)
 
-        c.stage("waiting for the coordinator to abort the dead producer's transaction; the stream resumes")
+        c.stage("the dead producer's successor starts with its transactional.id: the coordinator aborts "
+                "the open transaction; the stream resumes")
+        # As a restarted producer does: init_transactions fences the dead instance's epoch, and the
+        # coordinator aborts its transaction then, not after transaction.timeout.ms (the backstop).
+        # While it aborts, the coordinator answers "concurrent transactions", which librdkafka retries
+        # and would log as a warning (log_level 3: errors only).
+        Producer({"bootstrap.servers": bootstrap, "transactional.id": KILLED_PRODUCER,
+                  "log_level": 3}).init_transactions(60)
         self.wait_until("LSO lag back to 0 and stream caught up",
-                        lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(),
-                        self.open_txn_timeout_ms / 1000 + 240)
+                        lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(), 300)
         return more
 
     def snapshot_then_produce(self, bootstrap: str) -> ProduceSummary:
@@ -613,6 +636,7 @@ class Story:
             "damage_seen_before_recovery": {"duplicated": damaged["summary"]["duplicated"],
                                             "missing": damaged["summary"]["missing"],
                                             "balances_wrong": damaged["aggregates"]["account_balances"]["keys_wrong"]},
+            "offsets behind at the SIGKILL": self.behind_at_kill,
             **self.timings,
             "recovery_steps_s": dict(steps),
             "tasks_seen_deferred": sorted(self.deferred),
@@ -805,8 +829,10 @@ class Story:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--open-txn-timeout-ms", type=int, default=60_000,
-                        help="transaction.timeout.ms of the producer that dies inside its transaction")
+    parser.add_argument("--open-txn-timeout-ms", type=int, default=300_000,
+                        help="transaction.timeout.ms of the producer that dies inside its transaction: the "
+                             "coordinator's own abort, should the story not fence it (below the broker's "
+                             "transaction.max.timeout.ms)")
     parser.add_argument("--json", help="also write the final report as JSON to this file")
     parser.add_argument("--spark-cluster", action="store_true",
                         help="run Spark on the local standalone cluster (scripts/stack.sh start-spark, started "
