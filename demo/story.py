@@ -6,6 +6,7 @@ dag-processor, triggerer), then drives the DAGs through the REST API:
  1. produce ledger events transactionally (with aborted batches and a poison record);
  2. start ``eos_stream__ledger`` and SIGKILL its Spark driver once mid-stream;
  3. leave an open transaction behind a killed producer; ``eos_health__ledger`` catches the stuck LSO;
+    the producer's successor (same transactional.id) fences it and the transaction aborts;
  4. snapshot with ``eos_snapshot__ledger``, keep streaming, then damage the target;
  5. ``eos_recovery__ledger`` restores, replays from the snapshot's offsets, audits and resumes,
     while a producer keeps committing ledger events (a live topic, the normal case);
@@ -36,15 +37,19 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import psycopg2
+from confluent_kafka import Producer
 from psycopg2 import sql
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# Where scripts/config.sh keeps the stack's state: a worktree or CI may point it elsewhere.
+STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink  # noqa: E402
 from demo import report as html_report  # noqa: E402
@@ -53,9 +58,9 @@ from demo.env_files import read_env_file  # noqa: E402
 from demo.feed import Feed  # noqa: E402
 from spark_apps.eos_stream.audit import audit  # noqa: E402
 from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402
-from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
+from spark_apps.ledger.generator import ProduceSummary, ensure_topic, produce_ledger  # noqa: E402
 from spark_apps.ledger.spec import LEDGER  # noqa: E402
-from spark_apps.orders.generator import produce_orders  # noqa: E402
+from spark_apps.orders.generator import OrdersSummary, produce_orders  # noqa: E402
 from spark_apps.orders.spec import LINES_TABLE, ORDERS, SALES_TABLE  # noqa: E402
 
 PIPELINE = "ledger"
@@ -77,10 +82,14 @@ DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DO
 UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DOWNSTREAM]
 
 OPEN_TRANSACTION_RECORDS = 20
+# Committed just before the driver's SIGKILL, so that it dies with work in hand.
+KILL_BURST = 1000
+# The producer killed inside its transaction, and the successor that fences it.
+KILLED_PRODUCER = "demo-killed-producer"
 OPEN_TRANSACTION = """
 import sys
 from confluent_kafka import Producer
-p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": "demo-killed-producer",
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[4],
               "transaction.timeout.ms": int(sys.argv[3])})
 p.init_transactions(30)
 p.begin_transaction()
@@ -164,6 +173,18 @@ def orders_feed(bootstrap: str, lines_per_tick: int) -> Feed:
     return Feed(lambda tick: produce_orders(
         bootstrap, lines_per_tick, topic=ORDERS_TOPIC, orders_per_transaction=20, abort_every=2,
         seed=3000 + tick, first_seq=tick * 1_000_000, transactional_id="demo-orders-feed"), name="orders feed")
+
+
+@dataclass
+class Recovery:
+    """The recovery stage's part of the report."""
+
+    # The recovery DAG's tasks and their seconds, in the order they ran.
+    steps: list[tuple[str, float]]
+    # What the ledger feed committed while the recovery ran.
+    during: list[ProduceSummary]
+    # What the orders stream did while the recovery held the ledger stopped.
+    orders_through: dict[str, Any]
 
 
 class Story:
@@ -335,6 +356,37 @@ class Story:
 
     # ---------------------------------------------------------------- the story
     def run(self) -> dict[str, Any]:
+        """The story's stages in order (each section prints its own), then the report of both pipelines."""
+        airflow_env = self.start()
+        bootstrap = self.stack["EOS_KAFKA_BOOTSTRAP"]
+        produced = self.produce(bootstrap)
+        orders_produced, feed = self.start_orders(bootstrap)
+        self.start_ledger()
+        burst = self.kill_the_driver(bootstrap)
+        more = self.hang_a_transaction(bootstrap)
+        later = self.snapshot_then_produce(bootstrap)
+        damaged = self.damage_the_target()
+        recovery = self.recover(bootstrap)
+        final = self.audit_the_ledger()
+        orders_final = self.audit_and_stop_orders(feed, orders_produced)
+        self.stop_the_ledger()
+        assets, lineage = self.airflow_views(airflow_env)
+        self.wait_for_stream_runs()
+        result = self.ledger_result(final, damaged, (produced, burst, more, later, *recovery.during), recovery.steps)
+        result["orders"] = self.orders_result(orders_final, orders_produced, recovery.orders_through)
+        result["exact"] = final["ok"] and orders_final["ok"]
+        result["assets"] = assets
+        result["lineage"] = lineage
+        result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications(),
+                           "driver_ui": self.spark_ui}
+        self.write_html(result, recovery.steps)
+        return result
+
+    # ---------------------------------------------------------------- its sections
+    def start(self) -> dict[str, str]:
+        """Starts the stack and Airflow's services, waits for the DAGs, starts from a clean slate.
+
+        :returns: airflow.env's settings."""
         c = self.console
         c.stage("starting the local stack (Kafka KRaft, PostgreSQL" + (", a Spark standalone master and worker"
                 if self.spark_cluster else "") + ") and Airflow (api-server, scheduler, dag-processor, triggerer)")
@@ -345,8 +397,8 @@ class Story:
         self.sh("bash", "scripts/airflow.sh", "stop")
         self.sh("bash", "scripts/airflow.sh", "start",
                 env={"EOS_SPARK_MASTER": "cluster" if self.spark_cluster else "local"})
-        self.stack = read_env_file(ROOT / ".local" / "stack.env")
-        airflow_env = read_env_file(ROOT / ".local" / "airflow.env")
+        self.stack = read_env_file(STATE_DIR / "stack.env")
+        airflow_env = read_env_file(STATE_DIR / "airflow.env")
         spark_conn = json.loads(airflow_env["AIRFLOW_CONN_SPARK_DEFAULT"])
         self.spark_master = spark_conn["host"] + (f":{spark_conn['port']}" if spark_conn.get("port") else "")
         self.started_ms = int(time.time() * 1000)
@@ -364,26 +416,39 @@ class Story:
         self.reset()
         for dag_id in UNPAUSE_AT_START:
             self.api.unpause(dag_id)
+        return airflow_env
 
-        c.stage(f"producing {self.events} ledger events transactionally (aborted batches, one poison record)")
-        bootstrap = self.stack["EOS_KAFKA_BOOTSTRAP"]
+    def produce(self, bootstrap: str) -> ProduceSummary:
+        """The ledger's first events, with aborted batches and one poison record; starts the LSO sampler.
+
+        :returns: what the producer committed and aborted."""
+        self.console.stage(f"producing {self.events} ledger events transactionally (aborted batches, "
+                           "one poison record)")
         ensure_topic(bootstrap, TOPIC, partitions=4)
         ensure_topic(bootstrap, ORDERS_TOPIC, partitions=3)
         self.sampler = LsoSampler(bootstrap, [TOPIC, ORDERS_TOPIC])
         self.sampler.start()
-        produced = produce_ledger(bootstrap, self.events, topic=TOPIC, abort_every=5, poison=1, seed=2026,
-                                  transactional_id="demo-generator")
+        return produce_ledger(bootstrap, self.events, topic=TOPIC, abort_every=5, poison=1, seed=2026,
+                              transactional_id="demo-generator")
 
-        c.stage(f"order lines (aborted transactions, rejected and malformed lines) into {ORDERS_STREAM}, "
-                "a second pipeline of another shape that streams from now to the end")
-        orders_produced = [produce_orders(bootstrap, self.events // 2, topic=ORDERS_TOPIC, abort_every=5,
-                                          malformed=1, rejected=2, seed=2027, transactional_id="demo-orders")]
+    def start_orders(self, bootstrap: str) -> tuple[list[OrdersSummary], Feed]:
+        """Order lines, then the orders stream, then the feed that keeps it busy to the end.
+
+        :returns: what was produced so far, and the running feed."""
+        self.console.stage(f"order lines (aborted transactions, rejected and malformed lines) into {ORDERS_STREAM}, "
+                           "a second pipeline of another shape that streams from now to the end")
+        produced = [produce_orders(bootstrap, self.events // 2, topic=ORDERS_TOPIC, abort_every=5,
+                                   malformed=1, rejected=2, seed=2027, transactional_id="demo-orders")]
         # Continuous, 3 s batches, its own target and meta schemas: all in orders.yaml.
         self.orders_run = self.api.trigger(ORDERS_STREAM, {})
         self.wait_until("the orders stream's first batches", lambda: self.orders_batches() >= 1, 240)
         feed = orders_feed(bootstrap, lines_per_tick=max(100, self.events // 50))
         feed.start()
+        return produced, feed
 
+    def start_ledger(self) -> None:
+        """The ledger's stream, up to its first batches; then both streams' Spark UI links."""
+        c = self.console
         c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for its first batches")
         # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
         self.stream_run = self.api.trigger(STREAM, {})
@@ -394,17 +459,36 @@ class Story:
                 + ", ".join(f"{dag} -> {ui['link']} ({'serves' if ui['serves'] else 'DOES NOT serve'})"
                             for dag, ui in self.spark_ui.items()))
 
-        c.stage("SIGKILL of the Spark driver mid-stream; the operator restarts it")
+    def kill_the_driver(self, bootstrap: str) -> ProduceSummary:
+        """SIGKILL of the ledger's driver with events it has not applied yet; its operator restarts
+        it, which catches up.
+
+        :returns: what was committed just before the kill."""
+        self.console.stage(f"{KILL_BURST} more events, then SIGKILL of the Spark driver mid-stream; "
+                           "the operator restarts it")
+        # Mid-stream whatever the first production's size and however long the stages before took:
+        # the stream's next trigger cannot have applied a burst committed just now.
+        burst = produce_ledger(bootstrap, KILL_BURST, topic=TOPIC, seed=11, first_seq=5_000_000,
+                               transactional_id="demo-generator")
+        stored, lso = self.stored_offsets(META, PIPELINE), self.lso()
+        self.behind_at_kill = sum(max(0, offset - stored.get((TOPIC, p), 0)) for p, offset in lso.items())
         for process in self.spark_drivers():
             for child in process.children(recursive=True):
                 child.send_signal(signal.SIGKILL)
             process.send_signal(signal.SIGKILL)
         self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, 240)
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
+        return burst
 
+    def hang_a_transaction(self, bootstrap: str) -> ProduceSummary:
+        """A producer killed inside its transaction: the health DAG catches the stuck LSO; the
+        producer's successor fences it, so the coordinator aborts the transaction; the stream resumes.
+
+        :returns: what was committed behind the open transaction."""
+        c = self.console
         c.stage("a producer dies inside an open transaction; more events queue behind it")
         child = subprocess.Popen([sys.executable, "-c", OPEN_TRANSACTION, bootstrap, TOPIC,
-                                  str(self.open_txn_timeout_ms)], stdout=subprocess.PIPE, text=True)
+                                  str(self.open_txn_timeout_ms), KILLED_PRODUCER], stdout=subprocess.PIPE, text=True)
         assert child.stdout is not None and child.stdout.readline().strip() == "OPEN"
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -413,15 +497,26 @@ class Story:
                               transactional_id="demo-generator")
 
         c.stage(f"{HEALTH} (deferrable LSO sensor on the triggerer) must catch the stuck LSO")
-        health = self.run_dag(HEALTH, {}, budget=300, expect="failed")
+        self.health_run = self.run_dag(HEALTH, {}, budget=300, expect="failed")
         self.timings["stuck LSO detected after (s)"] = round(time.monotonic() - killed_at, 1)
-        self.health_run = health
 
-        c.stage("waiting for the coordinator to abort the dead producer's transaction; the stream resumes")
+        c.stage("the dead producer's successor starts with its transactional.id: the coordinator aborts "
+                "the open transaction; the stream resumes")
+        # As a restarted producer does: init_transactions fences the dead instance's epoch, and the
+        # coordinator aborts its transaction then, not after transaction.timeout.ms (the backstop).
+        # While it aborts, the coordinator answers "concurrent transactions", which librdkafka retries
+        # and would log as a warning (log_level 3: errors only).
+        Producer({"bootstrap.servers": bootstrap, "transactional.id": KILLED_PRODUCER,
+                  "log_level": 3}).init_transactions(60)
         self.wait_until("LSO lag back to 0 and stream caught up",
-                        lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(),
-                        self.open_txn_timeout_ms / 1000 + 240)
+                        lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(), 300)
+        return more
 
+    def snapshot_then_produce(self, bootstrap: str) -> ProduceSummary:
+        """A snapshot, then events it does not hold, applied by the stream.
+
+        :returns: what was committed after the snapshot."""
+        c = self.console
         c.stage(f"{SNAPSHOT}: consistent pg_dump with its Kafka offsets")
         self.api.unpause(SNAPSHOT)
         self.run_dag(SNAPSHOT, {}, budget=300)
@@ -430,8 +525,13 @@ class Story:
         later = produce_ledger(bootstrap, max(2000, self.events // 4), topic=TOPIC, seed=99,
                                first_seq=20_000_000, transactional_id="demo-generator")
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
+        return later
 
-        c.stage("damaging the target: deleted rows, duplicated rows, corrupted balances")
+    def damage_the_target(self) -> dict[str, Any]:
+        """Deleted and duplicated rows, corrupted balances.
+
+        :returns: the audit of the damaged target."""
+        self.console.stage("damaging the target: deleted rows, duplicated rows, corrupted balances")
         self.query(sql.SQL("DELETE FROM {}.ledger_events WHERE ctid IN (SELECT ctid FROM {}.ledger_events "
                            "ORDER BY random() LIMIT 100)").format(sql.Identifier(TARGET), sql.Identifier(TARGET)))
         self.query(sql.SQL("INSERT INTO {t}.ledger_events SELECT * FROM {t}.ledger_events LIMIT 50").format(
@@ -439,10 +539,14 @@ class Story:
         self.query(sql.SQL("UPDATE {}.account_balances SET balance_cents = balance_cents + 777 WHERE account_id IN "
                            "(SELECT account_id FROM {}.account_balances LIMIT 10)").format(
             sql.Identifier(TARGET), sql.Identifier(TARGET)))
-        damaged = self.final_audit()
+        return self.final_audit()
 
-        c.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume; the ledger's producer "
-                f"keeps committing and {ORDERS_STREAM} keeps streaming")
+    def recover(self, bootstrap: str) -> Recovery:
+        """The recovery DAG from the latest snapshot, while a producer keeps committing ledger events.
+
+        :returns: its steps, the feed's production, and what the orders stream did meanwhile."""
+        self.console.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume; the ledger's "
+                           f"producer keeps committing and {ORDERS_STREAM} keeps streaming")
         orders_drivers = {process.pid for process in self.spark_drivers(ORDERS_PIPELINE)}
         # A live topic is the normal case: what is committed after the replay started is the
         # resumed stream's work, and the final audit below holds it to it.
@@ -453,28 +557,39 @@ class Story:
         try:
             recovery = self.run_dag(RECOVERY, {"snapshot": "latest"}, budget=900)
         finally:
-            during_recovery = ledger_feed.stop()
+            during = ledger_feed.stop()
         instances = self.api.task_instances(RECOVERY, recovery)
         # In the order they ran.
         ran = sorted((ti for ti in instances if ti.get("duration") is not None),
                      key=lambda ti: ti.get("start_date") or "")
-        steps = [(ti["task_id"], round(float(ti["duration"]), 2)) for ti in ran]
-        orders_through_recovery = self.orders_through_recovery(recovery, instances, orders_drivers)
+        return Recovery(steps=[(ti["task_id"], round(float(ti["duration"]), 2)) for ti in ran], during=during,
+                        orders_through=self.orders_through_recovery(recovery, instances, orders_drivers))
 
-        c.stage("final audit of the ledger against everything Kafka committed")
+    def audit_the_ledger(self) -> dict[str, Any]:
+        """:returns: the ledger's final audit, once its stream caught up with the LSO."""
+        self.console.stage("final audit of the ledger against everything Kafka committed")
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
-        final = self.final_audit()
+        return self.final_audit()
 
-        c.stage(f"the orders feed stops; final audit of {ORDERS_PIPELINE}, then {ORDERS_STOP} stops its stream")
-        orders_produced += feed.stop()
+    def audit_and_stop_orders(self, feed: Feed, produced: list[OrdersSummary]) -> dict[str, Any]:
+        """Stops the orders feed (its production joins ``produced``), audits the orders pipeline once
+        caught up, and stops its stream through its stop DAG.
+
+        :returns: the orders pipeline's final audit."""
+        self.console.stage(f"the orders feed stops; final audit of {ORDERS_PIPELINE}, then {ORDERS_STOP} "
+                           "stops its stream")
+        produced.extend(feed.stop())
         self.wait_until("orders stream caught up with the LSO", self.orders_caught_up, 300)
         orders_final = self.final_audit(ORDERS_PIPELINE)
         self.run_dag(ORDERS_STOP, {}, budget=300)
         self.wait_until(f"{ORDERS_STREAM} run to end",
                         lambda: self.api.run_state(ORDERS_STREAM, self.orders_run) not in ("queued", "running"), 120)
         self.runs[f"{ORDERS_STREAM} ({self.orders_run})"] = self.api.run_state(ORDERS_STREAM, self.orders_run)
+        return orders_final
 
-        c.stage("stopping the ledger stream at a batch boundary")
+    def stop_the_ledger(self) -> None:
+        """A stop request the ledger's driver honours at a batch boundary."""
+        self.console.stage("stopping the ledger stream at a batch boundary")
         self.query(sql.SQL("INSERT INTO {}.stream_control (pipeline, stop_requested_at, requested_by)"
                            " VALUES (%s, now(), 'demo') ON CONFLICT (pipeline) DO UPDATE SET"
                            " stop_requested_at = now(), requested_by = 'demo'").format(sql.Identifier(META)),
@@ -482,20 +597,33 @@ class Story:
         self.wait_until("no Spark driver left", lambda: not self.spark_drivers(), 180)
         self.sampler.stop_event.set()
 
-        c.stage(f"Airflow's asset events on the ledger's targets, and the downstream DAG {DOWNSTREAM} they ran")
+    def airflow_views(self, airflow_env: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """:returns: the ledger's asset story and the OpenLineage story, as Airflow saw them."""
+        self.console.stage(f"Airflow's asset events on the ledger's targets, and the downstream DAG {DOWNSTREAM} "
+                           "they ran")
         assets = self.asset_story()
         lineage = self.lineage_story(Path(json.loads(airflow_env["AIRFLOW__OPENLINEAGE__TRANSPORT"])["log_file_path"]))
+        return assets, lineage
 
-        summary = final["summary"]
-        aggregates = final["aggregates"]["account_balances"]
-        batches = (produced, more, later, *during_recovery)
-        committed = sum(b.committed + b.poison + b.malformed for b in batches)
-        aborted = sum(b.aborted for b in batches) + OPEN_TRANSACTION_RECORDS
+    def wait_for_stream_runs(self) -> None:
+        """Waits until every ledger stream run of this story has ended, and records their states."""
         self.wait_until(f"{STREAM} runs to end", lambda: all(
             self.api.run_state(STREAM, run_id) not in ("queued", "running") for run_id in self.stream_runs()), 120)
         for run_id in self.stream_runs():
             self.runs[f"{STREAM} ({run_id})"] = self.api.run_state(STREAM, run_id)
-        result = {
+
+    def ledger_result(self, final: dict[str, Any], damaged: dict[str, Any], batches: tuple[ProduceSummary, ...],
+                      steps: list[tuple[str, float]]) -> dict[str, Any]:
+        """The ledger's part of the report.
+
+        :param final: its final audit.
+        :param damaged: the audit of the damaged target.
+        :param batches: every ledger production of the story but the open transaction.
+        :param steps: the recovery's tasks and their seconds, in the order they ran."""
+        summary = final["summary"]
+        committed = sum(b.committed + b.poison + b.malformed for b in batches)
+        aborted = sum(b.aborted for b in batches) + OPEN_TRANSACTION_RECORDS
+        return {
             "events_produced": committed + aborted,
             "events_committed_by_producers": committed,
             "events_committed_in_kafka (audit)": summary["committed_records"],
@@ -503,40 +631,43 @@ class Story:
             "rows_in_db": sum(p["rows"] for p in final["partitions"].values()),
             "duplicates": summary["duplicated"],
             "missing": summary["missing"],
-            "balances_exact": aggregates["keys_wrong"] == 0,
+            "balances_exact": final["aggregates"]["account_balances"]["keys_wrong"] == 0,
             "dead_lettered": summary["dead_lettered"],
             "damage_seen_before_recovery": {"duplicated": damaged["summary"]["duplicated"],
                                             "missing": damaged["summary"]["missing"],
                                             "balances_wrong": damaged["aggregates"]["account_balances"]["keys_wrong"]},
+            "offsets behind at the SIGKILL": self.behind_at_kill,
             **self.timings,
             "recovery_steps_s": dict(steps),
             "tasks_seen_deferred": sorted(self.deferred),
             "ledger_exact": final["ok"],
         }
-        orders_committed = sum(p.committed + p.rejected + p.malformed for p in orders_produced)
-        orders_aborted = sum(p.aborted for p in orders_produced)
-        sales = orders_final["aggregates"]["sku_store_sales"]
-        result["orders"] = {
-            "lines_produced": orders_committed + orders_aborted,
-            "lines_committed_by_producers": orders_committed,
-            "lines_committed_in_kafka (audit)": orders_final["summary"]["committed_records"],
-            "lines_aborted": orders_aborted,
-            "rows_in_db": sum(p["rows"] for p in orders_final["partitions"].values()),
-            "duplicates": orders_final["summary"]["duplicated"],
-            "missing": orders_final["summary"]["missing"],
+
+    @staticmethod
+    def orders_result(final: dict[str, Any], produced: list[OrdersSummary],
+                      through_recovery: dict[str, Any]) -> dict[str, Any]:
+        """The orders pipeline's part of the report.
+
+        :param final: its final audit.
+        :param produced: every orders production of the story.
+        :param through_recovery: what its stream did while the ledger's recovery held the ledger stopped."""
+        committed = sum(p.committed + p.rejected + p.malformed for p in produced)
+        aborted = sum(p.aborted for p in produced)
+        sales = final["aggregates"]["sku_store_sales"]
+        return {
+            "lines_produced": committed + aborted,
+            "lines_committed_by_producers": committed,
+            "lines_committed_in_kafka (audit)": final["summary"]["committed_records"],
+            "lines_aborted": aborted,
+            "rows_in_db": sum(p["rows"] for p in final["partitions"].values()),
+            "duplicates": final["summary"]["duplicated"],
+            "missing": final["summary"]["missing"],
             "sales_keys": sales["keys"],
             "sales_exact": sales["keys_wrong"] == 0,
-            "dead_lettered": orders_final["summary"]["dead_lettered"],
-            "through_the_ledger_recovery": orders_through_recovery,
-            "exact": orders_final["ok"],
+            "dead_lettered": final["summary"]["dead_lettered"],
+            "through_the_ledger_recovery": through_recovery,
+            "exact": final["ok"],
         }
-        result["exact"] = final["ok"] and orders_final["ok"]
-        result["assets"] = assets
-        result["lineage"] = lineage
-        result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications(),
-                           "driver_ui": self.spark_ui}
-        self.write_html(result, steps)
-        return result
 
     def asset_story(self) -> dict[str, Any]:
         """What Airflow saw of the ledger's target assets in this story: the committed-offsets
@@ -647,7 +778,7 @@ class Story:
             t=sql.Identifier(ORDERS_TARGET), lines=sql.Identifier(LINES_TABLE), sales=sql.Identifier(SALES_TABLE)))
         self.query(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(ORDERS_META)))
         for folder in ("snapshots", "checkpoints", "checkpoints-orders"):
-            subprocess.run(["rm", "-rf", str(ROOT / ".local" / folder)], check=True)
+            subprocess.run(["rm", "-rf", str(STATE_DIR / folder)], check=True)
 
     def final_audit(self, pipeline: str = PIPELINE) -> dict[str, Any]:
         ledger = pipeline == PIPELINE
@@ -689,7 +820,7 @@ class Story:
             "throughput": throughput,
             "recovery_steps": steps,
         })
-        out = ROOT / ".local" / "demo" / "report.html"
+        out = STATE_DIR / "demo" / "report.html"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(page)
         self.report_path = out
@@ -698,8 +829,10 @@ class Story:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--open-txn-timeout-ms", type=int, default=60_000,
-                        help="transaction.timeout.ms of the producer that dies inside its transaction")
+    parser.add_argument("--open-txn-timeout-ms", type=int, default=300_000,
+                        help="transaction.timeout.ms of the producer that dies inside its transaction: the "
+                             "coordinator's own abort, should the story not fence it (below the broker's "
+                             "transaction.max.timeout.ms)")
     parser.add_argument("--json", help="also write the final report as JSON to this file")
     parser.add_argument("--spark-cluster", action="store_true",
                         help="run Spark on the local standalone cluster (scripts/stack.sh start-spark, started "

@@ -579,113 +579,197 @@ def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, d
                    goal=goal), ""
 
 
-def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget], snap: Snapshot,
-            ranges: dict[TopicPartition, PartitionRange], side: KafkaSide, trials: Mapping[DeadLetterKey, str], *,
-            running: bool, pending: str, goal: Mapping[TopicPartition, int] | None = None) -> dict[str, Any]:
-    stores = MODES[config.delivery].stores_offsets
-    tail_missing = tail_counts_as_missing(pending, running, has_goal=goal is not None)
+@dataclass
+class _Counted:
+    """What Kafka holds that the report compares with: the applied range, and the tail too when it
+    counts as missing (``tail_missing``); the tail is otherwise only ``not_yet_applied``."""
+
+    tail_missing: bool
+    regions: tuple[int, ...]
+    valid: dict[TopicPartition, set[int]]
+    malformed: dict[TopicPartition, set[int]]
+    committed: Counter
+    not_yet_applied: Counter
+
+
+def _counted(side: KafkaSide, tail_missing: bool) -> _Counted:
+    """:param side: Kafka's records, split at the stored offsets.
+    :param tail_missing: whether the tail counts as missing (``tail_counts_as_missing``)."""
     regions = (0, 1) if tail_missing else (0,)
+    return _Counted(tail_missing=tail_missing, regions=regions, valid=_merged(side.valid, regions),
+                    malformed=_merged(side.malformed, regions),
+                    committed=sum((side.committed[r] for r in regions), Counter()),
+                    not_yet_applied=Counter() if tail_missing else side.committed[1])
 
-    def merged(parts: tuple[dict, dict]) -> dict[TopicPartition, set[int]]:
-        out: dict[TopicPartition, set[int]] = defaultdict(set)
-        for region in regions:
-            for tp, offsets in parts[region].items():
-                out[tp] |= offsets
-        return out
 
-    valid, malformed = merged(side.valid), merged(side.malformed)
-    committed = sum((side.committed[r] for r in regions), Counter())
-    not_yet_applied = Counter() if tail_missing else side.committed[1]
-    mismatches: list[str] = []
+def _merged(parts: tuple[dict, dict], regions: tuple[int, ...]) -> dict[TopicPartition, set[int]]:
+    """The offsets per partition of ``parts``' ``regions`` (0: applied, 1: tail), merged."""
+    out: dict[TopicPartition, set[int]] = defaultdict(set)
+    for region in regions:
+        for tp, offsets in parts[region].items():
+            out[tp] |= offsets
+    return out
 
-    kafka_report: dict[str, dict[str, Any]] = {}
+
+@dataclass
+class _Section:
+    """One part of the report and the mismatches it found, in the order it found them."""
+
+    part: dict[str, Any]
+    mismatches: list[str] = field(default_factory=list)
+
+
+def _kafka_section(ranges: dict[TopicPartition, PartitionRange], counted: _Counted) -> _Section:
+    """Per partition, the range of Kafka compared; a retention gap or stored offsets ahead of the LSO
+    is a mismatch.
+
+    :param ranges: per partition, Kafka's range and the stored offset.
+    :param counted: what the report compares with."""
+    section = _Section({})
     for (t, p), rng in sorted(ranges.items()):
-        kafka_report[f"{t}:{p}"] = {
+        section.part[f"{t}:{p}"] = {
             "earliest": rng.earliest, "lso": rng.lso, "stored_offset": rng.stored,
-            "checked_to": rng.check_end(tail_missing), "not_yet_applied": not_yet_applied[(t, p)],
+            "checked_to": rng.check_end(counted.tail_missing), "not_yet_applied": counted.not_yet_applied[(t, p)],
             "retention_gap": rng.retention_gap, "offsets_ahead": rng.offsets_ahead,
         }
         if rng.retention_gap:
-            mismatches.append(f"retention_gap:{t}:{p}")
+            section.mismatches.append(f"retention_gap:{t}:{p}")
         if rng.offsets_ahead:
-            mismatches.append(f"offsets_ahead:{t}:{p}")
+            section.mismatches.append(f"offsets_ahead:{t}:{p}")
+    return section
 
-    def range_of(tp: TopicPartition) -> PartitionRange:
-        # A partition the target names but Kafka does not have: nothing in it is expected.
-        return ranges.get(tp) or PartitionRange(0, 0, snap.stored.get(tp), stores)
 
-    partitions: dict[str, dict[str, Any]] = {}
+def _rows_section(snap: Snapshot, ranges: dict[TopicPartition, PartitionRange], counted: _Counted,
+                  stores: bool) -> _Section:
+    """Per row target and partition, its rows against Kafka's valid records (``compare_rows``).
+
+    :param snap: the database side.
+    :param ranges: per partition, Kafka's range and the stored offset.
+    :param counted: what the report compares with.
+    :param stores: whether the delivery mode stores offsets."""
+    section = _Section({})
     dead_per_partition = Counter((t, p) for t, p, _o in snap.dead)
     for table, present in snap.rows.items():
         for tp in sorted((set(ranges) | set(present)) - snap.retired):
-            rng = range_of(tp)
-            end = rng.check_end(tail_missing)
-            expected = {o for o in valid.get(tp, ()) if rng.earliest <= o < end}
-            result = compare_rows(expected, present.get(tp, Counter()), rng, tail_missing)
+            # A partition the target names but Kafka does not have: nothing in it is expected.
+            rng = ranges.get(tp) or PartitionRange(0, 0, snap.stored.get(tp), stores)
+            end = rng.check_end(counted.tail_missing)
+            expected = {o for o in counted.valid.get(tp, ()) if rng.earliest <= o < end}
+            result = compare_rows(expected, present.get(tp, Counter()), rng, counted.tail_missing)
             name = f"{table}:{tp[0]}:{tp[1]}"
-            partitions[name] = {
+            section.part[name] = {
                 "expected": result.expected, "rows": result.rows, "duplicated": result.duplicated,
                 "missing": result.missing, "unexpected": result.unexpected, "lso": rng.lso if tp in ranges else None,
                 "dead_lettered": dead_per_partition[tp], "earliest": rng.earliest, "stored_offset": rng.stored,
                 "checked_to": end, "rows_below_earliest": result.rows_below_earliest,
-                "beyond_offsets": result.beyond_offsets, "not_yet_applied": not_yet_applied[tp],
+                "beyond_offsets": result.beyond_offsets, "not_yet_applied": counted.not_yet_applied[tp],
             }
             if result.duplicated or result.missing or result.unexpected or result.beyond_offsets:
-                mismatches.append(name)
+                section.mismatches.append(name)
+    return section
 
-    by_class: Counter = Counter()
-    wrongly: list[dict[str, Any]] = []
-    not_in_kafka: list[dict[str, Any]] = []
-    dead_beyond = 0
+
+@dataclass
+class _DeadLetters:
+    """The dead letters of the current topics, judged."""
+
+    by_class: Counter = field(default_factory=Counter)
+    wrongly: list[dict[str, Any]] = field(default_factory=list)
+    not_in_kafka: list[dict[str, Any]] = field(default_factory=list)
+    beyond_offsets: int = 0
+    # Malformed records Kafka committed that no dead letter holds.
+    not_quarantined: int = 0
+
+    @property
+    def mismatches(self) -> list[str]:
+        return [name for failed, name in (
+            (self.not_quarantined, "dead_letters"), (self.wrongly, "dead_letters:wrongly_quarantined"),
+            (self.not_in_kafka, "dead_letters:not_in_kafka"), (self.beyond_offsets, "dead_letters:beyond_offsets"),
+        ) if failed]
+
+
+def _dead_letter_section(snap: Snapshot, ranges: dict[TopicPartition, PartitionRange], side: KafkaSide,
+                         trials: Mapping[DeadLetterKey, str], counted: _Counted, stores: bool) -> _DeadLetters:
+    """Each dead letter by its class and its trial (``dead_letter_verdict``), whether Kafka holds
+    its record, and whether it lies at or above the stored offset.
+
+    :param snap: the database side.
+    :param ranges: per partition, Kafka's range and the stored offset.
+    :param side: Kafka's records (``dead_seen``: the dead-lettered offsets it still holds).
+    :param trials: each dead letter's trial outcome (``try_dead_letters``).
+    :param counted: what the report compares with.
+    :param stores: whether the delivery mode stores offsets."""
+    dead = _DeadLetters(not_quarantined=sum(len(v) for v in counted.malformed.values()))
     for (t, p, o), (error, code, _key, _value) in sorted(snap.dead.items()):
         if (t, p) in snap.retired:
             continue
         error_class = dead_letter_class(code, error)
-        by_class[error_class] += 1
+        dead.by_class[error_class] += 1
         trial = trials.get((t, p, o))
         reason = dead_letter_verdict(error_class, trial)
         entry = {"topic": t, "partition": p, "offset": o, "class": error_class, "sqlstate": code,
                  "error": error[:200], "trial": trial}
         if reason:
-            wrongly.append({**entry, "reason": reason})
+            dead.wrongly.append({**entry, "reason": reason})
         held = ranges.get((t, p))
         if (t, p, o) not in side.dead_seen and (held is None or o >= held.earliest):
-            not_in_kafka.append(entry)
+            dead.not_in_kafka.append(entry)
         if stores and o >= (snap.stored.get((t, p)) or 0):
-            dead_beyond += 1
-    missing_dead = sum(len(v) for v in malformed.values())
-    for failed, name in ((missing_dead, "dead_letters"), (wrongly, "dead_letters:wrongly_quarantined"),
-                         (not_in_kafka, "dead_letters:not_in_kafka"), (dead_beyond, "dead_letters:beyond_offsets")):
-        if failed:
-            mismatches.append(name)
+            dead.beyond_offsets += 1
+    return dead
 
-    totals: dict[str, Any] = {}
-    unverified: list[dict[str, str]] = []
+
+def _keep_all_latest(into: dict[tuple, dict[str, tuple[Position, Any]]],
+                     source: Mapping[tuple, Mapping[str, tuple[Position, Any]]]) -> None:
+    """Folds ``source``'s latest values per key and column into ``into`` (``keep_latest``)."""
+    for group, values in source.items():
+        for column, (position, value) in values.items():
+            keep_latest(into[group], column, position, value)
+
+
+@dataclass
+class _Aggregates:
+    """Per aggregate target, its totals against the expected ones; those that cannot be recomputed."""
+
+    totals: dict[str, Any] = field(default_factory=dict)
+    unverified: list[dict[str, str]] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+
+def _aggregate_section(spec: PipelineSpec, aggregates: list[AggregateTarget], snap: Snapshot,
+                       ranges: dict[TopicPartition, PartitionRange], side: KafkaSide,
+                       counted: _Counted) -> _Aggregates:
+    """Each aggregate target against Kafka's records in the compared range, plus its carrier's rows
+    below the earliest offsets where Kafka deleted records; unverified without a carrier.
+
+    :param spec: the pipeline's spec.
+    :param aggregates: its aggregate targets, in the order of ``snap.actual``.
+    :param snap: the database side.
+    :param ranges: per partition, Kafka's range and the stored offset.
+    :param side: Kafka's records (``sums`` and ``latest`` per region and aggregate).
+    :param counted: what the report compares with."""
+    section = _Aggregates()
     gone = sorted(f"{t}[{p}]" for (t, p), rng in ranges.items() if rng.earliest > 0)
     gone += [f"{t}[{p}] (retired)" for t, p in sorted(snap.retired)]
     for index, target in enumerate(aggregates):
         expected_totals: dict[tuple, Counter] = defaultdict(Counter)
         expected_latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
-        for region in regions:
+        for region in counted.regions:
             for group, counter in side.sums[region][index].items():
                 expected_totals[group].update(counter)
-            for group, values in side.latest[region][index].items():
-                for column, (position, value) in values.items():
-                    keep_latest(expected_latest[group], column, position, value)
+            _keep_all_latest(expected_latest, side.latest[region][index])
         carrier, below = carrier_for(spec, target), snap.below_earliest[index]
         checked_against = "kafka"
         if gone and below is None:
             reason = (f"records below the earliest offset of {', '.join(gone)} are gone from Kafka and no row "
                       f"target carries the inputs of {target.table} ({', '.join(target.group_by)}, "
                       f"{', '.join(sorted(target.inputs - set(target.group_by))) or 'counts'})")
-            unverified.append({"target": target.table, "reason": reason})
+            section.unverified.append({"target": target.table, "reason": reason})
         elif gone and carrier is not None and below is not None:
             checked_against = f"kafka, and {carrier.table} below the earliest offsets"
             for group, counter in below.items():
                 expected_totals[group].update(counter)
-            for group, values in snap.below_latest[index].items():
-                for column, (position, value) in values.items():
-                    keep_latest(expected_latest[group], column, position, value)
+            _keep_all_latest(expected_latest, snap.below_latest[index])
         # The in-order fold's result, not a sum.
         latest_values = {group: {column: value for column, (_, value) in values.items()}
                          for group, values in expected_latest.items()}
@@ -693,7 +777,7 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
         verified = not (gone and below is None)
         wrong = (wrong_keys(actual, expected_totals, target.increments, latest_values, target.latest)
                  if verified else [])
-        totals[target.table] = {
+        section.totals[target.table] = {
             "keys": len(actual),
             "keys_wrong": len(wrong) if verified else None,
             "verified": verified,
@@ -703,11 +787,15 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
             **{f"actual_{c}": sum(as_number(v.get(c)) for v in actual.values()) for c in target.increments},
         }
         if wrong:
-            mismatches.append(target.table)
+            section.mismatches.append(target.table)
+    return section
 
-    shortfall = goal_shortfall(snap.stored, goal or {})
-    mismatches += [f"goal_not_reached:{t}:{p}" for t, p in shortfall]
-    retired: dict[str, dict[str, Any]] = {}  # per retired topic: its offsets, rows and dead letters, kept as they are
+
+def _retired_section(snap: Snapshot) -> dict[str, dict[str, Any]]:
+    """Per retired topic: its stored offsets, rows and dead letters, kept as they are.
+
+    :param snap: the database side."""
+    retired: dict[str, dict[str, Any]] = {}
     for t, p in sorted(snap.retired):
         gone_topic = retired.setdefault(t, {"stored_offsets": {}, "rows": Counter(), "dead_letters": 0})
         if (t, p) in snap.stored:
@@ -715,40 +803,72 @@ def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Aggrega
         for table, present in snap.rows.items():
             gone_topic["rows"][table] += sum(present.get((t, p), Counter()).values())
         gone_topic["dead_letters"] += sum(1 for dt, dp, _o in snap.dead if (dt, dp) == (t, p))
+    return retired
+
+
+def _report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget], snap: Snapshot,
+            ranges: dict[TopicPartition, PartitionRange], side: KafkaSide, trials: Mapping[DeadLetterKey, str], *,
+            running: bool, pending: str, goal: Mapping[TopicPartition, int] | None = None) -> dict[str, Any]:
+    """The report from what the audit read: its sections (Kafka's ranges, the row targets, the dead
+    letters, the aggregates, the goal, the retired topics) and a summary of them. Its mismatches are
+    the sections' own, in that order.
+
+    :param config: the pipeline's config.
+    :param spec: the pipeline's spec.
+    :param aggregates: its aggregate targets, in the order of ``snap.actual``.
+    :param snap: the database side.
+    :param ranges: per partition, Kafka's range and the stored offset.
+    :param side: Kafka's records, split at the stored offsets.
+    :param trials: each dead letter's trial outcome (``try_dead_letters``).
+    :param running: whether a driver ran at the snapshot or when the read ended.
+    :param pending: how the tail counts (``PENDING_POLICIES``).
+    :param goal: the offsets the stored ones must have reached, if any."""
+    stores = MODES[config.delivery].stores_offsets
+    counted = _counted(side, tail_counts_as_missing(pending, running, has_goal=goal is not None))
+    kafka = _kafka_section(ranges, counted)
+    partitions = _rows_section(snap, ranges, counted, stores)
+    dead = _dead_letter_section(snap, ranges, side, trials, counted, stores)
+    aggregate = _aggregate_section(spec, aggregates, snap, ranges, side, counted)
+    shortfall = goal_shortfall(snap.stored, goal or {})
+    mismatches = [*kafka.mismatches, *partitions.mismatches, *dead.mismatches, *aggregate.mismatches,
+                  *(f"goal_not_reached:{t}:{p}" for t, p in shortfall)]
+    retired = _retired_section(snap)
+    rows = partitions.part.values()
     summary = {
-        "committed_records": sum(committed.values()),
-        "duplicated": sum(p["duplicated"] for p in partitions.values()),
-        "missing": sum(p["missing"] for p in partitions.values()),
-        "unexpected": sum(p["unexpected"] for p in partitions.values()),
+        "committed_records": sum(counted.committed.values()),
+        "duplicated": sum(p["duplicated"] for p in rows),
+        "missing": sum(p["missing"] for p in rows),
+        "unexpected": sum(p["unexpected"] for p in rows),
         "dead_lettered": sum(1 for t, p, _o in snap.dead if (t, p) not in snap.retired),
-        "malformed_not_quarantined": missing_dead,
-        "wrongly_quarantined": len(wrongly),
-        "dead_letters_not_in_kafka": len(not_in_kafka),
-        "dead_letters_by_class": dict(sorted(by_class.items())),
+        "malformed_not_quarantined": dead.not_quarantined,
+        "wrongly_quarantined": len(dead.wrongly),
+        "dead_letters_not_in_kafka": len(dead.not_in_kafka),
+        "dead_letters_by_class": dict(sorted(dead.by_class.items())),
         # What each dead letter's own insert did when tried (and rolled back): applies, refused:<SQLSTATE>...
         "dead_letter_trials": dict(sorted(Counter(trials.values()).items())),
-        "rows_below_earliest": sum(p["rows_below_earliest"] for p in partitions.values()),
-        "beyond_offsets": sum(p["beyond_offsets"] for p in partitions.values()) + dead_beyond,
-        "not_yet_applied": sum(not_yet_applied.values()),
+        "rows_below_earliest": sum(p["rows_below_earliest"] for p in rows),
+        "beyond_offsets": sum(p["beyond_offsets"] for p in rows) + dead.beyond_offsets,
+        "not_yet_applied": sum(counted.not_yet_applied.values()),
         "retention_gap_offsets": sum(r.retention_gap for r in ranges.values()),
         "offsets_ahead": sum(r.offsets_ahead for r in ranges.values()),
-        "unverified_aggregates": len(unverified),
+        "unverified_aggregates": len(aggregate.unverified),
         "goal_shortfall": sum(shortfall.values()),
         "retired_topics": len(retired),
     }
     return {
         "pipeline": config.pipeline, "ok": not mismatches, "mismatches": mismatches, "summary": summary,
-        "aggregates": totals, "partitions": partitions, "kafka": kafka_report, "unverified": unverified,
+        "aggregates": aggregate.totals, "partitions": partitions.part, "kafka": kafka.part,
+        "unverified": aggregate.unverified,
         "goal": None if goal is None else {
             f"{t}:{p}": {"goal": want, "stored_offset": snap.stored.get((t, p)), "short": shortfall.get((t, p), 0)}
             for (t, p), want in sorted(goal.items())},
         "retired_topics": {t: {**e, "rows": dict(e["rows"])} for t, e in retired.items()},
-        "dead_letters": {"by_class": summary["dead_letters_by_class"], "wrongly_quarantined": wrongly[:SAMPLE],
-                         "not_in_kafka": not_in_kafka[:SAMPLE]},
+        "dead_letters": {"by_class": summary["dead_letters_by_class"], "wrongly_quarantined": dead.wrongly[:SAMPLE],
+                         "not_in_kafka": dead.not_in_kafka[:SAMPLE]},
         "snapshot": {
             "isolation": "repeatable read, read only", "delivery": config.delivery, "stores_offsets": stores,
             "driver_running": running, "pending": pending,
-            "records_above_stored_offsets": "missing" if tail_missing else "not_yet_applied",
+            "records_above_stored_offsets": "missing" if counted.tail_missing else "not_yet_applied",
         },
     }
 
