@@ -13,18 +13,13 @@ from __future__ import annotations
 import importlib
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 # Airflow's schedule presets beyond croniter's own (@hourly, @daily, @weekly, @monthly, @yearly...).
 _AIRFLOW_ONLY_PRESETS = {"@once": None, "@continuous": None, "@quarterly": "0 0 1 */3 *"}
-
-
-class _Definition(Protocol):
-    name: str
-    spec: str
-    target_schema: str
-    meta_schema: str
-    checkpoint_dir: str
 
 
 def schedule_problem(schedule: str | None) -> str | None:
@@ -79,7 +74,7 @@ def spec_problem(reference: str) -> str | None:
     return None
 
 
-def target_tables(definition: _Definition) -> set[str]:
+def target_tables(definition: PipelineDefinition) -> set[str]:
     """``schema.table`` of each table the pipeline's spec writes (empty if the spec does not load)."""
     try:
         spec = load_spec(definition.spec)
@@ -88,7 +83,7 @@ def target_tables(definition: _Definition) -> set[str]:
     return {f"{definition.target_schema}.{target.table}" for target in spec.targets}
 
 
-def shared_places(definitions: Mapping[str, _Definition]) -> dict[str, list[str]]:
+def shared_places(definitions: Mapping[str, PipelineDefinition]) -> dict[str, list[str]]:
     """Per pipeline, what it shares with another pipeline: a target table, its meta schema (offsets,
     epochs and locks are keyed there) or its checkpoint directory. Each would let one pipeline
     overwrite or fence the other; both pipelines of a pair are named."""
@@ -107,7 +102,7 @@ def shared_places(definitions: Mapping[str, _Definition]) -> dict[str, list[str]
     return dict(problems)
 
 
-def definition_problems(definitions: Mapping[str, _Definition]) -> dict[str, list[str]]:
+def definition_problems(definitions: Mapping[str, PipelineDefinition]) -> dict[str, list[str]]:
     """Every problem per pipeline that its own fields do not show: its spec, and the places it
     shares with another pipeline. (Schedules are checked with the fields: ``schedule_problem``.)"""
     problems: dict[str, list[str]] = defaultdict(list)
@@ -115,7 +110,7 @@ def definition_problems(definitions: Mapping[str, _Definition]) -> dict[str, lis
         problem = spec_problem(definition.spec)
         if problem:
             problems[name].append(f"spec: {problem}")
-        for key, reference in getattr(getattr(definition, "airflow", None), "callbacks", dict)().items():
+        for key, reference in definition.airflow.callbacks().items():
             try:
                 load_callable(reference)
             except ValueError as exc:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from airflow_provider_eos.utils.definition_checks import (
@@ -12,6 +10,7 @@ from airflow_provider_eos.utils.definition_checks import (
     schedule_problem,
     shared_places,
 )
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, parse_definition
 
 LEDGER = "spark_apps.ledger.spec:LEDGER"
 
@@ -37,10 +36,10 @@ def test_a_spec_that_does_not_load_says_why() -> None:
         load_spec("spark_apps.ledger.spec:EVENTS_TABLE")
 
 
-def _definition(name: str, **kw) -> SimpleNamespace:
-    values = {"spec": LEDGER, "target_schema": f"t_{name}", "meta_schema": f"m_{name}",
-              "checkpoint_dir": f"s3a://b/ck/{name}"} | kw
-    return SimpleNamespace(name=name, **values)
+def _definition(name: str, **kw) -> PipelineDefinition:
+    values = {"name": name, "topics": [f"{name}.events"], "spec": LEDGER, "target_schema": f"t_{name}",
+              "meta_schema": f"m_{name}", "checkpoint_dir": f"s3a://b/ck/{name}"} | kw
+    return parse_definition(values, source=f"{name}.yaml")
 
 
 def test_pipelines_that_share_a_place_are_both_named() -> None:
@@ -67,3 +66,13 @@ def test_definition_problems_gathers_spec_and_sharing() -> None:
     assert problems["a"][0].startswith("spec: cannot import spec module 'no_such_team.specs'")
     assert problems["a"][1] == "meta schema m is also pipeline b's"
     assert problems["b"] == ["meta schema m is also pipeline a's"]
+
+
+def test_callbacks_must_import() -> None:
+    problems = definition_problems({"a": _definition("a", airflow={
+        "on_failure_callback": "acme_nowhere.alerts:page", "on_retry_callback": "json:dumps",
+        "on_success_callback": "spark_apps.ledger.spec:EVENTS_TABLE"})})
+    assert problems["a"][0].startswith("airflow.on_failure_callback: cannot import 'acme_nowhere.alerts:page'")
+    assert problems["a"][1] == "airflow.on_success_callback: 'spark_apps.ledger.spec:EVENTS_TABLE' is not a " \
+        "function (found str)"
+    assert len(problems["a"]) == 2  # json:dumps is a function
