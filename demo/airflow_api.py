@@ -63,6 +63,11 @@ class AirflowApi:
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
+    def deferred_tasks(self, dag_id: str) -> list[dict[str, Any]]:
+        """Task instances of any run of ``dag_id`` deferred right now (``~``: every run)."""
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/~/taskInstances",
+                          params={"state": "deferred"})["task_instances"]
+
     def task_tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")["task_instances"]
 
