@@ -130,3 +130,30 @@ def test_a_wrong_password_fails_the_stream_naming_the_connection(stack: dict, tm
     text = log.read_text(errors="replace")
     assert "refused the credentials" in text and f"kafka {SASL_CONN!r}" in text, text[-4000:]
     assert "not-the-password" not in text
+
+
+def test_a_hanging_transaction_is_described_and_aborted_through_sasl(stack: dict, unique_name: str,
+                                                                    monkeypatch) -> None:
+    """The abort's Python admin client (kafka-python) with the connection's SCRAM credentials:
+    describe the partition's producers, then abort the transaction a SIGKILLed producer left open."""
+    from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+    from airflow_provider_eos.operators.hanging_transactions import HangingTransactionsOperator
+    from tests.helpers.kafka import create_topic, delete_topics, open_transaction
+
+    plain, topic = stack["EOS_KAFKA_BOOTSTRAP"], f"eos_sasl_abort_{unique_name}"
+    create_topic(plain, topic, partitions=1)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SASL_CONN.upper()}", _sasl_connection(stack))
+    try:
+        with open_transaction(plain, topic, partition=0, count=3, txn_timeout_ms=600_000):
+            pass  # the producer is SIGKILLed on leaving: its transaction stays open
+        described = HangingTransactionsOperator(task_id="describe", action="describe-producers",
+                                                kafka_config_id=SASL_CONN, topic=topic, partition=0).execute({})
+        [start] = [r["CurrentTransactionStartOffset"] for r in described["rows"]
+                   if r["CurrentTransactionStartOffset"] is not None]
+        done = HangingTransactionsOperator(task_id="abort", action="abort", kafka_config_id=SASL_CONN, topic=topic,
+                                           partition=0, start_offset=start, confirm_abort=True).execute({})
+        assert done["aborted"] == [{"topic": topic, "partition": 0, "start_offset": start}]
+        after = KafkaOffsetsHook(kafka_config_id=SASL_CONN).partition_offsets([topic])[(topic, 0)]
+        assert after.lag == 0 and after.last_stable == after.high_watermark == 4  # 3 records + the abort marker
+    finally:
+        delete_topics(plain, topic)
