@@ -75,17 +75,12 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         return f"{root}: valid, spec {definition.spec} imports, no place shared with another pipeline"
 
     def kafka_check() -> str:
-        from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
-
+        from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
         from spark_apps.eos_stream import kafka_security, preflight
 
-        extra = dict(KafkaBaseHook.get_connection(connections.kafka).extra_dejson or {})
-        bootstrap = extra.get("bootstrap.servers")
-        if not bootstrap:
-            raise ValueError(f"connection {connections.kafka!r} has no 'bootstrap.servers' in its extra")
-        security = kafka_security.security_options(extra)
-        kafka_security.java_options(security)  # Spark's source must be able to use them too
-        partitions = preflight.kafka_partitions(str(bootstrap), list(definition.topics), security)
+        kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
+        kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
+        partitions = preflight.kafka_partitions(kafka.bootstrap, list(definition.topics), kafka.security)
         return (f"connection {connections.kafka!r}: " +
                 ", ".join(f"{topic} ({len(p)} partitions)" for topic, p in sorted(partitions.items())))
 
