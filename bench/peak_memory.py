@@ -4,9 +4,7 @@
 
 Produces N ledger events, then runs the app (``exactly_once``, both targets,
 ``local[2]``, ``--driver-memory 1g``) with ``maxOffsetsPerTrigger`` = N, so
-the whole topic is one batch, once per path: Python parsing on each write
-path (``--write-paths``), then JVM parsing, which always stages. While it runs,
-the resident memory (RSS) of every process of the app's process group is
+the whole topic is one batch. While it runs, the resident memory (RSS) of every process of the app's process group is
 sampled every 0.1 s from /proc: the JVM (driver and, in local mode, the
 executors' task threads), the Python driver and the Python workers that
 parse and COPY. Memory is bounded by an Arrow batch per task, not by the
@@ -27,7 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import ledger_topic, local_stack, machine  # noqa: E402
-from spark_apps.eos_stream.config import WRITE_PATHS  # noqa: E402
 from tests.streaming import pipeline_config, start_app  # noqa: E402
 
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -66,10 +63,9 @@ def _group_rss_mib(group: int) -> dict[str, float]:
     return totals
 
 
-def measure(stack: dict[str, str], tmp: Path, topic: str, events: int, parsing: str, write_path: str) -> dict:
-    name = f"mem{time.strftime('%H%M%S')}{parsing}{write_path}"
-    config = pipeline_config(stack, tmp, name, topics=[topic], max_offsets_per_trigger=events,
-                             record_parsing=parsing, write_path=write_path)
+def measure(stack: dict[str, str], tmp: Path, topic: str, events: int) -> dict:
+    name = f"mem{time.strftime('%H%M%S')}"
+    config = pipeline_config(stack, tmp, name, topics=[topic], max_offsets_per_trigger=events)
     run = start_app(config, tmp, label=name)
     peaks: dict[str, float] = {}
     while run.process.poll() is None:
@@ -81,30 +77,20 @@ def measure(stack: dict[str, str], tmp: Path, topic: str, events: int, parsing: 
     if run.process.returncode != 0:
         raise SystemExit(f"{name} failed:\n{run.log()[-3000:]}")
     batches = [e for e in run.events("batch") if e["applied"]]
-    return {"record_parsing": parsing, "write_path": write_path, "batch_rows": [e["applied"] for e in batches],
-            # the phases show which path each batch took: "rows" when written directly, "stage" when staged
-            "batch_timings_ms": [e["timings_ms"] for e in batches],
+    return {"batch_rows": [e["applied"] for e in batches], "batch_timings_ms": [e["timings_ms"] for e in batches],
             "peak_rss_mib": {role: round(mib) for role, mib in sorted(peaks.items())}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--write-paths", default=",".join(WRITE_PATHS),
-                        help="write paths to measure with Python parsing (comma-separated); "
-                             "JVM parsing always stages")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "peak_memory.json"))
     args = parser.parse_args()
     stack = local_stack()
     topic, tag = ledger_topic(stack, "memory", args.events)
     tmp = Path("/tmp") / f"eos-mem-{tag}"
     tmp.mkdir(parents=True)
-    write_paths = args.write_paths.split(",")
-    unknown = set(write_paths) - set(WRITE_PATHS)
-    if unknown:
-        parser.error(f"unknown write path(s) {sorted(unknown)}; choose from {list(WRITE_PATHS)}")
-    paths = [("python", write_path) for write_path in write_paths] + [("jvm", "staged")]
-    runs = [measure(stack, tmp, topic, args.events, parsing, write_path) for parsing, write_path in paths]
+    runs = [measure(stack, tmp, topic, args.events)]
     report = {"events": args.events, "driver_memory": "1g", "master": "local[2]", "machine": machine(),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import random
-from collections.abc import Iterator
 from typing import Any
 
 from psycopg2 import sql
@@ -16,9 +15,7 @@ from psycopg2 import sql
 from spark_apps.eos_stream import preflight
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
-from spark_apps.eos_stream.sink.direct_rows import task_chunks
 from spark_apps.eos_stream.sink.staging import copy_from_chunks
-from spark_apps.eos_stream.spec import PipelineSpec
 from spark_apps.ledger.generator import _event
 from spark_apps.ledger.spec import LEDGER
 from tests.streaming import pg_connect
@@ -26,26 +23,9 @@ from tests.streaming import pg_connect
 Record = tuple[str, int, int, bytes | None, bytes | None]
 
 
-def tasks(records: list[Record]) -> list[list[Record]]:
-    """Spark's split of a batch: one task per topic-partition, in offset order."""
-    split: dict[tuple[str, int], list[Record]] = {}
-    for record in records:
-        split.setdefault((record[0], record[1]), []).append(record)
-    return list(split.values())
-
-
-def direct_chunks(spec: PipelineSpec, records: list[Record]) -> Iterator[Any]:
-    """What the tasks send the driver for these records, without Spark: the
-    task writer's own ``task_chunks``, several "Arrow batches" of 37 per task."""
-    for task in tasks(records):
-        batches = (task[start:start + 37] for start in range(0, len(task), 37))
-        for chunks in task_chunks(spec, batches):
-            yield from chunks
-
-
 class LedgerSink:
     """A ``BatchSink`` (exactly_once, or ``delivery``) over new ledger targets, ten records of one
-    partition, and the two ways a batch can arrive: staged and direct.
+    partition, staged as the executors would stage them.
 
     :param sink_options: passed to ``BatchSink`` over the defaults below.
     """
@@ -80,13 +60,9 @@ class LedgerSink:
         self.conn.commit()
         return len(self.records)
 
-    def stream_rows(self) -> Iterator[Any]:
-        return direct_chunks(self.spec, self.records)
-
-    def process(self, batch_id: int = 0, *, direct: bool = False) -> Any:
+    def process(self, batch_id: int = 0) -> Any:
         """The batch of all ten records, from offset 0 to 10."""
-        return self.sink.process(batch_id, {("t", 0): 0}, {("t", 0): 10}, self.fill_stage,
-                                 self.stream_rows if direct else None)
+        return self.sink.process(batch_id, {("t", 0): 0}, {("t", 0): 10}, self.fill_stage)
 
     def events_and_count(self) -> tuple[tuple[int, int], int | None]:
         """((rows, distinct offsets) of ledger_events, sum of the balances' event counts)."""

@@ -96,7 +96,7 @@ class AppRun:
 
 
 def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
-              label: str = "run", root: Path = ROOT) -> AppRun:
+              label: str = "run", root: Path = ROOT, master: str = "local[2]") -> AppRun:
     """Starts the app of the checkout at ``root`` (another one: a benchmark's baseline build)."""
     config_path = tmp_path / f"{config['pipeline']}.json"
     config_path.write_text(json.dumps(config))
@@ -104,7 +104,7 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            **(env_extra or {})}
     command = [
-        str(SPARK_SUBMIT), "--master", "local[2]",
+        str(SPARK_SUBMIT), "--master", master,
         "--jars", os.environ["EOS_SPARK_JARS"],
         "--conf", "spark.ui.enabled=false",
         "--conf", "spark.ui.showConsoleProgress=false",

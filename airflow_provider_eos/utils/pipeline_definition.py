@@ -56,18 +56,18 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from airflow_provider_eos.utils.definition_checks import definition_problems, schedule_problem
 from spark_apps.eos_stream.config import (
     DELIVERY_MODES,
     PIPELINE_NAME,
-    RECORD_PARSING,
     REPLAY_ENGINES,
     TRIGGERS,
-    WRITE_PATHS,
     default_of,
     pipeline_fields,
+    removed_option_problem,
 )
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -122,10 +122,6 @@ class StreamSettings(_Section):
         topics hold and ends (give it a ``schedule`` to run it periodically).
     :param schedule: the stream DAG's schedule (cron or preset); ``None``: triggered by hand or
         by a recovery's resume. A continuous stream is started once and runs until stopped.
-    :param record_parsing: ``python`` or ``jvm``: where records are parsed and validated
-        (docs/streaming_app.md, "Record parsing"); both stage the same rows.
-    :param write_path: ``direct`` (each row written once, through the driver) or ``staged``
-        (executors stage in parallel; docs/streaming_app.md, "Write paths").
     :param replay_engine: how a recovery replays: ``spark`` (the app, spark-submit) or ``direct``
         (in the Airflow worker, without Spark: seconds instead of a cold start; docs/recovery.md).
     """
@@ -137,15 +133,22 @@ class StreamSettings(_Section):
     max_batch_attempts: PositiveInt = default_of("max_batch_attempts")
     transient_retry_seconds: NonNegativeFloat = default_of("transient_retry_seconds")
     create_targets: bool = default_of("create_targets")
-    record_parsing: str = default_of("record_parsing")
-    write_path: str = default_of("write_path")
     # The supervisor's and the DAGs' own: the app never sees them.
     max_restarts: NonNegativeInt = 3
     restart_backoff: NonNegativeFloat = 10
     schedule: str | None = None
     replay_engine: str = "spark"
 
-    @field_validator("trigger", "record_parsing", "write_path", "replay_engine")
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_switch(cls, data: Any) -> Any:
+        # Said by name: "extra fields not permitted" would not tell a user that the switch is gone.
+        problem = removed_option_problem(data) if isinstance(data, Mapping) else None
+        if problem:
+            raise ValueError(problem)
+        return data
+
+    @field_validator("trigger", "replay_engine")
     @classmethod
     def _one_of_the_choices(cls, value: str, info: ValidationInfo) -> str:
         choices = _STREAM_CHOICES[info.field_name or ""]
@@ -154,8 +157,7 @@ class StreamSettings(_Section):
         return value
 
 
-_STREAM_CHOICES = {"trigger": TRIGGERS, "record_parsing": RECORD_PARSING, "write_path": WRITE_PATHS,
-                   "replay_engine": REPLAY_ENGINES}
+_STREAM_CHOICES = {"trigger": TRIGGERS, "replay_engine": REPLAY_ENGINES}
 
 
 class SnapshotSettings(_Section):

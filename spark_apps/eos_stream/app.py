@@ -18,20 +18,19 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import fencing, kafka_security, preflight, sql_records
+from spark_apps.eos_stream import fencing, kafka_security, preflight
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
-from spark_apps.eos_stream.sink.direct_rows import RESULT_SCHEMA, Chunk, task_writer
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import partition_writer
@@ -123,9 +122,6 @@ def run_stream(config: PipelineConfig) -> int:
 
     sink = driver.sink()
 
-    jvm_parsing = config.record_parsing == "jvm" and sql_records.supported(spec)
-    writes_directly = config.write_path == "direct" and not jvm_parsing
-
     def write_batch(batch_df: Any, batch_id: int) -> None:
         end = offset_log.read(batch_id)
         start = offset_log.read(batch_id - 1) if batch_id > 0 else starting
@@ -138,32 +134,16 @@ def run_stream(config: PipelineConfig) -> int:
         end = end or {}
         start = start if start is not None else starting
 
-        parsed_in_python = 0
-
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            nonlocal parsed_in_python
-            # Raw bytes for every record (the record-by-record path) come from Python's encoder.
-            prevalidated = jvm_parsing and not keep_raw
-            source = sql_records.with_staging_line(batch_df, spec) if prevalidated else batch_df
-            write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw, prevalidated)
+            write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw)
             # The executors COPY their partitions; only one count per task returns.
-            counts = source.mapInArrow(write, "staged long, parsed_in_python long").collect()  # no shuffle stage
-            parsed_in_python = sum(row.parsed_in_python for row in counts)
+            counts = batch_df.mapInArrow(write, "staged long").collect()  # no shuffle stage
             return sum(row.staged for row in counts)
 
-        def stream_rows() -> Iterator[Chunk]:
-            # Partition by partition: the driver holds one partition's rows while
-            # the next one is computed (measured no slower than collect(), which
-            # would hold the batch).
-            tasks = batch_df.mapInArrow(task_writer(config.spec), RESULT_SCHEMA)
-            for row in tasks.toLocalIterator(prefetchPartitions=True):
-                yield row.target, row.records, row.chunk
-
-        result = sink.process(batch_id, start, end, fill_stage, stream_rows if writes_directly else None)
+        result = sink.process(batch_id, start, end, fill_stage)
         emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
              record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-             transient_retries=result.transient_retries, parsed_in_python=parsed_in_python,
-             end_offsets=offsets_json(end))
+             transient_retries=result.transient_retries, end_offsets=offsets_json(end))
 
     spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id))
     writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)

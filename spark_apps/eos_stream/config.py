@@ -29,10 +29,12 @@ from typing import Any
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
 DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once", "two_phase")
 TRIGGERS = ("availableNow", "processingTime")
-RECORD_PARSING = ("jvm", "python")
-# How a batch's rows reach the targets: straight from the tasks through the
-# driver's transaction, or staged by the executors and applied in SQL.
-WRITE_PATHS = ("direct", "staged")
+# Switches that are gone, with what a config that still sets one is told. Each
+# measured slower than the one path that stayed (docs/benchmarks.md, "Removed switches").
+REMOVED_OPTIONS = {
+    "record_parsing": "records are always parsed by Python's parse_record; the JVM parser measured 0.72x as fast",
+    "write_path": "batches are always staged by the executors and applied in SQL; the direct path was a draw",
+}
 # How a recovery replays: the app under spark-submit, or direct_replay without Spark.
 REPLAY_ENGINES = ("spark", "direct")
 
@@ -103,15 +105,6 @@ class PipelineConfig:
         statement timeouts, deadlocks, lost connections...), with capped
         exponential backoff; after it the driver exits 1 (retryable).
         Transient errors never count toward ``max_batch_attempts``.
-    :param record_parsing: ``jvm``: Spark SQL parses, validates and encodes
-        every record it can vouch for, and Python's ``parse_record`` the rest
-        (``sql_records``); ``python``: every record goes through ``parse_record``.
-        Both stage the same lines.
-    :param write_path: ``direct``: each row is written once, from the tasks
-        through the driver's batch transaction (``sink/direct_rows``), where
-        nothing needs staging; ``staged``: the executors COPY every batch into
-        a staging table in parallel and SQL applies it (for clusters whose
-        executors outrun one driver connection). ``jvm`` parsing always stages.
     :param kafka_options: extra Kafka client options in librdkafka's names (a Kafka
         connection's extra): security options are translated for Spark's Java source
         (``kafka_security``), others reach it unchanged (without 'kafka.').
@@ -134,8 +127,6 @@ class PipelineConfig:
     stop_poll_seconds: float = 1.0
     ignore_stop_request: bool = False
     transient_retry_seconds: float = 300
-    record_parsing: str = "python"
-    write_path: str = "staged"
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold SASL secrets
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
 
@@ -144,11 +135,6 @@ class PipelineConfig:
             raise ConfigError(f"unknown delivery mode {self.delivery!r}; choose one of {', '.join(DELIVERY_MODES)}")
         if self.trigger not in TRIGGERS:
             raise ConfigError(f"unknown trigger {self.trigger!r}; choose one of {', '.join(TRIGGERS)}")
-        if self.record_parsing not in RECORD_PARSING:
-            raise ConfigError(f"unknown record_parsing {self.record_parsing!r}; "
-                              f"choose one of {', '.join(RECORD_PARSING)}")
-        if self.write_path not in WRITE_PATHS:
-            raise ConfigError(f"unknown write_path {self.write_path!r}; choose one of {', '.join(WRITE_PATHS)}")
         if not self.pipeline or not self.topics:
             raise ConfigError("a pipeline name and at least one topic are required")
         if not PIPELINE_NAME.fullmatch(self.pipeline):
@@ -218,7 +204,18 @@ def default_of(name: str) -> Any:
     raise KeyError(f"PipelineConfig has no field {name!r}")
 
 
+def removed_option_problem(keys: Any) -> str | None:
+    """What to tell a config that sets a removed switch (None: it sets none)."""
+    removed = sorted(set(keys) & set(REMOVED_OPTIONS))
+    if not removed:
+        return None
+    return "; ".join(f"{key} was removed ({REMOVED_OPTIONS[key]}): delete it" for key in removed)
+
+
 def from_dict(data: dict[str, Any]) -> PipelineConfig:
+    problem = removed_option_problem(data)
+    if problem:
+        raise ConfigError(problem)
     known = {f.name for f in fields(PipelineConfig)}
     unknown = set(data) - known
     if unknown:

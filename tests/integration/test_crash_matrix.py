@@ -85,10 +85,9 @@ def _crash_once(config: dict, tmp_path: Path, step: dict, label: str) -> bool:
     return False
 
 
-def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str, kills: int,
-                write_path: str = "staged") -> tuple[dict, int]:
+def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str, kills: int) -> tuple[dict, int]:
     config = pipeline_config(stack, tmp_path, name, delivery=delivery, topics=[topic],
-                             max_offsets_per_trigger=KILL_BATCH, write_path=write_path)
+                             max_offsets_per_trigger=KILL_BATCH)
     done = 0
     for index, step in enumerate(_kill_plan(kills, seed=hash(name) & 0xFFFF)):
         done += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
@@ -101,13 +100,11 @@ def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: st
     return report, done
 
 
-@pytest.mark.parametrize("write_path", ["staged", "direct"])
 @pytest.mark.parametrize("delivery", ["exactly_once", "two_phase"])
 def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, ledger_topic: str, unique_name: str,
-                                        delivery: str, write_path: str) -> None:
-    report, kills = _run_matrix(stack, tmp_path, ledger_topic, f"eos{unique_name}", delivery, kills=10,
-                                write_path=write_path)
-    print(f"{delivery} ({write_path}): events={EVENTS} kills={kills} summary={report['summary']} "
+                                        delivery: str) -> None:
+    report, kills = _run_matrix(stack, tmp_path, ledger_topic, f"eos{unique_name}", delivery, kills=10)
+    print(f"{delivery}: events={EVENTS} kills={kills} summary={report['summary']} "
           f"aggregates={report['aggregates']}")
     assert kills >= 10
     assert report["summary"]["committed_records"] == EVENTS

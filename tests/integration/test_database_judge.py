@@ -42,14 +42,13 @@ def _add_parents(stack: dict, sink: LedgerSink) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
-def test_children_before_their_parents_wait_and_land_once(stack: dict, unique_name: str, direct: bool) -> None:
+def test_children_before_their_parents_wait_and_land_once(stack: dict, unique_name: str) -> None:
     """Issue test 3: the batch's events reference accounts that another writer adds
     3 s later. Nothing is quarantined, no attempt is counted, everything lands once."""
     with LedgerSink(stack, unique_name) as s:
         _add_account_foreign_key(s)
         threading.Timer(3.0, _add_parents, (stack, s)).start()
-        result = s.process(direct=direct)
+        result = s.process()
         assert result.applied == 10 and result.dead_lettered == 0
         assert result.transient_retries >= 1  # it did wait for the parents
         assert s.sink.guard.failed_attempts(batch_key({("t", 0): 0})) == 0

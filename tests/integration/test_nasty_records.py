@@ -93,20 +93,19 @@ def _replay(config: dict, tmp_path: Path) -> int:
 
 
 @pytest.mark.parametrize(
-    ("engine", "delivery", "record_parsing", "write_path"),
+    ("engine", "delivery"),
     [
-        ("spark", "exactly_once", "python", "staged"),
-        ("spark", "exactly_once", "jvm", "staged"),
-        ("spark", "two_phase", "python", "direct"),  # the direct path, and PREPARE around isolation
-        ("replay", "exactly_once", "python", "staged"),
+        ("spark", "exactly_once"),
+        ("spark", "two_phase"),  # PREPARE around isolation
+        ("replay", "exactly_once"),
     ],
 )
 def test_every_refused_record_is_quarantined_and_the_rest_is_exact(
     stack: dict, tmp_path: Path, unique_name: str, corpus_topic: str,
-    engine: str, delivery: str, record_parsing: str, write_path: str,
+    engine: str, delivery: str,
 ) -> None:
     config = pipeline_config(stack, tmp_path, f"nasty{unique_name}", topics=[corpus_topic], delivery=delivery,
-                             record_parsing=record_parsing, write_path=write_path, max_offsets_per_trigger=500,
+                             max_offsets_per_trigger=500,
                              max_batch_attempts=2)
     if engine == "spark":
         run = run_app(config, tmp_path)

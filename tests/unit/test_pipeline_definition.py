@@ -64,8 +64,6 @@ health: {stuck_after: 30, hanging_after: 600}
     ({"target_schema": "Public; DROP"}, "target_schema"),
     ({"stream": {"trigger": "continuous"}}, "stream.trigger"),
     ({"stream": {"max_offsets_per_trigger": 0}}, "stream.max_offsets_per_trigger"),
-    ({"stream": {"record_parsing": "gpu"}}, "stream.record_parsing"),
-    ({"stream": {"write_path": "twice"}}, "stream.write_path"),
     ({"health": {"hanging_after": -1}}, "health.hanging_after"),
     ({"kafka_bootstrap": "host:9092"}, "kafka_bootstrap"),  # the connection's, never the definition's
     ({"postgres": {"password": "x"}}, "postgres"),
@@ -146,3 +144,9 @@ def test_app_config_carries_the_definition_and_never_a_password() -> None:
     assert from_dict(config).validate().pipeline == "orders"  # the app accepts every key it gets
     with pytest.raises(PipelineDefinitionError, match="password"):
         d.app_config(kafka_bootstrap="k", postgres={"password": "secret"})
+
+
+@pytest.mark.parametrize("switch", ["record_parsing", "write_path"])
+def test_a_removed_switch_is_refused_by_name(switch: str) -> None:
+    with pytest.raises(PipelineDefinitionError, match=rf"stream: .*{switch} was removed \(.+\): delete it"):
+        parse_definition({**MINIMAL, "stream": {switch: "staged"}}, source="orders.yaml")

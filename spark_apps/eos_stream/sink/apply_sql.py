@@ -12,7 +12,6 @@ from psycopg2 import sql
 from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.records import staging_columns
 from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec, RowTarget
-from spark_apps.eos_stream.target_lines import PARTIAL_OFFSET, PARTIAL_PARTITION
 
 
 def _qualified(schema: str, table: str) -> sql.Composed:
@@ -150,18 +149,6 @@ def _aggregate_from_records(table: sql.Composed, target: AggregateTarget) -> sql
         for source in target.increments.values()
     ] + [_last_of_key(source, "_partition", "_offset") for source in target.latest.values()]
     return _aggregate_upsert(table, target, sql.SQL("fresh WHERE _error IS NULL"), deltas)
-
-
-def aggregate_from_partials_statement(target: AggregateTarget, target_schema: str,
-                                      partials: sql.Composed) -> sql.Composed:
-    """Applies a batch's partials (``target_lines.partial_columns``: one row per
-    key and task) to an aggregate target, exactly as ``apply_batch_statement``
-    applies the batch's records: a sum of partial sums is the sum, 0 where
-    every record's value was NULL; the last record is the partials' last."""
-    deltas: list[sql.Composable] = [
-        sql.SQL("COALESCE(sum({}), 0)").format(sql.Identifier(f"_sum_{i}")) for i in range(len(target.increments))
-    ] + [_last_of_key(f"_latest_{i}", PARTIAL_PARTITION, PARTIAL_OFFSET) for i in range(len(target.latest))]
-    return _aggregate_upsert(_qualified(target_schema, target.table), target, partials, deltas)
 
 
 def dead_letters_statement(source: sql.Composable, meta_schema: str) -> sql.Composed:

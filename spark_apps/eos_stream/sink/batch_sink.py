@@ -59,27 +59,6 @@ next run is still exact in ``exactly_once``):
    under their savepoints with it) and is handled as in 8, isolated again on
    its next attempt, since the counted failures stand.
 
-The direct write path (``direct_rows``: each row written once, straight
-into its target, from the tasks through this driver's transaction) changes
-what staging leaves behind; its transitions, numbered as above:
-
-2d. while the tasks run and their rows are COPYed: everything so far is inside
-    the batch transaction, side tables included (created in it, dropped before
-    COMMIT or PREPARE). A crash, a failed task or a lost connection rolls it all
-    back; nothing is left to drop, and the batch is read again (as 3). A failed
-    task is raised as its own error (``staging.copy_from_chunks``), never as the
-    QueryCanceled psycopg2 makes of a failed read: it is "other" (as 8), not
-    retried as transient, not counted.
-4d. before writing, under the pipeline lock, a stored offset above the batch's
-    start (as in 4) sends the batch to the staged path, which skips those
-    records: the direct path has no skip, and it has written nothing yet.
-5d. a retried or speculative task: Spark hands the driver one successful
-    attempt's result per partition, so no row arrives twice and nothing needs a
-    dedupe.
-6d. a record the database rejects fails the COPY (or the aggregate's upsert)
-    with its data error: counted as in 6, and past ``max_batch_attempts`` the
-    batch is isolated, which is always the staged path.
-
 ``two_phase`` is ``exactly_once`` with the commit split in two, as in Flink's
 XA sink: the writer ends with PREPARE TRANSACTION under a deterministic id
 (``in_doubt.transaction_id``), the committer issues COMMIT PREPARED. One more
@@ -101,7 +80,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +90,6 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors, fencing
 from spark_apps.eos_stream.sink import apply_sql
-from spark_apps.eos_stream.sink.direct_rows import Chunk, DirectRows, Written
 from spark_apps.eos_stream.sink.in_doubt import prepare_failure, resolve_in_doubt, transaction_id
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
@@ -226,44 +204,19 @@ class BatchWriter:
             assert row is not None
             return int(row[0]), int(row[1])
 
-        prepared = self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
-        assert prepared is not None
-        return prepared
-
-    def prepare_direct(
-        self,
-        batch_id: int,
-        start_offsets: Mapping[TopicPartition, int],
-        end_offsets: Mapping[TopicPartition, int],
-        write: Callable[[Any], Written],
-    ) -> tuple[PreparedBatch, Written] | None:
-        """Writes the batch's rows straight into the targets (``direct_rows``).
-
-        Returns None, having written nothing, when a stored offset is above the
-        batch's start: records to skip are the staged path's (the caller rolls
-        back and stages)."""
-        written: list[Written] = []
-
-        def apply(cur) -> tuple[int, int] | None:
-            if self._has_applied_records(start_offsets):
-                return None
-            written.append(write(cur))
-            return written[0].applied, written[0].dead_lettered
-
-        prepared = self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
-        return None if prepared is None else (prepared, written[0])
+        return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
 
     def _in_batch_transaction(
         self,
         batch_id: int,
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
-        apply: Callable[[Any], tuple[int, int] | None],
-    ) -> PreparedBatch | None:
+        apply: Callable[[Any], tuple[int, int]],
+    ) -> PreparedBatch:
         """The batch transaction around ``apply`` (which returns (applied,
-        dead-lettered), or None to write nothing): the pipeline lock and the
-        ownership check first, the offsets last, then PREPARE in two_phase.
-        Leaves the transaction open for the committer, or for abort()."""
+        dead-lettered)): the pipeline lock and the ownership check first, the
+        offsets last, then PREPARE in two_phase. Leaves the transaction open
+        for the committer, or for abort()."""
         gid = transaction_id(self.offsets.pipeline, start_offsets) if self.mode.two_phase else None
         if gid is not None:
             self.conn.tpc_begin(gid)
@@ -271,8 +224,6 @@ class BatchWriter:
             self.offsets.lock(cur)
             self._check_ownership(cur, start_offsets)
             counts = apply(cur)
-            if counts is None:
-                return None
             if self.mode.stores_offsets:
                 self.offsets.advance(cur, end_offsets, batch_id)
         if gid is not None:
@@ -285,12 +236,6 @@ class BatchWriter:
                     raise clear from exc
                 raise
         return PreparedBatch(self.conn, batch_id, counts[0], counts[1], gid)
-
-    def _has_applied_records(self, start_offsets: Mapping[TopicPartition, int]) -> bool:
-        """Whether a stored offset lies above where the batch starts (or where
-        its start is unknown), so some of its records are already applied."""
-        stored = self.offsets.load(self.conn)
-        return any(offset > start_offsets.get(tp, -1) for tp, offset in stored.items() if offset > 0)
 
     @staticmethod
     def _staged_once(cur, stage: sql.Composed, staged_rows: int | None) -> bool:
@@ -456,14 +401,8 @@ class BatchSink:
         self.offsets = OffsetsStore(meta_schema, pipeline)
         self.guard = PoisonGuard(guard_conn, meta_schema, pipeline, max_batch_attempts)
         self.writer = BatchWriter(conn, spec, mode, self.offsets, target_schema, meta_schema, epoch)
-        self.direct = DirectRows(spec, target_schema, meta_schema, stage_prefix(pipeline))
         self.committer = BatchCommitter()
         self.transient_retry_seconds = transient_retry_seconds
-        # The direct path writes each record once, with no dedupe and no skip of
-        # applied records: for the modes that guard with stored offsets and
-        # append rows (not idempotent's ON CONFLICT). Every aggregate it can sum:
-        # a spec sums only exact types (spec.SUMMABLE_TYPES).
-        self.writes_directly = mode.stores_offsets and not mode.upsert_rows
         self._reconnect = reconnect
         self._reconnect_guard = reconnect_guard
         self._notify = notify or (lambda event, **fields: None)
@@ -479,12 +418,8 @@ class BatchSink:
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
         fill_stage: Callable[[str, bool], int | None],
-        stream_rows: Callable[[], Iterable[Chunk]] | None = None,
     ) -> BatchResult:
         """Applies one micro-batch exactly once, or raises.
-
-        :param stream_rows: runs the batch's tasks for the direct path and
-            yields their chunks (``direct_rows``); None: always staged.
 
         Raises ``fencing.Fenced`` (and sets ``fenced``) when this driver no
         longer owns the target; re-raises a data error after counting it, an
@@ -501,7 +436,7 @@ class BatchSink:
                 if retries:
                     self._prepare_retry()
                 isolate = self.guard.should_isolate(self.guard.failed_attempts(key))
-                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, stream_rows, isolate)
+                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, isolate)
             except fencing.Fenced as exc:
                 self.fenced = str(exc)
                 raise
@@ -572,29 +507,18 @@ class BatchSink:
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
         fill_stage: Callable[[str, bool], int | None],
-        stream_rows: Callable[[], Iterable[Chunk]] | None,
         record_by_record: bool,
     ) -> BatchResult:
         stage: sql.Composed | None = None
         clock = _Stopwatch()
         try:
-            direct = None
-            if stream_rows is not None and self.writes_directly and not record_by_record:
-                direct = self.writer.prepare_direct(batch_id, start_offsets, end_offsets, lambda cur: self.direct.write(
-                    cur, batch_id, stream_rows(), self.pipeline))
-                if direct is None:
-                    self.writer.abort()  # nothing written: the stored offsets ask for the staged path's skip
-            if direct is not None:
-                prepared, written = direct
-                clock.record(written.timings_ms)
-            else:
-                stage_name = f"{stage_prefix(self.pipeline)}{batch_id}"
-                stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
-                staged_rows = fill_stage(stage_name, record_by_record)
-                clock.lap("stage")
-                prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record,
-                                               staged_rows)
-                clock.lap("apply")
+            stage_name = f"{stage_prefix(self.pipeline)}{batch_id}"
+            stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
+            staged_rows = fill_stage(stage_name, record_by_record)
+            clock.lap("stage")
+            prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record,
+                                           staged_rows)
+            clock.lap("apply")
             self._crash_point("before_commit", self._batches_this_run)
             self.committer.commit(prepared)
             clock.lap("commit")
@@ -636,11 +560,6 @@ class BatchSink:
 class _Stopwatch:
     def __init__(self) -> None:
         self.laps: dict[str, int] = {}
-        self._last = time.perf_counter()
-
-    def record(self, laps: Mapping[str, int]) -> None:
-        """Takes laps measured elsewhere, up to now."""
-        self.laps.update(laps)
         self._last = time.perf_counter()
 
     def lap(self, name: str) -> None:

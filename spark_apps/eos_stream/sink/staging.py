@@ -112,80 +112,44 @@ class _ChunkReader:
     readline = read
 
 
-def _string_data(lines: Any) -> memoryview:
-    """The bytes of an Arrow string array without nulls, all its values back
-    to back, straight from its data buffer (no Python object per value)."""
-    import pyarrow as pa
-
-    width = 8 if pa.types.is_large_string(lines.type) else 4
-    offsets = memoryview(lines.buffers()[1]).cast("B")
-    first, last = lines.offset * width, (lines.offset + len(lines)) * width
-    start = int.from_bytes(offsets[first:first + width], "little", signed=True)
-    end = int.from_bytes(offsets[last:last + width], "little", signed=True)
-    return memoryview(lines.buffers()[2]).cast("B")[start:end]
+def arrow_records(batch: Any) -> Iterator[tuple]:
+    """An Arrow batch's rows as tuples: the (topic, partition, offset, key,
+    value) of each record the task read."""
+    return zip(*(column.to_pylist() for column in batch.columns), strict=True)
 
 
-def arrow_records(batch: Any, first: int = 0) -> Iterator[tuple]:
-    """An Arrow batch's rows as tuples of its columns from ``first`` on: the
-    (topic, partition, offset, key, value) of each record the task read."""
-    return zip(*(batch.column(i).to_pylist() for i in range(first, batch.num_columns)), strict=True)
-
-
-def copy_chunks(
-    batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool, counts: dict[str, int], prevalidated: bool
-) -> Iterator[bytes | memoryview]:
-    """The COPY data of a task's Arrow batches, one or two chunks per batch.
-
-    Prevalidated batches are (line, topic, partition, offset, key, value), with
-    the line the JVM encoded (``sql_records``) or NULL where it left the record
-    to Python; otherwise they are (topic, partition, offset, key, value) and
-    every record goes through ``staging_lines``. Counts rows in ``counts``."""
-    import pyarrow.compute as pc
-
+def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool, counts: dict[str, int]) -> Iterator[bytes]:
+    """The COPY data of a task's (topic, partition, offset, key, value) Arrow
+    batches, one chunk per batch; counts rows in ``counts``."""
     for batch in batches:
         counts["staged"] += batch.num_rows
-        if prevalidated:
-            line = batch.column(0)
-            vouched = line if line.null_count == 0 else pc.drop_null(line)
-            if len(vouched):
-                yield _string_data(vouched)
-            if not line.null_count:
-                continue
-            left, first = batch.filter(pc.is_null(line)), 1
-        else:
-            left, first = batch, 0
-        counts["parsed_in_python"] += left.num_rows
-        yield "".join(staging_lines(spec, arrow_records(left, first), keep_raw)).encode()
+        yield "".join(staging_lines(spec, arrow_records(batch), keep_raw)).encode()
 
 
-def partition_writer(
-    dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool,
-    prevalidated: bool = False,
-):
-    """Returns the function each Spark task runs on its Arrow batches (see
-    ``copy_chunks`` for their two shapes).
+def partition_writer(dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool):
+    """Returns the function each Spark task runs on its Arrow batches of
+    (topic, partition, offset, key, value).
 
     It captures only plain values, so it pickles to any executor."""
 
     def write(batches: Iterable[Any]) -> Iterator[Any]:
         """Runs under mapInArrow: Arrow batches cross from the JVM far cheaper
-        than pickled rows. Yields one (staged, parsed_in_python) row for the driver to sum."""
+        than pickled rows. Yields one row, the task's staged count, for the driver to sum."""
         import pyarrow as pa
 
-        def result(staged: int, in_python: int) -> Any:
-            return pa.RecordBatch.from_pydict({"staged": pa.array([staged], pa.int64()),
-                                               "parsed_in_python": pa.array([in_python], pa.int64())})
+        def result(staged: int) -> Any:
+            return pa.RecordBatch.from_pydict({"staged": pa.array([staged], pa.int64())})
 
         iterator = iter(batches)
         first = next(iterator, None)
         if first is None:
-            yield result(0, 0)
+            yield result(0)
             return  # an empty task opens no connection
         spec = load_spec(spec_ref)
-        counts = {"staged": 0, "parsed_in_python": 0}
-        chunks = copy_chunks(itertools.chain([first], iterator), spec, keep_raw, counts, prevalidated)
-        _copy(dsn_kwargs, spec, meta_schema, stage_name, chunks)
-        yield result(counts["staged"], counts["parsed_in_python"])
+        counts = {"staged": 0}
+        _copy(dsn_kwargs, spec, meta_schema, stage_name, copy_chunks(itertools.chain([first], iterator), spec,
+                                                                     keep_raw, counts))
+        yield result(counts["staged"])
 
     return write
 
