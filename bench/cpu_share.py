@@ -2,7 +2,12 @@
 process group: spark-submit's JVM and its Python workers), PostgreSQL (every
 ``postgres`` process: the server's backends) and Kafka's broker.
 
-A sampler thread reads /proc every ``interval`` seconds. The window that
+A sampler thread reads /proc every ``interval`` seconds. A process's count
+includes the CPU of its children that ended and were reaped (``cutime`` and
+``cstime``), so backends and Python workers that come and go inside the
+window still count, once: each ended process in its nearest living ancestor.
+Spark's processes are the app's descendants, not its process group:
+pyspark's daemon puts its workers in a group of their own. The window that
 counts starts when the app's log shows its first batch (the warm-up batch,
 JVM JIT and Python workers, is done) and ends with the app, so the shares
 are those of the warm batches. Linux only.
@@ -19,42 +24,60 @@ from typing import Any
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_seconds(stat: str) -> float:
-    # Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def _sample(group: int) -> dict[str, float]:
-    """CPU seconds so far of the processes alive now, by owner (exited ones no longer count:
-    the sampler's interval keeps that loss to short-lived processes)."""
-    totals = {"spark": 0.0, "postgres": 0.0, "kafka": 0.0, "other": 0.0}
+def _processes() -> dict[int, tuple[int, str, float]]:
+    """pid -> (parent pid, command name, CPU seconds of it and its reaped children)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            pgid = int(stat[stat.rindex(")") + 2:].split()[2])
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            owner = "spark" if pgid == group else "postgres" if comm == "postgres" else "other"
-            if owner == "other" and comm == "java" and b"kafka.Kafka" in (entry / "cmdline").read_bytes():
-                owner = "kafka"
-            totals[owner] += _cpu_seconds(stat)
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue  # the process ended between the listing and the read
+        # Fields after the command's closing parenthesis: ppid is the 2nd, utime, stime,
+        # cutime and cstime the 12th to the 15th.
+        fields = stat[stat.rindex(")") + 2:].split()
+        cpu = sum(int(value) for value in fields[11:15]) / _TICKS
+        found[int(entry.name)] = (int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")], cpu)
+    return found
+
+
+def _is_kafka(pid: int) -> bool:
+    try:
+        return b"kafka.Kafka" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _sample(app: int) -> dict[str, float]:
+    """CPU seconds so far, by owner: the app ``app`` and its descendants, PostgreSQL, Kafka."""
+    processes = _processes()
+    totals = {"spark": 0.0, "postgres": 0.0, "kafka": 0.0, "other": 0.0}
+    for pid, (_, comm, cpu) in processes.items():
+        ancestor, owner = pid, "other"
+        while ancestor > 1 and ancestor in processes:
+            if ancestor == app:
+                owner = "spark"
+                break
+            ancestor = processes[ancestor][0]
+        if owner == "other" and comm == "postgres":
+            owner = "postgres"
+        elif owner == "other" and comm == "java" and _is_kafka(pid):
+            owner = "kafka"
+        totals[owner] += cpu
     return totals
 
 
 class CpuShare:
-    """Samples while the app of process group ``group`` runs; ``result()`` gives each
-    owner's share of all cores over the warm window, and the window's length.
+    """Samples while the app runs; ``result()`` gives each owner's share of all cores
+    over the warm window, and the window's length.
 
-    :param group: the app's process group (``start_new_session``: its leader's pid).
+    :param app: the pid of the app's first process (spark-submit).
     :param log_path: the app's log; the window opens at its first ``EOS-BATCH`` line.
     """
 
-    def __init__(self, group: int, log_path: Path, interval: float = 0.25) -> None:
-        self._group, self._log_path, self._interval = group, log_path, interval
+    def __init__(self, app: int, log_path: Path, interval: float = 0.25) -> None:
+        self._app, self._log_path, self._interval = app, log_path, interval
         self._start: tuple[float, dict[str, float]] | None = None
         self._last: tuple[float, dict[str, float]] | None = None
         self._done = threading.Event()
@@ -69,7 +92,7 @@ class CpuShare:
 
     def _run(self) -> None:
         while not self._done.wait(self._interval):
-            now = (time.monotonic(), _sample(self._group))
+            now = (time.monotonic(), _sample(self._app))
             if self._start is None:
                 if self._warm():
                     self._start = now

@@ -27,16 +27,40 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps
 from spark_apps.eos_stream import fencing, kafka_security, preflight
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
-from spark_apps.eos_stream.driver import claim, offsets_json
+from spark_apps.eos_stream.driver import EARLIEST, claim, offsets_json
 from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
+from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
+from spark_apps.eos_stream.sink.batch_sink import StagedBatch
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import partition_writer
 from spark_apps.eos_stream.spec import SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+# What the partition writer reads of each Kafka record (staging.arrow_records).
+RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value")
+
+
+def _kafka_source_options(config: PipelineConfig) -> dict[str, str]:
+    """Options of every Kafka read of the app, streaming or batch."""
+    return {
+        "kafka.bootstrap.servers": config.kafka_bootstrap,
+        # Only committed records: aborted and still-open transactions never reach the DB.
+        "kafka.isolation.level": "read_committed",
+        "failOnDataLoss": "true",
+        # The options are librdkafka's names (the Kafka connection's extra); the source is Java.
+        **{f"kafka.{key}": value for key, value in kafka_security.java_options(config.kafka_options).items()},
+    }
+
+
+def _nested_partitions(offsets: dict[TopicPartition, int]) -> dict[str, list[int]]:
+    """{topic: [partition, ...]}, Spark's ``assign`` option."""
+    nested: dict[str, list[int]] = {}
+    for topic, partition in sorted(offsets):
+        nested.setdefault(topic, []).append(partition)
+    return nested
 
 
 def _parse_offsets(nested: dict[str, dict[str, int]]) -> dict[TopicPartition, int]:
@@ -106,21 +130,26 @@ def run_stream(config: PipelineConfig) -> int:
     offset_log = OffsetLog(spark, checkpoint)
 
     reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", config.kafka_bootstrap)
+        spark.readStream.format("kafka").options(**_kafka_source_options(config))
         .option("subscribe", ",".join(config.topics))
-        # Only committed records: aborted and still-open transactions never reach the DB.
-        .option("kafka.isolation.level", "read_committed")
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-        .option("failOnDataLoss", "true")
     )
     reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
-    # The options are librdkafka's names (the Kafka connection's extra); the source is Java.
-    for key, value in kafka_security.java_options(config.kafka_options).items():
-        reader = reader.option(f"kafka.{key}", value)
-    records = reader.load().select("topic", "partition", "offset", "key", "value")
+    records = reader.load().select(*RECORD_COLUMNS)
+
+    def offset_range(start: dict[TopicPartition, int], end: dict[TopicPartition, int]) -> Any:
+        """A batch query of exactly the records from ``start`` to ``end``: a
+        micro-batch read again once its own DataFrame is gone (apply-ahead's retries)."""
+        return (spark.read.format("kafka").options(**_kafka_source_options(config))
+                .option("assign", json.dumps(_nested_partitions(end)))
+                .option("startingOffsets", offsets_json({tp: start.get(tp, EARLIEST) for tp in end}))
+                .option("endingOffsets", offsets_json(end))
+                .load().select(*RECORD_COLUMNS))
 
     sink = driver.sink()
+    # The database is these modes' replay point, so a batch may be checkpointed by
+    # Spark before it commits: its apply runs while the next batch stages.
+    ahead = ApplyAhead(sink, driver.connect, notify=emit) if mode.stores_offsets else None
 
     def write_batch(batch_df: Any, batch_id: int) -> None:
         end = offset_log.read(batch_id)
@@ -134,16 +163,29 @@ def run_stream(config: PipelineConfig) -> int:
         end = end or {}
         start = start if start is not None else starting
 
-        def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw)
-            # The executors COPY their partitions; only one count per task returns.
-            counts = batch_df.mapInArrow(write, "staged long").collect()  # no shuffle stage
-            return sum(row.staged for row in counts)
+        started_at = time.time()
 
-        result = sink.process(batch_id, start, end, fill_stage)
-        emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
-             record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-             transient_retries=result.transient_retries, end_offsets=offsets_json(end))
+        def stage_from(frame: Callable[[], Any]) -> Callable[[str, bool], int]:
+            def fill_stage(stage_name: str, keep_raw: bool) -> int:
+                write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw)
+                # The executors COPY their partitions; only one count per task returns.
+                counts = frame().mapInArrow(write, "staged long").collect()  # no shuffle stage
+                return sum(row.staged for row in counts)
+            return fill_stage
+
+        def apply(fill_stage: Callable[[str, bool], int], staged: StagedBatch | None = None) -> None:
+            result = sink.process(batch_id, start, end, fill_stage, staged)
+            emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
+                 record_by_record=result.record_by_record, timings_ms=result.timings_ms,
+                 transient_retries=result.transient_retries, end_offsets=offsets_json(end),
+                 started_at=round(started_at, 3), committed_at=round(time.time(), 3))
+
+        if ahead is None:
+            apply(stage_from(lambda: batch_df))
+            return
+        staged = ahead.stage(batch_id, stage_from(lambda: batch_df))
+        # batch_df is Spark's for this call only: retries and isolation read the range again.
+        ahead.submit(lambda: apply(stage_from(lambda: offset_range(start, end)), staged))
 
     spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id))
     writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
@@ -156,23 +198,14 @@ def run_stream(config: PipelineConfig) -> int:
     stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
                       epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
     try:
-        while query.isActive:
-            query.awaitTermination(max(1, round(config.stop_poll_seconds)))  # raises once the query failed
-            fenced = stop.fenced() if query.isActive else None
-            if fenced:
-                # A batch in flight fails its own ownership check; an idle driver
-                # must not keep the running lock from its successor.
-                stop.at_batch_boundary(query, wait_seconds=30)
-                raise fencing.Fenced(fenced)
-            reason = stop.requested()
-            if reason and query.isActive:
-                stop.at_batch_boundary(query)
-                emit("stopped", reason=reason)
-                break
+        _supervise(query, stop, ahead, config.stop_poll_seconds)
     except Exception:
         if sink.fenced is not None:  # the batch's own reason, not Spark's wrapping of it
             raise fencing.Fenced(sink.fenced) from None
         raise
+    finally:
+        if ahead is not None:
+            ahead.close()
     if sink.fenced is not None:
         raise fencing.Fenced(sink.fenced)
     if query.exception() is not None:
@@ -180,6 +213,28 @@ def run_stream(config: PipelineConfig) -> int:
     spark.stop()
     emit("finished", pipeline=config.pipeline, run_id=run_id)
     return EXIT_OK
+
+
+def _supervise(query: Any, stop: StopSignal, ahead: ApplyAhead | None, poll_seconds: float) -> None:
+    """Watches the running query until it ends, is stopped on request or is
+    fenced; then waits for the last batch's apply, raising its error."""
+    while query.isActive:
+        query.awaitTermination(max(1, round(poll_seconds)))  # raises once the query failed
+        fenced = stop.fenced() if query.isActive else None
+        if fenced:
+            # A batch in flight fails its own ownership check; an idle driver
+            # must not keep the running lock from its successor.
+            stop.at_batch_boundary(query, wait_seconds=30)
+            raise fencing.Fenced(fenced)
+        reason = stop.requested()
+        if reason and query.isActive:
+            stop.at_batch_boundary(query)
+            if ahead is not None:
+                ahead.finish()  # the boundary is the last batch's commit, not Spark's
+            emit("stopped", reason=reason)
+            return
+    if ahead is not None:
+        ahead.finish()
 
 
 # "ValueError: ..." or "psycopg2.errors.StringDataRightTruncation: ..." as Python prints them. The

@@ -70,6 +70,25 @@ transition:
     (``in_doubt.resolve_in_doubt``), so the batch is applied once and the run
     continues after it.
 
+In the modes that store offsets the app applies ahead (``apply_ahead``):
+batch N's apply runs on the applier thread while Spark reads and stages
+N+1, and Spark checkpoints N before N commits. Three more transitions:
+
+A1. a crash while N applies and N+1 stages: N's transaction rolls back (as
+    3) and N+1's staging table is left (as 2). The next run starts from the
+    stored offsets, N's start, and drops both tables. Spark's checkpoint
+    already counts N (and maybe N+1) as done, but these modes start every
+    run on a fresh checkpoint from the stored offsets, so it is never read.
+A2. N's apply fails (after its own retries and isolation, as 6-9): the
+    error is raised in N+1's ``foreachBatch`` call, before N+1 is handed to
+    the applier, or at the end of the run; N+1 never applies (its stage is
+    dropped at the next start) and the run fails as N's error says.
+A3. a retry or an isolation of N stages it again: N's DataFrame is Spark's
+    for the length of its ``foreachBatch`` call only, so N's exact offset
+    range is read again with a batch query (same offsets, ``read_committed``:
+    the same records). A failure to stage N ahead is no error of its own:
+    N's first attempt stages it that way instead, and judges the failure.
+
 ``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
 replay point), which is what makes it the baseline that shows duplicates.
 """
@@ -131,6 +150,17 @@ MODES = {
     "exactly_once": DeliveryMode("exactly_once", True, True, False, True),
     "two_phase": DeliveryMode("two_phase", True, True, False, True, two_phase=True),
 }
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    """A batch already in its staging table (``apply_ahead``: staged while the
+    previous batch applied): its table name, the rows its successful tasks
+    reported (None: unknown) and how long staging took."""
+
+    name: str
+    rows: int | None
+    stage_ms: int = 0
 
 
 @dataclass
@@ -418,8 +448,13 @@ class BatchSink:
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
         fill_stage: Callable[[str, bool], int | None],
+        staged: StagedBatch | None = None,
     ) -> BatchResult:
         """Applies one micro-batch exactly once, or raises.
+
+        :param staged: the batch already staged (``stage_name`` names its
+            table): the first attempt applies it instead of staging; isolation
+            and every retry stage again with ``fill_stage``.
 
         Raises ``fencing.Fenced`` (and sets ``fenced``) when this driver no
         longer owns the target; re-raises a data error after counting it, an
@@ -436,7 +471,8 @@ class BatchSink:
                 if retries:
                     self._prepare_retry()
                 isolate = self.guard.should_isolate(self.guard.failed_attempts(key))
-                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, isolate)
+                prefilled, staged = (None if isolate else staged), None  # used by the first attempt only
+                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, isolate, prefilled)
             except fencing.Fenced as exc:
                 self.fenced = str(exc)
                 raise
@@ -508,14 +544,19 @@ class BatchSink:
         end_offsets: Mapping[TopicPartition, int],
         fill_stage: Callable[[str, bool], int | None],
         record_by_record: bool,
+        staged: StagedBatch | None = None,
     ) -> BatchResult:
         stage: sql.Composed | None = None
         clock = _Stopwatch()
         try:
-            stage_name = f"{stage_prefix(self.pipeline)}{batch_id}"
-            stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
-            staged_rows = fill_stage(stage_name, record_by_record)
-            clock.lap("stage")
+            if staged is not None:
+                stage, staged_rows = self._stage_table(staged.name), staged.rows
+                clock.laps["stage"] = staged.stage_ms
+            else:
+                stage_name = self.stage_name(batch_id)
+                stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
+                staged_rows = fill_stage(stage_name, record_by_record)
+                clock.lap("stage")
             prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record,
                                            staged_rows)
             clock.lap("apply")
@@ -532,6 +573,13 @@ class BatchSink:
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
             self.conn.commit()
         return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record, clock.laps)
+
+    def stage_name(self, batch_id: int) -> str:
+        """The batch's staging table (a leftover of the same name is replaced)."""
+        return f"{stage_prefix(self.pipeline)}{batch_id}"
+
+    def _stage_table(self, name: str) -> sql.Composed:
+        return sql.SQL("{}.{}").format(sql.Identifier(self.meta_schema), sql.Identifier(name))
 
     def _forget_attempts(self, start_offsets: Mapping[TopicPartition, int]) -> None:
         """Clears the committed batch's counted attempts. Best effort: a
