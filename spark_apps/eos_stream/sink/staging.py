@@ -17,7 +17,7 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import errors
+from spark_apps.eos_stream import batch_lines, errors
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.spec import PipelineSpec, load_spec
 
@@ -118,12 +118,20 @@ def arrow_records(batch: Any) -> Iterator[tuple]:
     return zip(*(column.to_pylist() for column in batch.columns), strict=True)
 
 
-def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool, counts: dict[str, int]) -> Iterator[bytes]:
+def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
+                counts: dict[str, int]) -> Iterator[bytes | memoryview]:
     """The COPY data of a task's (topic, partition, offset, key, value) Arrow
-    batches, one chunk per batch; counts rows in ``counts``."""
+    batches, one or two chunks per batch; counts rows in ``counts``.
+
+    Without raw bytes (every batch but an isolated one) Arrow parses and encodes
+    the records it can vouch for (``batch_lines``), Python the rest."""
+    fast = not keep_raw and batch_lines.supported(spec)
     for batch in batches:
         counts["staged"] += batch.num_rows
-        yield "".join(staging_lines(spec, arrow_records(batch), keep_raw)).encode()
+        if fast:
+            yield from batch_lines.batch_lines(batch, spec)
+        else:
+            yield "".join(staging_lines(spec, arrow_records(batch), keep_raw)).encode()
 
 
 def partition_writer(dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool):

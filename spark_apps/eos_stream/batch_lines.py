@@ -1,0 +1,166 @@
+"""The records' fast path: a whole Arrow batch parsed and COPY-encoded in
+Arrow's C++ (its JSON reader and compute kernels), no Python per record.
+
+``records.parse_record`` stays the one definition of a valid record. This
+module vouches only for records whose staging line it can write exactly as
+``records.staging_lines(..., keep_raw=False)`` would, and leaves every other
+record to ``staging_lines`` itself, which gives it its verdict (a dead-letter
+line with its error, or a good line after all). So the fast path never
+rejects anything, and it accepts only what Python accepts
+(``tests/unit/test_batch_lines.py`` compares the two over a corpus of good
+and bad values, line for line).
+
+A record is vouched for when all of these hold, and the rest go to Python:
+
+* its value holds no byte below 0x20, no ``\\u`` escape, no ``[`` and only
+  one ``{``. A raw control character is either invalid JSON or whitespace
+  that would break the one-value-per-line input of Arrow's reader; a ``\\u``
+  escape is how a NUL, a lone surrogate or a second spelling of a key would
+  arrive, the cases where Python's verdict is subtle; and Arrow's reader
+  recurses once per level of nesting, so deep nesting would overflow its
+  stack and crash the worker (a flat object has none; a bracket inside a
+  string sends a good record to Python, which is only slower);
+* no run of 1,000 digits: Python refuses an integer past 4,300 digits even
+  in a field nobody reads, which Arrow's reader would skip;
+* the value is one object with nothing but spaces around it (Arrow 26's
+  reader crashes on a bare ``null``);
+* the batch's values are all valid UTF-8, which the cast to Arrow strings
+  checks (the JSON reader does not); otherwise the batch goes to Python;
+* each spec field has the JSON type Python requires. Arrow's reader, given
+  the spec's fields as an explicit schema, refuses a string where a number
+  belongs and the reverse, a fraction or an exponent for an integer, an
+  integer past 64 bits, a key given twice, a value that is not an object,
+  and anything that is not JSON. Such a refusal is for the whole batch: the
+  batch then goes to Python, record by record, as before this module;
+* a required field is present and not null.
+
+Specs with a per-record ``transform`` (Python code) or a field whose text
+Python writes differently from Arrow (``numeric`` keeps a number's digits as
+written, ``double precision`` is printed by Python's float repr) never take
+this path.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+from spark_apps.eos_stream.records import NULL, staging_lines
+from spark_apps.eos_stream.spec import PipelineSpec
+
+_ARROW_TYPES = {"text": "string", "timestamptz": "string", "bigint": "int64", "integer": "int64",
+                "boolean": "bool"}
+# Leaves a record to Python: a control character (raw, so invalid JSON or line-breaking
+# whitespace), a \u escape, an array or a second object (nesting: Arrow's reader recurses
+# per level and deep nesting overflows its stack, a crash of the worker, not an error).
+_LEFT_TO_PYTHON = r"[\x00-\x1f\[]|\\u|\{.*\{|[0-9]{1000}"
+# What Arrow may read at all: one object, nothing but spaces around it (a bare ``null`` line
+# crashes Arrow 26's reader).
+_ONE_OBJECT = r"^ *\{[^{]*\} *$"
+_COPY_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))
+
+
+def supported(spec: PipelineSpec) -> bool:
+    """Whether Arrow can vouch for this spec's records at all."""
+    return spec.transform is None and all(f.pg_type in _ARROW_TYPES for f in spec.fields)
+
+
+def _schema(spec: PipelineSpec) -> Any:
+    import pyarrow as pa
+
+    return pa.schema([(f.name, pa.type_for_alias(_ARROW_TYPES[f.pg_type])) for f in spec.fields])
+
+
+def _parse(values: Any, spec: PipelineSpec) -> Any | None:
+    """The spec's fields of ``values`` (binary, none null, none left to Python) as a
+    record batch of one row per value, or None when Arrow's reader refuses the batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    # One value per line: none holds a line break (_LEFT_TO_PYTHON).
+    text = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), b"\n")
+    try:
+        # Arrow's JSON reader does not check UTF-8 (a surrogate's raw bytes pass through it); the cast does.
+        text.cast(pa.string())
+        table = pj.read_json(
+            io.BytesIO(string_data(text)),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(1 << 20, 2 * text.nbytes)),
+            parse_options=pj.ParseOptions(explicit_schema=_schema(spec), unexpected_field_behavior="ignore"),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    # Two objects on one line would be two rows: the lines no longer match the records.
+    if table.num_rows != len(values):
+        return None
+    return table.combine_chunks().to_batches()[0]
+
+
+def _cell(column: Any, pg_type: str) -> Any:
+    """A field's COPY cells, as ``records._encoder`` writes them (NULL for a null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pg_type == "boolean":
+        text = pc.if_else(column, pa.scalar("t"), pa.scalar("f"))
+    elif pg_type in ("bigint", "integer"):
+        text = pc.cast(column, pa.string())
+    else:
+        text = column
+        for char, escape in _COPY_ESCAPES:  # backslash first, as str.translate does it in one pass
+            text = pc.replace_substring(text, char, escape)
+    return pc.fill_null(text, NULL)
+
+
+def string_data(lines: Any) -> memoryview:
+    """The bytes of an Arrow string or binary array without nulls, all its
+    values back to back, straight from its data buffer."""
+    width = 8 if lines.type.id in _large_type_ids() else 4
+    offsets = memoryview(lines.buffers()[1]).cast("B")
+    first, last = lines.offset * width, (lines.offset + len(lines)) * width
+    start = int.from_bytes(offsets[first:first + width], "little", signed=True)
+    end = int.from_bytes(offsets[last:last + width], "little", signed=True)
+    data = lines.buffers()[2]
+    return memoryview(data).cast("B")[start:end] if data is not None else memoryview(b"")
+
+
+def _large_type_ids() -> tuple[int, ...]:
+    import pyarrow as pa
+
+    return (pa.large_string().id, pa.large_binary().id)
+
+
+def batch_lines(batch: Any, spec: PipelineSpec) -> Iterator[bytes | memoryview]:
+    """The COPY data of one Arrow batch of (topic, partition, offset, key, value)
+    records, without raw bytes for good records: the records Arrow vouches for
+    in one chunk, the rest from ``staging_lines``. Yields nothing for an empty batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    topic, partition, offset, _key, value = batch.columns
+    candidate = pc.and_not(pc.fill_null(pc.match_substring_regex(value, _ONE_OBJECT), False),
+                           pc.fill_null(pc.match_substring_regex(value, _LEFT_TO_PYTHON), True))
+    chosen = pc.filter(value, candidate)
+    fields = _parse(chosen, spec) if len(chosen) else None
+    vouched = pa.repeat(False, len(value))
+    if fields is not None:
+        complete = pa.repeat(True, len(chosen))
+        for f in spec.fields:
+            if f.required:  # a missing or null required field: Python's error says which
+                complete = pc.and_(complete, pc.is_valid(fields.column(f.name)))
+        # One flag per record of the batch: each candidate's own where it stands, False elsewhere.
+        vouched = pc.replace_with_mask(candidate, candidate, complete)
+        if pc.any(complete).as_py():
+            def good(column: Any) -> Any:
+                return pc.filter(pc.filter(column, candidate), complete)
+
+            cells = [good(topic), pc.cast(good(partition), pa.string()), pc.cast(good(offset), pa.string()),
+                     *[pa.scalar(NULL)] * 3,  # key, value, error
+                     *[_cell(pc.filter(fields.column(f.name), complete), f.pg_type) for f in spec.fields]]
+            lines = pc.binary_join_element_wise(*cells, "\t")
+            yield string_data(pc.binary_join_element_wise(lines, pa.scalar(""), "\n"))
+    left = batch.filter(pc.invert(vouched))
+    if left.num_rows:
+        records = zip(*(column.to_pylist() for column in left.columns), strict=True)
+        yield "".join(staging_lines(spec, records, keep_raw=False)).encode()
