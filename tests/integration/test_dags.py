@@ -9,6 +9,8 @@ import); runs with nothing to do between them share one (one Airflow start, one 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -54,22 +56,31 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
 
 
 def _dag_tests(env: dict[str, str], runs: list[tuple[str, dict[str, Any]]],
-               extra_env: dict[str, str] | None = None, timeout: float = 300) -> tuple[list[tuple[dict, str]], str]:
+               extra_env: dict[str, str] | None = None, timeout: float = 360) -> tuple[list[tuple[dict, str]], str]:
     """``dag.test()`` of each of ``runs`` (dag id, conf) in turn, in one fresh interpreter: one
     Airflow start and one DagBag parse for them all.
 
     :return: each run's result (state, task states) with the output printed from its start to its
         result, and the whole output (stdout and stderr, interleaved as printed).
     """
-    result = subprocess.run([sys.executable, "-c", _RUN, str(DAGS), json.dumps(runs)], env={**env, **(extra_env or {})},
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    output, done = result.stdout, []
+    # Its own session: on a timeout the whole group goes, the task processes dag.test forked included
+    # (a kill of the interpreter alone left one spinning on a core).
+    process = subprocess.Popen([sys.executable, "-c", _RUN, str(DAGS), json.dumps(runs)],
+                               env={**env, **(extra_env or {})}, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    done = []
     for part in output.split("EOS-TEST-RUN ")[1:]:
         lines = [line for line in part.splitlines() if line.startswith("EOS-TEST-RESULT ")]
         if lines:
             done.append((json.loads(lines[-1].split(" ", 1)[1]), part))
     assert len(done) == len(runs), f"dag.test printed {len(done)} of {len(runs)} results " \
-                                   f"(exit {result.returncode}):\n{output[-5000:]}"
+                                   f"(exit {process.returncode}):\n{output[-5000:]}"
     return done, output
 
 
