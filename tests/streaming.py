@@ -130,6 +130,26 @@ def run_app(config: dict[str, Any], tmp_path: Path, timeout: float = 300, **kwar
     return run
 
 
+def run_direct_replay(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
+                      label: str = "replay", timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Runs the Spark-less replay (``spark_apps.eos_stream.direct_replay``) of ``config`` to Kafka's
+    last stable offsets: the app's claim and sink without a JVM, for a test that needs a pipeline's
+    state but not Spark. In its own process group (a fault point kills the whole group).
+
+    :param config: the app config (:func:`pipeline_config`).
+    :param tmp_path: where its config file goes.
+    :param env_extra: added to this process's environment.
+    :param label: names the config file.
+    :param timeout: seconds before ``subprocess.TimeoutExpired``.
+    :return: the finished process, its stdout and stderr captured as text.
+    """
+    path = tmp_path / f"{config['pipeline']}-{label}.json"
+    path.write_text(json.dumps(config))
+    return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.direct_replay", "--config", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env_extra or {})},
+                          timeout=timeout, start_new_session=True)
+
+
 def pg_connect(stack: dict[str, str]):
     conn = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], dbname=stack["EOS_PG_DB"],
                             user=stack["EOS_PG_USER"], password=stack["EOS_PG_PASSWORD"])

@@ -11,9 +11,6 @@ by a microsecond, a numeric total off in its last digit.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from confluent_kafka import Producer
 from psycopg2 import sql
 
 from spark_apps.ledger.generator import ensure_topic
-from tests.streaming import ROOT, audit, pg_connect, pipeline_config
+from tests.streaming import audit, pg_connect, pipeline_config, run_direct_replay
 
 pytestmark = pytest.mark.integration
 
@@ -49,10 +46,7 @@ def test_aggregates_mean_in_the_audit_what_they_mean_in_sql(stack: dict, tmp_pat
     for value in _records():
         producer.produce(topic, value=value, partition=0)
     producer.commit_transaction(30)
-    path = tmp_path / "replay.json"
-    path.write_text(json.dumps(config))
-    replay = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.direct_replay", "--config", str(path)],
-                            capture_output=True, text=True, cwd=ROOT, env=dict(os.environ), timeout=300)
+    replay = run_direct_replay(config, tmp_path)
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
 
     target = sql.Identifier(config["target_schema"])

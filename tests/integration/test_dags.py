@@ -3,12 +3,14 @@
 (LSO sensor through its trigger) and, with a stale liveness limit and a new dead letter, its
 deferred liveness sensor times out and the summary fails with one readable verdict.
 
-Each DAG run happens in a fresh interpreter with .local/airflow.env (Airflow's config is
-read at import)."""
+DAG runs happen in a fresh interpreter with .local/airflow.env (Airflow's config is read at
+import); runs with nothing to do between them share one (one Airflow start, one DagBag parse)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,10 +32,11 @@ import json, sys
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder=sys.argv[1])
 assert not bag.import_errors, bag.import_errors
-dag = bag.dags[sys.argv[2]]
-run = dag.test(run_conf=json.loads(sys.argv[3]))
-states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-print("EOS-TEST-RESULT " + json.dumps({"state": str(run.state), "tasks": states}))
+for dag_id, conf in json.loads(sys.argv[2]):
+    print("EOS-TEST-RUN " + dag_id, flush=True)
+    run = bag.dags[dag_id].test(run_conf=conf)
+    states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+    print("EOS-TEST-RESULT " + json.dumps({"state": str(run.state), "tasks": states}), flush=True)
 """
 
 
@@ -52,15 +55,33 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _dag_test(env: dict[str, str], dag_id: str, conf: dict[str, Any], extra_env: dict[str, str] | None = None,
-              timeout: float = 300) -> tuple[dict[str, Any], str]:
-    result = subprocess.run([sys.executable, "-c", _RUN, str(DAGS), dag_id, json.dumps(conf)],
-                            env={**env, **(extra_env or {})}, cwd=ROOT, capture_output=True, text=True,
-                            timeout=timeout)
-    output = result.stdout + result.stderr
-    lines = [line for line in result.stdout.splitlines() if line.startswith("EOS-TEST-RESULT ")]
-    assert lines, f"dag.test({dag_id}) printed no result (exit {result.returncode}):\n{output[-5000:]}"
-    return json.loads(lines[-1].split(" ", 1)[1]), output
+def _dag_tests(env: dict[str, str], runs: list[tuple[str, dict[str, Any]]],
+               extra_env: dict[str, str] | None = None, timeout: float = 360) -> tuple[list[tuple[dict, str]], str]:
+    """``dag.test()`` of each of ``runs`` (dag id, conf) in turn, in one fresh interpreter: one
+    Airflow start and one DagBag parse for them all.
+
+    :return: each run's result (state, task states) with the output printed from its start to its
+        result, and the whole output (stdout and stderr, interleaved as printed).
+    """
+    # Its own session: on a timeout the whole group goes, the task processes dag.test forked included
+    # (a kill of the interpreter alone left one spinning on a core).
+    process = subprocess.Popen([sys.executable, "-c", _RUN, str(DAGS), json.dumps(runs)],
+                               env={**env, **(extra_env or {})}, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    done = []
+    for part in output.split("EOS-TEST-RUN ")[1:]:
+        lines = [line for line in part.splitlines() if line.startswith("EOS-TEST-RESULT ")]
+        if lines:
+            done.append((json.loads(lines[-1].split(" ", 1)[1]), part))
+    assert len(done) == len(runs), f"dag.test printed {len(done)} of {len(runs)} results " \
+                                   f"(exit {process.returncode}):\n{output[-5000:]}"
+    return done, output
 
 
 def test_dagbag_imports_without_errors(airflow_env) -> None:
@@ -87,24 +108,24 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
     write_definition({**p.config, "create_targets": True}, config_dir,
                      health={"stuck_after": 2, "sensor_timeout": 6, "poke_interval": 1})
     dirs = {"AIRFLOW__EOS__PIPELINE_CONFIG_DIR": str(config_dir)}
-    stream_dag = f"eos_stream__{p.name}"
-    refused, output = _dag_test(airflow_env, stream_dag, {"topics": ["elsewhere"]}, dirs)
-    assert refused == {"state": "failed", "tasks": {"resolve_run": "failed", "run_pipeline": "upstream_failed"}}, \
-        output[-5000:]
+    stream_dag, health_dag = f"eos_stream__{p.name}", f"eos_health__{p.name}"
     conf = {"trigger": "availableNow", "max_restarts": 0}
-    run, output = _dag_test(airflow_env, stream_dag, conf, dirs)
+    # The refused conf, the real run, then the health check of what it wrote, in one process.
+    done, output = _dag_tests(airflow_env, [(stream_dag, {"topics": ["elsewhere"]}), (stream_dag, conf),
+                                            (health_dag, {"max_age_seconds": 600})], dirs)
+    (refused, refused_out), (run, run_out), (healthy, healthy_out) = done
+    assert refused == {"state": "failed", "tasks": {"resolve_run": "failed", "run_pipeline": "upstream_failed"}}, \
+        refused_out[-5000:]
+    assert "EOS-BATCH" not in refused_out  # refused before any spark-submit
     assert run == {"state": "success", "tasks": {"resolve_run": "success", "run_pipeline": "success"}}, \
-        output[-5000:]
-    assert "EOS-BATCH" in output and p.stack["EOS_PG_PASSWORD"] not in output
+        run_out[-5000:]
+    assert "EOS-BATCH" in run_out and p.stack["EOS_PG_PASSWORD"] not in output
+    assert healthy["state"] == "success", healthy_out[-6000:]
+    assert set(healthy["tasks"].values()) == {"success"}, healthy
+    assert "Stream health: OK" in healthy_out
     report = p.audit()
     assert report["ok"] and report["summary"]["committed_records"] == 800, report
-    stream_s = time.monotonic() - started
-
-    health_dag = f"eos_health__{p.name}"
-    run, output = _dag_test(airflow_env, health_dag, {"max_age_seconds": 600}, dirs)
-    assert run["state"] == "success", output[-6000:]
-    assert set(run["tasks"].values()) == {"success"}, run
-    assert "Stream health: OK" in output
+    first_s = time.monotonic() - started
 
     # Unhealthy: a new dead letter, and a liveness limit the last batch no longer meets.
     hook = p.pg()
@@ -113,7 +134,7 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
                             " VALUES (%s, %s, 1, 4242, 'k', 'v', 'rejected by test')").format(
                                 sql.Identifier(p.config["meta_schema"])), (p.name, p.topic))
     time.sleep(2)
-    run, output = _dag_test(airflow_env, health_dag, {"max_age_seconds": 1}, dirs)
+    [(run, output)], _ = _dag_tests(airflow_env, [(health_dag, {"max_age_seconds": 1})], dirs)
     assert run["state"] == "failed", output[-6000:]
     tasks = run["tasks"]
     assert tasks["summary"] == "failed" and tasks["dead_letters"] == "failed"
@@ -121,4 +142,5 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
     assert tasks["caught_up"] == "success" and tasks["lso_lag"] == "success"
     assert "Stream health: FAILED (1 of 5 checks failed)" in output, output[-6000:]
     assert f"{p.topic}[1]@4242" in output and "idle (caught up, no new input)" in output
-    print(f"\n{stream_dag} dag.test: {stream_s:.1f}s; both health runs: {time.monotonic() - started - stream_s:.1f}s")
+    print(f"\n{stream_dag}: refused, real and healthy dag.test: {first_s:.1f}s; "
+          f"unhealthy: {time.monotonic() - started - first_s:.1f}s")

@@ -9,15 +9,12 @@ after a SIGKILL at any batch boundary. The crash test also runs on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.streaming import ROOT, audit, dead_letter_count, ledger_rows, pg_connect, pipeline_config
+from tests.streaming import audit, dead_letter_count, ledger_rows, pg_connect, pipeline_config, run_direct_replay
 
 pytestmark = pytest.mark.integration
 
@@ -25,11 +22,7 @@ pytestmark = pytest.mark.integration
 def _replay(config: dict, tmp_path: Path, env_extra: dict[str, str] | None = None) -> tuple[int, list[dict], str]:
     """Runs the replay in its own process group (a fault point kills the whole group);
     returns its exit code, its batch events and its log (stdout and stderr)."""
-    path = tmp_path / f"{config['pipeline']}-replay.json"
-    path.write_text(json.dumps(config))
-    env = {**os.environ, "EOS_PG_PASSWORD": os.environ["EOS_PG_PASSWORD"], **(env_extra or {})}
-    result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.direct_replay", "--config", str(path)],
-                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, start_new_session=True)
+    result = run_direct_replay(config, tmp_path, env_extra)
     batches = [json.loads(line[len("EOS-BATCH "):]) for line in result.stdout.splitlines()
                if line.startswith("EOS-BATCH ")]
     return result.returncode, batches, result.stdout + result.stderr

@@ -26,7 +26,15 @@ from psycopg2 import sql
 from demo.feed import Feed
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.conftest import ROOT, STATE_DIR, spark_submit_opts
-from tests.streaming import audit, ledger_order, pg_connect, pipeline_config, run_app, write_definition
+from tests.streaming import (
+    audit,
+    ledger_order,
+    pg_connect,
+    pipeline_config,
+    run_app,
+    run_direct_replay,
+    write_definition,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -110,6 +118,22 @@ def _state(stack: dict, config: dict) -> dict:
 SNAPSHOTTED = {"replay_spark": ("recs", {"stream": {"replay_engine": "spark"}}),
                "replay_direct": ("recd", {"stream": {"replay_engine": "direct"}}),
                "crash": ("crash", {}), "rollback": ("rb", {})}
+# Whose setup runs are the Spark app's: the Spark-engine recovery's pipeline, Spark end to end. The
+# others' setup only has to leave a pipeline's state in the database, which the Spark-less replay
+# leaves alike (the same claim and sink) without a JVM: no snapshot or recovery reads a stream's
+# checkpoint (the replay starts a fresh one from the database's offsets), and the crash test deletes
+# it before its own Spark runs.
+SPARK_SETUP = {"replay_spark"}
+
+
+def _setup_run(config: dict, tmp: Path, label: str, spark: bool) -> None:
+    """Processes what the topic holds, with the Spark app or the Spark-less replay."""
+    if spark:
+        run = run_app(config, tmp, label=label)
+        assert run.process.returncode == 0, run.log()[-3000:]
+    else:
+        replay = run_direct_replay(config, tmp, label=label)
+        assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +143,8 @@ def snapshotted(stack: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
     The same steps each test used to take for itself, taken once for all four: the pipelines read
     one topic into their own schemas, checkpoints and definitions, and their snapshots run in one
-    dag.test() process. Each env names a definition directory holding only its own pipeline, so a
+    dag.test() process. Only SPARK_SETUP's runs are spark-submits (2 of 8), the others are the
+    Spark-less replay. Each env names a definition directory holding only its own pipeline, so a
     test's DagBag parses one. Running one of these tests alone builds all four."""
     bootstrap = stack["EOS_KAFKA_BOOTSTRAP"]
     base, suffix = tmp_path_factory.mktemp("snapshotted"), uuid.uuid4().hex[:8]
@@ -135,7 +160,7 @@ def snapshotted(stack: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
     produce_ledger(bootstrap, 3000, topic=topic, abort_every=4, malformed=1, seed=5, transactional_id=f"a{topic}")
     for key, config in configs.items():
-        assert run_app(config, base / key, label="first").process.returncode == 0
+        _setup_run(config, base / key, "first", key in SPARK_SETUP)
     snaps = _dag_test(_airflow_env(stack, all_dir, store),
                       [[f"eos_snapshot__{config['pipeline']}", {}] for config in configs.values()], base)
     assert [snap["state"] for snap in snaps] == ["success"] * len(configs), snaps
@@ -144,7 +169,7 @@ def snapshotted(stack: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[s
                    transactional_id=f"b{topic}")
     out = {}
     for key, config in configs.items():
-        assert run_app(config, base / key, label="second").process.returncode == 0
+        _setup_run(config, base / key, "second", key in SPARK_SETUP)
         reference = _state(stack, config)
         assert reference["ledger_events"][0] == 5000
         out[key] = (config, _airflow_env(stack, base / key / "pipelines", store), reference)
@@ -359,7 +384,7 @@ def test_recovery_succeeds_while_a_producer_keeps_committing(stack, tmp_path, un
     ensure_topic(bootstrap, topic, partitions=4)
     first = produce_ledger(bootstrap, 2000, topic=topic, abort_every=4, malformed=1, seed=5,
                            transactional_id=f"a{name}")
-    assert run_app(config, tmp_path, label="first").process.returncode == 0
+    _setup_run(config, tmp_path, "first", spark=False)  # the state to snapshot, as in snapshotted
     [snap] = _dag_test(env, [[f"eos_snapshot__{name}", {}]], tmp_path)
     assert snap["state"] == "success", snap
 
