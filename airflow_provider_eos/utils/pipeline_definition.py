@@ -58,12 +58,16 @@ from pydantic import (
     field_validator,
 )
 
+from airflow_provider_eos.recovery.replay_engine import (
+    DEFAULT_DIRECT_MAX_RECORDS,
+    DEFAULT_REPLAY_ENGINE,
+    REPLAY_ENGINE_CHOICES,
+)
 from airflow_provider_eos.utils.definition_checks import definition_problems, schedule_problem
 from spark_apps.eos_stream.config import (
     DELIVERY_MODES,
     PIPELINE_NAME,
     RECORD_PARSING,
-    REPLAY_ENGINES,
     TRIGGERS,
     WRITE_PATHS,
     default_of,
@@ -126,8 +130,13 @@ class StreamSettings(_Section):
         (docs/streaming_app.md, "Record parsing"); both stage the same rows.
     :param write_path: ``direct`` (each row written once, through the driver) or ``staged``
         (executors stage in parallel; docs/streaming_app.md, "Write paths").
-    :param replay_engine: how a recovery replays: ``spark`` (the app, spark-submit) or ``direct``
-        (in the Airflow worker, without Spark: seconds instead of a cold start; docs/recovery.md).
+    :param replay_engine: how a recovery replays: ``auto`` (``direct`` up to
+        ``replay_direct_max_records`` records to replay, ``spark`` above), ``spark`` (the app,
+        spark-submit) or ``direct`` (in the Airflow worker, without Spark: seconds instead of a
+        cold start; docs/recovery.md).
+    :param replay_direct_max_records: ``auto``'s threshold: the most records a replay takes
+        ``direct`` for (0: always ``spark``); the default's measurements are in
+        airflow_provider_eos/recovery/replay_engine.py.
     """
 
     # The app's fields: their defaults are the app's.
@@ -143,7 +152,8 @@ class StreamSettings(_Section):
     max_restarts: NonNegativeInt = 3
     restart_backoff: NonNegativeFloat = 10
     schedule: str | None = None
-    replay_engine: str = "spark"
+    replay_engine: str = DEFAULT_REPLAY_ENGINE
+    replay_direct_max_records: NonNegativeInt = DEFAULT_DIRECT_MAX_RECORDS
 
     @field_validator("trigger", "record_parsing", "write_path", "replay_engine")
     @classmethod
@@ -155,7 +165,7 @@ class StreamSettings(_Section):
 
 
 _STREAM_CHOICES = {"trigger": TRIGGERS, "record_parsing": RECORD_PARSING, "write_path": WRITE_PATHS,
-                   "replay_engine": REPLAY_ENGINES}
+                   "replay_engine": REPLAY_ENGINE_CHOICES}
 
 
 class SnapshotSettings(_Section):
@@ -355,7 +365,8 @@ class PipelineDefinition(_Section):
 APP_FIELD_RENAMES = {"pipeline": "name"}
 # What a definition holds that the app never sees, by place.
 DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health", "spark", "airflow"),
-                   "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine")}
+                   "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine",
+                              "replay_direct_max_records")}
 
 
 def app_field_places() -> dict[str, tuple[str, str]]:
