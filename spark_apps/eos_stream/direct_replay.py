@@ -53,12 +53,13 @@ from spark_apps.eos_stream.spec import load_spec
 
 STALL_SECONDS = 60.0
 _FETCH_RECORDS = 10_000
-# consume() returns when it has _FETCH_RECORDS or when this expires. A range ends at a partition's
-# last stable offset, usually on a transaction marker the consumer never hands out, so the call
-# that moves past the marker always runs to its timeout: 0.5 s made that ~0.5 s per partition and
-# batch (2 of the 2.7 s of a 20k replay over 4 partitions); the stall check (R4) goes by
-# STALL_SECONDS of wall clock, not by calls.
-_CONSUME_TIMEOUT = 0.05
+# consume() returns when it has _FETCH_RECORDS or when this expires, so every call that gets fewer
+# waits it out; and a range ends at a partition's last stable offset, usually on a transaction
+# marker the consumer never hands out, so the call that moves past the marker always runs to its
+# timeout. 0.5 s made that ~0.5 s per partition and batch (2 of the 2.7 s of a 20k replay over 4
+# partitions); at 10 ms reading 20k takes ~0.1 s, 200k ~0.3 s (local broker). The stall check (R4)
+# goes by STALL_SECONDS of wall clock, not by calls.
+_CONSUME_TIMEOUT = 0.01
 # The broker holds a fetch that found nothing new for up to fetch.wait.max.ms (500 by default); the
 # fetch still in flight when the consumer is assigned the next partition delays its first records
 # by that much. A replay reads a bounded range, so it never needs the long poll.
