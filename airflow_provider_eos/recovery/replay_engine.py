@@ -7,12 +7,14 @@ then reads with every executor of the cluster. So ``auto`` takes ``direct`` when
 between the restored offsets and Kafka's last stable offsets are at most
 ``direct_max_records``, and ``spark`` otherwise.
 
-Why 500,000 by default (``bench/recovery_times.py``, docs/benchmarks.md "Recovery"): on the
-2-core bench machine ``direct`` replayed 20k records in 2.7 s and 200k in 6.1 s (~19 µs a
-record after ~2.3 s of fixed cost), ``spark`` 20k in 13.6 s and 200k in 16.7 s (~13 s fixed,
-then ~17 µs a record on ``local[2]``). Even on a cluster that read infinitely fast, ``spark``
-would still pay its ~13 s, in which ``direct`` replays ~580k records: below 500k ``direct`` is
-the faster engine on any cluster (with some margin), above it a cluster's executors win.
+Why 500,000 by default (measured on the 2-core bench machine, docs/benchmarks.md "Recovery"):
+``direct`` replayed 20k records in ~1.2 s and 200k in ~3.4 s (``direct_replay.replay`` alone,
+load average ~3.7: ~12 µs a record after ~1 s), while ``spark`` spent 13.6 s on 20k and 16.7 s on
+200k (``bench/results/recovery_times.json`` of 2026-11-24: ~13 s before its first record is
+written, whatever the size). Even a cluster that read infinitely fast would still pay those
+~13 s, in which ``direct`` replays ~1M records; 500k keeps a factor of two for a slower worker or
+larger records. Below it ``direct`` is the faster engine on any cluster; above it a cluster's
+executors may win, and a replay that large should not hold one worker's process anyway.
 
 Nothing here imports Airflow: the choice is pure, the operator logs and returns it.
 """
