@@ -10,7 +10,7 @@ between the restored offsets and Kafka's last stable offsets are at most
 Why 500,000 by default (measured on the 2-core bench machine, docs/benchmarks.md "Recovery"):
 ``direct`` replayed 20k records in ~1.2 s and 200k in ~3.4 s (``direct_replay.replay`` alone,
 load average ~3.7: ~12 µs a record after ~1 s), while ``spark`` spent 13.6 s on 20k and 16.7 s on
-200k (``bench/results/recovery_times.json`` of 2026-11-24: ~13 s before its first record is
+200k (``bench/results/recovery_times.json`` as of 27c510e, unloaded: ~13 s before its first record is
 written, whatever the size). Even a cluster that read infinitely fast would still pay those
 ~13 s, in which ``direct`` replays ~1M records; 500k keeps a factor of two for a slower worker or
 larger records. Below it ``direct`` is the faster engine on any cluster; above it a cluster's
