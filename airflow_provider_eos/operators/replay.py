@@ -98,8 +98,10 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     Replays Kafka into the (restored) database from the offsets stored in it.
 
     Reads the stored offsets, checks Kafka still retains them (fails before
-    starting anything otherwise), then runs the streaming app once with
-    ``trigger=availableNow`` through the provider's one submit path,
+    starting anything otherwise), chooses the engine (``engine``; ``auto`` by the
+    records to replay, see :mod:`airflow_provider_eos.recovery.replay_engine`),
+    then replays: ``direct`` in this process, or ``spark``, the streaming app run
+    once with ``trigger=availableNow`` through the provider's one submit path,
     :class:`~airflow_provider_eos.hooks.stream_submit.EosStreamSubmitHook`
     (``spark_apps`` shipped for non-local masters; the database password and
     the Kafka client options only in the environment or a private properties
