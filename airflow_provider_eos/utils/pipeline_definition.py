@@ -135,7 +135,7 @@ class StreamSettings(_Section):
         spark-submit) or ``direct`` (in the Airflow worker, without Spark: seconds instead of a
         cold start; docs/recovery.md).
     :param replay_direct_max_records: ``auto``'s threshold: the most records a replay takes
-        ``direct`` for (0: always ``spark``); the default's measurements are in
+        ``direct`` for (0: ``spark`` for any replay with records); the default's measurements are in
         airflow_provider_eos/recovery/replay_engine.py.
     """
 
