@@ -1,15 +1,23 @@
 """Snapshot, restore and replay times of the recovery operators at several data sizes.
 
-    .venv/bin/python bench/recovery_times.py --events 100000 500000
+    .venv/bin/python bench/recovery_times.py --events 100000 1000000
 
 Per size N: produce N ledger events, process them (availableNow), snapshot
 (SnapshotOperator), produce and process N/5 more, request a stop, restore the
 snapshot (RestoreOperator: fetch + scratch restore + validate + single-
-transaction swap + drop old), replay the N/5 (ReplayOperator, once per
-engine, each on its own pipeline: ``spark``, a spark-submit availableNow
-from the restored offsets, and ``direct``, the Spark-less replay in this
-process), then audit. ``recovery_seconds`` is restore + replay + audit.
-Writes bench/results/recovery_times.json and prints a table.
+transaction swap + drop old), replay the N/5 (ReplayOperator), then audit.
+``recovery_seconds`` is restore + replay + audit.
+
+The main figure is a pipeline definition's defaults: ``stream.replay_engine``
+(``auto``: ``direct`` up to ``stream.replay_direct_max_records`` records to
+replay, ``spark`` above) and that threshold, written as
+``recovery_<size>_seconds`` (``recovery_100k_seconds``, ``recovery_1m_seconds``).
+``--engines auto spark direct`` adds the explicit engines side by side, each
+on its own pipeline. The load average is recorded: on a shared machine the
+numbers are indicative. Reads the stack from ``$EOS_STATE_DIR/stack.env``
+(default ``.local``); ``pg_dump``/``psql`` are found as the provider finds
+them (``[eos] pg_bin_dir``, else ``PATH``). Writes
+bench/results/recovery_times.json and prints a table.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E4
 from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
 
 PG_CONN, KAFKA_CONN, SPARK_CONN = "eos_bench_pg", "eos_bench_kafka", "eos_bench_spark"
-PG_BIN = os.environ.get("EOS_PG_BIN_DIR", "/usr/lib/postgresql/15/bin")
+STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 
 
 def _connections(stack: dict[str, str]) -> None:
@@ -69,6 +77,7 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     from airflow_provider_eos.operators.replay import ReplayOperator
     from airflow_provider_eos.operators.restore import RestoreOperator
     from airflow_provider_eos.operators.snapshot import SnapshotOperator
+    from airflow_provider_eos.utils.pipeline_definition import StreamSettings
 
     name = f"bench{uuid.uuid4().hex[:8]}"
     config = pipeline_config(stack, tmp, name, max_offsets_per_trigger=max(20_000, events // 5))
@@ -77,7 +86,8 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     bootstrap, topic = stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0]
     ensure_topic(bootstrap, topic, partitions=4)
     extra = events // 5
-    out: dict[str, Any] = {"events": events, "replayed_events": extra, "engine": engine}
+    out: dict[str, Any] = {"events": events, "replayed_events": extra, "engine": engine,
+                           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     clock = time.monotonic()
     produce_ledger(bootstrap, events, topic=topic, batch_size=5000, seed=1, transactional_id=f"a{name}")
     out["produce_seconds"] = round(time.monotonic() - clock, 1)
@@ -85,8 +95,8 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     assert run_app(config, tmp, timeout=1800).process.returncode == 0
     out["process_seconds"] = round(time.monotonic() - clock, 1)
     store = tmp / "store"
-    common: dict[str, Any] = {"pipeline_config": str(config_file), "postgres_conn_id": PG_CONN,
-                              "pg_bin_dir": PG_BIN}
+    # No pg_bin_dir: the hook's own resolution, [eos] pg_bin_dir, else PATH.
+    common: dict[str, Any] = {"pipeline_config": str(config_file), "postgres_conn_id": PG_CONN}
     clock = time.monotonic()
     snap = SnapshotOperator(task_id="snapshot", snapshot_store=str(store), keep_last=2, **common).execute({})
     out["snapshot_seconds"] = round(time.monotonic() - clock, 2)
@@ -99,7 +109,7 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     steady_seconds = time.monotonic() - clock
     out["steady"] = {**last_run_rate(stack, config), "seconds": round(steady_seconds, 1),
                      "wall_rows_per_s": round(extra / steady_seconds, 1)}
-    hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN, meta_schema=config["meta_schema"])
+    hook = PgToolsHook(postgres_conn_id=PG_CONN, meta_schema=config["meta_schema"])
     hook.set_stop_request(config["pipeline"], True)
     clock = time.monotonic()
     restored = RestoreOperator(task_id="restore", snapshot_store=str(store), quiet_seconds=0, release_lock=True,
@@ -109,11 +119,14 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     clock = time.monotonic()
     replayed = ReplayOperator(task_id="replay", kafka_config_id=KAFKA_CONN, spark_conn_id=SPARK_CONN,
                               jars=stack["EOS_SPARK_JARS"], engine=engine,
+                              direct_max_records=StreamSettings().replay_direct_max_records,
                               **common).execute({"run_id": f"bench-{name}"})
     out["replay_seconds"] = round(time.monotonic() - clock, 1)
     out["replay_events_counted"] = replayed["events_replayed"]
+    out["replay_choice"] = replayed["engine"]
     # The direct replay writes no progress rows (no Spark): only its wall clock compares.
-    in_batch = last_run_rate(stack, config) if engine == "spark" else {"in_batch_rows_per_s": None}
+    ran = replayed["engine"]["engine"]
+    in_batch = last_run_rate(stack, config) if ran == "spark" else {"in_batch_rows_per_s": None}
     out["replay"] = {**in_batch, "seconds": out["replay_seconds"],
                      "wall_rows_per_s": round(extra / out["replay_seconds"], 1)}
     steady_rate, replay_rate = out["steady"]["in_batch_rows_per_s"], out["replay"]["in_batch_rows_per_s"]
@@ -128,13 +141,23 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     return out
 
 
+def size_label(events: int) -> str:
+    """100000 -> "100k", 1000000 -> "1m": the figure's name."""
+    return f"{events // 10**6}m" if events >= 10**6 and events % 10**6 == 0 else f"{events // 1000}k"
+
+
 def main() -> None:
+    from airflow_provider_eos.recovery.replay_engine import REPLAY_ENGINE_CHOICES
+    from airflow_provider_eos.utils.pipeline_definition import StreamSettings
+
+    defaults = StreamSettings()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, nargs="+", default=[100_000, 500_000])
-    parser.add_argument("--engines", nargs="+", default=["spark", "direct"], help="replay engines, side by side")
+    parser.add_argument("--events", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--engines", nargs="+", choices=REPLAY_ENGINE_CHOICES, default=[defaults.replay_engine],
+                        help="replay engines, side by side (default: the definition's default)")
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
     args = parser.parse_args()
-    stack = read_env_file(ROOT / ".local" / "stack.env")
+    stack = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(stack)
     _connections(stack)
     results = []
@@ -144,13 +167,22 @@ def main() -> None:
                 result = one_size(stack, events, Path(tmp), engine)
             print(json.dumps(result), flush=True)
             results.append(result)
-    document = {"machine": machine(), "spark_master": "local[2]", "results": results}
+    # The main figures: the definition's defaults, one per size.
+    headline = {f"recovery_{size_label(r['events'])}_seconds": r["recovery_seconds"] for r in results
+                if r["engine"] == defaults.replay_engine}
+    document = {**headline, "defaults": {"replay_engine": defaults.replay_engine,
+                                         "replay_direct_max_records": defaults.replay_direct_max_records},
+                "indicative": "a shared 2-core machine: see each result's load_average_at_start",
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "machine": machine(), "spark_master": "local[2]", "results": results}
     Path(args.output).write_text(json.dumps(document, indent=2) + "\n")
-    print(f"{'events':>9} {'engine':>7} {'snap rows':>10} {'dump MiB':>8} {'snapshot s':>10} {'restore s':>9} "
+    print(json.dumps(headline))
+    print(f"{'events':>9} {'engine':>12} {'snap rows':>10} {'dump MiB':>8} {'snapshot s':>10} {'restore s':>9} "
           f"{'replayed':>9} {'replay s':>8} {'steady r/s':>10} {'replay r/s':>10} {'ratio':>5} {'audit':>5} "
           f"{'recovery s':>10}")
     for r in results:
-        print(f"{r['events']:>9} {r['engine']:>7} {r['snapshot_rows']:>10} {r['dump_mib']:>8} "
+        engine = f"{r['engine']}:{r['replay_choice']['engine']}"  # asked:ran
+        print(f"{r['events']:>9} {engine:>12} {r['snapshot_rows']:>10} {r['dump_mib']:>8} "
               f"{r['snapshot_seconds']:>10} "
               f"{r['restore_seconds']:>9} {r['replayed_events']:>9} {r['replay_seconds']:>8} "
               f"{r['steady']['in_batch_rows_per_s']!s:>10} {r['replay']['in_batch_rows_per_s']!s:>10} "

@@ -175,6 +175,10 @@ orders = {
     "snapshot": {"schedule": "@hourly", "keep_last": 24},
     "health": {"schedule": "*/5 * * * *", "stuck_after": 15, "poke_interval": 5, "sensor_timeout": 60},
 }
+if e["EOS_SPARK_MASTER"] == "cluster":
+    # The cluster demo shows the recovery's replay as an application of the cluster too; by the
+    # default (auto) its ~2000 records would be replayed in the worker, without Spark.
+    ledger["stream"]["replay_engine"] = "spark"
 for definition in (ledger, orders):
     with open(os.path.join(pipelines, f"{definition['name']}.yaml"), "w") as f:
         f.write("# Written by scripts/airflow.sh for the local stack; "

@@ -2,8 +2,9 @@
 
 check_conf -> gate (no partition stuck) -> lock -> stop stream -> choose snapshot -> retention
 check -> restore (scratch validation, single-transaction swap; the old tables kept aside) ->
-replay (availableNow from the restored offsets; the stop request stays set) -> wait caught up
--> audit (up to the stored offsets, which must reach the replay's goal: a live topic's newer
+replay (from the restored offsets to the last stable offsets: in the worker, ``direct``, up to
+``stream.replay_direct_max_records`` records, else through spark-submit; the stop request stays
+set) -> wait caught up -> audit (up to the stored offsets, which must reach the replay's goal: a live topic's newer
 records are the resumed stream's work) -> finalize (drop the old tables) -> resume ``eos_stream__<pipeline>`` (the same
 pipeline, in the mode its definition gives) and announce (an Asset event on each target table,
 with the restored and replayed offsets) -> summary. If replay, caught-up or audit fails,
@@ -108,6 +109,7 @@ def summary(pipeline: str, **context: Any) -> dict[str, Any]:
     out["rows_restored"] = restored.get("rows_restored")
     out["restore_timings"] = restored.get("timings")
     out["events_replayed"] = replayed.get("events_replayed")
+    out["replay_engine"] = replayed.get("engine")  # which engine ran, and why (auto: by the records to replay)
     out["replay_seconds"] = replayed.get("seconds")
     audit_report = ti.xcom_pull(task_ids="audit") or {}
     out["audit"] = {"ok": audit_report.get("ok"), "summary": audit_report.get("summary")}
@@ -183,12 +185,13 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
                                   kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
                                   allow_table_changes="{{ params.allow_table_changes }}",
                                   plan_only=DRY_RUN, **locked)
-        spark = definition.spark
+        spark, engine = definition.spark, definition.stream.replay_engine
+        # On spark_queue unless it never spark-submits: ``auto`` may, by the size it finds.
         replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
-                                engine=definition.stream.replay_engine, plan_only=DRY_RUN,
-                                spark_conf=spark.submit_conf(), driver_memory=spark.driver_memory,
+                                engine=engine, direct_max_records=definition.stream.replay_direct_max_records,
+                                plan_only=DRY_RUN, spark_conf=spark.submit_conf(), driver_memory=spark.driver_memory,
                                 jars=spark.all_jars(provider_config.spark_jars()) if spark.jars else None,
-                                **spark_task_args(definition), **locked)
+                                **(spark_task_args(definition) if engine != "direct" else {}), **locked)
         # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
         # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
         caught_up = StreamCaughtUpSensor(

@@ -16,9 +16,14 @@ from airflow_provider_eos.operators.base import KafkaOffsetsMixin, timed_step
 from airflow_provider_eos.recovery.catalog import stored_offsets_in
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.recovery.manifest import LATEST, SnapshotError
+from airflow_provider_eos.recovery.replay_engine import (
+    DEFAULT_DIRECT_MAX_RECORDS,
+    DEFAULT_REPLAY_ENGINE,
+    REPLAY_ENGINE_CHOICES,
+    choose_replay_engine,
+)
 from airflow_provider_eos.recovery.retention import flat_offsets, nested_offsets
 from airflow_provider_eos.utils.params import as_bool
-from spark_apps.eos_stream.config import REPLAY_ENGINES
 
 if TYPE_CHECKING:
     from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
@@ -93,8 +98,10 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     Replays Kafka into the (restored) database from the offsets stored in it.
 
     Reads the stored offsets, checks Kafka still retains them (fails before
-    starting anything otherwise), then runs the streaming app once with
-    ``trigger=availableNow`` through the provider's one submit path,
+    starting anything otherwise), chooses the engine (``engine``; ``auto`` by the
+    records to replay, see :mod:`airflow_provider_eos.recovery.replay_engine`),
+    then replays: ``direct`` in this process, or ``spark``, the streaming app run
+    once with ``trigger=availableNow`` through the provider's one submit path,
     :class:`~airflow_provider_eos.hooks.stream_submit.EosStreamSubmitHook`
     (``spark_apps`` shipped for non-local masters; the database password and
     the Kafka client options only in the environment or a private properties
@@ -124,9 +131,13 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param hold_lock: hold the target's recovery lock while working (a recovery step).
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
     :param plan_only: report the plan (offsets, retention) without running.
-    :param engine: ``spark`` (the app through spark-submit, on the Spark connection's master) or
-        ``direct`` (``spark_apps.eos_stream.direct_replay`` in this worker: the same claim and sink
-        without Spark, so no cold spark-submit and no cold first batch; one process reads).
+    :param engine: ``auto`` (the default: ``direct`` when the records between the stored offsets
+        and the last stable offsets are at most ``direct_max_records``, ``spark`` otherwise),
+        ``spark`` (the app through spark-submit, on the Spark connection's master) or ``direct``
+        (``spark_apps.eos_stream.direct_replay`` in this worker: the same claim and sink without
+        Spark, so no cold spark-submit and no cold first batch; one process reads). The choice is
+        logged and returned as ``engine`` (:class:`~airflow_provider_eos.recovery.replay_engine.ReplayChoice`).
+    :param direct_max_records: ``auto``'s threshold (a definition's ``stream.replay_direct_max_records``).
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "jars", "checkpoint_dir", "plan_only")
@@ -137,12 +148,13 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
                  jars: str | None = None, spark_conf: dict[str, str] | None = None, driver_memory: str = "1g",
                  checkpoint_dir: str | None = None, kafka_options: dict[str, str] | None = None,
                  require_stop_request: bool = True, hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
-                 plan_only: Any = False, pg_bin_dir: str | None = None, engine: str = "spark",
-                 **kwargs: Any) -> None:
+                 plan_only: Any = False, pg_bin_dir: str | None = None, engine: str = DEFAULT_REPLAY_ENGINE,
+                 direct_max_records: int = DEFAULT_DIRECT_MAX_RECORDS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if engine not in REPLAY_ENGINES:
-            raise ValueError(f"unknown replay engine {engine!r}; choose one of {', '.join(REPLAY_ENGINES)}")
+        if engine not in REPLAY_ENGINE_CHOICES:
+            raise ValueError(f"unknown replay engine {engine!r}; choose one of {', '.join(REPLAY_ENGINE_CHOICES)}")
         self.engine = engine
+        self.direct_max_records = direct_max_records
         self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
         self.kafka_config_id = kafka_config_id
@@ -191,7 +203,11 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         before = self._stored(config)
         retention = self.check_retention(before, list(config.topics), "from the restored offsets")
         lso_at_start = flat_offsets(retention["last_stable"])
-        plan = {"offsets_before": nested_offsets(before), "retention": retention}
+        # Chosen from the retention check's count: no second look at Kafka.
+        choice = choose_replay_engine(self.engine, retention.get("records_to_replay"), self.direct_max_records)
+        self.log.info("replay engine %s (asked %s): %s records to replay, direct up to %s: %s", choice.engine,
+                      choice.asked, choice.records_to_replay, choice.direct_max_records, choice.reason)
+        plan = {"offsets_before": nested_offsets(before), "retention": retention, "engine": choice.as_dict()}
         if as_bool(self.plan_only):
             return {**plan, "dry_run": True}
         with self.lock_guard(config, context):
@@ -202,7 +218,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
                         f"pipeline {config.pipeline!r} has no stop request: a supervisor could start a driver "
                         "that fights the replay for the target. Stop it first (the recovery's stop_stream step).")
             counts_before = self._row_counts(config)
-            if self.engine == "direct":
+            if choice.engine == "direct":
                 self._run_direct(config)
             else:
                 self._run_app(config)

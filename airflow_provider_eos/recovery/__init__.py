@@ -16,6 +16,7 @@ Modules, in the order a snapshot id travels through a recovery:
 * ``lock``: the recovery lock (one recovery of a target at a time) and the target's keys.
 * ``guards``: who may still write: the running lock, in-doubt batches, the epoch bump.
 * ``retention``: whether Kafka still holds everything a replay from stored offsets needs.
+* ``replay_engine``: which engine replays (``auto``: ``direct`` for a small replay, ``spark`` above).
 * ``restore``: the restore's steps, from choosing the snapshot to the swap.
 * ``swap``: scratch validation and the swap, in ONE transaction of the target database.
 * ``aside``: the replaced state kept aside, then dropped (finalize) or put back (rollback).

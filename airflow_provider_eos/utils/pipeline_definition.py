@@ -59,11 +59,15 @@ from pydantic import (
     model_validator,
 )
 
+from airflow_provider_eos.recovery.replay_engine import (
+    DEFAULT_DIRECT_MAX_RECORDS,
+    DEFAULT_REPLAY_ENGINE,
+    REPLAY_ENGINE_CHOICES,
+)
 from airflow_provider_eos.utils.definition_checks import definition_problems, schedule_problem
 from spark_apps.eos_stream.config import (
     DELIVERY_MODES,
     PIPELINE_NAME,
-    REPLAY_ENGINES,
     TRIGGERS,
     default_of,
     pipeline_fields,
@@ -122,8 +126,13 @@ class StreamSettings(_Section):
         topics hold and ends (give it a ``schedule`` to run it periodically).
     :param schedule: the stream DAG's schedule (cron or preset); ``None``: triggered by hand or
         by a recovery's resume. A continuous stream is started once and runs until stopped.
-    :param replay_engine: how a recovery replays: ``spark`` (the app, spark-submit) or ``direct``
-        (in the Airflow worker, without Spark: seconds instead of a cold start; docs/recovery.md).
+    :param replay_engine: how a recovery replays: ``auto`` (``direct`` up to
+        ``replay_direct_max_records`` records to replay, ``spark`` above), ``spark`` (the app,
+        spark-submit) or ``direct`` (in the Airflow worker, without Spark: seconds instead of a
+        cold start; docs/recovery.md).
+    :param replay_direct_max_records: ``auto``'s threshold: the most records a replay takes
+        ``direct`` for (0: ``spark`` for any replay with records); the default's measurements are in
+        airflow_provider_eos/recovery/replay_engine.py.
     """
 
     # The app's fields: their defaults are the app's.
@@ -137,7 +146,8 @@ class StreamSettings(_Section):
     max_restarts: NonNegativeInt = 3
     restart_backoff: NonNegativeFloat = 10
     schedule: str | None = None
-    replay_engine: str = "spark"
+    replay_engine: str = DEFAULT_REPLAY_ENGINE
+    replay_direct_max_records: NonNegativeInt = DEFAULT_DIRECT_MAX_RECORDS
 
     @model_validator(mode="before")
     @classmethod
@@ -157,7 +167,7 @@ class StreamSettings(_Section):
         return value
 
 
-_STREAM_CHOICES = {"trigger": TRIGGERS, "replay_engine": REPLAY_ENGINES}
+_STREAM_CHOICES = {"trigger": TRIGGERS, "replay_engine": REPLAY_ENGINE_CHOICES}
 
 
 class SnapshotSettings(_Section):
@@ -357,7 +367,8 @@ class PipelineDefinition(_Section):
 APP_FIELD_RENAMES = {"pipeline": "name"}
 # What a definition holds that the app never sees, by place.
 DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health", "spark", "airflow"),
-                   "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine")}
+                   "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine",
+                              "replay_direct_max_records")}
 
 
 def app_field_places() -> dict[str, tuple[str, str]]:

@@ -53,6 +53,17 @@ from spark_apps.eos_stream.spec import load_spec
 
 STALL_SECONDS = 60.0
 _FETCH_RECORDS = 10_000
+# consume() returns when it has _FETCH_RECORDS or when this expires, so every call that gets fewer
+# waits it out; and a range ends at a partition's last stable offset, usually on a transaction
+# marker the consumer never hands out, so the call that moves past the marker always runs to its
+# timeout. 0.5 s made that ~0.5 s per partition and batch (2 of the 2.7 s of a 20k replay over 4
+# partitions); at 10 ms reading 20k takes ~0.1 s, 200k ~0.3 s (local broker). The stall check (R4)
+# goes by STALL_SECONDS of wall clock, not by calls.
+_CONSUME_TIMEOUT = 0.01
+# The broker holds a fetch that found nothing new for up to fetch.wait.max.ms (500 by default); the
+# fetch still in flight when the consumer is assigned the next partition delays its first records
+# by that much. A replay reads a bounded range, so it never needs the long poll.
+_FETCH_WAIT_MAX_MS = 10
 
 
 def partition_bounds(config: PipelineConfig, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
@@ -99,7 +110,7 @@ def read_range(consumer: Any, tp: TopicPartition, start: int, end: int) -> Itera
     consumer.assign([KafkaPartition(topic, partition, start)])
     position, moved_at = start, time.monotonic()
     while position < end:
-        for message in consumer.consume(_FETCH_RECORDS, timeout=0.5):
+        for message in consumer.consume(_FETCH_RECORDS, timeout=_CONSUME_TIMEOUT):
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
@@ -135,7 +146,8 @@ def replay(config: PipelineConfig) -> int:
         return 0
     consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap, "group.id": f"eos-replay-{config.pipeline}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "auto.offset.reset": "error", **config.librdkafka_options()})
+                         "auto.offset.reset": "error", "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS,
+                         **config.librdkafka_options()})
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))

@@ -163,7 +163,9 @@ def test_metrics_reach_statsd(make_pipeline, statsd, stack) -> None:  # noqa: F8
     p = make_pipeline("met")
     p.produce(300, malformed=2)
     config_dir = p.tmp_path / "pipelines"
-    write_definition({**p.config, "create_targets": True}, config_dir,
+    # replay_engine spark, not the default auto (direct for 300 records, a few hundred ms): a replay
+    # step known to last more than a second tells the timer's milliseconds from seconds.
+    write_definition({**p.config, "create_targets": True}, config_dir, stream={"replay_engine": "spark"},
                      health={"stuck_after": 2, "sensor_timeout": 6, "poke_interval": 1})
     env = _metrics_env(stack, config_dir, p.tmp_path / "store", statsd.port)
     name, topic = p.name, p.topic.replace(".", "__")

@@ -115,9 +115,12 @@ def _state(stack: dict, config: dict) -> dict:
 
 
 # The pipelines of the tests that start from the same state: a name prefix and the definition's sections.
-SNAPSHOTTED = {"replay_spark": ("recs", {"stream": {"replay_engine": "spark"}}),
-               "replay_direct": ("recd", {"stream": {"replay_engine": "direct"}}),
-               "crash": ("crash", {}), "rollback": ("rb", {})}
+# Both replays are the default engine, auto: the default threshold takes direct for these ~2000 records,
+# a threshold of 0 takes spark.
+SNAPSHOTTED = {"replay_spark": ("recs", {"stream": {"replay_direct_max_records": 0}}),
+               "replay_direct": ("recd", {}),
+               # rollback breaks the replay's spark-submit: its replay must be spark, whatever the size.
+               "crash": ("crash", {}), "rollback": ("rb", {"stream": {"replay_engine": "spark"}})}
 # Whose setup runs are the Spark app's: the Spark-engine recovery's pipeline, Spark end to end. The
 # others' setup only has to leave a pipeline's state in the database, which the Spark-less replay
 # leaves alike (the same claim and sink) without a JVM: no snapshot or recovery reads a stream's
@@ -257,6 +260,10 @@ def test_recovery_dag_restores_and_replays_exactly(stack, tmp_path, snapshotted,
     assert real["tasks"]["finalize"] == "success" and real["tasks"]["rollback"] == "skipped", real
     summary = real["summary"]  # rows restored, events replayed, seconds per step
     assert summary["rows_restored"] > 0 and summary["events_replayed"] > 0 and summary["audit"]["ok"], summary
+    # auto chose by the offsets to replay (the 2000 committed records, aborted ones and markers) and said so.
+    chosen = summary["replay_engine"]
+    assert (chosen["asked"], chosen["engine"]) == ("auto", replay_engine), chosen
+    assert chosen["records_to_replay"] >= 2000, chosen
     steps = summary["seconds_per_step"]
     assert set(steps) == {"lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
                           "audit", "finalize"} and all(v is not None and v >= 0

@@ -79,7 +79,8 @@ def test_two_pipelines_on_a_spark_cluster_one_recovered_while_the_other_streams(
 
         # A's recovery, by its own DAG, on the cluster, while B keeps streaming.
         config_dir, store = tmp_path / "pipelines", tmp_path / "store"
-        write_definition(a.config, config_dir, connections={"spark": CLUSTER_CONN})
+        # spark, not the default auto: so small a replay would run direct, in this process, off the cluster.
+        write_definition(a.config, config_dir, connections={"spark": CLUSTER_CONN}, stream={"replay_engine": "spark"})
         env = _airflow_env(a.stack, config_dir, store)
         env[f"AIRFLOW_CONN_{CLUSTER_CONN.upper()}"] = cluster
         [snap] = _dag_test(env, [[f"eos_snapshot__{a.name}", {}]], tmp_path)

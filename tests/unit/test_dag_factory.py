@@ -54,7 +54,7 @@ def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
     assert (beta["delivery"], beta["meta_schema"], beta_run.kafka_config_id) == ("two_phase", "m_beta",
                                                                                  "kafka_default")
     # A run pins its tuning in the definition's stream section; the rest is the definition's.
-    assert "resolve_run" in beta["stream"]["trigger"] and beta["stream"]["replay_engine"] == "spark"
+    assert "resolve_run" in beta["stream"]["trigger"] and beta["stream"]["replay_engine"] == "auto"
     assert dags["eos_health__alpha"].get_task("lso_lag").topics == ["alpha.events"]
     # The health check keeps each pipeline's stuck-since times in its own meta schema, across runs.
     lso = dags["eos_health__beta"].get_task("lso_lag")

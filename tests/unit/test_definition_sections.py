@@ -51,6 +51,14 @@ def test_airflow_settings_reach_every_task_and_spark_tasks_get_their_queue(tmp_p
     assert replay.spark_conf["spark.jars.packages"] == "org.example:extra_2.13:1.0"
 
 
+def test_the_replay_takes_the_definitions_engine_and_only_a_direct_one_leaves_spark_queue(tmp_path: Path) -> None:
+    for engine, threshold, queue in (("auto", 1234, "spark"), ("spark", 0, "spark"), ("direct", 0, "sensors")):
+        stream = {"replay_engine": engine, "replay_direct_max_records": threshold}
+        (tmp_path / "big.yaml").write_text(json.dumps(_definition(**{**SECTIONS, "stream": stream})))
+        replay = pipeline_dags(tmp_path)["eos_recovery__big"].get_task("replay")
+        assert (replay.engine, replay.direct_max_records, replay.queue) == (engine, threshold, queue)
+
+
 def test_the_streams_submit_carries_the_spark_section(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_eos.operators.replay import ReplayOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 from airflow_provider_eos.utils.pipeline_definition import (
     APP_FIELD_RENAMES,
@@ -101,6 +102,13 @@ def test_the_operators_config_is_the_definitions(monkeypatch) -> None:
                                      run_seconds=default_of("run_seconds"),
                                      stop_poll_seconds=default_of("stop_poll_seconds"))
     assert config == expected
+
+
+def test_the_replay_operators_engine_defaults_are_the_definitions() -> None:
+    params = inspect.signature(ReplayOperator.__init__).parameters
+    stream = StreamSettings.model_fields
+    assert params["engine"].default == stream["replay_engine"].default == "auto"
+    assert params["direct_max_records"].default == stream["replay_direct_max_records"].default
 
 
 def test_no_generic_module_names_an_example_pipeline() -> None:
