@@ -49,10 +49,17 @@ def _is_kafka(pid: int) -> bool:
         return False
 
 
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O), from /proc/stat."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / _TICKS
+
+
 def _sample(app: int) -> dict[str, float]:
-    """CPU seconds so far, by owner: the app ``app`` and its descendants, PostgreSQL, Kafka."""
+    """CPU seconds so far, by owner: the app ``app`` and its descendants, PostgreSQL, Kafka;
+    and the whole machine's busy time (``machine``)."""
     processes = _processes()
-    totals = {"spark": 0.0, "postgres": 0.0, "kafka": 0.0, "other": 0.0}
+    totals = {"spark": 0.0, "postgres": 0.0, "kafka": 0.0, "other": 0.0, "machine": _machine_busy()}
     for pid, (_, comm, cpu) in processes.items():
         ancestor, owner = pid, "other"
         while ancestor > 1 and ancestor in processes:

@@ -40,9 +40,10 @@ after on one clock. The baseline's ratios go under ``baseline``.
 ``--recovery`` (bench/results/recovery_times.json): restore + replay + audit
 at 100k and 1M events with the definition's defaults.
 
-``exactly_once_local1`` is the scaling figure: the same pipeline with
-``local[1]``. Each mode's run also records which processes used the cores
-during its warm batches (``bench/cpu_share.py``): Spark, PostgreSQL, Kafka.
+``exactly_once_local1`` and ``exactly_once_local4`` are the scaling figure:
+the same pipeline with one task slot, and with four on the same two cores.
+Each mode's run also records which processes used the cores during its warm
+batches (``bench/cpu_share.py``): Spark, PostgreSQL, Kafka, the machine.
 
 Writes bench/results/sink_throughput.json (``figures`` with every run,
 ``phases`` per batch, ``ratios`` against the issue's targets) and prints a table.
@@ -80,8 +81,9 @@ MODES = {
     "at_least_once": ("at_least_once", "LEDGER", "local[2]"),
     "two_phase": ("two_phase", "LEDGER", "local[2]"),
     "exactly_once_events_only": ("exactly_once", "LEDGER_EVENTS_ONLY", "local[2]"),
-    # The scaling figure: the same pipeline with one core for Spark's tasks.
+    # The scaling figure: the same pipeline with one task slot, and with four on the same two cores.
     "exactly_once_local1": ("exactly_once", "LEDGER", "local[1]"),
+    "exactly_once_local4": ("exactly_once", "LEDGER", "local[4]"),
 }
 # Figures of the --baseline checkout's app: "<mode>@baseline".
 BASELINE_SUFFIX = "@baseline"
@@ -368,6 +370,7 @@ def ratios(figures: dict[str, dict], recovery: dict[str, float | None], build: s
     }
     if not build:
         measured["exactly_once_local2_vs_local1"] = ratio("exactly_once", "exactly_once_local1")
+        measured["exactly_once_local4_vs_local2"] = ratio("exactly_once_local4", "exactly_once")
         measured["exactly_once_vs_baseline"] = ratio("exactly_once", f"exactly_once{BASELINE_SUFFIX}")
     return measured
 

@@ -32,7 +32,7 @@ TRIGGERS = ("availableNow", "processingTime")
 # Switches that are gone, with what a config that still sets one is told. Each
 # measured slower than the one path that stayed (docs/benchmarks.md, "Removed switches").
 REMOVED_OPTIONS = {
-    "record_parsing": "records are always parsed by Python's parse_record; the JVM parser measured 0.72x as fast",
+    "record_parsing": "Arrow parses records in bulk and parse_record judges the rest; the JVM parser measured 0.72x",
     "write_path": "batches are always staged by the executors and applied in SQL; the direct path was a draw",
 }
 # How a recovery replays: the app under spark-submit, or direct_replay without Spark.
