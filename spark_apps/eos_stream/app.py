@@ -250,12 +250,14 @@ _EXCEPTION_NAME = re.compile(r"(\.|Error$|Exception$|Stuck$|Blocked$|Fenced$|Una
 def root_cause(exc: BaseException) -> str:
     """The innermost Python error inside Spark's wrapping (a failed foreachBatch
     arrives as STREAM_FAILED with the real traceback in its text), with the
-    SQLSTATE when the database raised it."""
+    SQLSTATE when the database raised it; an error raised outside Spark (the
+    last batch's apply, which ends after the query) reads the same way:
+    its class, then its first line."""
     text = str(exc)
     lines = [m for m in map(_PYTHON_ERROR_LINE.match, text.splitlines()) if m]
     named = [m for m in lines if _EXCEPTION_NAME.search(m.group(1))] or lines
     if not named:
-        return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        return f"{type(exc).__name__}: {text.strip().splitlines()[0]}" if text.strip() else type(exc).__name__
     cause = named[-1].group(1).rsplit(".", 1)[-1] + ": " + named[-1].group(2).strip()
     code = sqlstate_of(exc)
     return f"{cause} (SQLSTATE {code})" if code and code not in cause else cause

@@ -76,7 +76,7 @@ def test_root_cause_digs_the_database_error_out_of_sparks_wrapping() -> None:
         "psycopg2.errors.StringDataRightTruncation: value too long for type character varying(64)\n"
     )
     assert root_cause(wrapped) == "StringDataRightTruncation: value too long for type character varying(64)"
-    assert root_cause(ValueError("plain message")) == "plain message"
+    assert root_cause(ValueError("plain message")) == "ValueError: plain message"
 
 
 def test_root_cause_is_not_sparks_query_report() -> None:
