@@ -39,7 +39,7 @@ from spark_apps.eos_stream.sink.staging import partition_writer
 from spark_apps.eos_stream.spec import SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-# What the partition writer reads of each Kafka record (staging.arrow_records).
+# What the partition writer reads of each Kafka record (batch_lines.arrow_records).
 RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value")
 
 

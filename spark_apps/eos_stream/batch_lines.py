@@ -113,22 +113,24 @@ def _cell(column: Any, pg_type: str) -> Any:
     return pc.fill_null(text, NULL)
 
 
+def arrow_records(batch: Any) -> Iterator[tuple]:
+    """An Arrow batch's rows as tuples: the (topic, partition, offset, key,
+    value) of each record a task read, for ``staging_lines``."""
+    return zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+
 def string_data(lines: Any) -> memoryview:
     """The bytes of an Arrow string or binary array without nulls, all its
     values back to back, straight from its data buffer."""
-    width = 8 if lines.type.id in _large_type_ids() else 4
+    import pyarrow as pa
+
+    width = 8 if pa.types.is_large_string(lines.type) or pa.types.is_large_binary(lines.type) else 4
     offsets = memoryview(lines.buffers()[1]).cast("B")
     first, last = lines.offset * width, (lines.offset + len(lines)) * width
     start = int.from_bytes(offsets[first:first + width], "little", signed=True)
     end = int.from_bytes(offsets[last:last + width], "little", signed=True)
     data = lines.buffers()[2]
     return memoryview(data).cast("B")[start:end] if data is not None else memoryview(b"")
-
-
-def _large_type_ids() -> tuple[int, ...]:
-    import pyarrow as pa
-
-    return (pa.large_string().id, pa.large_binary().id)
 
 
 def batch_lines(batch: Any, spec: PipelineSpec) -> Iterator[bytes | memoryview]:
@@ -152,15 +154,12 @@ def batch_lines(batch: Any, spec: PipelineSpec) -> Iterator[bytes | memoryview]:
         # One flag per record of the batch: each candidate's own where it stands, False elsewhere.
         vouched = pc.replace_with_mask(candidate, candidate, complete)
         if pc.any(complete).as_py():
-            def good(column: Any) -> Any:
-                return pc.filter(pc.filter(column, candidate), complete)
-
-            cells = [good(topic), pc.cast(good(partition), pa.string()), pc.cast(good(offset), pa.string()),
+            cells = [pc.filter(topic, vouched), pc.cast(pc.filter(partition, vouched), pa.string()),
+                     pc.cast(pc.filter(offset, vouched), pa.string()),
                      *[pa.scalar(NULL)] * 3,  # key, value, error
                      *[_cell(pc.filter(fields.column(f.name), complete), f.pg_type) for f in spec.fields]]
             lines = pc.binary_join_element_wise(*cells, "\t")
             yield string_data(pc.binary_join_element_wise(lines, pa.scalar(""), "\n"))
     left = batch.filter(pc.invert(vouched))
     if left.num_rows:
-        records = zip(*(column.to_pylist() for column in left.columns), strict=True)
-        yield "".join(staging_lines(spec, records, keep_raw=False)).encode()
+        yield "".join(staging_lines(spec, arrow_records(left), keep_raw=False)).encode()

@@ -79,8 +79,7 @@ def _batch(values: list[bytes | None], first_offset: int = 0) -> pa.RecordBatch:
 
 
 def _python_lines(spec: PipelineSpec, batch: pa.RecordBatch) -> Counter:
-    records = zip(*(column.to_pylist() for column in batch.columns), strict=True)
-    return Counter("".join(staging_lines(spec, records, keep_raw=False)).splitlines(keepends=True))
+    return Counter("".join(staging_lines(spec, fast.arrow_records(batch), keep_raw=False)).splitlines(keepends=True))
 
 
 def _fast_lines(spec: PipelineSpec, batch: pa.RecordBatch) -> Counter:

@@ -112,12 +112,6 @@ class _ChunkReader:
     readline = read
 
 
-def arrow_records(batch: Any) -> Iterator[tuple]:
-    """An Arrow batch's rows as tuples: the (topic, partition, offset, key,
-    value) of each record the task read."""
-    return zip(*(column.to_pylist() for column in batch.columns), strict=True)
-
-
 def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
                 counts: dict[str, int]) -> Iterator[bytes | memoryview]:
     """The COPY data of a task's (topic, partition, offset, key, value) Arrow
@@ -131,7 +125,7 @@ def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
         if fast:
             yield from batch_lines.batch_lines(batch, spec)
         else:
-            yield "".join(staging_lines(spec, arrow_records(batch), keep_raw)).encode()
+            yield "".join(staging_lines(spec, batch_lines.arrow_records(batch), keep_raw)).encode()
 
 
 def partition_writer(dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool):
