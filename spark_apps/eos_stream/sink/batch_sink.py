@@ -112,7 +112,7 @@ from spark_apps.eos_stream.sink import apply_sql
 from spark_apps.eos_stream.sink.in_doubt import prepare_failure, resolve_in_doubt, transaction_id
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
-from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix
+from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix, stage_table
 from spark_apps.eos_stream.spec import PipelineSpec
 
 
@@ -550,7 +550,7 @@ class BatchSink:
         clock = _Stopwatch()
         try:
             if staged is not None:
-                stage, staged_rows = self._stage_table(staged.name), staged.rows
+                stage, staged_rows = stage_table(self.meta_schema, staged.name), staged.rows
                 clock.laps["stage"] = staged.stage_ms
             else:
                 stage_name = self.stage_name(batch_id)
@@ -577,9 +577,6 @@ class BatchSink:
     def stage_name(self, batch_id: int) -> str:
         """The batch's staging table (a leftover of the same name is replaced)."""
         return f"{stage_prefix(self.pipeline)}{batch_id}"
-
-    def _stage_table(self, name: str) -> sql.Composed:
-        return sql.SQL("{}.{}").format(sql.Identifier(self.meta_schema), sql.Identifier(name))
 
     def _forget_attempts(self, start_offsets: Mapping[TopicPartition, int]) -> None:
         """Clears the committed batch's counted attempts. Best effort: a

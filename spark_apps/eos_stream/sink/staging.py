@@ -43,10 +43,15 @@ def stage_column_types(spec: PipelineSpec) -> list[tuple[str, str]]:
     return [(c, types[c]) for c in staging_columns(spec)]
 
 
+def stage_table(meta_schema: str, name: str) -> sql.Composed:
+    """A staging table's qualified name."""
+    return sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(name))
+
+
 def create_table(cur, meta_schema: str, name: str, columns: list[tuple[str, str]]) -> sql.Composed:
     """Creates an empty UNLOGGED table (no WAL: it is rebuilt on any retry) in
     the caller's transaction, replacing a leftover of the same name."""
-    table = sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(name))
+    table = stage_table(meta_schema, name)
     definition = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in columns)
     cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
     cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, definition))
@@ -181,8 +186,7 @@ def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stag
         conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
         try:
             with conn, conn.cursor() as cur:
-                stage = sql.SQL("{}.{}").format(sql.Identifier(meta_schema), sql.Identifier(stage_name))
-                copy_from_chunks(cur, stage, staging_columns(spec), chunks)
+                copy_from_chunks(cur, stage_table(meta_schema, stage_name), staging_columns(spec), chunks)
         finally:
             conn.close()
     except psycopg2.Error as exc:
