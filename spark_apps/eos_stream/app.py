@@ -24,10 +24,10 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import fencing, kafka_security, preflight
+from spark_apps.eos_stream import fencing, kafka_ranges, kafka_security, preflight
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
-from spark_apps.eos_stream.driver import EARLIEST, claim, offsets_json
+from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.progress import ProgressRecorder, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
@@ -35,12 +35,10 @@ from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import StagedBatch
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
-from spark_apps.eos_stream.sink.staging import partition_writer
+from spark_apps.eos_stream.sink.staging import range_stager
 from spark_apps.eos_stream.spec import SpecError, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-# What the partition writer reads of each Kafka record (batch_lines.arrow_records).
-RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value")
 
 
 def _kafka_source_options(config: PipelineConfig) -> dict[str, str]:
@@ -53,14 +51,6 @@ def _kafka_source_options(config: PipelineConfig) -> dict[str, str]:
         # The options are librdkafka's names (the Kafka connection's extra); the source is Java.
         **{f"kafka.{key}": value for key, value in kafka_security.java_options(config.kafka_options).items()},
     }
-
-
-def _nested_partitions(offsets: dict[TopicPartition, int]) -> dict[str, list[int]]:
-    """{topic: [partition, ...]}, Spark's ``assign`` option."""
-    nested: dict[str, list[int]] = {}
-    for topic, partition in sorted(offsets):
-        nested.setdefault(topic, []).append(partition)
-    return nested
 
 
 def _parse_offsets(nested: dict[str, dict[str, int]]) -> dict[TopicPartition, int]:
@@ -135,16 +125,14 @@ def run_stream(config: PipelineConfig) -> int:
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
     )
     reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
-    records = reader.load().select(*RECORD_COLUMNS)
-
-    def offset_range(start: dict[TopicPartition, int], end: dict[TopicPartition, int]) -> Any:
-        """A batch query of exactly the records from ``start`` to ``end``: a
-        micro-batch read again once its own DataFrame is gone (apply-ahead's retries)."""
-        return (spark.read.format("kafka").options(**_kafka_source_options(config))
-                .option("assign", json.dumps(_nested_partitions(end)))
-                .option("startingOffsets", offsets_json({tp: start.get(tp, EARLIEST) for tp in end}))
-                .option("endingOffsets", offsets_json(end))
-                .load().select(*RECORD_COLUMNS))
+    # Spark's source plans each batch's offset ranges; its tasks read them (kafka_ranges).
+    records = reader.load()
+    kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
+                                                    kafka_security.executor_options(config.kafka_options),
+                                                    f"eos-stage-{config.pipeline}")
+    # Records read per batch, for the progress table: Spark never runs the batch's own plan,
+    # so its numInputRows is 0.
+    rows_read: dict[int, int] = {}
 
     sink = driver.sink()
     # The database is these modes' replay point, so a batch may be checkpointed by
@@ -165,13 +153,19 @@ def run_stream(config: PipelineConfig) -> int:
 
         started_at = time.time()
 
-        def stage_from(frame: Callable[[], Any]) -> Callable[[str, bool], int]:
-            def fill_stage(stage_name: str, keep_raw: bool) -> int:
-                write = partition_writer(dsn, config.spec, config.meta_schema, stage_name, keep_raw)
-                # The executors COPY their partitions; only one count per task returns.
-                counts = frame().mapInArrow(write, "staged long").collect()  # no shuffle stage
-                return sum(row.staged for row in counts)
-            return fill_stage
+        ranges = kafka_ranges.offset_ranges(start, end)
+
+        def fill_stage(stage_name: str, keep_raw: bool) -> int:
+            """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
+            if not ranges:
+                return 0
+            stager = range_stager(dsn, config.spec, config.meta_schema, stage_name, keep_raw, kafka_settings)
+            # No more tasks than task slots: a Python task costs tens of milliseconds of
+            # scheduling however little it reads (docs/benchmarks.md).
+            tasks = min(len(ranges), spark.sparkContext.defaultParallelism)
+            staged = sum(spark.sparkContext.parallelize(ranges, tasks).mapPartitions(stager).collect())
+            rows_read.setdefault(batch_id, staged)
+            return staged
 
         def apply(fill_stage: Callable[[str, bool], int], staged: StagedBatch | None = None) -> None:
             result = sink.process(batch_id, start, end, fill_stage, staged)
@@ -181,13 +175,12 @@ def run_stream(config: PipelineConfig) -> int:
                  started_at=round(started_at, 3), committed_at=round(time.time(), 3))
 
         if ahead is None:
-            apply(stage_from(lambda: batch_df))
+            apply(fill_stage)
             return
-        staged = ahead.stage(batch_id, stage_from(lambda: batch_df))
-        # batch_df is Spark's for this call only: retries and isolation read the range again.
-        ahead.submit(lambda: apply(stage_from(lambda: offset_range(start, end)), staged))
+        staged = ahead.stage(batch_id, fill_stage)
+        ahead.submit(lambda: apply(fill_stage, staged))
 
-    spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id))
+    spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id, rows_read))
     writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
     if config.trigger == "availableNow":
         writer = writer.trigger(availableNow=True)

@@ -23,7 +23,8 @@ A record is vouched for when all of these hold, and the rest go to Python:
 * no run of 1,000 digits: Python refuses an integer past 4,300 digits even
   in a field nobody reads, which Arrow's reader would skip;
 * the value is one object with nothing but spaces around it (Arrow 26's
-  reader crashes on a bare ``null``);
+  reader crashes on a bare ``null``); one regular expression checks this
+  rule and the first one together;
 * the batch's values are all valid UTF-8, which the cast to Arrow strings
   checks (the JSON reader does not); otherwise the batch goes to Python;
 * each spec field has the JSON type Python requires. Arrow's reader, given
@@ -51,13 +52,16 @@ from spark_apps.eos_stream.spec import PipelineSpec
 
 _ARROW_TYPES = {"text": "string", "timestamptz": "string", "bigint": "int64", "integer": "int64",
                 "boolean": "bool"}
-# Leaves a record to Python: a control character (raw, so invalid JSON or line-breaking
-# whitespace), a \u escape, an array or a second object (nesting: Arrow's reader recurses
-# per level and deep nesting overflows its stack, a crash of the worker, not an error).
-_LEFT_TO_PYTHON = r"[\x00-\x1f\[]|\\u|\{.*\{|[0-9]{1000}"
-# What Arrow may read at all: one object, nothing but spaces around it (a bare ``null`` line
-# crashes Arrow 26's reader).
-_ONE_OBJECT = r"^ *\{[^{]*\} *$"
+# What Arrow may read at all, in one pass: one object with nothing but spaces around it (a bare
+# ``null`` line crashes Arrow 26's reader), holding no control character (raw, so invalid JSON
+# or line-breaking whitespace), no array and no second object (nesting: Arrow's reader recurses
+# per level and deep nesting overflows its stack, a crash of the worker, not an error), and no
+# \u escape (a backslash is let through only before another character).
+_FLAT_OBJECT = r"^ *\{(?:[^{\[\x00-\x1f\\]|\\[^u{\[\x00-\x1f])*\} *$"
+# A run of this many digits goes to Python; only a value at least this long can hold one, so
+# the costlier search runs only when a batch has such a value.
+_DIGITS = 1000
+_DIGIT_RUN = rf"[0-9]{{{_DIGITS}}}"
 _COPY_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))
 
 
@@ -79,7 +83,7 @@ def _parse(values: Any, spec: PipelineSpec) -> Any | None:
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    # One value per line: none holds a line break (_LEFT_TO_PYTHON).
+    # One value per line: none holds a line break (_FLAT_OBJECT).
     text = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), b"\n")
     try:
         # Arrow's JSON reader does not check UTF-8 (a surrogate's raw bytes pass through it); the cast does.
@@ -97,8 +101,12 @@ def _parse(values: Any, spec: PipelineSpec) -> Any | None:
     return table.combine_chunks().to_batches()[0]
 
 
-def _cell(column: Any, pg_type: str) -> Any:
-    """A field's COPY cells, as ``records._encoder`` writes them (NULL for a null)."""
+def _cell(column: Any, pg_type: str, escaped: bool) -> Any:
+    """A field's COPY cells, as ``records._encoder`` writes them (NULL for a null).
+
+    :param escaped: whether the values' JSON held a backslash: without one, no string
+        in them holds a character COPY must escape (raw control characters never reach
+        Arrow), so four passes over each text column are saved."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -108,9 +116,21 @@ def _cell(column: Any, pg_type: str) -> Any:
         text = pc.cast(column, pa.string())
     else:
         text = column
-        for char, escape in _COPY_ESCAPES:  # backslash first, as str.translate does it in one pass
+        for char, escape in _COPY_ESCAPES if escaped else ():  # backslash first, as str.translate does it in one pass
             text = pc.replace_substring(text, char, escape)
     return pc.fill_null(text, NULL)
+
+
+def _candidates(values: Any) -> Any:
+    """One flag per value: whether Arrow's reader may try it (the first two rules above)."""
+    import pyarrow.compute as pc
+
+    flat = pc.fill_null(pc.match_substring_regex(values, _FLAT_OBJECT), False)
+    long = pc.and_(flat, pc.fill_null(pc.greater_equal(pc.binary_length(values), _DIGITS), False))
+    if pc.any(long).as_py():
+        digits = pc.fill_null(pc.match_substring_regex(values, _DIGIT_RUN), True)
+        flat = pc.and_not(flat, pc.and_(long, digits))
+    return flat
 
 
 def arrow_records(batch: Any) -> Iterator[tuple]:
@@ -141,8 +161,7 @@ def batch_lines(batch: Any, spec: PipelineSpec) -> Iterator[bytes | memoryview]:
     import pyarrow.compute as pc
 
     topic, partition, offset, _key, value = batch.columns
-    candidate = pc.and_not(pc.fill_null(pc.match_substring_regex(value, _ONE_OBJECT), False),
-                           pc.fill_null(pc.match_substring_regex(value, _LEFT_TO_PYTHON), True))
+    candidate = _candidates(value)
     chosen = pc.filter(value, candidate)
     fields = _parse(chosen, spec) if len(chosen) else None
     vouched = pa.repeat(False, len(value))
@@ -154,10 +173,11 @@ def batch_lines(batch: Any, spec: PipelineSpec) -> Iterator[bytes | memoryview]:
         # One flag per record of the batch: each candidate's own where it stands, False elsewhere.
         vouched = pc.replace_with_mask(candidate, candidate, complete)
         if pc.any(complete).as_py():
+            escaped = b"\\" in string_data(chosen).tobytes()  # a memoryview has no substring search
             cells = [pc.filter(topic, vouched), pc.cast(pc.filter(partition, vouched), pa.string()),
                      pc.cast(pc.filter(offset, vouched), pa.string()),
                      *[pa.scalar(NULL)] * 3,  # key, value, error
-                     *[_cell(pc.filter(fields.column(f.name), complete), f.pg_type) for f in spec.fields]]
+                     *[_cell(pc.filter(fields.column(f.name), complete), f.pg_type, escaped) for f in spec.fields]]
             lines = pc.binary_join_element_wise(*cells, "\t")
             yield string_data(pc.binary_join_element_wise(lines, pa.scalar(""), "\n"))
     left = batch.filter(pc.invert(vouched))

@@ -9,8 +9,9 @@ Spark app (``driver.claim``: in-doubt batches committed, a new epoch, the
 running lock) and writes through the same sink (``BatchSink``: the ownership
 check, the data and the offsets in one transaction, dead letters, two_phase),
 so every failure transition of ``sink/batch_sink.py`` holds as it is. Only the
-reading differs: one ``read_committed`` consumer in this process, records
-parsed by ``records.staging_lines`` and COPYed into the batch's stage.
+reading differs: one ``read_committed`` consumer in this process reads each
+range as the Spark app's tasks read theirs (``kafka_ranges``) and stages it
+the same way (``staging.stage_ranges``).
 
 It reads what the partitions held below their last stable offset when it
 started (as ``availableNow`` does), one partition at a time, in batches of at
@@ -27,8 +28,8 @@ R3. Kafka no longer holds a record the replay needs (retention): the consumer
     is not retried: nothing is quarantined, no attempt is counted). The
     recovery's retention check refuses such a replay beforehand.
 R4. a partition's records below its end do not arrive within
-    ``STALL_SECONDS``: the batch fails uncommitted instead of storing an end
-    offset it has not read up to.
+    ``kafka_ranges.STALL_SECONDS``: the batch fails uncommitted instead of
+    storing an end offset it has not read up to.
 R5. a compacted topic (``cleanup.policy`` with ``compact``): refused before the
     claim, nothing written (``preflight.refuse_compacted``).
 
@@ -41,29 +42,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
-from spark_apps.eos_stream import preflight
+from spark_apps.eos_stream import kafka_ranges, preflight
 from spark_apps.eos_stream.config import PipelineConfig
 from spark_apps.eos_stream.driver import EARLIEST, claim, offsets_json
+from spark_apps.eos_stream.kafka_ranges import OffsetRange
 from spark_apps.eos_stream.progress import emit
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
-from spark_apps.eos_stream.sink.staging import copy_into_stage
+from spark_apps.eos_stream.sink.staging import stage_ranges
 from spark_apps.eos_stream.spec import load_spec
-
-STALL_SECONDS = 60.0
-_FETCH_RECORDS = 10_000
-# consume() returns when it has _FETCH_RECORDS or when this expires, so every call that gets fewer
-# waits it out; and a range ends at a partition's last stable offset, usually on a transaction
-# marker the consumer never hands out, so the call that moves past the marker always runs to its
-# timeout. 0.5 s made that ~0.5 s per partition and batch (2 of the 2.7 s of a 20k replay over 4
-# partitions); at 10 ms reading 20k takes ~0.1 s, 200k ~0.3 s (local broker). The stall check (R4)
-# goes by STALL_SECONDS of wall clock, not by calls.
-_CONSUME_TIMEOUT = 0.01
-# The broker holds a fetch that found nothing new for up to fetch.wait.max.ms (500 by default); the
-# fetch still in flight when the consumer is assigned the next partition delays its first records
-# by that much. A replay reads a bounded range, so it never needs the long poll.
-_FETCH_WAIT_MAX_MS = 10
 
 
 def partition_bounds(config: PipelineConfig, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
@@ -98,38 +85,6 @@ def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartitio
             start = position = batch_end
 
 
-def read_range(consumer: Any, tp: TopicPartition, start: int, end: int) -> Iterator[tuple]:
-    """The committed records of one partition in [start, end) (``start`` may be
-    EARLIEST), as (topic, partition, offset, key, value). Stops once the
-    consumer's position (which moves past transaction markers and aborted
-    records) reaches ``end``."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka import TopicPartition as KafkaPartition
-
-    topic, partition = tp
-    consumer.assign([KafkaPartition(topic, partition, start)])
-    position, moved_at = start, time.monotonic()
-    while position < end:
-        for message in consumer.consume(_FETCH_RECORDS, timeout=_CONSUME_TIMEOUT):
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                gone = " (deleted by retention: the log starts above it)" \
-                    if error.code() == KafkaError._AUTO_OFFSET_RESET else ""
-                raise RuntimeError(f"{topic}[{partition}]: replay needs offset {position}{gone} while "
-                                   f"replaying up to {end}: {error.str()}") from KafkaException(error)
-            if message.offset() >= end:
-                break
-            yield message.topic(), message.partition(), message.offset(), message.key(), message.value()
-        now = consumer.position([KafkaPartition(topic, partition)])[0].offset
-        if now > position:
-            position, moved_at = now, time.monotonic()
-        elif time.monotonic() - moved_at > STALL_SECONDS:
-            raise RuntimeError(f"{topic}[{partition}]: no progress past offset {position} in {STALL_SECONDS:.0f}s "
-                               f"while replaying up to {end}")
-
-
 def replay(config: PipelineConfig) -> int:
     """Replays to the last stable offsets; returns the app's exit code (or raises as the app does)."""
     from confluent_kafka import Consumer
@@ -144,10 +99,8 @@ def replay(config: PipelineConfig) -> int:
     driver = claim(config, spec, mode, run_id)
     if driver is None:
         return 0
-    consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap, "group.id": f"eos-replay-{config.pipeline}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "auto.offset.reset": "error", "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS,
-                         **config.librdkafka_options()})
+    consumer = Consumer(kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
+                                                       f"eos-replay-{config.pipeline}"))
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))
@@ -156,8 +109,8 @@ def replay(config: PipelineConfig) -> int:
 
             def fill_stage(stage_name: str, keep_raw: bool, tp: TopicPartition = tp, start: int = start,
                            end: int = end) -> int:
-                return copy_into_stage(driver.dsn, spec, config.meta_schema, stage_name, keep_raw,
-                                       read_range(consumer, tp, start, end))
+                return stage_ranges(driver.dsn, spec, config.meta_schema, stage_name, keep_raw, consumer,
+                                    [OffsetRange(*tp, start, end)])
 
             result = sink.process(batch_id, {tp: start}, {tp: end}, fill_stage)
             emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,

@@ -17,6 +17,7 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import fencing, preflight
 from spark_apps.eos_stream.config import PipelineConfig
 from spark_apps.eos_stream.control import hold_running_lock, stop_requested
+from spark_apps.eos_stream.kafka_ranges import EARLIEST
 from spark_apps.eos_stream.progress import emit
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
@@ -24,9 +25,6 @@ from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartitio
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import drop_stages
 from spark_apps.eos_stream.spec import PipelineSpec
-
-# Kafka's "earliest", for a partition the pipeline has never applied.
-EARLIEST = -2
 
 
 def offsets_json(offsets: dict[TopicPartition, int]) -> str:

@@ -66,6 +66,22 @@ def security_options(options: Mapping[str, object]) -> dict[str, str]:
     return {k: str(v) for k, v in options.items() if k.startswith(SECURITY_PREFIXES)}
 
 
+def executor_options(options: Mapping[str, object]) -> dict[str, str]:
+    """The security options (librdkafka names) for the executors' own range readers
+    (``kafka_ranges``): the client certificate and key travel as their PEM texts, as they do
+    to Spark's Java source, because an executor on another host has no copy of the driver's
+    files. ``ssl.ca.location`` stays a path on both, as the Java trust store's does.
+
+    :raises KafkaSecurityError: a PEM file it names cannot be read.
+    """
+    security = security_options(options)
+    for option, inline in (("ssl.certificate.location", "ssl.certificate.pem"), ("ssl.key.location", "ssl.key.pem")):
+        path = security.pop(option, None)
+        if path:
+            security[inline] = _read_pem(path, option)
+    return security
+
+
 def java_options(options: Mapping[str, object]) -> dict[str, str]:
     """Java client options (without Spark's ``kafka.`` prefix) for librdkafka ``options``.
 

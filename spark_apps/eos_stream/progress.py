@@ -31,9 +31,16 @@ def emit(event: str, **fields: Any) -> None:
 
 
 class ProgressRecorder(StreamingQueryListener):
-    """Writes each batch's StreamingQueryProgress into the progress table."""
+    """Writes each batch's StreamingQueryProgress into the progress table.
 
-    def __init__(self, dsn_kwargs: dict[str, Any], describe: str, config: Any, run_id: str) -> None:
+    :param rows_read: records each batch read from Kafka, by batch id, filled by the
+        app as it stages them: the tasks read their offset ranges themselves
+        (``kafka_ranges``), so Spark's own ``numInputRows`` stays 0.
+    """
+
+    def __init__(self, dsn_kwargs: dict[str, Any], describe: str, config: Any, run_id: str,
+                 rows_read: dict[int, int]) -> None:
+        self.rows_read = rows_read
         self.conn = connect(dsn_kwargs, describe=describe, application_name="eos-progress")
         self.conn.autocommit = True
         self.pipeline = config.pipeline
@@ -51,6 +58,8 @@ class ProgressRecorder(StreamingQueryListener):
         progress = event.progress
         source = progress.sources[0] if progress.sources else None
         durations = dict(progress.durationMs or {})
+        rows = self.rows_read.pop(progress.batchId, progress.numInputRows)
+        millis = durations.get("triggerExecution")
         with self.conn.cursor() as cur:
             cur.execute(
                 self.insert,
@@ -58,15 +67,15 @@ class ProgressRecorder(StreamingQueryListener):
                     self.pipeline,
                     self.run_id,
                     progress.batchId,
-                    progress.numInputRows,
+                    rows,
                     _as_json(source.startOffset) if source else None,
                     _as_json(source.endOffset) if source else None,
                     json.dumps(durations),
-                    durations.get("triggerExecution"),
+                    millis,
                 ),
             )
-        emit("progress", batch_id=progress.batchId, input_rows=progress.numInputRows,
-             rows_per_second=round(progress.processedRowsPerSecond or 0.0, 1),
+        emit("progress", batch_id=progress.batchId, input_rows=rows,
+             rows_per_second=round(rows * 1000 / millis, 1) if millis else 0.0,
              end_offsets=source.endOffset if source else None)
 
     def onQueryIdle(self, event: Any) -> None:

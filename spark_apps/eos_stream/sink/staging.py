@@ -1,23 +1,24 @@
 """Per-batch staging tables, filled by the executors with COPY.
 
-Each Spark task streams its Kafka partition into the staging table through
-COPY, one Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch``
-records) at a time, so memory is bounded by an Arrow batch, never by the
-micro-batch, and nothing is collected onto the driver.
+Each Spark task reads its Kafka offset range (``kafka_ranges``) and streams it
+into the staging table through COPY, one Arrow batch of
+``kafka_ranges.CHUNK_RECORDS`` records at a time, so memory is bounded by a
+chunk, never by the micro-batch, and nothing is collected onto the driver. The
+Spark-less replay stages its ranges the same way, in its own process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import batch_lines, errors
+from spark_apps.eos_stream import batch_lines, errors, kafka_ranges
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.spec import PipelineSpec, load_spec
 
@@ -133,32 +134,36 @@ def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
             yield "".join(staging_lines(spec, batch_lines.arrow_records(batch), keep_raw)).encode()
 
 
-def partition_writer(dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool):
-    """Returns the function each Spark task runs on its Arrow batches of
-    (topic, partition, offset, key, value).
+def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
+                 keep_raw: bool, consumer: Any, ranges: Iterable[kafka_ranges.OffsetRange]) -> int:
+    """Reads offset ranges with ``consumer``, one after the other, and COPYs them into the
+    stage in one transaction of its own; returns how many records it staged."""
+    counts = {"staged": 0}
+    batches = itertools.chain.from_iterable(kafka_ranges.record_batches(consumer, r) for r in ranges)
+    _copy(dsn_kwargs, spec, meta_schema, stage_name, copy_chunks(batches, spec, keep_raw, counts))
+    return counts["staged"]
+
+
+def range_stager(dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool,
+                 kafka_settings: dict[str, Any]) -> Callable[[Iterable[kafka_ranges.OffsetRange]], Iterator[int]]:
+    """Returns the function each Spark task runs on its share of the batch's offset ranges:
+    it reads and stages them and yields its count, for the driver to sum.
 
     It captures only plain values, so it pickles to any executor."""
 
-    def write(batches: Iterable[Any]) -> Iterator[Any]:
-        """Runs under mapInArrow: Arrow batches cross from the JVM far cheaper
-        than pickled rows. Yields one row, the task's staged count, for the driver to sum."""
-        import pyarrow as pa
-
-        def result(staged: int) -> Any:
-            return pa.RecordBatch.from_pydict({"staged": pa.array([staged], pa.int64())})
-
-        iterator = iter(batches)
-        first = next(iterator, None)
-        if first is None:
-            yield result(0)
+    def stage(ranges: Iterable[kafka_ranges.OffsetRange]) -> Iterator[int]:
+        share = list(ranges)
+        if not share:
+            yield 0
             return  # an empty task opens no connection
-        spec = load_spec(spec_ref)
-        counts = {"staged": 0}
-        _copy(dsn_kwargs, spec, meta_schema, stage_name, copy_chunks(itertools.chain([first], iterator), spec,
-                                                                     keep_raw, counts))
-        yield result(counts["staged"])
+        consumer = kafka_ranges.worker_consumer(kafka_settings)
+        try:
+            yield stage_ranges(dsn_kwargs, load_spec(spec_ref), meta_schema, stage_name, keep_raw, consumer, share)
+        except BaseException:
+            kafka_ranges.drop_worker_consumer(kafka_settings)  # a failed read may leave it mid-fetch
+            raise
 
-    return write
+    return stage
 
 
 def copy_from_chunks(cur, table: sql.Composable, columns: Iterable[str], chunks: Iterator[bytes | memoryview]) -> None:
@@ -193,20 +198,3 @@ def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stag
         # In a Spark task this reaches the driver only as text inside a job
         # failure: the tag carries the SQLSTATE there (errors.sqlstate_of).
         raise StageCopyError(errors.tagged(exc)) from exc
-
-
-def copy_into_stage(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
-                    keep_raw: bool, records: Iterable[tuple], chunk_records: int = 10_000) -> int:
-    """Stages (topic, partition, offset, key, value) records from this process
-    (the Spark-less replay), ``chunk_records`` at a time; returns how many."""
-    staged = 0
-
-    def chunks() -> Iterator[bytes]:
-        nonlocal staged
-        iterator = iter(records)
-        while chunk := list(itertools.islice(iterator, chunk_records)):
-            staged += len(chunk)
-            yield "".join(staging_lines(spec, chunk, keep_raw)).encode()
-
-    _copy(dsn_kwargs, spec, meta_schema, stage_name, chunks())
-    return staged

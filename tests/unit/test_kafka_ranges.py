@@ -1,6 +1,7 @@
-"""The Spark-less replay's reading logic: which batches it cuts, where it
-stops, and its transitions R3 and R4 (``direct_replay``), against a scripted
-consumer. The real consumer and broker are in tests/integration/test_direct_replay.py."""
+"""Reading a batch's offset ranges (``kafka_ranges``, shared by the app's tasks and the
+Spark-less replay) and the replay's cutting of batches: where a read stops, and the
+transitions R3 and R4, against a scripted consumer. The real consumer and broker are in
+tests/integration/test_direct_replay.py and every test that runs the app."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from spark_apps.eos_stream import direct_replay
-from spark_apps.eos_stream.driver import EARLIEST
+from spark_apps.eos_stream import direct_replay, kafka_ranges
+from spark_apps.eos_stream.kafka_ranges import EARLIEST, OffsetRange
 
 
 @dataclass
@@ -72,22 +73,44 @@ def test_batches_cut_every_max_offsets_from_the_stored_offsets_or_the_log_start(
     ]  # ("t", 2) is caught up: no batch
 
 
+def _offsets(consumer: _Consumer, start: int, end: int) -> list[int]:
+    return [m.offset() for chunk in kafka_ranges.read_range(consumer, OffsetRange("t", 0, start, end)) for m in chunk]
+
+
+def test_a_batch_has_one_range_per_partition_with_records_to_read() -> None:
+    start = {("t", 0): 5, ("t", 1): 9, ("t", 2): EARLIEST}
+    end = {("t", 1): 9, ("t", 0): 8, ("t", 2): 4, ("t", 3): 0, ("t", 4): 3}
+    assert kafka_ranges.offset_ranges(start, end) == [
+        OffsetRange("t", 0, 5, 8),
+        OffsetRange("t", 2, EARLIEST, 4),
+        OffsetRange("t", 4, EARLIEST, 3),  # a partition new to the batch: from the log start
+    ]  # ("t", 1) is caught up and ("t", 3) is empty: nothing to read
+
+
 def test_reading_stops_at_the_end_and_past_markers() -> None:
     consumer = _Consumer([[_Message(5), _Message(6)], [_Message(8), _Message(9), _Message(10)]])
-    read = list(direct_replay.read_range(consumer, ("t", 0), 5, 10))
-    assert [record[2] for record in read] == [5, 6, 8, 9]  # 7 was a marker; 10 is the next batch's
+    assert _offsets(consumer, 5, 10) == [5, 6, 8, 9]  # 7 was a marker; 10 is the next batch's
+
+
+def test_records_arrive_as_arrow_batches_of_the_range() -> None:
+    consumer = _Consumer([[_Message(5), _Message(6)], [_Message(8)]])
+    batches = list(kafka_ranges.record_batches(consumer, OffsetRange("t", 3, 5, 9)))
+    assert [b.to_pydict() for b in batches] == [
+        {"topic": ["t", "t"], "partition": [3, 3], "offset": [5, 6], "key": [None, None], "value": [b"{}", b"{}"]},
+        {"topic": ["t"], "partition": [3], "offset": [8], "key": [None], "value": [b"{}"]},
+    ]
 
 
 def test_a_range_ending_in_markers_ends_when_the_position_reaches_its_end() -> None:
     consumer = _Consumer([[_Message(0), _Message(1)]], skip_to=4)
-    assert [record[2] for record in direct_replay.read_range(consumer, ("t", 0), 0, 4)] == [0, 1]
+    assert _offsets(consumer, 0, 4) == [0, 1]
 
 
 def test_r4_a_partition_that_stops_moving_fails_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(direct_replay, "STALL_SECONDS", 0.2)
+    monkeypatch.setattr(kafka_ranges, "STALL_SECONDS", 0.2)
     consumer = _Consumer([[_Message(0)]])  # then nothing, forever
-    read = direct_replay.read_range(consumer, ("t", 0), 0, 5)
-    assert next(read)[2] == 0
+    read = kafka_ranges.read_range(consumer, OffsetRange("t", 0, 0, 5))
+    assert next(read)[0].offset() == 0
     with pytest.raises(RuntimeError, match=r"t\[0\]: no progress past offset 1 .* up to 5"):
         next(read)
 
@@ -95,13 +118,13 @@ def test_r4_a_partition_that_stops_moving_fails_the_batch(monkeypatch: pytest.Mo
 def test_r3_a_deleted_offset_fails_with_the_offset_it_needed() -> None:
     gone = KafkaError(KafkaError._AUTO_OFFSET_RESET, "Broker: Offset out of range")
     consumer = _Consumer([[_Message(-1, gone)]])
-    with pytest.raises(RuntimeError, match=r"t\[0\]: replay needs offset 40 \(deleted by retention"):
-        list(direct_replay.read_range(consumer, ("t", 0), 40, 50))
+    with pytest.raises(RuntimeError, match=r"t\[0\]: needs offset 40 \(deleted by retention"):
+        _offsets(consumer, 40, 50)
 
 
 def test_other_consumer_errors_fail_with_the_offset_but_no_retention_claim() -> None:
     broken = KafkaError(KafkaError._TRANSPORT, "Broker: transport failure")
     consumer = _Consumer([[_Message(-1, broken)]])
-    with pytest.raises(RuntimeError, match=r"replay needs offset 40 while replaying up to 50: .*transport") as info:
-        list(direct_replay.read_range(consumer, ("t", 0), 40, 50))
+    with pytest.raises(RuntimeError, match=r"needs offset 40 while reading up to 50: .*transport") as info:
+        _offsets(consumer, 40, 50)
     assert "retention" not in str(info.value)

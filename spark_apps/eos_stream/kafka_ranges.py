@@ -1,0 +1,152 @@
+"""A batch's Kafka offset ranges, read with ``read_committed`` where they are staged.
+
+A micro-batch is one offset range per partition. Spark's Kafka source plans
+them (triggers, ``maxOffsetsPerTrigger``, its offset log, the ranges' ends at
+the last stable offset); whoever stages the batch reads them: each Spark task
+one range (``app.py``), or the Spark-less replay every range in turn
+(``direct_replay.py``). Both read with a librdkafka consumer of their own and
+hand the records on as Arrow batches of (topic, partition, offset, key, value),
+at most ``CHUNK_RECORDS`` at a time, so memory is bounded by a chunk.
+
+Why the executors read Kafka themselves instead of through Spark's source:
+Spark's read turns every record into a Spark row and then into Arrow for the
+Python worker that parses and COPYs it, a JVM hop that cost more CPU per
+record than the parse and both PostgreSQL writes together
+(``docs/benchmarks.md``, "Executors read their ranges"). A consumer in the
+Python worker hands librdkafka's buffers to Arrow directly.
+
+The read of a range ends when the consumer's position (which moves past
+transaction markers and aborted records) reaches the range's end, so a range
+ending at the last stable offset, on a marker no consumer ever receives, ends
+too. Its failures:
+
+* Kafka no longer holds an offset the range needs (retention): the consumer
+  reports it (``auto.offset.reset=error``) and the read raises, naming it,
+  as Spark's source does with ``failOnDataLoss``.
+* the position does not move for ``STALL_SECONDS``: the read raises instead
+  of staging a batch short of the end it will store.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spark_apps.eos_stream.sink.offsets_store import TopicPartition
+
+# Kafka's "earliest" (librdkafka's OFFSET_BEGINNING and Spark's -2), for a partition never applied.
+EARLIEST = -2
+STALL_SECONDS = 60.0
+# Records per Arrow batch handed on: one COPY chunk, and a bound on a reader's memory.
+CHUNK_RECORDS = 10_000
+# consume() returns when it has CHUNK_RECORDS or when this expires. A range ends at a
+# partition's last stable offset, usually on a transaction marker the consumer never hands
+# out, so the call that moves past the marker always waits it out: it must be short.
+_CONSUME_TIMEOUT = 0.01
+# The broker holds a fetch that found nothing new for up to fetch.wait.max.ms (500 by
+# default); a read of a bounded range never needs that long poll.
+_FETCH_WAIT_MAX_MS = 10
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """The records of one partition from ``start`` (EARLIEST: the log's start) up to ``end``, excluded."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def offset_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> list[OffsetRange]:
+    """The ranges of a batch that ends at ``end`` and starts at ``start`` (a partition missing
+    from ``start`` starts at EARLIEST), in partition order; partitions with nothing to read left out."""
+    ranges = []
+    for (topic, partition), stop in sorted(end.items()):
+        first = start.get((topic, partition), EARLIEST)
+        if stop > 0 and (first == EARLIEST or first < stop):
+            ranges.append(OffsetRange(topic, partition, first, stop))
+    return ranges
+
+
+def consumer_settings(bootstrap: str, security: Mapping[str, str], group: str) -> dict[str, Any]:
+    """A range reader's librdkafka settings. ``security``: the connection's options in
+    librdkafka's names (``PipelineConfig.librdkafka_options``); they travel to executors inside
+    the task's closure, never on a command line."""
+    return {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "error",
+            "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS, **security}
+
+
+# One consumer per Python worker process and settings: Spark reuses its Python workers across
+# tasks, and a consumer's connection and metadata cost tens of milliseconds per task.
+_WORKER_CONSUMERS: dict[str, Any] = {}
+
+
+def worker_consumer(settings: Mapping[str, Any]) -> Any:
+    """This process's consumer for ``settings``, made on first use."""
+    from confluent_kafka import Consumer
+
+    key = json.dumps(settings, sort_keys=True)
+    consumer = _WORKER_CONSUMERS.get(key)
+    if consumer is None:
+        consumer = _WORKER_CONSUMERS[key] = Consumer(dict(settings))
+    return consumer
+
+
+def drop_worker_consumer(settings: Mapping[str, Any]) -> None:
+    """Closes and forgets this process's consumer for ``settings`` (after a failed read)."""
+    consumer = _WORKER_CONSUMERS.pop(json.dumps(settings, sort_keys=True), None)
+    if consumer is not None:
+        consumer.close()
+
+
+def read_range(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
+    """The committed records of ``r``, as lists of confluent-kafka messages of at most
+    ``CHUNK_RECORDS``, in offset order."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as KafkaPartition
+
+    consumer.assign([KafkaPartition(r.topic, r.partition, r.start)])
+    position, moved_at = r.start, time.monotonic()
+    while position < r.end:
+        chunk = []
+        for message in consumer.consume(CHUNK_RECORDS, timeout=_CONSUME_TIMEOUT):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                gone = " (deleted by retention: the log starts above it)" \
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET else ""
+                raise RuntimeError(f"{r.topic}[{r.partition}]: needs offset {position}{gone} while reading up "
+                                   f"to {r.end}: {error.str()}") from KafkaException(error)
+            if message.offset() >= r.end:
+                break
+            chunk.append(message)
+        if chunk:
+            yield chunk
+        now = consumer.position([KafkaPartition(r.topic, r.partition)])[0].offset
+        if now > position:
+            position, moved_at = now, time.monotonic()
+        elif time.monotonic() - moved_at > STALL_SECONDS:
+            raise RuntimeError(f"{r.topic}[{r.partition}]: no progress past offset {position} in "
+                               f"{STALL_SECONDS:.0f}s while reading up to {r.end}")
+
+
+def record_batches(consumer: Any, r: OffsetRange) -> Iterator[Any]:
+    """The committed records of ``r`` as Arrow record batches of (topic, partition, offset, key, value)."""
+    import pyarrow as pa
+
+    for chunk in read_range(consumer, r):
+        size = len(chunk)
+        yield pa.record_batch([
+            pa.array([r.topic] * size, pa.string()),
+            pa.array([r.partition] * size, pa.int32()),
+            pa.array([m.offset() for m in chunk], pa.int64()),
+            pa.array([m.key() for m in chunk], pa.binary()),
+            pa.array([m.value() for m in chunk], pa.binary()),
+        ], names=["topic", "partition", "offset", "key", "value"])
+
