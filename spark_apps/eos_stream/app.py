@@ -29,7 +29,7 @@ from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.errors import sqlstate_of
-from spark_apps.eos_stream.progress import ProgressRecorder, emit
+from spark_apps.eos_stream.progress import ProgressRecorder, RowsRead, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import StagedBatch
@@ -130,9 +130,7 @@ def run_stream(config: PipelineConfig) -> int:
     kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
                                                     kafka_security.executor_options(config.kafka_options),
                                                     f"eos-stage-{config.pipeline}")
-    # Records read per batch, for the progress table: Spark never runs the batch's own plan,
-    # so its numInputRows is 0.
-    rows_read: dict[int, int] = {}
+    rows_read = RowsRead()
 
     sink = driver.sink()
     # The database is these modes' replay point, so a batch may be checkpointed by
@@ -158,13 +156,14 @@ def run_stream(config: PipelineConfig) -> int:
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
             """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
             if not ranges:
+                rows_read.record(batch_id, 0)
                 return 0
             stager = range_stager(dsn, config.spec, config.meta_schema, stage_name, keep_raw, kafka_settings)
             # No more tasks than task slots: a Python task costs tens of milliseconds of
             # scheduling however little it reads (docs/benchmarks.md).
             tasks = min(len(ranges), spark.sparkContext.defaultParallelism)
             staged = sum(spark.sparkContext.parallelize(ranges, tasks).mapPartitions(stager).collect())
-            rows_read.setdefault(batch_id, staged)
+            rows_read.record(batch_id, staged)
             return staged
 
         def apply(fill_stage: Callable[[str, bool], int], staged: StagedBatch | None = None) -> None:
@@ -177,8 +176,7 @@ def run_stream(config: PipelineConfig) -> int:
         if ahead is None:
             apply(fill_stage)
             return
-        staged = ahead.stage(batch_id, fill_stage)
-        ahead.submit(lambda: apply(fill_stage, staged))
+        ahead.hand_over(batch_id, fill_stage, lambda staged: apply(fill_stage, staged))
 
     spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id, rows_read))
     writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)

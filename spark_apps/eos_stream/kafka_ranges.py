@@ -29,6 +29,7 @@ too. Its failures:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -49,6 +50,10 @@ _CONSUME_TIMEOUT = 0.01
 # The broker holds a fetch that found nothing new for up to fetch.wait.max.ms (500 by
 # default); a read of a bounded range never needs that long poll.
 _FETCH_WAIT_MAX_MS = 10
+# librdkafka fetches ahead until this many records wait in its queue (100,000 by default): a
+# range ends mid-log when maxOffsetsPerTrigger cuts it, and what is fetched past its end is
+# thrown away. Two chunks keep a reader fed.
+_PREFETCH_RECORDS = 2 * CHUNK_RECORDS
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ def consumer_settings(bootstrap: str, security: Mapping[str, str], group: str) -
     the task's closure, never on a command line."""
     return {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "error",
-            "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS, **security}
+            "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS, "queued.min.messages": _PREFETCH_RECORDS, **security}
 
 
 # One consumer per Python worker process and settings: Spark reuses its Python workers across
@@ -107,10 +112,22 @@ def drop_worker_consumer(settings: Mapping[str, Any]) -> None:
 def read_range(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
     """The committed records of ``r``, as lists of confluent-kafka messages of at most
     ``CHUNK_RECORDS``, in offset order."""
-    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import KafkaException
     from confluent_kafka import TopicPartition as KafkaPartition
 
     consumer.assign([KafkaPartition(r.topic, r.partition, r.start)])
+    try:
+        yield from _chunks(consumer, r)
+    finally:
+        # Stops its prefetch past the range's end; a consumer too broken for that is dropped anyway.
+        with contextlib.suppress(KafkaException):
+            consumer.unassign()
+
+
+def _chunks(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as KafkaPartition
+
     position, moved_at = r.start, time.monotonic()
     while position < r.end:
         chunk = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from typing import Any
 
 from psycopg2 import sql
@@ -30,16 +31,37 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-class ProgressRecorder(StreamingQueryListener):
-    """Writes each batch's StreamingQueryProgress into the progress table.
+class RowsRead:
+    """The records each batch read from Kafka, by batch id: the tasks read their offset
+    ranges themselves (``kafka_ranges``), so Spark's own ``numInputRows`` stays 0. A batch
+    staged ahead (``apply_ahead``) may report its rows after Spark reported its progress."""
 
-    :param rows_read: records each batch read from Kafka, by batch id, filled by the
-        app as it stages them: the tasks read their offset ranges themselves
-        (``kafka_ranges``), so Spark's own ``numInputRows`` stays 0.
-    """
+    # How long the progress listener waits for a batch's staging to end.
+    WAIT_SECONDS = 120.0
+
+    def __init__(self) -> None:
+        self._rows: dict[int, int] = {}
+        self._changed = threading.Condition()
+
+    def record(self, batch_id: int, rows: int) -> None:
+        """The batch's first staging counts (a retry reads the same records)."""
+        with self._changed:
+            self._rows.setdefault(batch_id, rows)
+            self._changed.notify_all()
+
+    def take(self, batch_id: int, timeout: float = WAIT_SECONDS) -> int | None:
+        """The batch's rows once it has staged (None: it did not within ``timeout`` seconds)."""
+        with self._changed:
+            self._changed.wait_for(lambda: batch_id in self._rows, timeout)
+            return self._rows.pop(batch_id, None)
+
+
+class ProgressRecorder(StreamingQueryListener):
+    """Writes each batch's StreamingQueryProgress into the progress table, with the
+    records the batch read (``RowsRead``) as its input rows."""
 
     def __init__(self, dsn_kwargs: dict[str, Any], describe: str, config: Any, run_id: str,
-                 rows_read: dict[int, int]) -> None:
+                 rows_read: RowsRead) -> None:
         self.rows_read = rows_read
         self.conn = connect(dsn_kwargs, describe=describe, application_name="eos-progress")
         self.conn.autocommit = True
@@ -58,7 +80,9 @@ class ProgressRecorder(StreamingQueryListener):
         progress = event.progress
         source = progress.sources[0] if progress.sources else None
         durations = dict(progress.durationMs or {})
-        rows = self.rows_read.pop(progress.batchId, progress.numInputRows)
+        rows = self.rows_read.take(progress.batchId)
+        if rows is None:
+            rows = progress.numInputRows
         millis = durations.get("triggerExecution")
         with self.conn.cursor() as cur:
             cur.execute(

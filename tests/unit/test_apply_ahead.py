@@ -22,46 +22,81 @@ def _ahead(notify=None) -> ApplyAhead:
     return ApplyAhead(sink, connect=mock.MagicMock, notify=notify)  # type: ignore[arg-type]
 
 
-def test_applies_run_on_one_other_thread_one_at_a_time_in_order() -> None:
+def _fill(log: list | None = None, seconds: float = 0.0):
+    def fill(name: str, keep_raw: bool) -> int:
+        if log is not None:
+            log.append(("stage", name, threading.current_thread().name))
+        time.sleep(seconds)
+        return 1
+    return fill
+
+
+@pytest.fixture(autouse=True)
+def _no_database():
+    with mock.patch("spark_apps.eos_stream.sink.apply_ahead.create_stage"):
+        yield
+
+
+def test_batches_stage_and_apply_on_other_threads_one_at_a_time_in_order() -> None:
     ahead, log = _ahead(), []
 
-    def apply(n: int) -> None:
+    def apply(n: int, staged: StagedBatch | None) -> None:
+        assert staged is not None and staged.name == f"stage_{n}"  # its own staging, already done
         log.append(("start", n, threading.current_thread().name))
         time.sleep(0.05)
         log.append(("end", n))
 
     for n in range(3):
-        ahead.submit(lambda n=n: apply(n))
+        ahead.hand_over(n, _fill(log), lambda staged, n=n: apply(n, staged))
     ahead.finish()
     ahead.close()
-    assert [entry[:2] for entry in log] == [("start", 0), ("end", 0), ("start", 1), ("end", 1),
-                                             ("start", 2), ("end", 2)]
-    assert {entry[2] for entry in log if entry[0] == "start"} != {threading.current_thread().name}
+    assert [entry[:2] for entry in log if entry[0] != "stage"] == [
+        ("start", 0), ("end", 0), ("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert [entry[1] for entry in log if entry[0] == "stage"] == ["stage_0", "stage_1", "stage_2"]
+    assert threading.current_thread().name not in {entry[2] for entry in log if len(entry) > 2}
 
 
-def test_a_failed_apply_is_raised_before_the_next_batch_starts() -> None:
-    ahead, started = _ahead(), []
+def test_hand_over_returns_once_the_previous_staging_ended_not_its_own() -> None:
+    ahead, staged_at = _ahead(), {}
 
-    def fail() -> None:
+    def fill(name: str, keep_raw: bool) -> int:
+        time.sleep(0.3)
+        staged_at[name] = time.monotonic()
+        return 1
+
+    ahead.hand_over(0, fill, lambda staged: None)
+    ahead.hand_over(1, fill, lambda staged: None)
+    returned = time.monotonic()
+    ahead.finish()
+    ahead.close()
+    assert staged_at["stage_0"] <= returned < staged_at["stage_1"]  # one staging at a time, none waited for
+
+
+def test_a_failed_apply_stops_every_later_batch_and_is_raised_once() -> None:
+    ahead, applied = _ahead(), []
+
+    def fail(staged: StagedBatch | None) -> None:
+        time.sleep(0.2)  # fails after batch 5 was handed over
         raise RuntimeError("batch 4 failed")
 
-    ahead.submit(fail)
+    ahead.hand_over(4, _fill(), fail)
+    ahead.hand_over(5, _fill(), lambda staged: applied.append(5))
     with pytest.raises(RuntimeError, match="batch 4 failed"):
-        ahead.submit(lambda: started.append(5))
-    ahead.close()
-    assert started == []  # batch 5 was never handed over
-
-
-def test_the_end_of_the_run_waits_for_the_last_apply_and_raises_its_error() -> None:
-    ahead, done = _ahead(), []
-    ahead.submit(lambda: (time.sleep(0.1), done.append(1)))
-    ahead.finish()
-    assert done == [1]
-    ahead.submit(lambda: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
         ahead.finish()
+    assert applied == []  # batch 5 never applied: it would have committed past a failed batch
     ahead.finish()  # reported once
     ahead.close()
+
+
+def test_a_known_failure_is_raised_when_the_next_batch_is_handed_over() -> None:
+    ahead, applied = _ahead(), []
+    ahead.hand_over(4, _fill(), lambda staged: 1 / 0)
+    time.sleep(0.3)
+    with pytest.raises(ZeroDivisionError):
+        ahead.hand_over(5, _fill(), lambda staged: applied.append(5))
+    ahead.finish()
+    ahead.close()
+    assert applied == []
 
 
 def test_staging_ahead_reports_its_rows_and_time() -> None:

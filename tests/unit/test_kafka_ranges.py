@@ -51,6 +51,9 @@ class _Consumer:
         self.assigned = partitions
         self.position_ = partitions[0].offset
 
+    def unassign(self) -> None:
+        self.assigned = []
+
     def consume(self, count: int, timeout: float) -> list[_Message]:
         messages = self.polls.pop(0) if self.polls else []
         for message in messages:
@@ -90,6 +93,7 @@ def test_a_batch_has_one_range_per_partition_with_records_to_read() -> None:
 def test_reading_stops_at_the_end_and_past_markers() -> None:
     consumer = _Consumer([[_Message(5), _Message(6)], [_Message(8), _Message(9), _Message(10)]])
     assert _offsets(consumer, 5, 10) == [5, 6, 8, 9]  # 7 was a marker; 10 is the next batch's
+    assert consumer.assigned == []  # nothing fetched past the end for a range already read
 
 
 def test_records_arrive_as_arrow_batches_of_the_range() -> None:

@@ -1,31 +1,35 @@
-"""Apply-ahead: batch N is applied on a thread of its own while Spark reads
-and stages batch N+1.
+"""Apply-ahead: batch N is staged and applied on threads of their own while
+Spark plans, checkpoints and stages the batches after it.
 
-A micro-batch has two halves that use different machines: staging (Kafka
-read, parse, COPY by the executors) and the apply (one statement and a
-COMMIT in the driver's database session). Run one after the other, each
-half leaves the other's resources idle. Here the driver's ``foreachBatch``
-call stages its batch, waits for the previous batch's apply to end (raising
-its error, if any, after that batch's own retries), hands its own apply to
-the applier thread and returns, so Spark starts the next batch at once.
+A micro-batch has three parts that use different machines: Spark's own
+bookkeeping (the offset log, the commit log, planning the next batch, starting
+its job: the driver's JVM, mostly waiting), staging (Kafka read, parse, COPY by
+the executors) and the apply (one statement and a COMMIT in the driver's
+database session). Run one after the other, each leaves the others' resources
+idle. Here the driver's ``foreachBatch`` call only hands its batch over: a
+stager thread stages it as soon as the previous batch's staging has ended, and
+an applier thread applies it as soon as it is staged and the previous batch
+has committed. ``foreachBatch`` returns once the previous batch's staging has
+ended, so at most one batch stages while Spark prepares the next.
 
-Batches still commit one at a time and in order: an apply starts only after
-the previous one has committed. Only modes whose replay point is the
-database (``DeliveryMode.stores_offsets``) may do this: Spark checkpoints a
-batch when ``foreachBatch`` returns, before its apply commits, and a mode
-that resumes from Spark's checkpoint would lose that batch to a crash. The
-failure transitions this adds are in ``batch_sink`` (A1-A3).
+Batches still commit one at a time and in order: one applier thread takes
+them in the order they were handed over, and once an apply has failed no later
+batch applies. Only modes whose replay point is the database
+(``DeliveryMode.stores_offsets``) may do this: Spark checkpoints a batch when
+``foreachBatch`` returns, before it is staged or committed, and a mode that
+resumes from Spark's checkpoint would lose that batch to a crash. The failure
+transitions this adds are in ``batch_sink`` (A1-A3).
 
 The staging of a batch ahead of its apply is an optimisation only: if it
 fails, the batch's apply stages it again itself (on a fresh read of its
-offset range) and classifies the error there, as without apply-ahead.
+offset ranges) and classifies the error there, as without apply-ahead.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
@@ -35,7 +39,7 @@ from spark_apps.eos_stream.sink.staging import create_stage
 
 
 class ApplyAhead:
-    """Stages batches ahead and applies each on one applier thread, in order.
+    """Stages batches on one stager thread and applies each on one applier thread, in order.
 
     :param sink: the pipeline's sink; only the applier thread calls its ``process``.
     :param connect: opens the staging session (the sink's own connection is the
@@ -49,8 +53,12 @@ class ApplyAhead:
         self._connect = connect
         self._notify = notify or (lambda event, **fields: None)
         self._conn: PgConnection | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eos-apply")
-        self._pending: Future[Any] | None = None
+        self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eos-stage")
+        self._applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eos-apply")
+        self._staging: Future[StagedBatch | None] | None = None
+        self._pending: Future[None] | None = None
+        self._failure: BaseException | None = None
+        self._reported = False
 
     def stage(self, batch_id: int, fill_stage: Callable[[str, bool], int | None]) -> StagedBatch | None:
         """Stages the batch on the staging session (None: it could not; its apply will)."""
@@ -68,20 +76,41 @@ class ApplyAhead:
             return None
         return StagedBatch(name, rows, round((time.perf_counter() - started) * 1000))
 
-    def submit(self, apply: Callable[[], Any]) -> None:
-        """Waits for the previous apply (raising its error), then starts ``apply``."""
-        self.finish()
-        self._pending = self._executor.submit(apply)
+    def hand_over(self, batch_id: int, fill_stage: Callable[[str, bool], int | None],
+                  apply: Callable[[StagedBatch | None], Any]) -> None:
+        """Queues the batch: staged after the batch before it, then ``apply(staged)``
+        after that batch has committed. Returns once the previous batch's staging
+        has ended; raises an earlier batch's apply error instead, if there is one."""
+        self._raise_failure()
+        if self._staging is not None:
+            wait([self._staging])  # never fails: stage() reports its own errors
+        staging = self._staging = self._stager.submit(self.stage, batch_id, fill_stage)
+        self._pending = self._applier.submit(self._apply_in_turn, staging, apply)
+
+    def _apply_in_turn(self, staging: Future[StagedBatch | None], apply: Callable[[StagedBatch | None], Any]) -> None:
+        if self._failure is not None:
+            return  # an earlier batch failed: no later batch may commit (A2)
+        try:
+            apply(staging.result())
+        except BaseException as exc:
+            self._failure = exc
 
     def finish(self) -> None:
-        """Waits for the apply in flight, if any, and raises its error."""
+        """Waits for every batch handed over to be applied, and raises the first apply error (once)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.result()
+            wait([pending])
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None and not self._reported:
+            self._reported = True
+            raise self._failure
 
     def close(self) -> None:
-        """Lets an apply in flight end (its error was or will be reported by
+        """Lets the batches in flight end (their error was or will be reported by
         ``finish``) and closes the staging session."""
-        self._executor.shutdown(wait=True)
+        self._stager.shutdown(wait=True)
+        self._applier.shutdown(wait=True)
         if self._conn is not None and not self._conn.closed:
             self._conn.close()

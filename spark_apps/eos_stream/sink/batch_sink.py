@@ -71,23 +71,27 @@ transition:
     continues after it.
 
 In the modes that store offsets the app applies ahead (``apply_ahead``):
-batch N's apply runs on the applier thread while Spark reads and stages
-N+1, and Spark checkpoints N before N commits. Three more transitions:
+``foreachBatch`` only hands batch N over; a stager thread stages it once
+N-1's staging has ended and an applier thread applies it once N-1 has
+committed, while Spark checkpoints N and plans and hands over N+1. Three
+more transitions:
 
 A1. a crash while N applies and N+1 stages: N's transaction rolls back (as
     3) and N+1's staging table is left (as 2). The next run starts from the
     stored offsets, N's start, and drops both tables. Spark's checkpoint
-    already counts N (and maybe N+1) as done, but these modes start every
-    run on a fresh checkpoint from the stored offsets, so it is never read.
-A2. N's apply fails (after its own retries and isolation, as 6-9): the
-    error is raised in N+1's ``foreachBatch`` call, before N+1 is handed to
-    the applier, or at the end of the run; N+1 never applies (its stage is
-    dropped at the next start) and the run fails as N's error says.
-A3. a retry or an isolation of N stages it again: N's DataFrame is Spark's
-    for the length of its ``foreachBatch`` call only, so N's exact offset
-    range is read again with a batch query (same offsets, ``read_committed``:
-    the same records). A failure to stage N ahead is no error of its own:
-    N's first attempt stages it that way instead, and judges the failure.
+    already counts N (and maybe N+1 and N+2) as done, but these modes start
+    every run on a fresh checkpoint from the stored offsets, so it is never
+    read.
+A2. N's apply fails (after its own retries and isolation, as 6-9): no later
+    batch applies (the applier skips every batch handed over after N; their
+    stages are dropped at the next start), and the error is raised in the
+    next ``foreachBatch`` call or at the end of the run, which fails as N's
+    error says.
+A3. a retry or an isolation of N stages it again: the tasks read N's offset
+    ranges again as they did the first time (``kafka_ranges``: the same
+    offsets, ``read_committed``: the same records). A failure to stage N
+    ahead is no error of its own: N's first attempt stages it that way
+    instead, and judges the failure.
 
 ``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
 replay point), which is what makes it the baseline that shows duplicates.
