@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_apps.eos_stream.kafka_security import KafkaSecurityError, java_options, security_options
+from spark_apps.eos_stream.kafka_security import KafkaSecurityError, executor_options, java_options, security_options
 
 SCRAM = {"security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-512",
          "sasl.username": "eos", "sasl.password": 'p"a\\ss'}
@@ -83,3 +83,17 @@ def test_errors_never_show_a_secret() -> None:
 
 def test_security_options_are_the_librdkafka_part() -> None:
     assert security_options({**SCRAM, "fetch.max.bytes": 1}) == SCRAM
+
+
+def test_executors_get_the_client_certificate_and_key_as_pem_text(tmp_path) -> None:
+    (tmp_path / "c.pem").write_text("CERT")
+    (tmp_path / "k.pem").write_text("KEY")
+    options = {"security.protocol": "SSL", "ssl.ca.location": "/etc/ca.pem", "ssl.key.password": "kp",
+               "ssl.certificate.location": str(tmp_path / "c.pem"), "ssl.key.location": str(tmp_path / "k.pem"),
+               "client.id": "not security"}
+    # A worker on another host has no copy of the driver's files; the trust store stays a path, as for Java.
+    assert executor_options(options) == {"security.protocol": "SSL", "ssl.ca.location": "/etc/ca.pem",
+                                            "ssl.key.password": "kp", "ssl.certificate.pem": "CERT",
+                                            "ssl.key.pem": "KEY"}
+    with pytest.raises(KafkaSecurityError, match=r"ssl\.key\.location"):
+        executor_options({**options, "ssl.key.location": str(tmp_path / "missing.pem")})
