@@ -51,9 +51,13 @@ Green only when the target is right, red only when it is wrong. The rules
   fully deleted partition cannot hang the read; an overall ``timeout`` ends
   it anyway, naming the partitions that did not finish. If retention deletes
   records inside the range while it is read, the audit starts over.
+* **Parallel reads.** A big read of Kafka is dealt out to worker processes,
+  one per core (``audit_readers``), while this process reads the rest of the
+  snapshot; their merged sides are the side one process builds, so the
+  report is the same.
 
     python -m spark_apps.eos_stream.audit --config pipeline.json [--timeout S] [--pending auto|missing|allowed]
-        [--goal '{"topic": {"0": 1234}}']
+        [--goal '{"topic": {"0": 1234}}'] [--workers N]
 
 Prints one JSON report; exits 1 on any mismatch, 0 when exact, 2 when the
 read of Kafka timed out.
@@ -76,6 +80,8 @@ from psycopg2 import sql
 from psycopg2.extensions import ISOLATION_LEVEL_REPEATABLE_READ
 
 from spark_apps.eos_stream import meta_tables, preflight
+from spark_apps.eos_stream.audit_kafka import KafkaOffsets, KafkaSide, ReadTask
+from spark_apps.eos_stream.audit_readers import PARALLEL_MIN_RECORDS, KafkaRead
 from spark_apps.eos_stream.audit_rules import (
     APPLIES,
     PENDING_POLICIES,
@@ -84,7 +90,6 @@ from spark_apps.eos_stream.audit_rules import (
     AuditTimeout,
     PartitionRange,
     Position,
-    ReadProgress,
     as_number,
     carrier_for,
     compare_rows,
@@ -99,7 +104,7 @@ from spark_apps.eos_stream.audit_rules import (
 from spark_apps.eos_stream.config import PipelineConfig, parse_args
 from spark_apps.eos_stream.control import driver_running
 from spark_apps.eos_stream.errors import dead_letter_class
-from spark_apps.eos_stream.records import RecordError, parse_record, staging_columns, staging_lines
+from spark_apps.eos_stream.records import parse_record, staging_columns, staging_lines
 from spark_apps.eos_stream.sink import apply_sql, staging
 from spark_apps.eos_stream.sink.batch_sink import MODES
 from spark_apps.eos_stream.sink.postgres import connect
@@ -117,94 +122,6 @@ RETIRED_FIRST = 2**31
 # A dead letter's trial waits at most this long for a row lock a running stream's batch holds.
 TRIAL_LOCK_TIMEOUT = "10s"
 TRIAL_ATTEMPTS = 3
-
-
-class KafkaOffsets:
-    """Partition listing and earliest/LSO offsets through one admin client."""
-
-    def __init__(self, bootstrap: str, options: dict[str, str] | None = None) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        self.client_config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap,
-                                                                   **(options or {})}
-        self.admin = AdminClient(self.client_config)
-
-    def partitions(self, topics: list[str]) -> list[TopicPartition]:
-        metadata = self.admin.list_topics(timeout=15)
-        missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
-        if missing:
-            raise RuntimeError(f"audit: Kafka topic(s) {missing} do not exist")
-        return [(t, p) for t in topics for p in sorted(metadata.topics[t].partitions)]
-
-    def offsets(self, partitions: list[TopicPartition], which: str) -> dict[TopicPartition, int]:
-        """``earliest`` or ``lso`` (latest under read_committed) per partition."""
-        from confluent_kafka import IsolationLevel
-        from confluent_kafka import TopicPartition as KafkaTP
-        from confluent_kafka.admin import OffsetSpec
-
-        if not partitions:
-            return {}
-        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
-        futures = self.admin.list_offsets({KafkaTP(t, p): spec for t, p in partitions},
-                                          isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
-        return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
-
-
-def committed_records(bootstrap: str, topics: list[str], options: dict[str, str] | None = None, *,
-                      starts: dict[TopicPartition, int] | None = None,
-                      ends: dict[TopicPartition, int] | None = None,
-                      timeout: float = DEFAULT_TIMEOUT, deadline: float | None = None):
-    """Yields (topic, partition, offset, value) of every committed record in
-    ``[starts, ends)`` per partition (default: earliest offset to LSO), and
-    returns the ends through the generator's ``value``.
-
-    :param timeout: seconds the read may take; past it (or past ``deadline``, a
-        ``time.monotonic()`` value) it raises AuditTimeout naming the
-        partitions that did not finish.
-    """
-    from confluent_kafka import Consumer, KafkaError
-    from confluent_kafka import TopicPartition as KafkaTP
-
-    kafka = KafkaOffsets(bootstrap, options)
-    if ends is None or starts is None:
-        partitions = kafka.partitions(topics)
-        ends = kafka.offsets(partitions, "lso") if ends is None else ends
-        starts = kafka.offsets(partitions, "earliest") if starts is None else starts
-    progress = ReadProgress(ends=dict(ends), starts=dict(starts),
-                            deadline=deadline if deadline is not None else time.monotonic() + timeout)
-    if progress.done:
-        return dict(ends)
-    consumer = Consumer({**kafka.client_config, "group.id": "eos-audit", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                         "enable.partition.eof": True})
-    try:
-        consumer.assign([KafkaTP(t, p, progress.starts.get((t, p), 0)) for t, p in sorted(progress.pending)])
-        last_positions = time.monotonic()
-        while not progress.done:
-            progress.check_deadline(timeout)
-            message = consumer.poll(0.5)
-            if message is None or time.monotonic() - last_positions > 2.0:
-                # Markers and aborted records deliver nothing but move the
-                # position; so does a partition whose records were all deleted.
-                waiting = sorted(progress.pending)
-                for (t, p), tp in zip(waiting, consumer.position([KafkaTP(t, p) for t, p in waiting]), strict=True):
-                    progress.position((t, p), tp.offset)
-                last_positions = time.monotonic()
-                if message is None:
-                    continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    progress.end_of_partition((str(message.topic()), int(message.partition() or 0)),
-                                              int(message.offset() or 0))
-                    continue
-                raise RuntimeError(f"audit read failed: {error}")
-            topic, partition, offset = str(message.topic()), int(message.partition() or 0), int(message.offset() or 0)
-            if progress.record((topic, partition), offset):
-                yield topic, partition, offset, message.value()
-    finally:
-        consumer.close()
-    return dict(ends)
 
 
 @dataclass
@@ -225,26 +142,6 @@ class Snapshot:
     below_latest: list[dict[tuple, dict[str, tuple[Position, Any]]]]
     # partitions of topics no longer in the definition that hold offsets, rows or dead letters
     retired: set[TopicPartition] = field(default_factory=set)
-
-
-@dataclass
-class KafkaSide:
-    """What Kafka holds, split at the stored offsets: index 0 is the applied
-    range (below the stored offset), index 1 the tail (at or above it)."""
-
-    aggregates: int
-    committed: tuple[Counter, Counter] = field(default_factory=lambda: (Counter(), Counter()))
-    valid: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
-    malformed: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
-    sums: tuple[list, list] = field(init=False)
-    # per region, per aggregate: key -> latest column -> (position, value) of its last record
-    latest: tuple[list, list] = field(init=False)
-    # dead-lettered offsets Kafka still holds -> Kafka's copy of the value
-    dead_seen: dict[tuple[str, int, int], bytes | None] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.sums = tuple([defaultdict(Counter) for _ in range(self.aggregates)] for _ in range(2))  # type: ignore[assignment]
-        self.latest = tuple([defaultdict(dict) for _ in range(self.aggregates)] for _ in range(2))  # type: ignore[assignment]
 
 
 def _fetch(conn, query: sql.Composable, params: tuple = ()) -> list[tuple]:
@@ -269,8 +166,19 @@ def _below_earliest(conn, config: PipelineConfig, carrier: RowTarget, gone: list
     return _fetch(conn, query, tuple(x for bound in gone for x in bound))
 
 
-def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
-                   earliest: dict[TopicPartition, int]) -> Snapshot:
+@dataclass
+class _Cut:
+    """The snapshot's first reads: what the read of Kafka needs (the stored offsets split it,
+    the dead letters are kept aside), read before it starts."""
+
+    running: bool
+    stored: dict[TopicPartition, int]
+    dead: dict[tuple[str, int, int], tuple[str, str | None, bytes | None, bytes | None]]
+
+
+def _read_cut(conn, config: PipelineConfig) -> _Cut:
+    """Opens the audit's REPEATABLE READ, READ ONLY transaction and reads the running lock, the
+    stored offsets and the dead letters; ``_read_snapshot`` reads the rest in the same one."""
     conn.set_session(isolation_level=ISOLATION_LEVEL_REPEATABLE_READ, readonly=True)
     # The first statement fixes the snapshot; the running lock is looked at beside it.
     running = driver_running(conn, config.pipeline)
@@ -290,13 +198,23 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
             sql.Identifier("sqlstate") if has_sqlstate else sql.SQL("NULL::text"),
             meta_tables.table(config.meta_schema, meta_tables.DEAD_LETTERS)), (config.pipeline,))
     }
+    return _Cut(running, stored, dead)
+
+
+def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
+                   earliest: dict[TopicPartition, int], cut: _Cut) -> Snapshot:
+    """The rest of the database's side, in the transaction ``_read_cut`` opened: the same snapshot,
+    however long after the cut it is read (the first statement fixed it)."""
+    stored, dead = cut.stored, cut.dead
     rows: dict[str, dict[TopicPartition, Counter]] = {}
     for row_target in (t for t in spec.targets if isinstance(t, RowTarget)):
+        # Each partition's offsets as one array, counted here: a million rows cost one value
+        # each to fetch and count, not a tuple and a dict entry apiece.
         present: dict[TopicPartition, Counter] = defaultdict(Counter)
-        for t, p, o, count in _fetch(conn, sql.SQL(
-                "SELECT kafka_topic, kafka_partition, kafka_offset, count(*) FROM {} GROUP BY 1, 2, 3").format(
+        for t, p, offsets in _fetch(conn, sql.SQL(
+                "SELECT kafka_topic, kafka_partition, array_agg(kafka_offset) FROM {} GROUP BY 1, 2").format(
                 _target(config, row_target.table))):
-            present[(t, p)][int(o)] = int(count)
+            present[(t, p)] = Counter(map(int, offsets))
         rows[row_target.table] = present
     retired = retired_topics(config.topics, [*stored, *((t, p) for t, p, _o in dead),
                                              *(tp for present in rows.values() for tp in present)])
@@ -345,7 +263,7 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
                                     latest_position(topic, partition, offset, retired), value)
         below_latest.append(latest)
         below.append(None if carrier is None else sums)
-    return Snapshot(running, stored, dead, rows, actual, below, below_latest, retired)
+    return Snapshot(cut.running, stored, dead, rows, actual, below, below_latest, retired)
 
 
 def latest_position(topic: str, partition: int, offset: int, retired: set[TopicPartition]) -> Position:
@@ -353,39 +271,6 @@ def latest_position(topic: str, partition: int, offset: int, retired: set[TopicP
     before every record of the current topics: the stream has applied none of its records
     since the topic left the definition, so its values can only be older."""
     return (partition - RETIRED_FIRST, offset) if (topic, partition) in retired else (partition, offset)
-
-
-def _read_kafka(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],
-                ranges: dict[TopicPartition, PartitionRange], dead: Mapping[tuple[str, int, int], Any],
-                timeout: float, deadline: float) -> KafkaSide:
-    side = KafkaSide(len(aggregates))
-    for topic, partition, offset, value in committed_records(
-            config.kafka_bootstrap, config.topics, config.librdkafka_options(),
-            starts={tp: r.earliest for tp, r in ranges.items()}, ends={tp: r.lso for tp, r in ranges.items()},
-            timeout=timeout, deadline=deadline):
-        tp, key = (topic, partition), (topic, partition, offset)
-        region = 0 if offset < ranges[tp].applied_end else 1
-        side.committed[region][tp] += 1
-        if key in dead:
-            side.dead_seen[key] = value  # tried against the database, not judged here
-            continue
-        try:
-            record: dict[str, Any] | None = parse_record(spec, value)
-        except RecordError:
-            record = None
-        if record is None:
-            side.malformed[region][tp].add(offset)
-            continue
-        side.valid[region][tp].add(offset)
-        for index, target in enumerate(aggregates):
-            group = tuple(record[k] for k in target.group_by)
-            for column, source in target.increments.items():
-                amount = record[source] if source else 1
-                if amount is not None:  # the apply's COALESCE(sum(...), 0): NULL adds nothing
-                    side.sums[region][index][group][column] += amount
-            for column, source in target.latest.items():
-                keep_latest(side.latest[region][index][group], column, (partition, offset), record[source])
-    return side
 
 
 def _as_the_database_reads(conn, spec: PipelineSpec, aggregates: list[AggregateTarget], side: KafkaSide) -> None:
@@ -515,7 +400,8 @@ def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
 
 
 def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAULT_TIMEOUT,
-          pending: str = "auto", goal: Mapping[TopicPartition, int] | None = None) -> dict[str, Any]:
+          pending: str = "auto", goal: Mapping[TopicPartition, int] | None = None,
+          workers: int | None = None) -> dict[str, Any]:
     """Compares the pipeline's target with what Kafka committed (rules in the module docstring).
 
     :param config: the pipeline's config.
@@ -527,6 +413,8 @@ def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAUL
         otherwise), ``missing`` or ``allowed``.
     :param goal: ``{(topic, partition): offset}`` the stored offsets must have reached (a
         replay's ``lso_at_start``); a partition short of it is a ``goal_not_reached`` mismatch.
+    :param workers: processes reading Kafka (``audit_readers``): None for one per core when
+        the read is big, 1 for this process alone. The report is the same either way.
     :raises AuditTimeout: the read of Kafka did not finish in ``timeout``.
     :raises ConfigError: a topic is compacted (``preflight.refuse_compacted``).
     """
@@ -536,7 +424,7 @@ def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAUL
     moved = ""
     for _attempt in range(ATTEMPTS):
         report, moved = _audit_once(config, spec, timeout=timeout, deadline=deadline, pending=pending,
-                                    goal=goal)
+                                    goal=goal, workers=workers)
         if report is not None:
             return report
     raise RuntimeError(f"audit: retention deleted records inside the audited range during each of {ATTEMPTS} "
@@ -544,7 +432,8 @@ def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAUL
 
 
 def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, deadline: float,
-                pending: str, goal: Mapping[TopicPartition, int] | None) -> tuple[dict[str, Any] | None, str]:
+                pending: str, goal: Mapping[TopicPartition, int] | None,
+                workers: int | None) -> tuple[dict[str, Any] | None, str]:
     kafka = KafkaOffsets(config.kafka_bootstrap, config.librdkafka_options())
     partitions = kafka.partitions(config.topics)
     preflight.refuse_compacted(kafka.admin, list(config.topics), "audit")
@@ -553,12 +442,17 @@ def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, d
     stores = MODES[config.delivery].stores_offsets
     conn = connect(config.postgres.dsn_kwargs(), describe=config.postgres.describe(), application_name="eos-audit")
     try:
-        snap = _read_snapshot(conn, config, spec, aggregates, earliest)
-        conn.commit()
-        # Read after the snapshot: every stored offset in it is at or below this LSO.
+        cut = _read_cut(conn, config)
+        # Read after the snapshot was fixed: every stored offset in it is at or below this LSO.
         lso = kafka.offsets(partitions, "lso")
-        ranges = {tp: PartitionRange(earliest[tp], lso[tp], snap.stored.get(tp), stores) for tp in partitions}
-        side = _read_kafka(config, spec, aggregates, ranges, snap.dead, timeout, deadline)
+        ranges = {tp: PartitionRange(earliest[tp], lso[tp], cut.stored.get(tp), stores) for tp in partitions}
+        task = ReadTask(config.kafka_bootstrap, config.librdkafka_options(), spec, aggregates, ranges,
+                        frozenset(cut.dead), timeout, deadline)
+        # Workers read Kafka while this process reads the rest of the snapshot (one read: Kafka after it).
+        with KafkaRead(task, workers) as reading:
+            snap = _read_snapshot(conn, config, spec, aggregates, earliest, cut)
+            conn.commit()
+            side = reading.side()
         _as_the_database_reads(conn, spec, aggregates, side)
         running_after = driver_running(conn, config.pipeline)
         conn.commit()
@@ -883,11 +777,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--goal", type=json.loads, default=None,
                         help='offsets the stored ones must have reached, {"topic": {"partition": offset}} '
                         "(a replay's lso_at_start)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes reading Kafka (default: one per core for a read of "
+                        f"{PARALLEL_MIN_RECORDS:,} offsets or more, else 1: this process)")
     args, rest = parser.parse_known_args(argv)
     config = parse_args(rest)
     try:
         report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending,
-                       goal=None if args.goal is None else goal_offsets(args.goal))
+                       goal=None if args.goal is None else goal_offsets(args.goal), workers=args.workers)
     except AuditTimeout as exc:
         print(str(exc), file=sys.stderr)
         print(json.dumps({"pipeline": config.pipeline, "ok": False, "error": str(exc),

@@ -297,17 +297,24 @@ class ReadProgress:
     def check_deadline(self, timeout: float) -> None:
         """Raises AuditTimeout naming every unfinished partition once the deadline passed."""
         if self.pending and self.clock() >= self.deadline:
-            unfinished = [
-                {"topic": t, "partition": p, "position": self.positions[(t, p)], "end": self.ends[(t, p)],
-                 "left": self.ends[(t, p)] - self.positions[(t, p)]}
-                for t, p in sorted(self.pending)
-            ]
-            names = ", ".join(f"{u['topic']}[{u['partition']}] at offset {u['position']} of {u['end']}"
-                              for u in unfinished)
-            raise AuditTimeout(
-                f"audit timed out after {timeout:g}s reading Kafka; {len(unfinished)} partition(s) did not "
-                f"finish: {names}. The remaining offsets could not be read (a broker not serving them, or "
-                "only markers and deleted records the client never moved past); rerun with a longer "
-                "--timeout or check the partitions",
-                unfinished,
-            )
+            raise read_timeout(timeout, [unfinished_entry(tp, self.positions[tp], self.ends[tp])
+                                         for tp in self.pending])
+
+
+def unfinished_entry(tp: TopicPartition, position: int, end: int) -> dict[str, Any]:
+    """One partition an AuditTimeout names: where its read stood and how much was left."""
+    return {"topic": tp[0], "partition": tp[1], "position": position, "end": end, "left": end - position}
+
+
+def read_timeout(timeout: float, unfinished: list[dict[str, Any]]) -> AuditTimeout:
+    """The AuditTimeout naming ``unfinished`` (``unfinished_entry``), in partition order: one
+    message whether one reader or several (``audit_readers``) timed out."""
+    unfinished = sorted(unfinished, key=lambda u: (u["topic"], u["partition"]))
+    names = ", ".join(f"{u['topic']}[{u['partition']}] at offset {u['position']} of {u['end']}" for u in unfinished)
+    return AuditTimeout(
+        f"audit timed out after {timeout:g}s reading Kafka; {len(unfinished)} partition(s) did not "
+        f"finish: {names}. The remaining offsets could not be read (a broker not serving them, or "
+        "only markers and deleted records the client never moved past); rerun with a longer "
+        "--timeout or check the partitions",
+        unfinished,
+    )

@@ -1,0 +1,145 @@
+"""Kafka's side of the audit without a broker: reading by batches, judging, and merging the sides of
+partitions read apart (``audit_kafka``), and how a read is dealt to worker processes (``audit_readers``)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from typing import Any
+
+import confluent_kafka
+import pytest
+
+from spark_apps.eos_stream import audit_kafka
+from spark_apps.eos_stream.audit_kafka import committed_records, judge_records, merge_sides
+from spark_apps.eos_stream.audit_readers import shares, worker_count
+from spark_apps.eos_stream.audit_rules import PartitionRange
+from spark_apps.eos_stream.spec import AggregateTarget
+from spark_apps.ledger.spec import LEDGER
+
+AGGREGATES = [t for t in LEDGER.targets if isinstance(t, AggregateTarget)]
+
+
+def _value(seq: int) -> bytes:
+    return json.dumps({"event_id": f"e{seq}", "account_id": f"a{seq % 3}", "amount_cents": seq - 20,
+                       "ts": "2026-01-01T00:00:00+00:00", "seq": seq}).encode()
+
+
+def _records(partitions: int, per_partition: int) -> list[tuple[str, int, int, bytes | None]]:
+    """Records of every account in every partition, some malformed, interleaved across partitions."""
+    out = []
+    for offset in range(per_partition):
+        for partition in range(partitions):
+            seq = offset * partitions + partition
+            value = b"{oops" if seq % 11 == 0 else None if seq % 13 == 0 else _value(seq)
+            out.append(("t", partition, offset, value))
+    return out
+
+
+def _comparable(side: audit_kafka.KafkaSide) -> Any:
+    return (side.committed, [{tp: set(o) for tp, o in r.items() if o} for r in side.valid],
+            [{tp: set(o) for tp, o in r.items() if o} for r in side.malformed],
+            [[dict(by_group) for by_group in r] for r in side.sums],
+            [[dict(by_group) for by_group in r] for r in side.latest], side.dead_seen)
+
+
+def test_merged_sides_of_partitions_read_apart_are_the_side_of_one_read() -> None:
+    records = _records(4, 30)
+    ranges = {("t", p): PartitionRange(0, 30, 20 + p, True) for p in range(4)}  # a tail in each partition
+    dead = {("t", 1, 3), ("t", 2, 29)}
+    whole = judge_records(LEDGER, AGGREGATES, ranges, dead, records)
+    parts = [judge_records(LEDGER, AGGREGATES, {tp: r for tp, r in ranges.items() if tp[1] in share},
+                           {d for d in dead if d[1] in share}, [r for r in records if r[1] in share])
+             for share in ({0, 3}, {1}, {2})]
+    merged = merge_sides(len(AGGREGATES), [pickle.loads(pickle.dumps(part)) for part in reversed(parts)])
+    assert _comparable(merged) == _comparable(whole)
+    assert merged.dead_seen.keys() == dead
+    # Every account's latest seq is that of its record at the highest (partition, offset).
+    latest = {group: values["last_seq"] for group, values in whole.latest[1][0].items()}
+    assert latest[("a2",)][0] == (3, 29)
+
+
+class _Message:
+    def __init__(self, partition: int, offset: int, value: bytes | None = b"{}", eof: bool = False) -> None:
+        self._partition, self._offset, self._value, self._eof = partition, offset, value, eof
+
+    def error(self) -> Any:
+        return confluent_kafka.KafkaError(confluent_kafka.KafkaError._PARTITION_EOF) if self._eof else None
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
+class _Consumer:
+    """Hands out one batch ending at the partition's end, and then reports the position past it
+    (as librdkafka does once consume() returned the batch), as if over two seconds had passed."""
+
+    def __init__(self, config: dict) -> None:
+        self.batches = [[_Message(0, o) for o in range(5)], []]
+        self.delivered = 0
+
+    def assign(self, partitions: list) -> None:
+        pass
+
+    def consume(self, count: int, timeout: float) -> list[_Message]:
+        batch = self.batches.pop(0) if self.batches else []
+        self.delivered += len(batch)
+        return batch
+
+    def position(self, partitions: list) -> list:
+        return [confluent_kafka.TopicPartition(tp.topic, tp.partition, self.delivered) for tp in partitions]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_batch_is_taken_before_the_position_that_passes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(float(3 * n) for n in range(100))
+    monkeypatch.setattr(audit_kafka.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(confluent_kafka, "Consumer", _Consumer)
+    got = list(committed_records("b", None, starts={("t", 0): 0}, ends={("t", 0): 5}, timeout=60, deadline=1e9))
+    assert [offset for _t, _p, offset, _v in got] == [0, 1, 2, 3, 4]
+
+
+def test_a_read_is_dealt_largest_partition_first_to_the_least_loaded_worker() -> None:
+    ranges = {("t", 0): PartitionRange(0, 100, 100, True), ("t", 1): PartitionRange(0, 60, 60, True),
+              ("t", 2): PartitionRange(10, 60, 60, True), ("t", 3): PartitionRange(5, 5, 5, True),
+              ("u", 0): PartitionRange(0, 40, 40, True)}
+    assert [sorted(share) for share in shares(ranges, 2)] == [[("t", 0), ("u", 0)], [("t", 1), ("t", 2)]]
+    assert worker_count(ranges, 8) == 4  # never more than the partitions with offsets to read
+    assert worker_count(ranges, 1) == 1
+    assert worker_count(ranges, None) == 1  # 250 offsets: below PARALLEL_MIN_RECORDS, read here
+
+
+def test_workers_that_never_answer_are_named_in_the_timeout_and_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_apps.eos_stream import audit_readers
+    from spark_apps.eos_stream.audit_kafka import ReadTask
+    from spark_apps.eos_stream.audit_rules import AuditTimeout
+
+    # Workers that read their task and then hang, as a worker stuck in a call that never returns.
+    hang = "import sys, time; sys.stdin.buffer.read(); time.sleep(120)  # {root}"
+    monkeypatch.setattr(audit_readers, "_WORKER", hang)
+    monkeypatch.setattr(audit_readers, "ANSWER_GRACE", 0.5)
+    ranges = {("t", p): PartitionRange(0, 10 * (p + 1), 0, True) for p in range(3)}
+    task = ReadTask("b", {"sasl.password": "secret"}, LEDGER, AGGREGATES, ranges, frozenset(), 1.0,
+                    time.monotonic() + 1.0)
+    with audit_readers.KafkaRead(task, workers=2) as reading:
+        procs = [proc for proc, _share in reading.procs]
+        assert len(procs) == 2 and all(b"secret" not in " ".join(proc.args).encode() for proc in procs)
+        with pytest.raises(AuditTimeout) as caught:
+            reading.side()
+    assert all(proc.returncode is not None for proc in procs)  # killed and reaped
+    message = str(caught.value)
+    assert message.startswith("audit timed out after 1s reading Kafka; 3 partition(s) did not finish: "
+                              "t[0] at offset 0 of 10, t[1] at offset 0 of 20, t[2] at offset 0 of 30.")
+    assert f"worker process(es) {procs[0].pid}, {procs[1].pid} did not answer within 0.5s" in message
