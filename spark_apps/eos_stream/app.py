@@ -29,6 +29,7 @@ from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.errors import sqlstate_of
+from spark_apps.eos_stream.kafka_ranges import EARLIEST
 from spark_apps.eos_stream.progress import ProgressRecorder, RowsRead, emit
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
@@ -125,6 +126,10 @@ def run_stream(config: PipelineConfig) -> int:
         .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
     )
     reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
+    # Where the source starts this run's first batch: the tasks read from there (kafka_ranges), so it
+    # must be the source's own start, the log's start in modes whose replay point is Spark's checkpoint
+    # (whatever offsets an earlier exactly_once run of the pipeline stored).
+    first_start = starting if mode.stores_offsets else {tp: EARLIEST for tp in starting}
     # Spark's source plans each batch's offset ranges; its tasks read them (kafka_ranges).
     records = reader.load()
     kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
@@ -139,7 +144,7 @@ def run_stream(config: PipelineConfig) -> int:
 
     def write_batch(batch_df: Any, batch_id: int) -> None:
         end = offset_log.read(batch_id)
-        start = offset_log.read(batch_id - 1) if batch_id > 0 else starting
+        start = offset_log.read(batch_id - 1) if batch_id > 0 else first_start
         if mode.stores_offsets and (end is None or start is None):
             # Data committed without its end offsets would be applied again by
             # the next run; a wrong start would defeat the ownership check.
@@ -147,7 +152,7 @@ def run_stream(config: PipelineConfig) -> int:
             raise RuntimeError(f"Spark's offset log {checkpoint}/offsets has no entry for batch {missing}: "
                                "refusing to commit a batch without the offsets it starts and ends at")
         end = end or {}
-        start = start if start is not None else starting
+        start = start if start is not None else first_start
 
         started_at = time.time()
 
