@@ -3,7 +3,7 @@
 # then stop what this run started (and only that: a stack that was already up,
 # e.g. a developer's, stays up). Exits with pytest's (or lint's) status.
 #
-#   PYTEST_TIMEOUT=900 TEST_WALL_TIMEOUT=3600 PYTEST_ARGS='-k fencing' scripts/test.sh
+#   PYTEST_TIMEOUT=900 TEST_WALL_TIMEOUT=4800 PYTEST_ARGS='-k fencing' scripts/test.sh
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/.."
@@ -36,5 +36,5 @@ bash scripts/airflow.sh init || exit 1
 "$venv/bin/ruff" check || exit 1
 "$venv/bin/mypy" ${MYPY_PATHS:-airflow_provider_eos spark_apps demo dags bench} || exit 1
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
-timeout --signal=TERM --kill-after=60 "${TEST_WALL_TIMEOUT:-3600}" \
+timeout --signal=TERM --kill-after=60 "${TEST_WALL_TIMEOUT:-4800}" \
   "$venv/bin/pytest" tests --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}

@@ -202,6 +202,7 @@ def run_stream(config: PipelineConfig) -> int:
     finally:
         if ahead is not None:
             ahead.close()
+        rows_read.close()  # a batch that never staged (A2, a failed run) no longer holds the listener
     if sink.fenced is not None:
         raise fencing.Fenced(sink.fenced)
     if query.exception() is not None:

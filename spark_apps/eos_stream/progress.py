@@ -42,6 +42,7 @@ class RowsRead:
     def __init__(self) -> None:
         self._rows: dict[int, int] = {}
         self._changed = threading.Condition()
+        self._closed = False
 
     def record(self, batch_id: int, rows: int) -> None:
         """The batch's first staging counts (a retry reads the same records)."""
@@ -50,10 +51,17 @@ class RowsRead:
             self._changed.notify_all()
 
     def take(self, batch_id: int, timeout: float = WAIT_SECONDS) -> int | None:
-        """The batch's rows once it has staged (None: it did not within ``timeout`` seconds)."""
+        """The batch's rows once it has staged (None: it did not within ``timeout`` seconds,
+        or the run ended first)."""
         with self._changed:
-            self._changed.wait_for(lambda: batch_id in self._rows, timeout)
+            self._changed.wait_for(lambda: batch_id in self._rows or self._closed, timeout)
             return self._rows.pop(batch_id, None)
+
+    def close(self) -> None:
+        """The run's batches are all staged or abandoned: nothing more is waited for."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
 
 class ProgressRecorder(StreamingQueryListener):

@@ -25,5 +25,10 @@ def test_a_retry_does_not_count_the_batch_twice_and_a_batch_is_taken_once() -> N
     assert rows.take(3, timeout=0.05) is None
 
 
-def test_a_batch_that_never_staged_gives_up_after_the_timeout() -> None:
+def test_a_batch_that_never_staged_gives_up_after_the_timeout_or_when_the_run_ends() -> None:
     assert RowsRead().take(1, timeout=0.1) is None
+    rows = RowsRead()
+    threading.Timer(0.1, rows.close).start()
+    started = time.monotonic()
+    assert rows.take(2, timeout=30) is None
+    assert time.monotonic() - started < 5
