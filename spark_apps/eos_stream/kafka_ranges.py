@@ -3,8 +3,8 @@
 A micro-batch is one offset range per partition. Spark's Kafka source plans
 them (triggers, ``maxOffsetsPerTrigger``, its offset log, the ranges' ends at
 the last stable offset); whoever stages the batch reads them: each Spark task
-one range (``app.py``), or the Spark-less replay every range in turn
-(``direct_replay.py``). Both read with a librdkafka consumer of their own and
+its share of the ranges, one after the other (``app.py``), or the Spark-less
+replay every range in turn (``direct_replay.py``). Both read with a librdkafka consumer of their own and
 hand the records on as Arrow batches of (topic, partition, offset, key, value),
 at most ``CHUNK_RECORDS`` at a time, so memory is bounded by a chunk.
 
