@@ -122,7 +122,7 @@ def _cell(column: Any, pg_type: str, escaped: bool) -> Any:
 
 
 def _candidates(values: Any) -> Any:
-    """One flag per value: whether Arrow's reader may try it (the first two rules above)."""
+    """One flag per value: whether Arrow's reader may try it (the first three rules above)."""
     import pyarrow.compute as pc
 
     flat = pc.fill_null(pc.match_substring_regex(values, _FLAT_OBJECT), False)

@@ -102,9 +102,8 @@ def replay(config: PipelineConfig) -> int:
     # One consumer reads every batch of every partition in turn: librdkafka's own prefetch depth
     # (100,000 records) keeps it fed from one batch to the next; the tasks' shallower one is for
     # ranges nobody reads on from.
-    consumer = Consumer({**kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
-                                                          f"eos-replay-{config.pipeline}"),
-                         "queued.min.messages": 100_000})
+    consumer = Consumer(kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
+                                                       f"eos-replay-{config.pipeline}", prefetch_records=100_000))
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))

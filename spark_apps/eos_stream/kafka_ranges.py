@@ -77,13 +77,15 @@ def offset_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartiti
     return ranges
 
 
-def consumer_settings(bootstrap: str, security: Mapping[str, str], group: str) -> dict[str, Any]:
+def consumer_settings(bootstrap: str, security: Mapping[str, str], group: str,
+                      prefetch_records: int = _PREFETCH_RECORDS) -> dict[str, Any]:
     """A range reader's librdkafka settings. ``security``: the connection's options in
     librdkafka's names (``PipelineConfig.librdkafka_options``); they travel to executors inside
-    the task's closure, never on a command line."""
+    the task's closure, never on a command line. ``prefetch_records``: how far librdkafka
+    fetches ahead; a reader that reads on from one range to the next wants it deeper."""
     return {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "error",
-            "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS, "queued.min.messages": _PREFETCH_RECORDS, **security}
+            "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS, "queued.min.messages": prefetch_records, **security}
 
 
 # One consumer per Python worker process and settings: Spark reuses its Python workers across
