@@ -29,6 +29,9 @@ from airflow.sdk.exceptions import AirflowException
 
 # Producers read per DescribeProducers request (Kafka's tool uses the same batch size).
 DESCRIBE_BATCH = 500
+# How long a DescribeProducers is asked again while Kafka answers with a retriable error: a
+# partition without a leader yet (a topic just created) or in a leader election.
+LEADER_WAIT_SECONDS = 15.0
 
 _SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 _PASSWORD_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
@@ -246,6 +249,29 @@ class KafkaTransactionsHook(KafkaBaseHook):
             f"Kafka {what} through connection {self.kafka_config_id!r}{where} failed: {type(err).__name__}: {err}"
         )
 
+    def _producer_states(self, partitions: list[Any], broker_id: int | None, what: str) -> dict[Any, Any]:
+        """``DescribeProducers`` of ``partitions``, asked again with a new client (whose metadata
+        names the new leader) while Kafka's answer is a retriable error, for up to
+        :data:`LEADER_WAIT_SECONDS`; any other error, or one that outlasts the wait, fails
+        naming ``what``."""
+        from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+        retrying = Retrying(
+            retry=retry_if_exception(lambda err: bool(getattr(err, "retriable", False))),
+            stop=stop_after_delay(LEADER_WAIT_SECONDS),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt, self.admin_client() as client:
+                    return dict(client.describe_producers(partitions, broker_id=broker_id))
+        except AirflowException:
+            raise
+        except Exception as err:
+            raise self._failure(what, err) from err
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
     @contextmanager
     def admin_client(self) -> Iterator[Any]:
         """A connected ``kafka.KafkaAdminClient``, closed on exit."""
@@ -276,12 +302,8 @@ class KafkaTransactionsHook(KafkaBaseHook):
         from kafka import TopicPartition
 
         tp = TopicPartition(topic, int(partition))
-        with self.admin_client() as client:
-            try:
-                state = client.describe_producers([tp], broker_id=broker_id)[tp]
-            except Exception as err:
-                raise self._failure(f"DescribeProducers of {topic}[{partition}]", err) from err
-        rows = [_producer_row(p) for p in state.active_producers]
+        states = self._producer_states([tp], broker_id, f"DescribeProducers of {topic}[{partition}]")
+        rows = [_producer_row(p) for p in states[tp].active_producers]
         self.log.info("Producers of %s[%s]: %s", topic, partition, rows)
         return rows
 
@@ -349,7 +371,7 @@ class KafkaTransactionsHook(KafkaBaseHook):
         max_ms = 60_000 * (15 if max_transaction_timeout_minutes is None else int(max_transaction_timeout_minutes))
         with self.admin_client() as client:
             partitions = self._partitions_in_scope(client, broker_id, topic, partition)
-            candidates = self._candidates(client, partitions, broker_id, max_ms)
+            candidates = self._candidates(partitions, broker_id, max_ms)
             hanging = self._unresolved(client, candidates) if candidates else []
         now_ms = int(time.time() * 1000)
         rows = [
@@ -393,16 +415,13 @@ class KafkaTransactionsHook(KafkaBaseHook):
                     found.append(TopicPartition(t["name"], int(p["partition_index"])))
         return sorted(found)
 
-    def _candidates(self, client: Any, partitions: list[Any], broker_id: int | None, max_ms: int) -> list[Any]:
+    def _candidates(self, partitions: list[Any], broker_id: int | None, max_ms: int) -> list[Any]:
         """``(TopicPartition, ProducerState)`` of every transaction open on ``partitions`` whose
         producer last wrote there more than ``max_ms`` ago."""
         found = []
         for i in range(0, len(partitions), DESCRIBE_BATCH):
             batch = partitions[i : i + DESCRIBE_BATCH]
-            try:
-                states = client.describe_producers(batch, broker_id=broker_id)
-            except Exception as err:
-                raise self._failure(f"DescribeProducers of {len(batch)} partition(s)", err) from err
+            states = self._producer_states(batch, broker_id, f"DescribeProducers of {len(batch)} partition(s)")
             now_ms = int(time.time() * 1000)
             for tp, state in states.items():
                 for p in state.active_producers:
@@ -449,29 +468,26 @@ class KafkaTransactionsHook(KafkaBaseHook):
         from kafka.admin import AbortTransactionSpec
 
         tp = TopicPartition(topic, int(partition))
+        producers = self._producer_states([tp], None, f"DescribeProducers of {topic}[{partition}]")[tp].active_producers
+        match = [p for p in producers if p.current_transaction_start_offset == int(start_offset)]
+        if not match:
+            starts = sorted(p.current_transaction_start_offset for p in producers)
+            raise AirflowException(
+                f"Could not find any open transactions starting at offset {start_offset} on partition "
+                f"{topic}-{partition} (open ones start at {[s for s in starts if s >= 0]})"
+            )
+        p = match[0]
+        spec = AbortTransactionSpec(
+            topic_partition=tp,
+            producer_id=int(p.producer_id),
+            producer_epoch=int(p.producer_epoch),
+            coordinator_epoch=max(0, int(p.coordinator_epoch)),
+        )
+        self.log.warning(
+            "Aborting the transaction at %s[%s] starting at offset %s (producer id %s epoch %s)",
+            topic, partition, start_offset, spec.producer_id, spec.producer_epoch,
+        )
         with self.admin_client() as client:
-            try:
-                producers = client.describe_producers([tp])[tp].active_producers
-            except Exception as err:
-                raise self._failure(f"DescribeProducers of {topic}[{partition}]", err) from err
-            match = [p for p in producers if p.current_transaction_start_offset == int(start_offset)]
-            if not match:
-                starts = sorted(p.current_transaction_start_offset for p in producers)
-                raise AirflowException(
-                    f"Could not find any open transactions starting at offset {start_offset} on partition "
-                    f"{topic}-{partition} (open ones start at {[s for s in starts if s >= 0]})"
-                )
-            p = match[0]
-            spec = AbortTransactionSpec(
-                topic_partition=tp,
-                producer_id=int(p.producer_id),
-                producer_epoch=int(p.producer_epoch),
-                coordinator_epoch=max(0, int(p.coordinator_epoch)),
-            )
-            self.log.warning(
-                "Aborting the transaction at %s[%s] starting at offset %s (producer id %s epoch %s)",
-                topic, partition, start_offset, spec.producer_id, spec.producer_epoch,
-            )
             try:
                 client.abort_transaction(spec)
             except Exception as err:

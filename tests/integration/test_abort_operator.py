@@ -98,7 +98,7 @@ def test_abort_only_with_confirmation(kafka_bootstrap, topic):
         after = hook.partition_offsets([topic])[key]
         assert after.lag == 0
         assert after.last_stable == after.high_watermark == 5  # 4 records + abort marker
-    assert seen["spawn_attempts"] == [] and seen["admin_clients"] == 7
+    assert seen["spawn_attempts"] == [] and seen["admin_clients"] == 11
 
 
 def test_abort_of_unknown_transaction_fails_clearly(kafka_bootstrap, topic):

@@ -202,3 +202,41 @@ def test_find_hanging_needs_a_scope():
         hook.find_hanging()
     with pytest.raises(Exception, match="partition needs topic"):
         hook.find_hanging(broker_id=1, partition=0)
+
+
+def test_a_partition_without_a_leader_yet_is_asked_again_with_a_new_client(monkeypatch):
+    """A topic just created, or a leader election: DescribeProducers answers NotLeaderForPartition
+    (retriable) and is asked again through a new client; an error that is not retriable fails at once."""
+    from kafka.errors import NotLeaderForPartitionError, TopicAuthorizationFailedError
+
+    from airflow_provider_eos.hooks.kafka_transactions import AirflowException
+
+    fake = _FakeAdmin(producers={0: [_producer(10, 7, 1)]}, listings=[], descriptions={})
+    answers: list[Exception | None] = [NotLeaderForPartitionError("no leader yet"), NotLeaderForPartitionError(), None]
+    clients: list[int] = []
+    real = fake.describe_producers
+
+    def flaky(partitions, broker_id=None):
+        error = answers.pop(0)
+        if error is not None:
+            raise error
+        return real(partitions, broker_id)
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def admin_client(self):
+        clients.append(1)
+        yield fake
+
+    monkeypatch.setattr(fake, "describe_producers", flaky)
+    monkeypatch.setattr(KafkaTransactionsHook, "admin_client", admin_client)
+    monkeypatch.setattr(kafka_transactions, "LEADER_WAIT_SECONDS", 5.0)
+    hook = KafkaTransactionsHook(kafka_config_id="k")
+    assert [r["CurrentTransactionStartOffset"] for r in hook.describe_producers(T, 0)] == [7]
+    assert len(clients) == 3 and answers == []
+
+    answers[:] = [TopicAuthorizationFailedError("not allowed"), None]
+    with pytest.raises(AirflowException, match=r"DescribeProducers of orders\[0\].*TopicAuthorizationFailed"):
+        hook.describe_producers(T, 0)
+    assert answers == [None]  # not asked again
