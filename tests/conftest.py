@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from demo.env_files import read_env_file
+from tests.helpers.spark_cds import driver_archive_opts
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
@@ -37,7 +38,10 @@ def stack() -> dict[str, str]:
     # The deployment's [eos] spark_jars, as scripts/airflow.sh sets it for the Airflow components:
     # the operators the tests run in this process spark-submit with the Kafka connector from it.
     os.environ.setdefault("AIRFLOW__EOS__SPARK_JARS", env["EOS_SPARK_JARS"])
-    os.environ["SPARK_SUBMIT_OPTS"] = spark_submit_opts()  # spark-submits started from here inherit it
+    opts = spark_submit_opts()
+    if "SPARK_SUBMIT_OPTS" not in os.environ:  # the tests' own options: add their class archive
+        opts = f"{opts} {driver_archive_opts(env, STATE_DIR, opts)}".strip()
+    os.environ["SPARK_SUBMIT_OPTS"] = opts  # spark-submits started from here inherit it
     return env
 
 

@@ -30,17 +30,19 @@ docs/recovery.md ("Failure-transition table"); the sink's is in ``spark_apps/eos
    manifest of another database, tables that differ from the snapshot's, dependents; the
    running lock, ``store.fetch_dump`` and its SHA-256 check): nothing in the target changed. A
    dead worker's running lock and session die with its connection. Rerun: starts over.
-2. during the scratch validation (``swap.validate_in_scratch``): a scratch database
-   ``eos_scratch_<hash of the target key>_<random>`` may be left. Rerun: under the recovery lock
-   no other restore of this target runs, so it drops them first.
+2. during the scratch validation (``swap.validate_in_scratch``, which runs beside steps 3 and 4;
+   the swap's COMMIT waits for its verdict and a failed one rolls the swap back): a scratch
+   database ``eos_scratch_<hash of the target key>_<random>`` may be left, with whatever step 3
+   or 4 left at the same moment. Rerun: under the recovery lock no other restore of this target
+   runs, so it drops them first.
 3. while rolling back in-doubt two_phase transactions (``guards.roll_back_in_doubt``): each
    ROLLBACK PREPARED is its own commit; some may be left. Rerun: rolls back the rest (they belong
    to the state being replaced either way).
 4. inside the swap transaction, before COMMIT was sent (``swap.swap_in``: prelude, restore
-   script, postlude, the retention re-check): psql's stdin closes with the worker, psql exits,
-   and the server rolls back a transaction whose client went away: old tables, old epoch, no
-   aside schema. A retention gap or a validation error ends here on purpose (ROLLBACK). Rerun:
-   restores again.
+   script, postlude, the scratch's verdict, the retention re-check): psql's stdin closes with
+   the worker, psql exits, and the server rolls back a transaction whose client went away: old
+   tables, old epoch, no aside schema. A retention gap, a snapshot the scratch refused or a
+   validation error ends here on purpose (ROLLBACK). Rerun: restores again.
 5. COMMIT sent, its outcome unknown to the worker: either the old state (as in 4) or the new one
    (snapshot in place, epoch bumped, old tables in the aside schema with ``keep_old``, else
    dropped in the same transaction). Rerun: restores the same snapshot again, which ends in the

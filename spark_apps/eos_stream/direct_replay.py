@@ -14,8 +14,9 @@ range as the Spark app's tasks read theirs (``kafka_ranges``) and stages it
 the same way (``staging.stage_ranges``).
 
 It reads what the partitions held below their last stable offset when it
-started (as ``availableNow`` does), one partition at a time, in batches of at
-most ``max_offsets_per_trigger`` offsets. Memory is bounded by a consumer
+started (as ``availableNow`` does), in batches of at most
+``max_offsets_per_trigger`` offsets shared among the partitions with records
+left (``batch_ranges``), each partition's range read in turn. Memory is bounded by a consumer
 fetch and a COPY chunk. Its own transitions:
 
 R1. crash before the first batch: nothing written; the rerun claims again
@@ -70,19 +71,26 @@ def partition_bounds(config: PipelineConfig, partitions: list[TopicPartition]) -
 
 
 def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartition, tuple[int, int]],
-                 max_offsets: int) -> Iterator[tuple[TopicPartition, int, int]]:
-    """(partition, start, end) of each batch, in partition order: what lies
-    between the stored offsets and the last stable offsets, cut every
-    ``max_offsets``. A partition never applied starts at EARLIEST, as the
-    Spark app's first batch does (the ownership check sees no gap below it)."""
-    for tp in sorted(starting):
-        earliest, end = bounds[tp]
-        start = starting[tp]
-        position = earliest if start == EARLIEST else start
-        while position < end:
-            batch_end = min(end, position + max_offsets)
-            yield tp, start, batch_end
-            start = position = batch_end
+                 max_offsets: int) -> Iterator[list[tuple[TopicPartition, int, int]]]:
+    """Each batch's ranges, ``(partition, start, end)`` in partition order: what lies between
+    the stored offsets and the last stable offsets. Every partition with offsets left has a
+    range in every batch, and a batch holds at most ``max_offsets`` offsets, shared evenly among
+    them (as Spark's ``maxOffsetsPerTrigger``): a small replay is one transaction, not one per
+    partition. A partition never applied starts at EARLIEST, as the Spark app's first batch
+    does (the ownership check sees no gap below it)."""
+    start = dict(starting)
+    position = {tp: bounds[tp][0] if offset == EARLIEST else offset for tp, offset in starting.items()}
+    while True:
+        pending = [tp for tp in sorted(starting) if position[tp] < bounds[tp][1]]
+        if not pending:
+            return
+        share = max(1, max_offsets // len(pending))
+        batch = []
+        for tp in pending:
+            end = min(bounds[tp][1], position[tp] + share)
+            batch.append((tp, start[tp], end))
+            start[tp] = position[tp] = end
+        yield batch
 
 
 def replay(config: PipelineConfig) -> int:
@@ -107,18 +115,19 @@ def replay(config: PipelineConfig) -> int:
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))
-        for batch_id, (tp, start, end) in enumerate(
-                batch_ranges(driver.starting, bounds, config.max_offsets_per_trigger)):
+        for batch_id, ranges in enumerate(batch_ranges(driver.starting, bounds, config.max_offsets_per_trigger)):
+            starts = {tp: start for tp, start, _ in ranges}
+            ends = {tp: end for tp, _, end in ranges}
 
-            def fill_stage(stage_name: str, keep_raw: bool, tp: TopicPartition = tp, start: int = start,
-                           end: int = end) -> int:
+            def fill_stage(stage_name: str, keep_raw: bool, ranges: list[tuple[TopicPartition, int, int]] = ranges
+                           ) -> int:
                 return stage_ranges(driver.dsn, spec, config.meta_schema, stage_name, keep_raw, consumer,
-                                    [OffsetRange(*tp, start, end)])
+                                    [OffsetRange(*tp, start, end) for tp, start, end in ranges])
 
-            result = sink.process(batch_id, {tp: start}, {tp: end}, fill_stage)
+            result = sink.process(batch_id, starts, ends, fill_stage)
             emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
                  record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-                 transient_retries=result.transient_retries, end_offsets=offsets_json({tp: end}))
+                 transient_retries=result.transient_retries, end_offsets=offsets_json(ends))
     finally:
         consumer.close()
         driver.close()

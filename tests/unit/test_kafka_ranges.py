@@ -67,13 +67,18 @@ class _Consumer:
         return [TopicPartition(partitions[0].topic, partitions[0].partition, self.position_)]
 
 
-def test_batches_cut_every_max_offsets_from_the_stored_offsets_or_the_log_start() -> None:
+def test_batches_share_max_offsets_among_the_partitions_from_the_stored_offsets_or_the_log_start() -> None:
     starting = {("t", 1): 10, ("t", 0): EARLIEST, ("t", 2): 7}
     bounds = {("t", 0): (3, 8), ("t", 1): (0, 35), ("t", 2): (0, 7)}
     assert list(direct_replay.batch_ranges(starting, bounds, 10)) == [
-        (("t", 0), EARLIEST, 8),  # never applied: from the log start, and the first start stays EARLIEST
-        (("t", 1), 10, 20), (("t", 1), 20, 30), (("t", 1), 30, 35),
-    ]  # ("t", 2) is caught up: no batch
+        # never applied: from the log start, and the first start stays EARLIEST; ("t", 2) is caught up
+        [(("t", 0), EARLIEST, 8), (("t", 1), 10, 15)],
+        [(("t", 1), 15, 25)],  # ("t", 0) is done: ("t", 1) has the whole batch
+        [(("t", 1), 25, 35)],
+    ]
+    # A replay smaller than a batch is one batch, whatever the partitions.
+    assert list(direct_replay.batch_ranges(starting, bounds, 100)) == [[(("t", 0), EARLIEST, 8), (("t", 1), 10, 35)]]
+    assert list(direct_replay.batch_ranges({("t", 2): 7}, bounds, 10)) == []
 
 
 def _offsets(consumer: _Consumer, start: int, end: int) -> list[int]:
