@@ -75,8 +75,8 @@ def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartitio
     """Each batch's ranges, ``(partition, start, end)`` in partition order: what lies between
     the stored offsets and the last stable offsets. Every partition with offsets left has a
     range in every batch, and a batch holds at most ``max_offsets`` offsets, shared evenly among
-    them (as Spark's ``maxOffsetsPerTrigger``): a small replay is one transaction, not one per
-    partition. A partition never applied starts at EARLIEST, as the Spark app's first batch
+    them (what a partition does not need goes to the others): a small replay is one
+    transaction, not one per partition. A partition never applied starts at EARLIEST, as the Spark app's first batch
     does (the ownership check sees no gap below it)."""
     start = dict(starting)
     position = {tp: bounds[tp][0] if offset == EARLIEST else offset for tp, offset in starting.items()}
@@ -84,12 +84,16 @@ def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartitio
         pending = [tp for tp in sorted(starting) if position[tp] < bounds[tp][1]]
         if not pending:
             return
-        share = max(1, max_offsets // len(pending))
+        # Fill the batch evenly: the partitions with the fewest offsets left take all of them, and
+        # what they leave of their share goes to the others.
+        budget, ends = max(max_offsets, len(pending)), {}
+        for index, tp in enumerate(sorted(pending, key=lambda tp: (bounds[tp][1] - position[tp], tp))):
+            take = min(bounds[tp][1] - position[tp], budget // (len(pending) - index))
+            ends[tp], budget = position[tp] + take, budget - take
         batch = []
         for tp in pending:
-            end = min(bounds[tp][1], position[tp] + share)
-            batch.append((tp, start[tp], end))
-            start[tp] = position[tp] = end
+            batch.append((tp, start[tp], ends[tp]))
+            start[tp] = position[tp] = ends[tp]
         yield batch
 
 

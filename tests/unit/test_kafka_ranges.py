@@ -76,6 +76,13 @@ def test_batches_share_max_offsets_among_the_partitions_from_the_stored_offsets_
         [(("t", 1), 15, 25)],  # ("t", 0) is done: ("t", 1) has the whole batch
         [(("t", 1), 25, 35)],
     ]
+    # What a partition does not need of its share goes to the others.
+    assert list(direct_replay.batch_ranges(starting, bounds, 12)) == [
+        [(("t", 0), EARLIEST, 8), (("t", 1), 10, 17)], [(("t", 1), 17, 29)], [(("t", 1), 29, 35)]]
+    three = {("u", p): 0 for p in range(3)}
+    batches = list(direct_replay.batch_ranges(three, {("u", 0): (0, 2), ("u", 1): (0, 50), ("u", 2): (0, 50)}, 10))
+    assert batches[0] == [(("u", 0), 0, 2), (("u", 1), 0, 4), (("u", 2), 0, 4)]
+    assert [sum(end - start for _, start, end in batch) for batch in batches] == [10] * 10 + [2]
     # A replay smaller than a batch is one batch, whatever the partitions.
     assert list(direct_replay.batch_ranges(starting, bounds, 100)) == [[(("t", 0), EARLIEST, 8), (("t", 1), 10, 35)]]
     assert list(direct_replay.batch_ranges({("t", 2): 7}, bounds, 10)) == []
