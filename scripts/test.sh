@@ -32,9 +32,23 @@ stop_started() {
 trap stop_started EXIT
 
 bash scripts/stack.sh start || exit 1
+# The tests' Spark drivers map Spark's classes from an archive that one app run dumps once per
+# machine (tests/helpers/spark_cds.py, about a minute): dumped here, beside airflow init, ruff and
+# mypy, so the first test does not wait for it. Without it the tests run, only slower.
+mkdir -p .local
+"$venv/bin/python" -m tests.helpers.spark_cds > .local/spark-cds.log 2>&1 &
+cds_pid=$!
+wait_for_cds() {
+  if [ -n "${cds_pid:-}" ]; then
+    wait "$cds_pid" || echo "test: no Spark class archive (.local/spark-cds.log); the tests run without it"
+    cds_pid=""
+  fi
+}
+trap 'wait_for_cds; stop_started' EXIT
 bash scripts/airflow.sh init || exit 1
 "$venv/bin/ruff" check || exit 1
 "$venv/bin/mypy" ${MYPY_PATHS:-airflow_provider_eos spark_apps demo dags bench} || exit 1
+wait_for_cds
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
 timeout --signal=TERM --kill-after=60 "${TEST_WALL_TIMEOUT:-4800}" \
   "$venv/bin/pytest" tests --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}

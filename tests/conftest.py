@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 
 from demo.env_files import read_env_file
-from tests.helpers.spark_cds import driver_archive_opts
+from tests.helpers.spark_cds import TEST_SPARK_SUBMIT_OPTS, driver_archive_opts
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
-# JVM options for every spark-submit the tests start (spark-submit adds SPARK_SUBMIT_OPTS to the
-# driver's JVM). A test's driver lives for seconds and a few small batches: the C1 compiler alone
-# costs far less than C1 and C2 together, and the serial collector needs no GC threads on 2 cores.
-# An app run to completion took about 40% less CPU and 35% less time (docs/testing.md). Neither
-# changes what the app does. Benchmarks (bench/) do not start through these fixtures: JVM defaults.
-TEST_SPARK_SUBMIT_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def spark_submit_opts() -> str:
