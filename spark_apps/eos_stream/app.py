@@ -29,8 +29,9 @@ from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.errors import sqlstate_of
+from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka_ranges import EARLIEST
-from spark_apps.eos_stream.progress import ProgressRecorder, RowsRead, emit
+from spark_apps.eos_stream.progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import StagedBatch

@@ -49,8 +49,8 @@ from collections.abc import Iterator
 from spark_apps.eos_stream import kafka_ranges, preflight
 from spark_apps.eos_stream.config import PipelineConfig
 from spark_apps.eos_stream.driver import EARLIEST, claim, offsets_json
+from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka_ranges import OffsetRange
-from spark_apps.eos_stream.progress import emit
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.staging import stage_ranges
 from spark_apps.eos_stream.spec import load_spec

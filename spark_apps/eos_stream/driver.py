@@ -17,8 +17,8 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import fencing, preflight
 from spark_apps.eos_stream.config import PipelineConfig
 from spark_apps.eos_stream.control import hold_running_lock, stop_requested
+from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka_ranges import EARLIEST
-from spark_apps.eos_stream.progress import emit
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition

@@ -1,9 +1,8 @@
-"""Progress: one row per finished micro-batch, and EOS- lines on stdout."""
+"""Progress: one row per finished micro-batch, and its EOS-PROGRESS line (``events.emit``)."""
 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from typing import Any
 
@@ -11,6 +10,7 @@ from psycopg2 import sql
 from pyspark.sql.streaming import StreamingQueryListener
 
 from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.sink.postgres import connect
 
 
@@ -19,16 +19,6 @@ def _as_json(offsets: Any) -> str | None:
     if offsets in (None, "None", ""):
         return None
     return offsets if isinstance(offsets, str) else json.dumps(offsets)
-
-
-def emit(event: str, **fields: Any) -> None:
-    """One machine-readable line; supervisors parse lines starting with ``EOS-``.
-
-    Written with one write: print() writes the text and its newline apart, and
-    the JVM's log lines, on the same pipe, landed between the two (seen in CI:
-    an ``EOS-STOPPED`` line with a Spark WARN glued to it)."""
-    sys.stdout.write(f"EOS-{event.upper()} {json.dumps(fields, default=str, sort_keys=True)}\n")
-    sys.stdout.flush()
 
 
 class RowsRead:
