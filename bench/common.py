@@ -14,6 +14,8 @@ from demo.env_files import read_env_file
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where scripts/stack.sh keeps its state and writes stack.env.
+STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 PARTITIONS = 4
 
 
@@ -30,9 +32,15 @@ def machine() -> dict[str, Any]:
 def local_stack() -> dict[str, str]:
     """Starts the local stack if it is down; its settings, also put into this process's environment."""
     subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
-    stack = read_env_file(ROOT / ".local" / "stack.env")
+    stack = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(stack)
     return stack
+
+
+def git_commit(tree: Path) -> str:
+    """The short commit a checkout is at ("unknown" outside git): which build a figure is of."""
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
 
 
 def ledger_topic(stack: dict[str, str], kind: str, events: int) -> tuple[str, str]:

@@ -28,10 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine  # noqa: E402
-from bench.recovery_times import STATE_DIR  # noqa: E402
-from bench.restore_overlap import _commit  # noqa: E402
-from demo.env_files import read_env_file  # noqa: E402
+from bench.common import git_commit, local_stack, machine  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import ledger_rows, pipeline_config  # noqa: E402
 
@@ -57,9 +54,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "direct_replay_ab.json"))
     args = parser.parse_args()
 
-    subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
-    stack = read_env_file(STATE_DIR / "stack.env")
-    os.environ.update(stack)
+    stack = local_stack()
     os.environ["PGPASSWORD"] = stack["EOS_PG_PASSWORD"]
     trees = {"this": ROOT, "baseline": args.baseline.resolve()}
     sizes = []
@@ -85,7 +80,7 @@ def main() -> None:
                           "this_vs_baseline": round(medians["this"] / medians["baseline"], 3)})
     out = {
         "command": " ".join(["bench/direct_replay_ab.py", *sys.argv[1:]]),
-        "commits": {label: _commit(tree) for label, tree in trees.items()},
+        "commits": {label: git_commit(tree) for label, tree in trees.items()},
         "machine": machine(), "runs": args.runs, "load_average_at_start": load_at_start,
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "sizes": sizes,
     }

@@ -35,13 +35,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine  # noqa: E402
+from bench.common import STATE_DIR, machine  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
 
 PG_CONN, KAFKA_CONN, SPARK_CONN = "eos_bench_pg", "eos_bench_kafka", "eos_bench_spark"
-STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 
 
 def _connections(stack: dict[str, str]) -> None:

@@ -29,9 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import machine  # noqa: E402
-from bench.recovery_times import KAFKA_CONN, PG_CONN, STATE_DIR, _connections  # noqa: E402
-from demo.env_files import read_env_file  # noqa: E402
+from bench.common import git_commit, local_stack, machine  # noqa: E402
+from bench.recovery_times import KAFKA_CONN, PG_CONN, _connections  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import pipeline_config, run_direct_replay  # noqa: E402
 
@@ -60,11 +59,6 @@ def _restore(tree: Path, args: dict[str, Any]) -> dict[str, Any]:
     return json.loads(line[len("RESTORED "):])
 
 
-def _commit(tree: Path) -> str:
-    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
-
-
 def _median_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
     keys = sorted({k for run in runs for k in run["timings"]})
     return {k: round(statistics.median(run["timings"].get(k, 0.0) for run in runs), 3) for k in keys}
@@ -78,9 +72,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "restore_overlap.json"))
     args = parser.parse_args()
 
-    subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
-    stack = read_env_file(STATE_DIR / "stack.env")
-    os.environ.update(stack)
+    stack = local_stack()
     os.environ["PGPASSWORD"] = stack["EOS_PG_PASSWORD"]
     _connections(stack)
     from airflow_provider_eos.operators.snapshot import SnapshotOperator
@@ -115,7 +107,7 @@ def main() -> None:
                        "phases": _median_phases(rs)} for label, rs in runs.items()}
     out = {
         "command": " ".join(["bench/restore_overlap.py", *sys.argv[1:]]),
-        "commits": {label: _commit(tree) for label, tree in {"this": ROOT, "baseline": args.baseline}.items()},
+        "commits": {label: git_commit(tree) for label, tree in {"this": ROOT, "baseline": args.baseline}.items()},
         "machine": machine(), "events": args.events, "snapshot_rows": snap["total_rows"], "runs": args.runs,
         "load_average_at_start": load_at_start, "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "medians": medians, "runs_seconds": {label: [r["seconds"] for r in rs] for label, rs in runs.items()},
