@@ -4,6 +4,7 @@
 # e.g. a developer's, stays up). Exits with pytest's (or lint's) status.
 #
 #   PYTEST_TIMEOUT=900 TEST_WALL_TIMEOUT=4800 PYTEST_ARGS='-k fencing' scripts/test.sh
+#   PYTEST_WORKERS=0 scripts/test.sh    one process instead of two xdist workers
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/.."
@@ -51,4 +52,4 @@ bash scripts/airflow.sh init || exit 1
 wait_for_cds
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
 timeout --signal=TERM --kill-after=60 "${TEST_WALL_TIMEOUT:-4800}" \
-  "$venv/bin/pytest" tests --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}
+  "$venv/bin/pytest" tests -n "${PYTEST_WORKERS:-2}" --dist loadgroup --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}

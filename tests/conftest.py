@@ -3,10 +3,12 @@ once by scripts/stack.sh or reused when it already runs."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,43 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 
 
+# Modules that share one Airflow deployment's state, so they run one after another on one xdist
+# worker (scripts/test.sh runs two): the demo's api-server, scheduler and triggerer on fixed ports,
+# the airflow.env that `airflow.sh env` rewrites, the Spark standalone cluster that the first of
+# its users starts and stops, and the metadata database whose DAGs the demo's scheduler sees
+# while dag.test() processes register theirs. Every other module is a unit of its own, so that
+# its module fixtures are set up once; Kafka and PostgreSQL serve both workers (unique names).
+SHARED_AIRFLOW_MODULES = frozenset({
+    "test_demo.py", "test_dags.py", "test_stack_airflow.py", "test_spark_cluster.py", "test_external_spec.py",
+    "test_recovery_dag.py", "test_recovery_params.py", "test_metrics.py", "test_sasl_kafka.py",
+    "test_howto_own_spec.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups the tests for ``pytest -n N --dist loadgroup`` (see SHARED_AIRFLOW_MODULES)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.path.name
+        group = "shared-airflow" if module in SHARED_AIRFLOW_MODULES else str(item.path.relative_to(ROOT))
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@contextmanager
+def state_lock(name: str) -> Iterator[None]:
+    """One test worker at a time past this point (e.g. starting the stack), machine-wide. The
+    lock's descriptor is not inherited, so the daemons started meanwhile do not hold it."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(STATE_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def spark_submit_opts() -> str:
     """SPARK_SUBMIT_OPTS for the tests' spark-submits: the environment's, else the tests' own."""
     return os.environ.get("SPARK_SUBMIT_OPTS", TEST_SPARK_SUBMIT_OPTS)
@@ -26,7 +65,8 @@ def spark_submit_opts() -> str:
 @pytest.fixture(scope="session")
 def stack() -> dict[str, str]:
     """Starts (or reuses) the local stack and exports its settings to os.environ."""
-    subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True)
+    with state_lock("stack"):  # each xdist worker asks; one starts it, the other finds it running
+        subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True)
     env = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(env)
     # The deployment's [eos] spark_jars, as scripts/airflow.sh sets it for the Airflow components:
@@ -34,7 +74,8 @@ def stack() -> dict[str, str]:
     os.environ.setdefault("AIRFLOW__EOS__SPARK_JARS", env["EOS_SPARK_JARS"])
     opts = spark_submit_opts()
     if "SPARK_SUBMIT_OPTS" not in os.environ:  # the tests' own options: add their class archive
-        opts = f"{opts} {driver_archive_opts(env, STATE_DIR, opts)}".strip()
+        with state_lock("spark-cds"):  # dumped by one worker when scripts/test.sh did not
+            opts = f"{opts} {driver_archive_opts(env, STATE_DIR, opts)}".strip()
     os.environ["SPARK_SUBMIT_OPTS"] = opts  # spark-submits started from here inherit it
     return env
 
