@@ -52,4 +52,4 @@ bash scripts/airflow.sh init || exit 1
 wait_for_cds
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
 timeout --signal=TERM --kill-after=60 "${TEST_WALL_TIMEOUT:-4800}" \
-  "$venv/bin/pytest" tests -n "${PYTEST_WORKERS:-2}" --dist loadgroup --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}
+  "$venv/bin/pytest" tests -n "${PYTEST_WORKERS:-2}" --timeout="${PYTEST_TIMEOUT:-900}" ${PYTEST_ARGS:-}

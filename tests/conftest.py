@@ -31,17 +31,28 @@ SHARED_AIRFLOW_MODULES = frozenset({
     "test_recovery_dag.py", "test_recovery_params.py", "test_metrics.py", "test_sasl_kafka.py",
     "test_howto_own_spec.py",
 })
+SHARED_AIRFLOW_UNIT = "shared-airflow"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups the tests for ``pytest -n N --dist loadgroup`` (see SHARED_AIRFLOW_MODULES)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.path.name
-        group = "shared-airflow" if module in SHARED_AIRFLOW_MODULES else str(item.path.relative_to(ROOT))
-        item.add_marker(pytest.mark.xdist_group(group))
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to on the xdist workers: its module, or the shared one."""
+    module = nodeid.split("::", 1)[0]
+    return SHARED_AIRFLOW_UNIT if Path(module).name in SHARED_AIRFLOW_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without the plugin
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Deals out ``work_unit``s, in collection order, so the demo (collected first) and the
+    other shared tests start at once on one worker while the other worker takes the modules.
+    (xdist's own ``loadgroup`` cannot be used: its group marker does not reach pytest 9's ids.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnits(config, log)
 
 
 @contextmanager
