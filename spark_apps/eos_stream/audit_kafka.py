@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from spark_apps.eos_stream.audit_rules import PartitionRange, ReadProgress, keep_latest
@@ -65,6 +67,15 @@ def committed_records(bootstrap: str, options: dict[str, str] | None, *, starts:
     :param timeout: the read's time limit in seconds, named by the AuditTimeout it raises
         past ``deadline`` (a ``time.monotonic()`` value) for the partitions that did not finish.
     """
+    # One list per consume(), flattened in C: a million records are not a million generator resumes.
+    return chain.from_iterable(_committed_batches(bootstrap, options, starts=starts, ends=ends, timeout=timeout,
+                                                  deadline=deadline))
+
+
+def _committed_batches(bootstrap: str, options: dict[str, str] | None, *, starts: dict[TopicPartition, int],
+                       ends: dict[TopicPartition, int], timeout: float, deadline: float
+                       ) -> Iterator[list[tuple[str, int, int, bytes | None]]]:
+    """``committed_records``, one list of them per consume()."""
     from confluent_kafka import Consumer, KafkaError
     from confluent_kafka import TopicPartition as KafkaTP
 
@@ -79,7 +90,9 @@ def committed_records(bootstrap: str, options: dict[str, str] | None, *, starts:
         last_positions = time.monotonic()
         while not progress.done:
             progress.check_deadline(timeout)
-            messages = consumer.consume(CONSUME_BATCH, 0.5)
+            # Any: the stubs type a message's topic, partition and offset as optional, for errors.
+            messages: list[Any] = consumer.consume(CONSUME_BATCH, 0.5)
+            batch = []
             for message in messages:
                 error = message.error()
                 if error is not None:
@@ -88,10 +101,11 @@ def committed_records(bootstrap: str, options: dict[str, str] | None, *, starts:
                                                   int(message.offset() or 0))
                         continue
                     raise RuntimeError(f"audit read failed: {error}")
-                topic, partition = str(message.topic()), int(message.partition() or 0)
-                offset = int(message.offset() or 0)
+                # A record (no error) always has its topic, partition and offset.
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
                 if progress.record((topic, partition), offset):
-                    yield topic, partition, offset, message.value()
+                    batch.append((topic, partition, offset, message.value()))
+            yield batch
             if not messages or time.monotonic() - last_positions > 2.0:
                 # Markers and aborted records deliver nothing but move the position; so does a
                 # partition whose records were all deleted. Only after the batch is handled: the
@@ -125,6 +139,14 @@ class KafkaSide:
         self.latest = tuple([defaultdict(dict) for _ in range(self.aggregates)] for _ in range(2))  # type: ignore[assignment]
 
 
+def _key_of(group_by: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple]:
+    """A record's aggregate key: its ``group_by`` fields' values, as a tuple."""
+    if len(group_by) == 1:
+        (only,) = group_by
+        return lambda record: (record[only],)
+    return itemgetter(*group_by)  # a tuple of two or more
+
+
 def judge_records(spec: PipelineSpec, aggregates: list[AggregateTarget],
                   ranges: Mapping[TopicPartition, PartitionRange], dead: Container[DeadLetterKey],
                   records: Iterable[tuple[str, int, int, bytes | None]]) -> KafkaSide:
@@ -135,14 +157,19 @@ def judge_records(spec: PipelineSpec, aggregates: list[AggregateTarget],
     :param ranges: per partition of ``records``, Kafka's range and the stored offset.
     :param dead: the dead letters' coordinates (a set, or a mapping keyed by them)."""
     side = KafkaSide(len(aggregates))
-    # A property worked out once per partition, not once per record.
+    # Worked out once, not once per record (a million of them): the applied end per partition,
+    # and per region what each aggregate adds a record to.
     applied_end = {tp: rng.applied_end for tp, rng in ranges.items()}
+    adds = [[(_key_of(target.group_by), tuple(target.increments.items()), tuple(target.latest.items()),
+              side.sums[region][index], side.latest[region][index])
+             for index, target in enumerate(aggregates)] for region in (0, 1)]
+    any_dead = bool(dead) if isinstance(dead, Sized) else True
     for topic, partition, offset, value in records:
-        tp, key = (topic, partition), (topic, partition, offset)
+        tp = (topic, partition)
         region = 0 if offset < applied_end[tp] else 1
         side.committed[region][tp] += 1
-        if key in dead:
-            side.dead_seen[key] = value  # tried against the database, not judged here
+        if any_dead and (topic, partition, offset) in dead:
+            side.dead_seen[(topic, partition, offset)] = value  # tried against the database, not judged here
             continue
         try:
             record: dict[str, Any] | None = parse_record(spec, value)
@@ -152,14 +179,18 @@ def judge_records(spec: PipelineSpec, aggregates: list[AggregateTarget],
             side.malformed[region][tp].add(offset)
             continue
         side.valid[region][tp].add(offset)
-        for index, target in enumerate(aggregates):
-            group = tuple(record[k] for k in target.group_by)
-            for column, source in target.increments.items():
-                amount = record[source] if source else 1
-                if amount is not None:  # the apply's COALESCE(sum(...), 0): NULL adds nothing
-                    side.sums[region][index][group][column] += amount
-            for column, source in target.latest.items():
-                keep_latest(side.latest[region][index][group], column, (partition, offset), record[source])
+        for key_of, increments, latest, sums, latests in adds[region]:
+            group = key_of(record)
+            if increments:
+                totals = sums[group]
+                for column, source in increments:
+                    amount = record[source] if source else 1
+                    if amount is not None:  # the apply's COALESCE(sum(...), 0): NULL adds nothing
+                        totals[column] += amount
+            if latest:
+                held = latests[group]
+                for column, source in latest:
+                    keep_latest(held, column, (partition, offset), record[source])
     return side
 
 

@@ -22,6 +22,7 @@ known in advance, not a guess.
 from __future__ import annotations
 
 import json
+import json.scanner
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -30,7 +31,11 @@ from spark_apps.eos_stream.spec import Field, PipelineSpec
 
 # Decimal keeps a JSON number's digits as they were written: a numeric field
 # stages them exactly, and a double precision field rounds them once, in float().
-_decode_json = json.JSONDecoder(parse_float=Decimal).decode
+# Its scanner (C) is called directly: JSONDecoder.decode wraps it in two regex matches
+# per call, a sixth of a record's parse (docs/benchmarks.md, the audit's read).
+# (typeshed types make_scanner's argument as a scanner; a JSONDecoder is what json itself passes.)
+_scan_json = json.scanner.make_scanner(json.JSONDecoder(parse_float=Decimal))  # type: ignore[arg-type]
+_JSON_WHITESPACE = " \t\n\r"
 _INTEGER_TYPES = ("bigint", "integer")
 
 
@@ -68,6 +73,21 @@ def _check_value(spec_field: Field, value: Any) -> Any:
         expected = "an ISO-8601 timestamp string" if kind == "timestamptz" else "a string"
         raise RecordError(f"field {spec_field.name!r} must be {expected}, got {type(value).__name__}")
     return _check_text(spec_field, value)
+
+
+def _decode_json(text: str) -> Any:
+    """``json.loads(text)`` with ``parse_float=Decimal`` for a text without leading whitespace:
+    the same value, and the same JSONDecodeError (message and position) for a text it refuses."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration as err:
+        raise json.JSONDecodeError("Expecting value", text, err.value) from None
+    if end != len(text):
+        rest = text[end:]
+        extra = rest.lstrip(_JSON_WHITESPACE)
+        if extra:
+            raise json.JSONDecodeError("Extra data", text, end + len(rest) - len(extra))
+    return value
 
 
 def parse_record(spec: PipelineSpec, value: bytes | None) -> dict[str, Any]:

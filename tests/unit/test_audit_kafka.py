@@ -143,3 +143,38 @@ def test_workers_that_never_answer_are_named_in_the_timeout_and_killed(monkeypat
     assert message.startswith("audit timed out after 1s reading Kafka; 3 partition(s) did not finish: "
                               "t[0] at offset 0 of 10, t[1] at offset 0 of 20, t[2] at offset 0 of 30.")
     assert f"worker process(es) {procs[0].pid}, {procs[1].pid} did not answer within 0.5s" in message
+
+
+def test_aggregates_of_a_two_field_key_are_the_plain_fold_of_the_records() -> None:
+    """judge_records works out each aggregate's key, increments and latest values once, not per
+    record: its totals equal a plain fold over the valid records (a key of two fields, a count,
+    a NULL that adds nothing, a latest value), split at the stored offset."""
+    from spark_apps.eos_stream.spec import Field, PipelineSpec, RowTarget
+
+    fields = (Field("a", "text"), Field("b", "integer"), Field("n", "bigint", required=False))
+    spec = PipelineSpec("pairs", fields=fields,
+                        targets=(RowTarget("rows", columns=("a", "b", "n")),
+                                 AggregateTarget("pairs", group_by=("a", "b"), increments={"total": "n", "count": None},
+                                                 latest={"last_n": "n"})))
+    aggregate = spec.targets[1]
+    assert isinstance(aggregate, AggregateTarget)
+    records = [("t", p, o, json.dumps({"a": f"k{o % 2}", "b": o % 3, "n": None if o % 5 == 0 else o}).encode())
+               for p in range(2) for o in range(40)]
+    ranges = {("t", p): PartitionRange(0, 40, 25, True) for p in range(2)}
+    side = judge_records(spec, [aggregate], ranges, frozenset(), records)
+    for region in (0, 1):
+        totals: dict[tuple, dict[str, int]] = {}
+        latest: dict[tuple, tuple] = {}
+        for _t, p, o, value in records:
+            if (o < 25) != (region == 0):
+                continue
+            record = json.loads(value)
+            key = (record["a"], record["b"])
+            sums = totals.setdefault(key, {"total": 0, "count": 0})
+            sums["count"] += 1
+            sums["total"] += record["n"] or 0
+            if key not in latest or (p, o) > latest[key][0]:
+                latest[key] = ((p, o), record["n"])
+        assert {k: {c: v for c, v in s.items() if v} for k, s in totals.items()} == \
+            {k: dict(+c) for k, c in side.sums[region][0].items()}
+        assert latest == {k: v["last_n"] for k, v in side.latest[region][0].items()}

@@ -128,6 +128,27 @@ def test_json_bytes_are_read_as_json_loads_reads_them() -> None:
             assert got == expected, value
 
 
+@pytest.mark.parametrize("text", [
+    '{"a": 1}', '{"a": 1.50, "b": [1e400, -0.0, "x"]}', '{"a": NaN, "b": Infinity}', '{}', '{"a": {"b": null}}',
+    '{"a": 1} \t\r\n', '{"a": 1}  x', '{"a": 1}{"b": 2}', '{"a": 1} ]', '{', '{"a"', '{"a": }', '{"a": 1,}',
+    '{"a": "\\ud800"}', '{"a": "unterminated}', "{'a': 1}", '{"a": 01}', '{"a": 1}\u00a0', '{"a": 1}\x00',
+])
+def test_the_json_decode_is_json_loads(text: str) -> None:
+    """records._decode_json calls json's scanner directly: for every text (an object's first
+    byte, as parse_record hands it over) the same value, or the same error and position."""
+    from decimal import Decimal
+
+    from spark_apps.eos_stream.records import _decode_json
+
+    def outcome(decode):  # type: ignore[no-untyped-def]
+        try:
+            return "value", repr(decode(text))
+        except json.JSONDecodeError as exc:
+            return "error", str(exc), exc.pos
+
+    assert outcome(_decode_json) == outcome(lambda t: json.loads(t, parse_float=Decimal))
+
+
 def _generic_line(spec: PipelineSpec, record: tuple, keep_raw: bool) -> str:
     """Every cell through the generic encoder: what the specialised encoders must equal."""
     from spark_apps.eos_stream.records import NULL, _encode
