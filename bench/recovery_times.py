@@ -1,6 +1,6 @@
 """Snapshot, restore and replay times of the recovery operators at several data sizes.
 
-    .venv/bin/python bench/recovery_times.py --events 100000 1000000
+    .venv/bin/python bench/recovery_times.py --events 100000 1000000 --runs 3
 
 Per size N: produce N ledger events, process them (availableNow), snapshot
 (SnapshotOperator), produce and process N/5 more, request a stop, restore the
@@ -11,7 +11,8 @@ transaction swap + drop old), replay the N/5 (ReplayOperator), then audit.
 The main figure is a pipeline definition's defaults: ``stream.replay_engine``
 (``auto``: ``direct`` up to ``stream.replay_direct_max_records`` records to
 replay, ``spark`` above) and that threshold, written as
-``recovery_<size>_seconds`` (``recovery_100k_seconds``, ``recovery_1m_seconds``).
+``recovery_<size>_seconds`` (``recovery_100k_seconds``, ``recovery_1m_seconds``), the median of ``--runs`` rounds
+(each round runs every size in turn; ``runs_per_size`` keeps every round's figure).
 ``--engines auto spark direct`` adds the explicit engines side by side, each
 on its own pipeline. The load average is recorded: on a shared machine the
 numbers are indicative. Reads the stack from ``$EOS_STATE_DIR/stack.env``
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -35,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import STATE_DIR, machine  # noqa: E402
+from bench.common import STATE_DIR, git_commit, machine  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
@@ -154,23 +156,30 @@ def main() -> None:
     parser.add_argument("--events", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--engines", nargs="+", choices=REPLAY_ENGINE_CHOICES, default=[defaults.replay_engine],
                         help="replay engines, side by side (default: the definition's default)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="rounds over the sizes; each headline figure is the median of its rounds")
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
     args = parser.parse_args()
     stack = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(stack)
     _connections(stack)
     results = []
-    for events in args.events:
-        for engine in args.engines:
-            with tempfile.TemporaryDirectory(prefix="eos-bench-recovery-") as tmp:
-                result = one_size(stack, events, Path(tmp), engine)
-            print(json.dumps(result), flush=True)
-            results.append(result)
-    # The main figures: the definition's defaults, one per size.
-    headline = {f"recovery_{size_label(r['events'])}_seconds": r["recovery_seconds"] for r in results
-                if r["engine"] == defaults.replay_engine}
-    document = {**headline, "defaults": {"replay_engine": defaults.replay_engine,
-                                         "replay_direct_max_records": defaults.replay_direct_max_records},
+    for round_ in range(args.runs):
+        for events in args.events:
+            for engine in args.engines:
+                with tempfile.TemporaryDirectory(prefix="eos-bench-recovery-") as tmp:
+                    result = {"round": round_, **one_size(stack, events, Path(tmp), engine)}
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    # The main figures: the definition's defaults, one per size, the median of its rounds.
+    per_size: dict[str, list[float]] = {}
+    for r in results:
+        if r["engine"] == defaults.replay_engine:
+            per_size.setdefault(f"recovery_{size_label(r['events'])}_seconds", []).append(r["recovery_seconds"])
+    headline = {name: round(statistics.median(runs), 1) for name, runs in per_size.items()}
+    document = {**headline, "runs_per_size": per_size, "code": git_commit(ROOT),
+                "defaults": {"replay_engine": defaults.replay_engine,
+                             "replay_direct_max_records": defaults.replay_direct_max_records},
                 "indicative": "a shared 2-core machine: see each result's load_average_at_start",
                 "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
                 "machine": machine(), "spark_master": "local[2]", "results": results}

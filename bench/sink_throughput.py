@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from psycopg2 import sql  # noqa: E402
 
-from bench.common import PARTITIONS, ledger_topic, local_stack, machine  # noqa: E402
+from bench.common import PARTITIONS, git_commit, ledger_topic, local_stack, machine  # noqa: E402
 from bench.cpu_share import CpuShare  # noqa: E402
 from spark_apps.eos_stream.ddl import run_ddl  # noqa: E402
 from spark_apps.eos_stream.records import parse_record, staging_lines  # noqa: E402
@@ -390,6 +390,14 @@ def recovery_from(path: Path) -> dict[str, float | None]:
     return {key: report.get(key) for key in keys}
 
 
+def _recovery_code(path: Path) -> str:
+    """The commit the recovery figures were measured on, as that file records it."""
+    try:
+        return str(json.loads(path.read_text()).get("code", "not recorded"))
+    except (OSError, ValueError):
+        return "not readable"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -450,13 +458,12 @@ def main() -> None:
     meets = {k: _meets(measured[k], op, t) for k, (op, t) in TARGETS.items()}
     report = {"events": args.events, "max_offsets_per_trigger": args.batch, "runs": args.runs, "seed": args.seed,
               "masters": {name: MODES[name][2] for name in MODES}, "machine": machine(),
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code": git_commit(ROOT),
+              "recovery_source": f"{Path(args.recovery).name}, code {_recovery_code(Path(args.recovery))}",
               "figures": figures, "phases": phases, "cpu_share_of_warm_batches": cpu, "ratios": measured,
               "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()}, "meets": meets}
     if args.baseline:
-        commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip()
-        report["baseline"] = {"commit": commit or None,
+        report["baseline"] = {"commit": git_commit(args.baseline),
                               "ratios": ratios(figures, {}, BASELINE_SUFFIX)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
