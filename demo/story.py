@@ -48,13 +48,11 @@ from psycopg2 import sql
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# Where scripts/config.sh keeps the stack's state: a worktree or CI may point it elsewhere.
-STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink  # noqa: E402
 from demo import report as html_report  # noqa: E402
 from demo.airflow_api import AirflowApi  # noqa: E402
-from demo.env_files import read_env_file  # noqa: E402
+from demo.env_files import STATE_DIR, read_env_file  # noqa: E402
 from demo.feed import Feed  # noqa: E402
 from spark_apps.eos_stream.audit import audit  # noqa: E402
 from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402

@@ -3,21 +3,19 @@ once by scripts/stack.sh or reused when it already runs."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from demo.env_files import read_env_file
+from demo.env_files import STATE_DIR, read_env_file
+from tests.helpers.locks import file_lock
 from tests.helpers.spark_cds import TEST_SPARK_SUBMIT_OPTS, driver_archive_opts
 
 ROOT = Path(__file__).resolve().parents[1]
-STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 
 
 # Modules that share one Airflow deployment's state, so they run one after another on one xdist
@@ -55,19 +53,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return WorkUnits(config, log)
 
 
-@contextmanager
-def state_lock(name: str) -> Iterator[None]:
-    """One test worker at a time past this point (e.g. starting the stack), machine-wide. The
-    lock's descriptor is not inherited, so the daemons started meanwhile do not hold it."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(STATE_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def spark_submit_opts() -> str:
     """SPARK_SUBMIT_OPTS for the tests' spark-submits: the environment's, else the tests' own."""
     return os.environ.get("SPARK_SUBMIT_OPTS", TEST_SPARK_SUBMIT_OPTS)
@@ -76,7 +61,7 @@ def spark_submit_opts() -> str:
 @pytest.fixture(scope="session")
 def stack() -> dict[str, str]:
     """Starts (or reuses) the local stack and exports its settings to os.environ."""
-    with state_lock("stack"):  # each xdist worker asks; one starts it, the other finds it running
+    with file_lock(STATE_DIR / "stack.lock"):  # each xdist worker asks; one starts it, the other finds it running
         subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True)
     env = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(env)
@@ -85,8 +70,7 @@ def stack() -> dict[str, str]:
     os.environ.setdefault("AIRFLOW__EOS__SPARK_JARS", env["EOS_SPARK_JARS"])
     opts = spark_submit_opts()
     if "SPARK_SUBMIT_OPTS" not in os.environ:  # the tests' own options: add their class archive
-        with state_lock("spark-cds"):  # dumped by one worker when scripts/test.sh did not
-            opts = f"{opts} {driver_archive_opts(env, STATE_DIR, opts)}".strip()
+        opts = f"{opts} {driver_archive_opts(env, STATE_DIR, opts)}".strip()
     os.environ["SPARK_SUBMIT_OPTS"] = opts  # spark-submits started from here inherit it
     return env
 

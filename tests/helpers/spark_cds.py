@@ -24,6 +24,7 @@ from pathlib import Path
 import pyspark
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.helpers.locks import file_lock
 from tests.streaming import pipeline_config, run_app
 
 # JVM options for every spark-submit the tests start (spark-submit adds SPARK_SUBMIT_OPTS to the
@@ -51,15 +52,18 @@ def driver_archive_opts(stack: dict[str, str], state_dir: Path, jvm_opts: str) -
     without it, as slowly as before, and the reason is printed)."""
     folder = state_dir / "spark-cds"
     archive = folder / f"driver-{_archive_key(jvm_opts)}.jsa"
-    if not archive.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("driver-*"):  # older archives, and what an interrupted dump left
-            stale.unlink()
-        try:
-            _dump(stack, folder, archive, jvm_opts)
-        except Exception as exc:  # a failed dump must not fail the tests: they run without it
-            print(f"spark_cds: no archive: {type(exc).__name__}: {str(exc)[-2000:]}")
-            return ""
+    # One dump at a time on the machine: scripts/test.sh's in the background, or the first
+    # xdist worker's; whoever comes next finds the archive.
+    with file_lock(state_dir / "spark-cds.lock"):
+        if not archive.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            for stale in folder.glob("driver-*"):  # older archives, and what an interrupted dump left
+                stale.unlink()
+            try:
+                _dump(stack, folder, archive, jvm_opts)
+            except Exception as exc:  # a failed dump must not fail the tests: they run without it
+                print(f"spark_cds: no archive: {type(exc).__name__}: {str(exc)[-2000:]}")
+                return ""
     return f"-XX:SharedArchiveFile={archive}"
 
 
@@ -87,15 +91,14 @@ def main() -> int:
     """Dumps the archive now (``scripts/test.sh`` runs this beside ruff and mypy, so the tests'
     first spark-submit finds it): ``python -m tests.helpers.spark_cds``. Nothing to do when
     ``SPARK_SUBMIT_OPTS`` is set (the tests then use those options, without the archive)."""
-    from demo.env_files import read_env_file
+    from demo.env_files import STATE_DIR, read_env_file
 
     if "SPARK_SUBMIT_OPTS" in os.environ:
         return 0
-    state_dir = Path(os.environ.get("EOS_STATE_DIR", Path(__file__).resolve().parents[2] / ".local"))
-    stack = read_env_file(state_dir / "stack.env")
+    stack = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(stack)
     os.environ["PGPASSWORD"] = stack["EOS_PG_PASSWORD"]
-    opts = driver_archive_opts(stack, state_dir, TEST_SPARK_SUBMIT_OPTS)
+    opts = driver_archive_opts(stack, STATE_DIR, TEST_SPARK_SUBMIT_OPTS)
     print(f"spark_cds: {opts or 'no archive'}")
     return 0 if opts else 1
 
