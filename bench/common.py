@@ -1,21 +1,22 @@
 """What every benchmark here shares: the machine it ran on, the local stack,
-and one fresh ledger topic to read."""
+one fresh ledger topic to read, and how a side-by-side bench runs two checkouts in turn."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from demo.env_files import read_env_file
+from demo.env_files import STATE_DIR, read_env_file
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
-# Where scripts/stack.sh keeps its state and writes stack.env.
-STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 PARTITIONS = 4
 
 
@@ -41,6 +42,37 @@ def git_commit(tree: Path) -> str:
     """The short commit a checkout is at ("unknown" outside git): which build a figure is of."""
     done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages: how busy the machine was around a figure."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def side_by_side_parser(description: str, output: str) -> argparse.ArgumentParser:
+    """The options of a bench that runs this checkout and ``--baseline`` in turn: ``--runs``,
+    ``--baseline`` and ``--output`` (default ``bench/results/<output>``); the bench adds its own."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, required=True, help="another checkout (e.g. a git worktree)")
+    parser.add_argument("--output", default=str(ROOT / "bench" / "results" / output))
+    return parser
+
+
+def in_turn(labels: list[str], runs: int) -> Iterator[tuple[int, str]]:
+    """(run, label) for ``runs`` runs of every label, alternating which goes first, so neither
+    checkout always runs on a machine the other just warmed or loaded."""
+    for index in range(runs):
+        for label in (labels if index % 2 == 0 else labels[::-1]):
+            yield index, label
+
+
+def side_by_side_report(trees: dict[str, Path], runs: int, load_at_start: list[float]) -> dict[str, Any]:
+    """What a side-by-side bench's result file records besides its figures: the command, each
+    checkout's commit, the machine and its load at the start and now."""
+    return {"command": " ".join([Path(sys.argv[0]).resolve().relative_to(ROOT).as_posix(), *sys.argv[1:]]),
+            "commits": {label: git_commit(tree) for label, tree in trees.items()}, "machine": machine(),
+            "runs": runs, "load_average_at_start": load_at_start, "load_average_at_end": load_average()}
 
 
 def ledger_topic(stack: dict[str, str], kind: str, events: int) -> tuple[str, str]:

@@ -13,7 +13,6 @@ is as many batches as the recovery's. Medians go to bench/results/direct_replay_
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import git_commit, local_stack, machine  # noqa: E402
+from bench.common import in_turn, load_average, local_stack, side_by_side_parser, side_by_side_report  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import ledger_rows, pipeline_config  # noqa: E402
 
@@ -47,18 +46,15 @@ def _replay(tree: Path, config: dict[str, Any], tmp: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = side_by_side_parser(__doc__ or "", "direct_replay_ab.json")
     parser.add_argument("--events", type=int, nargs="+", default=[20_000, 200_000])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--baseline", type=Path, required=True, help="another checkout (e.g. a git worktree)")
-    parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "direct_replay_ab.json"))
     args = parser.parse_args()
 
     stack = local_stack()
     os.environ["PGPASSWORD"] = stack["EOS_PG_PASSWORD"]
     trees = {"this": ROOT, "baseline": args.baseline.resolve()}
     sizes = []
-    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    load_at_start = load_average()
     with tempfile.TemporaryDirectory(prefix="eos-bench-replay-") as folder:
         tmp = Path(folder)
         for events in args.events:
@@ -67,23 +63,16 @@ def main() -> None:
             produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], events, topic=topic, batch_size=5000, seed=1,
                            transactional_id=f"p{topic}")
             seconds: dict[str, list[float]] = {label: [] for label in trees}
-            for index in range(args.runs):
-                for label in (list(trees) if index % 2 == 0 else list(reversed(trees))):
-                    name = f"rab{uuid.uuid4().hex[:8]}"
-                    config = pipeline_config(stack, tmp, name, topics=[topic],
-                                             max_offsets_per_trigger=max(20_000, events))
-                    seconds[label].append(_replay(trees[label], config, tmp))
-                    assert ledger_rows(stack, config["target_schema"]) == events
-                    print(f"{events} run {index} {label}: {seconds[label][-1]} s", flush=True)
+            for index, label in in_turn(list(trees), args.runs):
+                name = f"rab{uuid.uuid4().hex[:8]}"
+                config = pipeline_config(stack, tmp, name, topics=[topic], max_offsets_per_trigger=max(20_000, events))
+                seconds[label].append(_replay(trees[label], config, tmp))
+                assert ledger_rows(stack, config["target_schema"]) == events
+                print(f"{events} run {index} {label}: {seconds[label][-1]} s", flush=True)
             medians = {label: statistics.median(values) for label, values in seconds.items()}
             sizes.append({"events": events, "seconds": seconds, "medians": medians,
                           "this_vs_baseline": round(medians["this"] / medians["baseline"], 3)})
-    out = {
-        "command": " ".join(["bench/direct_replay_ab.py", *sys.argv[1:]]),
-        "commits": {label: git_commit(tree) for label, tree in trees.items()},
-        "machine": machine(), "runs": args.runs, "load_average_at_start": load_at_start,
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "sizes": sizes,
-    }
+    out = {**side_by_side_report(trees, args.runs, load_at_start), "sizes": sizes}
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     for size in sizes:
         print(size["events"], size["medians"], "this / baseline:", size["this_vs_baseline"])

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import STATE_DIR, git_commit, machine  # noqa: E402
+from bench.common import STATE_DIR, git_commit, load_average, machine  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
@@ -88,7 +88,7 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     ensure_topic(bootstrap, topic, partitions=4)
     extra = events // 5
     out: dict[str, Any] = {"events": events, "replayed_events": extra, "engine": engine,
-                           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+                           "load_average_at_start": load_average()}
     clock = time.monotonic()
     produce_ledger(bootstrap, events, topic=topic, batch_size=5000, seed=1, transactional_id=f"a{name}")
     out["produce_seconds"] = round(time.monotonic() - clock, 1)
@@ -181,7 +181,7 @@ def main() -> None:
                 "defaults": {"replay_engine": defaults.replay_engine,
                              "replay_direct_max_records": defaults.replay_direct_max_records},
                 "indicative": "a shared 2-core machine: see each result's load_average_at_start",
-                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "load_average_at_end": load_average(),
                 "machine": machine(), "spark_master": "local[2]", "results": results}
     Path(args.output).write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(headline))

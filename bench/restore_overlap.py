@@ -14,7 +14,6 @@ from ``$EOS_STATE_DIR/stack.env`` (default ``.local``), as ``bench/recovery_time
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -29,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import git_commit, local_stack, machine  # noqa: E402
+from bench.common import in_turn, load_average, local_stack, side_by_side_parser, side_by_side_report  # noqa: E402
 from bench.recovery_times import KAFKA_CONN, PG_CONN, _connections  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import pipeline_config, run_direct_replay  # noqa: E402
@@ -65,11 +64,8 @@ def _median_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = side_by_side_parser(__doc__ or "", "restore_overlap.json")
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--baseline", type=Path, required=True, help="another checkout (e.g. a git worktree)")
-    parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "restore_overlap.json"))
     args = parser.parse_args()
 
     stack = local_stack()
@@ -93,24 +89,20 @@ def main() -> None:
                                 pipeline_config=str(config_file), postgres_conn_id=PG_CONN).execute({})
         trees = {"this": ROOT, "baseline": args.baseline.resolve()}
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
-        load_at_start = [round(x, 2) for x in os.getloadavg()]
-        for index in range(args.runs):
-            order = list(trees) if index % 2 == 0 else list(reversed(trees))
-            for label in order:
-                result = _restore(trees[label], {
-                    "pg": PG_CONN, "kafka": KAFKA_CONN, "meta": config["meta_schema"], "pipeline": name,
-                    "store": str(store), "config": str(config_file), "run_id": f"bench-{label}-{index}"})
-                print(f"run {index} {label}: {result['seconds']} s {result['timings']}", flush=True)
-                runs[label].append(result)
-                time.sleep(1)
+        load_at_start = load_average()
+        for index, label in in_turn(list(trees), args.runs):
+            result = _restore(trees[label], {
+                "pg": PG_CONN, "kafka": KAFKA_CONN, "meta": config["meta_schema"], "pipeline": name,
+                "store": str(store), "config": str(config_file), "run_id": f"bench-{label}-{index}"})
+            print(f"run {index} {label}: {result['seconds']} s {result['timings']}", flush=True)
+            runs[label].append(result)
+            time.sleep(1)
     medians = {label: {"seconds": round(statistics.median(r["seconds"] for r in rs), 3),
                        "phases": _median_phases(rs)} for label, rs in runs.items()}
     out = {
-        "command": " ".join(["bench/restore_overlap.py", *sys.argv[1:]]),
-        "commits": {label: git_commit(tree) for label, tree in {"this": ROOT, "baseline": args.baseline}.items()},
-        "machine": machine(), "events": args.events, "snapshot_rows": snap["total_rows"], "runs": args.runs,
-        "load_average_at_start": load_at_start, "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "medians": medians, "runs_seconds": {label: [r["seconds"] for r in rs] for label, rs in runs.items()},
+        **side_by_side_report(trees, args.runs, load_at_start), "events": args.events,
+        "snapshot_rows": snap["total_rows"], "medians": medians,
+        "runs_seconds": {label: [r["seconds"] for r in rs] for label, rs in runs.items()},
         "this_vs_baseline": round(medians["this"]["seconds"] / medians["baseline"]["seconds"], 3),
     }
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")

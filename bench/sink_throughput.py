@@ -382,20 +382,15 @@ def ratios(figures: dict[str, dict], recovery: dict[str, float | None], build: s
     return measured
 
 
-def recovery_from(path: Path) -> dict[str, float | None]:
+def recovery_from(path: Path) -> tuple[dict[str, float | None], str]:
     """restore + replay + audit at 100k and 1M events with the definition's defaults
-    (bench/recovery_times.py's ``recovery_<size>_seconds``)."""
+    (bench/recovery_times.py's ``recovery_<size>_seconds``), and where they come from: the file
+    and the commit it records."""
     keys = ("recovery_100k_seconds", "recovery_1m_seconds")
-    report = json.loads(path.read_text()) if path.exists() else {}
-    return {key: report.get(key) for key in keys}
-
-
-def _recovery_code(path: Path) -> str:
-    """The commit the recovery figures were measured on, as that file records it."""
-    try:
-        return str(json.loads(path.read_text()).get("code", "not recorded"))
-    except (OSError, ValueError):
-        return "not readable"
+    if not path.exists():
+        return dict.fromkeys(keys), f"{path.name}: not found"
+    report = json.loads(path.read_text())
+    return {key: report.get(key) for key in keys}, f"{path.name}, code {report.get('code', 'not recorded')}"
 
 
 def main() -> None:
@@ -453,13 +448,14 @@ def main() -> None:
     figures = {name: summarize(r) for name, r in runs.items() if r}
     phases = {name: median_phases(r) for name, r in runs.items()
               if name.removesuffix(BASELINE_SUFFIX) in MODES and r}
-    measured = ratios(figures, recovery_from(Path(args.recovery)))
+    recovery, recovery_source = recovery_from(Path(args.recovery))
+    measured = ratios(figures, recovery)
     cpu = {name: [r["cpu"] for r in rs if r.get("cpu")] for name, rs in runs.items() if name in MODES}
     meets = {k: _meets(measured[k], op, t) for k, (op, t) in TARGETS.items()}
     report = {"events": args.events, "max_offsets_per_trigger": args.batch, "runs": args.runs, "seed": args.seed,
               "masters": {name: MODES[name][2] for name in MODES}, "machine": machine(),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code": git_commit(ROOT),
-              "recovery_source": f"{Path(args.recovery).name}, code {_recovery_code(Path(args.recovery))}",
+              "recovery_source": recovery_source,
               "figures": figures, "phases": phases, "cpu_share_of_warm_batches": cpu, "ratios": measured,
               "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()}, "meets": meets}
     if args.baseline:
