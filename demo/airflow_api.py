@@ -71,6 +71,22 @@ class AirflowApi:
     def task_tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")["task_instances"]
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> list[str]:
+        """One try's log, a line per event ("<level> <event>", an exception's text after it)."""
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        content = self._call("GET", path, params={"full_content": True},
+                             headers={"Accept": "application/json"})["content"]
+        lines = []
+        for entry in content:
+            if isinstance(entry, str):
+                lines.append(entry)
+                continue
+            lines.append(f"{entry.get('level', '')} {entry.get('event', '')}".strip())
+            for error in entry.get("error_detail") or []:  # the task's exception, one dict per chained one
+                lines.append(f"  {error.get('exc_type')}: {error.get('exc_value')}" if isinstance(error, dict)
+                             else f"  {error}")
+        return lines
+
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
         return self._call("GET", path, params={"deserialize": True})["value"]

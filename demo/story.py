@@ -194,6 +194,8 @@ class Story:
         self.timings: dict[str, float] = {}
         self.runs: dict[str, str] = {}
         self.deferred: set[str] = set()
+        # dag_id -> failed task -> the end of its log, for each run that failed
+        self.failure_logs: dict[str, dict[str, str]] = {}
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
 
     # ---------------------------------------------------------------- helpers
@@ -243,10 +245,24 @@ class Story:
         state = self.api.wait(dag_id, run_id, budget, tick=tick)
         self.console.done_waiting()
         self.runs[f"{dag_id} ({run_id})"] = state
+        if state == "failed":
+            # Kept for the report (a run expected to fail says why) and for the error below.
+            failed = [ti for ti in self.api.task_instances(dag_id, run_id) if ti["state"] == "failed"]
+            self.failure_logs[dag_id] = {ti["task_id"]: self.log_tail(dag_id, run_id, ti) for ti in failed}
         if state != expect:
-            failed = [ti["task_id"] for ti in self.api.task_instances(dag_id, run_id) if ti["state"] == "failed"]
-            raise RuntimeError(f"{dag_id} ended {state}, expected {expect} (failed tasks: {failed})")
+            logs = "".join(f"\n--- {task} {tail}" for task, tail in self.failure_logs.get(dag_id, {}).items())
+            raise RuntimeError(f"{dag_id} ended {state}, expected {expect} "
+                               f"(failed tasks: {list(self.failure_logs.get(dag_id, {}))}){logs}")
         return run_id
+
+    def log_tail(self, dag_id: str, run_id: str, ti: dict[str, Any], lines: int = 60) -> str:
+        """The end of a failed task's log, read through Airflow's API: a failure in CI says why
+        without the deployment's files."""
+        try:
+            log = self.api.task_log(dag_id, run_id, ti["task_id"], ti["try_number"])
+        except Exception as exc:  # the run's failure is the news; a log that cannot be read only says so
+            return f"(its log could not be read: {exc})"
+        return f"(try {ti['try_number']}, last {lines} lines):\n" + "\n".join(log[-lines:])
 
     def spark_ui_of(self, dag_id: str, run_id: str) -> dict[str, Any]:
         """The stream task's "Spark driver UI" link, read through Airflow's API while the
@@ -639,6 +655,8 @@ class Story:
             **self.timings,
             "recovery_steps_s": dict(steps),
             "tasks_seen_deferred": sorted(self.deferred),
+            # Why the health DAG failed, as its task's log in Airflow says.
+            "health_failure_log": self.failure_logs.get(HEALTH, {}),
             "ledger_exact": final["ok"],
         }
 

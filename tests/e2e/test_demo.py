@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -116,6 +117,10 @@ def test_orders_streamed_through_the_ledger_recovery(demo_result: dict) -> None:
 def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     states = {name.split(" ")[0]: state for name, state in demo_result["runs"].items()}
     assert states["eos_health__ledger"] == "failed"  # it caught the stuck LSO
+    # ... and its task's log, read through Airflow's API, says so (the story prints such tails
+    # when a run fails unexpectedly).
+    (health_log,) = demo_result["health_failure_log"].values()
+    assert re.search(r"Kafka partitions with a (stuck last stable offset|hanging transaction)", health_log), health_log
     assert states["eos_snapshot__ledger"] == "success"
     assert states["eos_recovery__ledger"] == "success"
     assert states["eos_stop__orders"] == "success"
