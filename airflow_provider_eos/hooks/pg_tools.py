@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from airflow_provider_eos.utils import provider_config
 
 class PgToolError(AirflowException):
     """pg_dump, pg_restore or psql failed; the message carries its stderr tail."""
+
+
+# Guards each hook's service file (``PgToolsHook._secret_service_file``) across threads.
+_SERVICE_FILE_LOCK = threading.Lock()
 
 
 class PgToolsHook(EosPostgresHook):
@@ -81,7 +86,13 @@ class PgToolsHook(EosPostgresHook):
         libpq has no environment variable for ``sslpassword``, and a conninfo on the
         command line is readable by every local user (``/proc/<pid>/cmdline``), so the
         tools get ``service=eos`` there and ``PGSERVICEFILE`` in their environment.
-        Removed when the hook is garbage collected or the process exits."""
+        Removed when the hook is garbage collected or the process exits.
+
+        One file per hook, made once under a lock: a restore runs its scratch validation and
+        its swap in two threads of one hook, and a second directory made beside the first would
+        drop the first (and the file a running tool reads) when its object is collected. A
+        changed content is written beside the file and renamed over it, so a tool never reads
+        a half-written one."""
         secrets = self._secrets()
         if not secrets:
             return None
@@ -89,16 +100,21 @@ class PgToolsHook(EosPostgresHook):
             raise PgToolError(f"connection {self.get_conn_id()!r} sets both 'service' and {sorted(secrets)}: the "
                               "client tools get those secrets through a service file of their own; move them "
                               "into your service file, or drop 'service' from the connection's extra")
-        cached = getattr(self, "_service_dir", None)
-        if cached is None:
-            cached = tempfile.TemporaryDirectory(prefix="eos-pgservice-")  # 0700
-            self._service_dir = cached
-        path = Path(cached.name) / "pg_service.conf"
-        lines = ["[eos]"] + [f"{key}={value}" for key, value in secrets.items()]
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            os.fchmod(out.fileno(), 0o600)
-            out.write("\n".join(lines) + "\n")
+        content = "\n".join(["[eos]"] + [f"{key}={value}" for key, value in secrets.items()]) + "\n"
+        with _SERVICE_FILE_LOCK:
+            directory = getattr(self, "_service_dir", None)
+            if directory is None:
+                directory = tempfile.TemporaryDirectory(prefix="eos-pgservice-")  # 0700
+                self._service_dir = directory
+            path = Path(directory.name) / "pg_service.conf"
+            if getattr(self, "_service_content", None) != content:
+                staged = path.with_suffix(".new")
+                fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    os.fchmod(out.fileno(), 0o600)
+                    out.write(content)
+                os.replace(staged, path)
+                self._service_content = content
         return str(path)
 
     def tool(self, name: str) -> str:

@@ -139,3 +139,36 @@ def test_a_pipeline_step_builds_its_hook_for_the_pipelines_meta_schema(tmp_path)
     config.write_text(json.dumps({"pipeline": "orders", "topics": ["t"], "spec": "spark_apps.ledger.spec:LEDGER",
                                   "meta_schema": "m_orders"}))
     assert FenceOperator(task_id="fence", pipeline_config=str(config)).hook.meta_schema == "m_orders"
+
+
+def test_threads_of_one_hook_share_one_service_file_that_stays(monkeypatch):
+    """A restore validates in a scratch database in one thread while it swaps in another, both
+    through one hook. Each thread used to make a directory when it found none: the second one
+    replaced the first, whose directory (and the file a pg_restore was about to read) went with
+    its object (CI: 'service file ... not found')."""
+    import gc
+    import os
+    import threading
+
+    monkeypatch.setenv("AIRFLOW_CONN_EOS_KEYPW", json.dumps({
+        "conn_type": "postgres", "host": "db", "login": "app", "password": SECRET,
+        "extra": {"sslmode": "verify-full", "sslpassword": "keypw-7Qx"}}))
+    for _round in range(20):
+        hook = PgToolsHook(postgres_conn_id="eos_keypw")
+        start = threading.Barrier(8)
+        paths: list[str] = []
+
+        def service_file(hook: PgToolsHook, start: threading.Barrier, paths: list[str]) -> None:
+            start.wait()
+            paths.append(hook.tool_env()["PGSERVICEFILE"])
+
+        threads = [threading.Thread(target=service_file, args=(hook, start, paths)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        gc.collect()  # what drops a replaced directory
+        assert len(set(paths)) == 1, paths
+        with open(paths[0]) as handle:
+            assert handle.read() == "[eos]\nsslpassword=keypw-7Qx\n"
+        assert os.listdir(os.path.dirname(paths[0])) == ["pg_service.conf"]
