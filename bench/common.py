@@ -20,6 +20,27 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
 
 
+def drop_schemas(conn: Any, *schemas: str) -> None:
+    """DROP SCHEMA ... CASCADE of each, committed."""
+    from psycopg2 import sql
+
+    with conn.cursor() as cur:
+        for schema in schemas:
+            cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    conn.commit()
+
+
+def fresh_ledger_schemas(conn: Any, meta: str, target: str) -> None:
+    """Empty schemas for one exactly_once ledger pipeline: its meta tables and its targets."""
+    from spark_apps.eos_stream import preflight
+    from spark_apps.eos_stream.sink.batch_sink import MODES
+    from spark_apps.ledger.spec import LEDGER
+
+    drop_schemas(conn, meta, target)
+    preflight.ensure_meta_tables(conn, meta)
+    preflight.create_targets(conn, LEDGER, target, MODES["exactly_once"])
+
+
 def machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())

@@ -25,14 +25,11 @@ import time
 from pathlib import Path
 
 import psycopg2
-from psycopg2 import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import ROOT, local_stack, machine
-from spark_apps.eos_stream import preflight
+from bench.common import ROOT, drop_schemas, fresh_ledger_schemas, local_stack, machine
 from spark_apps.eos_stream.records import staging_columns, staging_lines
 from spark_apps.eos_stream.sink import apply_sql
-from spark_apps.eos_stream.sink.batch_sink import MODES
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_table, stage_column_types
 from spark_apps.ledger.generator import _event
 from spark_apps.ledger.spec import LEDGER
@@ -55,12 +52,7 @@ def main() -> None:
     field_types = {f.name: f.pg_type for f in LEDGER.fields}
     layouts = {"text": stage_column_types(LEDGER),
                "typed": [(c, field_types.get(c, t)) for c, t in stage_column_types(LEDGER)]}
-    with conn.cursor() as cur:
-        for schema in (META, TARGET):
-            cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-    conn.commit()
-    preflight.ensure_meta_tables(conn, META)
-    preflight.create_targets(conn, LEDGER, TARGET, MODES["exactly_once"])
+    fresh_ledger_schemas(conn, META, TARGET)
     timings: dict[str, dict[str, list[float]]] = {kind: {"copy": [], "apply": []} for kind in layouts}
     for run in range(args.runs):
         for kind in random.Random(run).sample(sorted(layouts), len(layouts)):
@@ -78,10 +70,7 @@ def main() -> None:
                 cur.fetchone()
                 timings[kind]["apply"].append(time.perf_counter() - began)
             conn.rollback()
-    with conn.cursor() as cur:
-        for schema in (META, TARGET):
-            cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-    conn.commit()
+    drop_schemas(conn, META, TARGET)
     conn.close()
     medians = {kind: {phase: round(statistics.median(values) * 1000, 1) for phase, values in phases.items()}
                for kind, phases in timings.items()}
