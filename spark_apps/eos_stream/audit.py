@@ -32,6 +32,9 @@ Green only when the target is right, red only when it is wrong. The rules
   Without a carrier, an aggregate whose inputs are partly gone from Kafka
   (some partition's earliest offset above 0) cannot be recomputed: it is
   reported under ``unverified`` with the reason, neither ok nor a mismatch.
+  A latest column holds the key's last record in Kafka order; for a key whose
+  records sit in several partitions the apply's value depends on where batches
+  end, and any one partition's last record is accepted (``_expected_latest``).
 * **Dead letters** are grouped by ``errors.dead_letter_class``. One whose
   SQLSTATE is not a data error (class 22 or 23) is a mismatch. Every other
   one is judged by PostgreSQL: ``try_dead_letters`` tries the record's own
@@ -138,7 +141,7 @@ class Snapshot:
     actual: list[dict[tuple, dict[str, Any]]]
     # per aggregate target: totals of its carrier's rows below the earliest offsets (None: no carrier)
     below_earliest: list[dict[tuple, Counter] | None]
-    # per aggregate target: key -> latest column -> (position, value) among those rows
+    # per aggregate target: (key, (topic, partition)) -> latest column -> (position, value) among those rows
     below_latest: list[dict[tuple, dict[str, tuple[Position, Any]]]]
     # partitions of topics no longer in the definition that hold offsets, rows or dead letters
     retired: set[TopicPartition] = field(default_factory=set)
@@ -259,7 +262,7 @@ def _read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates:
                         keys=keys, values=values):
                     topic, partition, offset = row[width], int(row[width + 1]), int(row[width + 2])
                     for column, value in zip(target.latest, row[width + 3:], strict=True):
-                        keep_latest(latest[tuple(row[:width])], column,
+                        keep_latest(latest[(tuple(row[:width]), (topic, partition))], column,
                                     latest_position(topic, partition, offset, retired), value)
         below_latest.append(latest)
         below.append(None if carrier is None else sums)
@@ -285,7 +288,7 @@ def _as_the_database_reads(conn, spec: PipelineSpec, aggregates: list[AggregateT
     for index, (key_at, columns) in enumerate(plans):
         for region in (0, 1):
             texts.update(group[i] for group in side.sums[region][index] for i in key_at)
-            for group, values in side.latest[region][index].items():
+            for (group, _tp), values in side.latest[region][index].items():
                 texts.update(group[i] for i in key_at)
                 texts.update(value for column, (_, value) in values.items() if column in columns)
     texts = {text for text in texts if isinstance(text, str)}  # NULLs stay NULL
@@ -303,9 +306,9 @@ def _as_the_database_reads(conn, spec: PipelineSpec, aggregates: list[AggregateT
                 sums[key_of(group, key_at)].update(counter)  # two spellings of one instant: one key
             side.sums[region][index] = sums
             latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
-            for group, values in side.latest[region][index].items():
+            for (group, tp), values in side.latest[region][index].items():
                 for column, (position, value) in values.items():
-                    keep_latest(latest[key_of(group, key_at)], column, position,
+                    keep_latest(latest[(key_of(group, key_at), tp)], column, position,
                                 cast.get(value, value) if column in columns else value)
             side.latest[region][index] = latest
 
@@ -664,10 +667,8 @@ def _aggregate_section(spec: PipelineSpec, aggregates: list[AggregateTarget], sn
             for group, counter in below.items():
                 expected_totals[group].update(counter)
             _keep_all_latest(expected_latest, snap.below_latest[index])
-        # The in-order fold's result, not a sum.
-        latest_values = {group: {column: value for column, (_, value) in values.items()}
-                         for group, values in expected_latest.items()}
         actual = snap.actual[index]
+        latest_values, spread = _expected_latest(expected_latest, actual, target.latest)
         verified = not (gone and below is None)
         wrong = (wrong_keys(actual, expected_totals, target.increments, latest_values, target.latest)
                  if verified else [])
@@ -677,12 +678,51 @@ def _aggregate_section(spec: PipelineSpec, aggregates: list[AggregateTarget], sn
             "verified": verified,
             "checked_against": checked_against if verified else None,
             "wrong_keys": [list(k) for k in wrong[:SAMPLE]],
+            "keys_spread_over_partitions": spread,
             **{f"expected_{c}": sum(g[c] for g in expected_totals.values()) for c in target.increments},
             **{f"actual_{c}": sum(as_number(v.get(c)) for v in actual.values()) for c in target.increments},
         }
         if wrong:
             section.mismatches.append(target.table)
     return section
+
+
+def _expected_latest(per_partition: Mapping[tuple, Mapping[str, tuple[Position, Any]]],
+                     actual: Mapping[tuple, Mapping[str, Any]], columns: Mapping[str, str]
+                     ) -> tuple[dict[tuple, dict[str, Any]], int]:
+    """Each key's expected latest values, from its last record in each partition it has records in.
+
+    In one partition: that record's values, the in-order fold. Spread over partitions (an unkeyed
+    producer, partitions added): the apply overwrites with each batch's highest (partition, offset),
+    so the stored values are those of the key's last record in the highest partition of the last
+    batch that touched the key, and no later batch holds the key's records: whatever the batches,
+    they are the key's last record of one of its partitions. A stored row equal to one of those is
+    expected as it is; any other is compared with the fold over all of them (and is wrong).
+
+    :param per_partition: (key, (topic, partition)) -> column -> (position, value).
+    :param actual: the stored rows, key -> column -> value.
+    :param columns: the target's latest columns.
+    :returns: key -> column -> expected value, and how many keys are spread over partitions."""
+    by_key: dict[tuple, list[Mapping[str, tuple[Position, Any]]]] = defaultdict(list)
+    for (group, _tp), values in per_partition.items():
+        by_key[group].append(values)
+    expected: dict[tuple, dict[str, Any]] = {}
+    spread = 0
+    for group, parts in by_key.items():
+        folded: dict[str, tuple[Position, Any]] = {}
+        for values in parts:
+            for column, (position, value) in values.items():
+                keep_latest(folded, column, position, value)
+        expected[group] = {column: value for column, (_, value) in folded.items()}
+        if len(parts) > 1:
+            spread += 1
+            stored = actual.get(group)
+            for values in parts:
+                candidate = {column: value for column, (_, value) in values.items()}
+                if stored is not None and all(stored.get(c) == candidate.get(c) for c in columns):
+                    expected[group] = candidate
+                    break
+    return expected, spread
 
 
 def _retired_section(snap: Snapshot) -> dict[str, dict[str, Any]]:

@@ -129,7 +129,8 @@ class KafkaSide:
     valid: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
     malformed: tuple[dict, dict] = field(default_factory=lambda: (defaultdict(set), defaultdict(set)))
     sums: tuple[list, list] = field(init=False)
-    # per region, per aggregate: key -> latest column -> (position, value) of its last record
+    # per region, per aggregate: (key, (topic, partition)) -> latest column -> (position, value) of
+    # the key's last record in that partition (a key spread over partitions has one per partition)
     latest: tuple[list, list] = field(init=False)
     # dead-lettered offsets Kafka still holds -> Kafka's copy of the value
     dead_seen: dict[tuple[str, int, int], bytes | None] = field(default_factory=dict)
@@ -188,7 +189,7 @@ def judge_records(spec: PipelineSpec, aggregates: list[AggregateTarget],
                     if amount is not None:  # the apply's COALESCE(sum(...), 0): NULL adds nothing
                         totals[column] += amount
             if latest:
-                held = latests[group]
+                held = latests[(group, tp)]
                 for column, source in latest:
                     keep_latest(held, column, (partition, offset), record[source])
     return side

@@ -14,7 +14,7 @@ import pytest
 from spark_apps.eos_stream import audit_kafka
 from spark_apps.eos_stream.audit_kafka import committed_records, judge_records, merge_sides
 from spark_apps.eos_stream.audit_readers import shares, worker_count
-from spark_apps.eos_stream.audit_rules import PartitionRange
+from spark_apps.eos_stream.audit_rules import PartitionRange, keep_latest
 from spark_apps.eos_stream.spec import AggregateTarget
 from spark_apps.ledger.spec import LEDGER
 
@@ -55,9 +55,13 @@ def test_merged_sides_of_partitions_read_apart_are_the_side_of_one_read() -> Non
     merged = merge_sides(len(AGGREGATES), [pickle.loads(pickle.dumps(part)) for part in reversed(parts)])
     assert _comparable(merged) == _comparable(whole)
     assert merged.dead_seen.keys() == dead
-    # Every account's latest seq is that of its record at the highest (partition, offset).
-    latest = {group: values["last_seq"] for group, values in whole.latest[1][0].items()}
-    assert latest[("a2",)][0] == (3, 29)
+    # Per account and partition, the latest seq is that of its last record there; folded over the
+    # partitions, that of its record at the highest (partition, offset).
+    latest: dict[tuple, dict] = {}
+    for (group, (_topic, partition)), values in whole.latest[1][0].items():
+        assert values["last_seq"][0][0] == partition
+        keep_latest(latest.setdefault(group, {}), "last_seq", *values["last_seq"])
+    assert latest[("a2",)]["last_seq"][0] == (3, 29)
 
 
 class _Message:
@@ -164,7 +168,7 @@ def test_aggregates_of_a_two_field_key_are_the_plain_fold_of_the_records() -> No
     side = judge_records(spec, [aggregate], ranges, frozenset(), records)
     for region in (0, 1):
         totals: dict[tuple, dict[str, int]] = {}
-        latest: dict[tuple, tuple] = {}
+        latest: dict[tuple, tuple] = {}  # (key, (topic, partition)) -> its last record there
         for _t, p, o, value in records:
             if (o < 25) != (region == 0):
                 continue
@@ -173,8 +177,8 @@ def test_aggregates_of_a_two_field_key_are_the_plain_fold_of_the_records() -> No
             sums = totals.setdefault(key, {"total": 0, "count": 0})
             sums["count"] += 1
             sums["total"] += record["n"] or 0
-            if key not in latest or (p, o) > latest[key][0]:
-                latest[key] = ((p, o), record["n"])
+            if (key, ("t", p)) not in latest or (p, o) > latest[(key, ("t", p))][0]:
+                latest[(key, ("t", p))] = ((p, o), record["n"])
         assert {k: {c: v for c, v in s.items() if v} for k, s in totals.items()} == \
             {k: dict(+c) for k, c in side.sums[region][0].items()}
         assert latest == {k: v["last_n"] for k, v in side.latest[region][0].items()}
