@@ -27,14 +27,17 @@ class LedgerSink:
     """A ``BatchSink`` (exactly_once, or ``delivery``) over new ledger targets, ten records of one
     partition, staged as the executors would stage them.
 
+    :param names: (target schema, meta schema, pipeline), e.g. a test pipeline config's, so the
+        audit can read what the sink wrote; default: names made from ``unique_name``.
     :param sink_options: passed to ``BatchSink`` over the defaults below.
     """
 
-    def __init__(self, stack: dict, unique_name: str, delivery: str = "exactly_once", **sink_options: Any) -> None:
+    def __init__(self, stack: dict, unique_name: str, delivery: str = "exactly_once",
+                 names: tuple[str, str, str] | None = None, **sink_options: Any) -> None:
         self.stack = stack
         self.spec = LEDGER
-        self.target, self.meta = f"t_fb{unique_name}", f"m_fb{unique_name}"
-        self.pipeline = f"fallback{unique_name}"
+        self.target, self.meta, self.pipeline = names or (f"t_fb{unique_name}", f"m_fb{unique_name}",
+                                                          f"fallback{unique_name}")
         rng, start = random.Random(5), datetime.datetime(2026, 1, 1)
         self.records: list[Record] = [("t", 0, offset, None, _event(rng, offset, 3, start)[1])
                                       for offset in range(10)]
@@ -54,15 +57,29 @@ class LedgerSink:
         self.close()
 
     def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
+        return self._stage(stage_name, keep_raw, self.records)
+
+    def _stage(self, stage_name: str, keep_raw: bool, records: list[Record]) -> int:
         with self.conn.cursor() as cur:
             copy_from_chunks(cur, sql.Identifier(self.meta, stage_name), staging_columns(self.spec),
-                             iter(["".join(staging_lines(self.spec, self.records, keep_raw)).encode()]))
+                             iter(["".join(staging_lines(self.spec, records, keep_raw)).encode()]))
         self.conn.commit()
-        return len(self.records)
+        return len(records)
 
     def process(self, batch_id: int = 0) -> Any:
         """The batch of all ten records, from offset 0 to 10."""
         return self.sink.process(batch_id, {("t", 0): 0}, {("t", 0): 10}, self.fill_stage)
+
+    def process_records(self, batch_id: int, records: list[Record]) -> Any:
+        """One batch of ``records``, of any topics and partitions: each partition's range from its
+        first record's offset to past its last one."""
+        starts: dict[tuple[str, int], int] = {}
+        ends: dict[tuple[str, int], int] = {}
+        for topic, partition, offset, _key, _value in records:
+            starts[(topic, partition)] = min(starts.get((topic, partition), offset), offset)
+            ends[(topic, partition)] = max(ends.get((topic, partition), 0), offset + 1)
+        return self.sink.process(batch_id, starts, ends,
+                                 lambda stage_name, keep_raw: self._stage(stage_name, keep_raw, records))
 
     def events_and_count(self) -> tuple[tuple[int, int], int | None]:
         """((rows, distinct offsets) of ledger_events, sum of the balances' event counts)."""

@@ -314,29 +314,20 @@ def test_a_key_spread_over_partitions_may_hold_any_partitions_last_value(
         stack: dict, tmp_path: Path, unique_name: str) -> None:
     """One account's events in two partitions (as an unkeyed producer writes them). The apply keeps
     each batch's highest (partition, offset), so the stored last_seq depends on where batches end:
-    written here in two batches through the sink's own SQL, the second holding only partition 0's
-    tail, it is partition 0's last seq. Green (the audit used to expect partition 1's and call it
-    wrong); partition 1's last seq is green too (other batch ends make it); a seq that is no
-    partition's last is red."""
-    from confluent_kafka import Producer as TransactionalProducer
-
-    from spark_apps.eos_stream import preflight
-    from spark_apps.eos_stream.records import staging_columns, staging_lines
-    from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
-    from spark_apps.eos_stream.sink.batch_sink import MODES
-    from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
-    from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage
-    from spark_apps.ledger.spec import LEDGER
+    written here in two batches by the sink itself (``tests/sink_harness``), the second holding only
+    partition 0's tail, it is partition 0's last seq. Green (the audit used to expect partition 1's
+    and call it wrong); partition 1's last seq is green too (other batch ends make it); a seq that
+    is no partition's last is red."""
+    from tests.sink_harness import LedgerSink
 
     config = pipeline_config(stack, tmp_path, f"aspread{unique_name}")
-    topic, bootstrap, name = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"], config["pipeline"]
-    meta, target = config["meta_schema"], config["target_schema"]
+    topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions=2)
     account = "acct-spread"
     values = {(p, o): json.dumps({"event_id": f"ev-{p}-{o}", "account_id": account, "amount_cents": 10 * p + o,
                                   "ts": "2026-01-01T00:00:00+00:00", "seq": 100 * p + o}).encode()
               for p in (0, 1) for o in range(3)}
-    producer = TransactionalProducer({"bootstrap.servers": bootstrap, "transactional.id": f"as{unique_name}"})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"as{unique_name}"})
     producer.init_transactions(30)
     producer.begin_transaction()
     for (p, _o), value in sorted(values.items()):
@@ -344,35 +335,20 @@ def test_a_key_spread_over_partitions_may_hold_any_partitions_last_value(
     producer.flush(30)
     producer.commit_transaction(30)
 
-    conn = pg_connect(stack)
-    try:
-        preflight.ensure_meta_tables(conn, meta)
-        preflight.create_targets(conn, LEDGER, target, MODES["exactly_once"])
+    names = (config["target_schema"], config["meta_schema"], config["pipeline"])
+    with LedgerSink(stack, unique_name, names=names) as sink:
         for batch_id, batch in enumerate(([(1, 0), (1, 1), (1, 2), (0, 0)], [(0, 1), (0, 2)])):
-            stage = create_stage(conn, LEDGER, meta, f"stage_{name}_{batch_id}")
-            lines = "".join(staging_lines(LEDGER, [(topic, p, o, None, values[(p, o)]) for p, o in batch], False))
-            with conn.cursor() as cur:
-                copy_from_chunks(cur, stage, staging_columns(LEDGER), iter([lines.encode()]))
-                cur.execute(apply_batch_statement(LEDGER, stage=stage, target_schema=target, meta_schema=meta,
-                                                  skip_applied=True, dedupe=True, upsert_rows=False),
-                            {"pipeline": name})
-                OffsetsStore(meta, name).advance(
-                    cur, {(topic, p): max(o for q, o in batch if q == p) + 1 for p in {p for p, _o in batch}}, batch_id)
-            conn.commit()
-        balances = sql.SQL("{}.account_balances").format(sql.Identifier(target))
+            sink.process_records(batch_id, [(topic, p, o, None, values[(p, o)]) for p, o in batch])
+        balances = sql.SQL("{}.account_balances").format(sql.Identifier(sink.target))
         reports = {}
         for last_seq in (None, 102, 1):  # as the batches left it (2), partition 1's last, partition 0's middle
-            if last_seq is not None:
-                with conn.cursor() as cur:
+            with sink.conn.cursor() as cur:
+                if last_seq is not None:
                     cur.execute(sql.SQL("UPDATE {} SET last_seq = %s").format(balances), (last_seq,))
-                conn.commit()
-            with conn.cursor() as cur:
                 cur.execute(sql.SQL("SELECT last_seq FROM {}").format(balances))
                 stored = cur.fetchone()[0]
-            conn.commit()
+            sink.conn.commit()
             reports[stored] = audit(config, tmp_path)
-    finally:
-        conn.close()
     print(f"\n{account}: last_seq -> ok: {dict((k, r['ok']) for k, r in reports.items())}")
     assert sorted(reports) == [1, 2, 102]
     for stored in (2, 102):
