@@ -650,11 +650,12 @@ def _aggregate_section(spec: PipelineSpec, aggregates: list[AggregateTarget], sn
     gone += [f"{t}[{p}] (retired)" for t, p in sorted(snap.retired)]
     for index, target in enumerate(aggregates):
         expected_totals: dict[tuple, Counter] = defaultdict(Counter)
-        expected_latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
+        # (key, (topic, partition)) -> column -> (position, value) of the key's last record there
+        last_per_partition: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
         for region in counted.regions:
             for group, counter in side.sums[region][index].items():
                 expected_totals[group].update(counter)
-            _keep_all_latest(expected_latest, side.latest[region][index])
+            _keep_all_latest(last_per_partition, side.latest[region][index])
         carrier, below = carrier_for(spec, target), snap.below_earliest[index]
         checked_against = "kafka"
         if gone and below is None:
@@ -666,9 +667,9 @@ def _aggregate_section(spec: PipelineSpec, aggregates: list[AggregateTarget], sn
             checked_against = f"kafka, and {carrier.table} below the earliest offsets"
             for group, counter in below.items():
                 expected_totals[group].update(counter)
-            _keep_all_latest(expected_latest, snap.below_latest[index])
+            _keep_all_latest(last_per_partition, snap.below_latest[index])
         actual = snap.actual[index]
-        latest_values, spread = _expected_latest(expected_latest, actual, target.latest)
+        latest_values, spread = _expected_latest(last_per_partition, actual, target.latest)
         verified = not (gone and below is None)
         wrong = (wrong_keys(actual, expected_totals, target.increments, latest_values, target.latest)
                  if verified else [])
