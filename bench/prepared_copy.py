@@ -33,11 +33,11 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,21 +60,10 @@ EVENT_COLUMNS = ["kafka_topic", "kafka_partition", "kafka_offset", *(f.name for 
 
 
 def _in_parallel(work: list[Callable[[], None]]) -> None:
-    errors: list[BaseException] = []
-
-    def run(job: Callable[[], None]) -> None:
-        try:
-            job()
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(job,)) for job in work]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    """Runs each job in a thread of its own, as the executors' tasks run; re-raises a job's error."""
+    with ThreadPoolExecutor(len(work)) as pool:
+        for future in [pool.submit(job) for job in work]:
+            future.result()
 
 
 class Batch:
