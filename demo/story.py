@@ -245,14 +245,14 @@ class Story:
         state = self.api.wait(dag_id, run_id, budget, tick=tick)
         self.console.done_waiting()
         self.runs[f"{dag_id} ({run_id})"] = state
+        logs: dict[str, str] = {}  # this run's failed tasks -> the end of their logs
         if state == "failed":
-            # Kept for the report (a run expected to fail says why) and for the error below.
             failed = [ti for ti in self.api.task_instances(dag_id, run_id) if ti["state"] == "failed"]
-            self.failure_logs[dag_id] = {ti["task_id"]: self.log_tail(dag_id, run_id, ti) for ti in failed}
+            logs = {ti["task_id"]: self.log_tail(dag_id, run_id, ti) for ti in failed}
+            self.failure_logs[dag_id] = logs  # for the report: a run expected to fail says why
         if state != expect:
-            logs = "".join(f"\n--- {task} {tail}" for task, tail in self.failure_logs.get(dag_id, {}).items())
-            raise RuntimeError(f"{dag_id} ended {state}, expected {expect} "
-                               f"(failed tasks: {list(self.failure_logs.get(dag_id, {}))}){logs}")
+            tails = "".join(f"\n--- {task} {tail}" for task, tail in logs.items())
+            raise RuntimeError(f"{dag_id} ended {state}, expected {expect} (failed tasks: {list(logs)}){tails}")
         return run_id
 
     def log_tail(self, dag_id: str, run_id: str, ti: dict[str, Any], lines: int = 60) -> str:
