@@ -40,6 +40,10 @@ after on one clock. The baseline's ratios go under ``baseline``.
 ``--recovery`` (bench/results/recovery_times.json): restore + replay + audit
 at 100k and 1M events with the definition's defaults.
 
+``exactly_once_staged`` is ``exactly_once`` with prepared parts turned off
+(``EOS_PREPARED_PARTS=0``): every batch staged and applied in SQL, the path
+before them and the one a batch falls back to.
+
 ``exactly_once_local1`` and ``exactly_once_local4`` are the scaling figure:
 the same pipeline with one task slot, and with four on the same two cores.
 Each mode's run also records which processes used the cores during its warm
@@ -71,6 +75,7 @@ from psycopg2 import sql  # noqa: E402
 from bench.common import PARTITIONS, git_commit, ledger_topic, local_stack, machine  # noqa: E402
 from bench.cpu_share import CpuShare  # noqa: E402
 from spark_apps.eos_stream.ddl import run_ddl  # noqa: E402
+from spark_apps.eos_stream.preflight import PREPARED_PARTS_ENV  # noqa: E402
 from spark_apps.eos_stream.records import parse_record, staging_lines  # noqa: E402
 from spark_apps.ledger.spec import LEDGER, ledger_ddl  # noqa: E402
 from tests.streaming import pg_connect, pipeline_config, start_app  # noqa: E402
@@ -78,6 +83,8 @@ from tests.streaming import pg_connect, pipeline_config, start_app  # noqa: E402
 # name -> (delivery, spec attribute, Spark master)
 MODES = {
     "exactly_once": ("exactly_once", "LEDGER", "local[2]"),
+    # exactly_once with every batch staged and applied in SQL, as before prepared parts: before and after.
+    "exactly_once_staged": ("exactly_once", "LEDGER", "local[2]"),
     "at_least_once": ("at_least_once", "LEDGER", "local[2]"),
     "two_phase": ("two_phase", "LEDGER", "local[2]"),
     "exactly_once_events_only": ("exactly_once", "LEDGER_EVENTS_ONLY", "local[2]"),
@@ -122,7 +129,8 @@ def run_mode(stack: dict, tmp: Path, topic: str, name: str, figure: str, batch: 
     delivery, spec, master = MODES[figure.removesuffix(BASELINE_SUFFIX)]
     config = pipeline_config(stack, tmp, name, delivery=delivery, spec=f"spark_apps.ledger.spec:{spec}",
                              topics=[topic], max_offsets_per_trigger=batch)
-    run = start_app(config, tmp, label=name, root=baseline or ROOT, master=master)
+    env = {PREPARED_PARTS_ENV: "0"} if figure == "exactly_once_staged" else None
+    run = start_app(config, tmp, env_extra=env, label=name, root=baseline or ROOT, master=master)
     cpu = CpuShare(run.process.pid, run.log_path)
     try:
         run.wait(1800)
@@ -379,6 +387,7 @@ def ratios(figures: dict[str, dict], recovery: dict[str, float | None], build: s
         measured["exactly_once_local2_vs_local1"] = ratio("exactly_once", "exactly_once_local1")
         measured["exactly_once_local4_vs_local2"] = ratio("exactly_once_local4", "exactly_once")
         measured["exactly_once_vs_baseline"] = ratio("exactly_once", f"exactly_once{BASELINE_SUFFIX}")
+        measured["prepared_parts_vs_staged"] = ratio("exactly_once", "exactly_once_staged")
     return measured
 
 

@@ -122,14 +122,8 @@ def dump_consistent(
         if lock_key:
             _share_swap_lock(conn, lock_key, swap_wait_seconds)
             timings["swap_lock_wait"] = round(time.monotonic() - started, 3)
-        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT pg_export_snapshot(), now(), current_database(), current_setting('server_version')"
-            )
-            row = cur.fetchone()
-            assert row is not None
-            snapshot_id, now, database, server_version = row
+        snapshot_id, now, database, server_version = _export_whole_batches(conn, hook.meta_schema)
+        timings["decided_parts_wait"] = round(time.monotonic() - started, 3)
         args = ["-Fc", "--no-password", f"--snapshot={snapshot_id}", "-f", str(dump_file)]
         for schema, table in tables:
             args += ["-t", _pattern(schema, table)]
@@ -163,6 +157,42 @@ def dump_consistent(
         timings=timings,
         identity=identity,
     )
+
+
+# How long a snapshot waits for the parts of decided batches to be committed before it commits
+# them itself (a live driver does within milliseconds; a dead one left them).
+DECIDED_PARTS_WAIT = 2.0
+
+
+def _export_whole_batches(conn: PgConnection, meta_schema: str) -> tuple:
+    """Opens the snapshot's REPEATABLE READ transaction and exports its snapshot, at an instant
+    when every batch it holds is whole: no decision whose prepared parts are not all committed
+    yet (``sink.parts``, P4), or it would carry a batch's offsets and aggregates without its
+    rows, and a restore of it would resume after rows it does not hold. Decided parts a dead
+    driver left are committed here after ``DECIDED_PARTS_WAIT``: committing a decided part is
+    what its driver was doing, safe at any time. Returns (snapshot id, now, database, version)."""
+    from spark_apps.eos_stream.sink import parts
+
+    conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+    deadline = time.monotonic() + DECIDED_PARTS_WAIT
+    while True:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT pg_export_snapshot(), now(), current_database(), current_setting('server_version')"
+            )
+            row = cur.fetchone()
+            assert row is not None
+            if not parts.pending_decided(cur, meta_schema):
+                return row
+        conn.rollback()
+        if time.monotonic() < deadline:
+            time.sleep(0.05)
+            continue
+        conn.set_session(readonly=False)
+        for pipeline in parts.pipelines_with_decided(conn, meta_schema):
+            parts.resolve(conn, meta_schema, pipeline, undecided="keep")
+        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        deadline = time.monotonic() + DECIDED_PARTS_WAIT
 
 
 def _share_swap_lock(conn: PgConnection, lock_key: str, wait_seconds: float) -> None:

@@ -1,5 +1,6 @@
 """Who may still write to a pipeline's target, and how a recovery takes it from them: the two_phase
-batches a dead driver left in doubt (committed by a stop, rolled back by a restore), the
+batches and decided prepared parts a dead driver left in doubt (committed by a stop, rolled back
+by a restore, with every other prepared part), the
 pipeline's epoch (bumped, never waiting forever for its lock), who holds that lock when it stays
 held, and the running lock a restore or rollback holds so that no driver starts under it.
 Functions of the hook, as Flink's ``XaGroupOps`` are of its facade."""
@@ -55,11 +56,12 @@ def commit_orphans(hook: Any, config: Any) -> list[str]:
     about to do (a restarted driver does the same, ``driver.claim``), so the target stays
     exact. Only while holding the running lock (no driver runs, none can start
     meanwhile): a live driver's prepared batch is its own to commit a moment later."""
+    from spark_apps.eos_stream.sink import parts
     from spark_apps.eos_stream.sink.in_doubt import find_in_doubt, resolve_in_doubt
 
     probe = hook.connect()
     try:
-        if not find_in_doubt(probe, config.pipeline):
+        if not find_in_doubt(probe, config.pipeline) and not parts.decided(probe, config.meta_schema, config.pipeline):
             return []
     finally:
         probe.close()
@@ -69,7 +71,11 @@ def commit_orphans(hook: Any, config: Any) -> list[str]:
     try:
         conn = hook.connect()
         try:
-            return [t["gid"] for t in resolve_in_doubt(conn, config.pipeline, "commit")]
+            committed = [t["gid"] for t in resolve_in_doubt(conn, config.pipeline, "commit")]
+            # Prepared parts of a batch whose decision committed (sink.parts, P4): committed like an
+            # in-doubt batch. Undecided parts stay: only a driver after its epoch bump, or a
+            # restore, rolls them back (no decision can name them any more then).
+            return committed + parts.resolve(conn, config.meta_schema, config.pipeline, undecided="keep")["committed"]
         finally:
             conn.close()
     finally:
@@ -162,11 +168,16 @@ def holding_running_lock(hook: Any, pipeline: str) -> Iterator[None]:
 def roll_back_in_doubt(hook: Any, pipeline: str) -> list[str]:
     """Rolls back the pipeline's two_phase transactions a dead driver left in doubt, under the
     running lock: they hold locks the swap needs, and belong to the state being replaced."""
+    from spark_apps.eos_stream.sink import parts
     from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 
     conn = hook.connect()
     try:
         gids = [t["gid"] for t in resolve_in_doubt(conn, pipeline, "rollback")]
+        # Prepared parts (sink.parts), decided or not: the restore replaces the state their
+        # decision was made on, and they hold locks the swap needs.
+        gids += parts.roll_back(conn, parts.pipeline_prefix(pipeline))
+        parts.resolve(conn, hook.meta_schema, pipeline)  # forgets the decisions that named them
     finally:
         conn.close()
     if gids:

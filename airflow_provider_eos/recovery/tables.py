@@ -44,7 +44,7 @@ def snapshot_meta_tables(hook: PgToolsHook, conn: Any, config: Any) -> list[str]
     state (see ``snapshot_tables``) and staging leftovers."""
     from spark_apps.eos_stream import meta_tables
 
-    excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, meta_tables.LSO_WATCH, LOCK_TABLE}
+    excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, meta_tables.LSO_WATCH, meta_tables.DECIDED_PARTS, LOCK_TABLE}
     return [t for t in hook.list_tables(conn, config.meta_schema)
             if t not in excluded and not t.startswith("stage_")]  # staging leftovers
 

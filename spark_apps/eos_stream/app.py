@@ -36,6 +36,8 @@ from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pys
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import StagedBatch
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
+from spark_apps.eos_stream.sink.part_writer import part_writer
+from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import range_stager
 from spark_apps.eos_stream.spec import SpecError, load_spec
@@ -172,7 +174,17 @@ def run_stream(config: PipelineConfig) -> int:
             rows_read.record(batch_id, staged)
             return staged
 
-        def apply(fill_stage: Callable[[str, bool], int], staged: StagedBatch | None = None) -> None:
+        def write_parts(prefix: str) -> list[dict[str, Any]]:
+            """Each Spark task writes its share of the ranges as a prepared part; their results return."""
+            if not ranges:
+                return []
+            writer = part_writer(dsn, config.spec, config.target_schema, prefix, kafka_settings)
+            tasks = min(len(ranges), spark.sparkContext.defaultParallelism)
+            results = spark.sparkContext.parallelize(ranges, tasks).mapPartitionsWithIndex(writer).collect()
+            rows_read.record(batch_id, sum(r["rows"] for r in results))
+            return results
+
+        def apply(fill_stage: Callable[[str, bool], int], staged: StagedBatch | WrittenParts | None = None) -> None:
             result = sink.process(batch_id, start, end, fill_stage, staged)
             emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
                  record_by_record=result.record_by_record, timings_ms=result.timings_ms,
@@ -182,7 +194,8 @@ def run_stream(config: PipelineConfig) -> int:
         if ahead is None:
             apply(fill_stage)
             return
-        ahead.hand_over(batch_id, fill_stage, lambda staged: apply(fill_stage, staged))
+        ahead.hand_over(batch_id, fill_stage, lambda staged: apply(fill_stage, staged),
+                        write_parts if sink.prepared_parts else None)
 
     spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id, rows_read))
     writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)

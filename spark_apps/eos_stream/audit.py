@@ -110,6 +110,7 @@ from spark_apps.eos_stream.errors import dead_letter_class
 from spark_apps.eos_stream.records import parse_record, staging_columns, staging_lines
 from spark_apps.eos_stream.sink import apply_sql, staging
 from spark_apps.eos_stream.sink.batch_sink import MODES
+from spark_apps.eos_stream.sink.parts import pending_decided
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget, load_spec
 
@@ -169,6 +170,10 @@ def _below_earliest(conn, config: PipelineConfig, carrier: RowTarget, gone: list
     return _fetch(conn, query, tuple(x for bound in gone for x in bound))
 
 
+# How long the audit waits for a live driver to commit the parts of a batch it decided.
+DECIDED_PARTS_WAIT = 10.0
+
+
 @dataclass
 class _Cut:
     """The snapshot's first reads: what the read of Kafka needs (the stored offsets split it,
@@ -183,8 +188,20 @@ def _read_cut(conn, config: PipelineConfig) -> _Cut:
     """Opens the audit's REPEATABLE READ, READ ONLY transaction and reads the running lock, the
     stored offsets and the dead letters; ``_read_snapshot`` reads the rest in the same one."""
     conn.set_session(isolation_level=ISOLATION_LEVEL_REPEATABLE_READ, readonly=True)
-    # The first statement fixes the snapshot; the running lock is looked at beside it.
-    running = driver_running(conn, config.pipeline)
+    deadline = time.monotonic() + DECIDED_PARTS_WAIT
+    while True:
+        # The first statement fixes the snapshot; the running lock is looked at beside it.
+        running = driver_running(conn, config.pipeline)
+        # A batch decided and not yet committed part by part (``sink.parts``, P4) has its offsets and
+        # aggregates in the snapshot without all its rows: a live driver commits them within
+        # milliseconds, so a later snapshot is a consistent cut. One a dead driver left (no driver
+        # runs) stays until the next start or stop: the audit reads it as it is, rows missing.
+        with conn.cursor() as cur:
+            pending = pending_decided(cur, config.meta_schema, config.pipeline)
+        if not pending or not running or time.monotonic() > deadline:
+            break
+        conn.rollback()
+        time.sleep(0.05)
     stored: dict[TopicPartition, int] = {}
     if MODES[config.delivery].stores_offsets:
         stored = {(t, p): int(o) for t, p, o in _fetch(conn, sql.SQL(

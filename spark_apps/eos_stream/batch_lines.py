@@ -44,7 +44,7 @@ this path.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from spark_apps.eos_stream.records import NULL, staging_lines
@@ -70,7 +70,8 @@ def supported(spec: PipelineSpec) -> bool:
     return spec.transform is None and all(f.pg_type in _ARROW_TYPES for f in spec.fields)
 
 
-def _schema(spec: PipelineSpec) -> Any:
+def arrow_schema(spec: PipelineSpec) -> Any:
+    """The spec's fields as Arrow types (what ``_parse`` reads them as)."""
     import pyarrow as pa
 
     return pa.schema([(f.name, pa.type_for_alias(_ARROW_TYPES[f.pg_type])) for f in spec.fields])
@@ -91,7 +92,7 @@ def _parse(values: Any, spec: PipelineSpec) -> Any | None:
         table = pj.read_json(
             io.BytesIO(string_data(text)),
             read_options=pj.ReadOptions(use_threads=False, block_size=max(1 << 20, 2 * text.nbytes)),
-            parse_options=pj.ParseOptions(explicit_schema=_schema(spec), unexpected_field_behavior="ignore"),
+            parse_options=pj.ParseOptions(explicit_schema=arrow_schema(spec), unexpected_field_behavior="ignore"),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
@@ -153,6 +154,56 @@ def string_data(lines: Any) -> memoryview:
     return memoryview(data).cast("B")[start:end] if data is not None else memoryview(b"")
 
 
+def vouched_fields(batch: Any, spec: PipelineSpec) -> tuple[Any, Any | None, bool]:
+    """Which records of an Arrow batch of (topic, partition, offset, key, value) Arrow vouches
+    for: one flag per record, the spec's typed fields of exactly those records (None when
+    there are none) and whether their JSON held a backslash (see ``_cell``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value = batch.column(4)
+    candidate = _candidates(value)
+    chosen = pc.filter(value, candidate)
+    fields = _parse(chosen, spec) if len(chosen) else None
+    if fields is None:
+        return pa.repeat(False, len(value)), None, False
+    complete = pa.repeat(True, len(chosen))
+    for f in spec.fields:
+        if f.required:  # a missing or null required field: Python's error says which
+            complete = pc.and_(complete, pc.is_valid(fields.column(f.name)))
+    if not pc.any(complete).as_py():
+        return pa.repeat(False, len(value)), None, False
+    # One flag per record of the batch: each candidate's own where it stands, False elsewhere.
+    vouched = pc.replace_with_mask(candidate, candidate, complete)
+    escaped = b"\\" in string_data(chosen).tobytes()  # a memoryview has no substring search
+    return vouched, fields.filter(complete), escaped
+
+
+def copy_text(cells: list[Any]) -> memoryview:
+    """COPY text of rows given as one Arrow string array (or scalar) per column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lines = pc.binary_join_element_wise(*cells, "\t")
+    return string_data(pc.binary_join_element_wise(lines, pa.scalar(""), "\n"))
+
+
+def coordinate_cells(batch: Any, mask: Any) -> list[Any]:
+    """The topic, partition and offset COPY cells of the records ``mask`` flags."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    topic, partition, offset = batch.columns[:3]
+    return [pc.filter(topic, mask), pc.cast(pc.filter(partition, mask), pa.string()),
+            pc.cast(pc.filter(offset, mask), pa.string())]
+
+
+def field_cells(fields: Any, spec: PipelineSpec, names: Iterable[str], escaped: bool) -> list[Any]:
+    """The COPY cells of the typed ``fields`` columns named ``names``."""
+    types = {f.name: f.pg_type for f in spec.fields}
+    return [_cell(fields.column(name), types[name], escaped) for name in names]
+
+
 def batch_lines(batch: Any, spec: PipelineSpec) -> Iterator[bytes | memoryview]:
     """The COPY data of one Arrow batch of (topic, partition, offset, key, value)
     records, without raw bytes for good records: the records Arrow vouches for
@@ -160,26 +211,11 @@ def batch_lines(batch: Any, spec: PipelineSpec) -> Iterator[bytes | memoryview]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    topic, partition, offset, _key, value = batch.columns
-    candidate = _candidates(value)
-    chosen = pc.filter(value, candidate)
-    fields = _parse(chosen, spec) if len(chosen) else None
-    vouched = pa.repeat(False, len(value))
+    vouched, fields, escaped = vouched_fields(batch, spec)
     if fields is not None:
-        complete = pa.repeat(True, len(chosen))
-        for f in spec.fields:
-            if f.required:  # a missing or null required field: Python's error says which
-                complete = pc.and_(complete, pc.is_valid(fields.column(f.name)))
-        # One flag per record of the batch: each candidate's own where it stands, False elsewhere.
-        vouched = pc.replace_with_mask(candidate, candidate, complete)
-        if pc.any(complete).as_py():
-            escaped = b"\\" in string_data(chosen).tobytes()  # a memoryview has no substring search
-            cells = [pc.filter(topic, vouched), pc.cast(pc.filter(partition, vouched), pa.string()),
-                     pc.cast(pc.filter(offset, vouched), pa.string()),
-                     *[pa.scalar(NULL)] * 3,  # key, value, error
-                     *[_cell(pc.filter(fields.column(f.name), complete), f.pg_type, escaped) for f in spec.fields]]
-            lines = pc.binary_join_element_wise(*cells, "\t")
-            yield string_data(pc.binary_join_element_wise(lines, pa.scalar(""), "\n"))
+        yield copy_text([*coordinate_cells(batch, vouched),
+                         *[pa.scalar(NULL)] * 3,  # key, value, error
+                         *field_cells(fields, spec, (f.name for f in spec.fields), escaped)])
     left = batch.filter(pc.invert(vouched))
     if left.num_rows:
         yield "".join(staging_lines(spec, arrow_records(left), keep_raw=False)).encode()

@@ -19,6 +19,7 @@ from spark_apps.eos_stream.config import PipelineConfig
 from spark_apps.eos_stream.control import hold_running_lock, stop_requested
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka_ranges import EARLIEST
+from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
@@ -51,6 +52,8 @@ class Driver:
     control_conn: PgConnection
     epoch: int
     starting: dict[TopicPartition, int]
+    # Batches are written as prepared parts (``sink.parts``) before falling back to staging.
+    prepared_parts: bool = False
 
     @property
     def dsn(self) -> dict[str, Any]:
@@ -75,6 +78,7 @@ class Driver:
             reconnect=self.connect,
             reconnect_guard=self.reconnect_guard,
             notify=emit,
+            prepared_parts=self.prepared_parts,
         )
 
     def reconnect_guard(self) -> PgConnection:
@@ -120,6 +124,9 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     # orphan of a dead supervisor) can commit nothing from here on, notices
     # within stop_poll_seconds and exits, freeing the running lock below.
     epoch = fencing.bump_epoch(conn, config.meta_schema, config.pipeline, by=run_id, reason="driver start")
+    # P1, P4: every older epoch is fenced now, so none of its undecided parts can be decided
+    # any more; the decided ones are finished, as their driver was about to.
+    resolved_parts = parts.resolve(conn, config.meta_schema, config.pipeline)
     hold_running_lock(guard_conn, config.pipeline)
     with control_conn.cursor() as cur:
         now = fencing.current_epoch(cur, config.meta_schema, config.pipeline)
@@ -140,6 +147,9 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
     conn.rollback()
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
+    write_parts, why = preflight.prepared_parts(conn, spec, mode)
     emit("resume", stored_offsets=offsets_json(stored), stale_stages_dropped=dropped,
-         in_doubt_committed=[t["gid"] for t in in_doubt], epoch=epoch)
-    return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting)
+         in_doubt_committed=[t["gid"] for t in in_doubt], parts_committed=resolved_parts["committed"],
+         parts_rolled_back=resolved_parts["rolled_back"], epoch=epoch,
+         write_path="prepared_parts" if write_parts else "staged", write_path_reason=why)
+    return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting, write_parts)

@@ -33,6 +33,9 @@ EPOCHS = "pipeline_epochs"
 # health check across its runs (airflow_provider_eos.sensors.lso_lag). The app
 # never touches it; operational state, not data: a snapshot need not carry it.
 LSO_WATCH = "lso_watch"
+# Prepared parts a committed batch decided (``sink.parts``), until each is committed.
+# Operational state: a snapshot waits until its pipeline has none, and never carries it.
+DECIDED_PARTS = "decided_parts"
 
 _SCHEMA_DDL = """CREATE SCHEMA IF NOT EXISTS {schema}"""
 _EPOCHS_DDL = """CREATE TABLE IF NOT EXISTS {schema}.{epochs} (
@@ -97,6 +100,12 @@ _DDL = [
         stop_requested_at timestamptz,
         requested_by      text)""",
     _EPOCHS_DDL,
+    """CREATE TABLE IF NOT EXISTS {schema}.{decided_parts} (
+        pipeline    text        NOT NULL,
+        gid         text        NOT NULL,
+        batch_id    bigint      NOT NULL,
+        decided_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (pipeline, gid))""",
 ]
 # Columns added since the first release, for tables made by older versions:
 # (table, column, type). Only the app adds them, at start, through ddl.run_ddl.
@@ -115,6 +124,7 @@ def _names(schema: str) -> dict[str, sql.Identifier]:
         "control": sql.Identifier(CONTROL),
         "epochs": sql.Identifier(EPOCHS),
         "lso_watch": sql.Identifier(LSO_WATCH),
+        "decided_parts": sql.Identifier(DECIDED_PARTS),
     }
 
 

@@ -6,6 +6,7 @@ seconds, instead of as a stack trace from inside a micro-batch.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from psycopg2 import sql
@@ -43,6 +44,27 @@ def check_two_phase(conn: PgConnection, mode: DeliveryMode, where: str) -> None:
             "set max_prepared_transactions in postgresql.conf (at least one per two_phase pipeline writing "
             "there) and restart PostgreSQL, or use delivery 'exactly_once' (one-phase commit, the same guarantee)"
         )
+
+
+# Set to 0 to write every batch the staged way (the benchmarks' before/after; tests of the staged path).
+PREPARED_PARTS_ENV = "EOS_PREPARED_PARTS"
+
+
+def prepared_parts(conn: PgConnection, spec: PipelineSpec, mode: DeliveryMode) -> tuple[bool, str]:
+    """Whether this pipeline's batches are written as prepared parts (``sink.parts``), and why (not)."""
+    from spark_apps.eos_stream.sink import parts
+
+    if mode.name != "exactly_once":
+        return False, f"delivery {mode.name!r} writes the staged way"
+    if os.environ.get(PREPARED_PARTS_ENV, "1") == "0":
+        return False, f"{PREPARED_PARTS_ENV}=0"
+    if not parts.supported(spec):
+        return False, ("the spec has a per-record transform, a numeric or double precision field, "
+                       "or more than one row target")
+    if max_prepared_transactions(conn) == 0:
+        return False, ("max_prepared_transactions is 0 on the target server (each batch's tasks need one "
+                       "prepared transaction each; two batches' worth per pipeline)")
+    return True, "each task writes its share in a prepared transaction"
 
 
 def check_encoding(conn: PgConnection, where: str) -> None:

@@ -5,7 +5,10 @@ balances, each account's last_seq that of its last event, and every account's
 events in order (docs/ordering.md); the same test on at_least_once must report
 duplicates and events out of order, which proves the oracles can fail. In
 two_phase the kill "before_commit" falls between PREPARE TRANSACTION and
-COMMIT PREPARED, leaving the batch in doubt.
+COMMIT PREPARED, leaving the batch in doubt. In exactly_once, whose batches are
+written as prepared parts, "before_commit" leaves undecided parts (P1) and
+"after_commit" decided ones not yet committed (P4); the test checks that later
+starts found and resolved both.
 
 Every matrix reads the same topic (produced once per module) into its own
 pipeline, schemas and checkpoint. A matrix's time is its spark-submit starts:
@@ -63,39 +66,47 @@ def _kill_plan(kills: int, seed: int) -> list[dict]:
     return plan
 
 
-def _crash_once(config: dict, tmp_path: Path, step: dict, label: str) -> bool:
-    """Runs the app until the planned kill; returns whether a kill happened."""
+def _crash_once(config: dict, tmp_path: Path, step: dict, label: str, resumes: list[dict]) -> bool:
+    """Runs the app until the planned kill; returns whether a kill happened. Adds the run's
+    ``resume`` event (what its start found and resolved) to ``resumes``."""
     if "fault" in step:
         env = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
         run = run_app(config, tmp_path, env_extra=env, label=label, timeout=240)
+        resumes += run.events("resume")
         # -9: the app SIGKILLed its own process group at the fault point.
         return run.process.returncode == -9 or "EOS-FAULT" in run.log()
     run = start_app(config, tmp_path, label=label)
     deadline = time.monotonic() + 240
+    killed = False
     while time.monotonic() < deadline and run.process.poll() is None:
         if len(run.events("batch")) >= step["after_batches"]:
             time.sleep(step["delay"])
             if run.process.poll() is None:
                 run.kill()
-                return True
+                killed = True
+                break
         time.sleep(0.05)
     if run.process.poll() is None:
         run.kill()
-        return True
-    return False
+        killed = True
+    resumes += run.events("resume")
+    return killed
 
 
 def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str, kills: int) -> tuple[dict, int]:
     config = pipeline_config(stack, tmp_path, name, delivery=delivery, topics=[topic],
                              max_offsets_per_trigger=KILL_BATCH)
     done = 0
+    resumes: list[dict] = []
     for index, step in enumerate(_kill_plan(kills, seed=hash(name) & 0xFFFF)):
-        done += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}")
+        done += _crash_once(config, tmp_path, step, label=f"{delivery}-{index}", resumes=resumes)
     final = run_app({**config, "max_offsets_per_trigger": FINAL_BATCH}, tmp_path, label=f"{delivery}-final",
                     timeout=400)
     assert final.process.returncode == 0, final.log()[-3000:]
+    resumes += final.events("resume")
     report = audit(config, tmp_path)
     report["order"] = ledger_order(stack, config["target_schema"])
+    report["resumes"] = resumes
     print(f"\n{delivery}: {report['order']}")
     return report, done
 
@@ -114,6 +125,12 @@ def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, ledger_topi
     assert report["order"]["split_accounts"] == 0 and report["order"]["out_of_order_accounts"] == 0
     assert report["order"]["accounts"] == report["aggregates"]["account_balances"]["keys"]
     assert report["ok"] and report["exit_code"] == 0
+    if delivery == "exactly_once":
+        # The kills did land on prepared parts: at the decision's commit a later start committed the
+        # decided parts it found (P4), and rolled back undecided ones (P1, a batch written ahead).
+        assert {r["write_path"] for r in report["resumes"]} == {"prepared_parts"}
+        assert any(r["parts_committed"] for r in report["resumes"]), report["resumes"]
+        assert any(r["parts_rolled_back"] for r in report["resumes"]), report["resumes"]
 
 
 def test_at_least_once_shows_duplicates_under_the_same_crashes(stack: dict, tmp_path: Path, ledger_topic: str,

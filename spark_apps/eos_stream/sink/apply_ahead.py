@@ -20,6 +20,10 @@ batch applies. Only modes whose replay point is the database
 resumes from Spark's checkpoint would lose that batch to a crash. The failure
 transitions this adds are in ``batch_sink`` (A1-A3).
 
+In ``exactly_once`` the stager first tries to write the batch as prepared
+parts (``parts``): the tasks COPY straight into the target and the applier
+only decides; when they cannot, it stages the batch as before.
+
 The staging of a batch ahead of its apply is an optimisation only: if it
 fails, the batch's apply stages it again itself (on a fresh read of its
 offset ranges) and classifies the error there, as without apply-ahead.
@@ -34,8 +38,13 @@ from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
 
+from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, StagedBatch
+from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.staging import create_stage
+
+# Runs a batch's write job with the parts' id prefix; returns the tasks' part results.
+WriteParts = Callable[[str], list[dict[str, Any]]]
 
 
 class ApplyAhead:
@@ -55,14 +64,20 @@ class ApplyAhead:
         self._conn: PgConnection | None = None
         self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eos-stage")
         self._applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eos-apply")
-        self._staging: Future[StagedBatch | None] | None = None
+        self._staging: Future[StagedBatch | WrittenParts | None] | None = None
         self._pending: Future[None] | None = None
         self._failure: BaseException | None = None
         self._reported = False
 
-    def stage(self, batch_id: int, fill_stage: Callable[[str, bool], int | None]) -> StagedBatch | None:
-        """Stages the batch on the staging session (None: it could not; its apply will)."""
+    def stage(self, batch_id: int, fill_stage: Callable[[str, bool], int | None],
+              write_parts: WriteParts | None = None) -> StagedBatch | WrittenParts | None:
+        """Writes the batch as prepared parts when ``write_parts`` is given and every task
+        could, else stages it on the staging session (None: it could not; its apply will)."""
         started = time.perf_counter()
+        if write_parts is not None:
+            written = self._write_parts(batch_id, write_parts, started)
+            if written is not None:
+                return written
         name = self._sink.stage_name(batch_id)
         try:
             if self._conn is None or self._conn.closed:
@@ -76,20 +91,46 @@ class ApplyAhead:
             return None
         return StagedBatch(name, rows, round((time.perf_counter() - started) * 1000))
 
+    def _write_parts(self, batch_id: int, write_parts: WriteParts, started: float) -> WrittenParts | None:
+        """The batch written as prepared parts, or None after rolling back whatever parts
+        it left (P2: the tasks refused, or the job failed): then it is staged."""
+        prefix = self._sink.parts_prefix(batch_id)
+        try:
+            results = write_parts(prefix)
+            written = parts.gather(results, self._sink.spec, prefix, round((time.perf_counter() - started) * 1000))
+            if isinstance(written, WrittenParts):
+                return written
+            self._notify("parts_refused", batch_id=batch_id, reasons=[" ".join(r.split())[:500] for r in written[:3]])
+        except Exception as exc:
+            self._notify("parts_failed", batch_id=batch_id, error=" ".join(str(exc).split())[:500])
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+            parts.roll_back(self._conn, prefix)
+        except Exception as exc:  # the apply's retry or the next start rolls them back (P1, P3)
+            self._notify("parts_not_rolled_back", batch_id=batch_id, error=" ".join(str(exc).split())[:500])
+        return None
+
     def hand_over(self, batch_id: int, fill_stage: Callable[[str, bool], int | None],
-                  apply: Callable[[StagedBatch | None], Any]) -> None:
+                  apply: Callable[[StagedBatch | WrittenParts | None], Any],
+                  write_parts: WriteParts | None = None) -> None:
         """Queues the batch: staged after the batch before it, then ``apply(staged)``
         after that batch has committed. Returns once the previous batch's staging
         has ended; raises an earlier batch's apply error instead, if there is one."""
         self._raise_failure()
         if self._staging is not None:
             wait([self._staging])  # never fails: stage() reports its own errors
-        staging = self._staging = self._stager.submit(self.stage, batch_id, fill_stage)
+        staging = self._staging = self._stager.submit(self.stage, batch_id, fill_stage, write_parts)
         self._pending = self._applier.submit(self._apply_in_turn, staging, apply)
 
-    def _apply_in_turn(self, staging: Future[StagedBatch | None], apply: Callable[[StagedBatch | None], Any]) -> None:
+    def _apply_in_turn(self, staging: Future[StagedBatch | WrittenParts | None],
+                       apply: Callable[[StagedBatch | WrittenParts | None], Any]) -> None:
         if self._failure is not None:
-            return  # an earlier batch failed: no later batch may commit (A2)
+            # An earlier batch failed: no later batch may commit (A2); its parts are no one's.
+            staged = staging.result()
+            if isinstance(staged, WrittenParts):
+                self._sink.drop_parts(staged.prefix)
+            return
         try:
             apply(staging.result())
         except BaseException as exc:

@@ -109,7 +109,7 @@ def typed_stage_columns(spec: PipelineSpec) -> sql.Composed:
 
 
 def _aggregate_upsert(table: sql.Composed, target: AggregateTarget, source: sql.Composable,
-                      deltas: list[sql.Composable]) -> sql.Composed:
+                      deltas: list[sql.Composable], group: bool = True) -> sql.Composed:
     # Deltas are summed per key first, so each key is written once per batch:
     # concurrent writers never fight over one row within a batch. Keys are
     # written in one stable order (ORDER BY the group keys), so two pipelines
@@ -126,15 +126,33 @@ def _aggregate_upsert(table: sql.Composed, target: AggregateTarget, source: sql.
     ] + [sql.SQL("{col} = EXCLUDED.{col}").format(col=sql.Identifier(c)) for c in target.latest]
     return sql.SQL(
         "INSERT INTO {table} ({keys}, {cols}) SELECT {keys}, {deltas} FROM {source}"
-        " GROUP BY {keys} ORDER BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+        "{group} ORDER BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
     ).format(
         table=table,
         keys=_ident_list(target.group_by),
         cols=_ident_list(target.columns),
         deltas=sql.SQL(", ").join(deltas),
         source=source,
+        group=sql.SQL(" GROUP BY {}").format(_ident_list(target.group_by)) if group else sql.SQL(""),
         updates=sql.SQL(", ").join(updates),
     )
+
+
+def aggregate_deltas_statement(spec: PipelineSpec, target: AggregateTarget, target_schema: str) -> sql.Composed:
+    """Upserts deltas already summed per key (``aggregate_deltas.recordset_json``, bound
+    as %(deltas)s): the same upsert as the staged apply's, fed one row per key.
+
+    A sum arrives as numeric, as ``sum()`` of an integer column returns it, and is
+    assigned to the target column the same way, so an overflow fails alike."""
+    types = {f.name: f.pg_type for f in spec.fields}
+    # pg_type is one of spec.SUPPORTED_TYPES (checked by Field), never user text.
+    definitions = [sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(types[k])) for k in target.group_by] + [
+        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL("numeric" if source else "bigint"))
+        for c, source in target.increments.items()
+    ] + [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(types[source])) for c, source in target.latest.items()]
+    source = sql.SQL("json_to_recordset(%(deltas)s::json) AS d({})").format(sql.SQL(", ").join(definitions))
+    return _aggregate_upsert(_qualified(target_schema, target.table), target, source,
+                             [sql.Identifier(c) for c in target.columns], group=False)
 
 
 # Latest values of these types are picked by a plain max() over an integer array, which the

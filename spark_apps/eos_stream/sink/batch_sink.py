@@ -93,6 +93,41 @@ A3. a retry or an isolation of N stages it again: the tasks read N's offset
     ahead is no error of its own: N's first attempt stages it that way
     instead, and judges the failure.
 
+In ``exactly_once`` a batch is first tried as prepared parts (``parts``,
+``part_writer``): each Spark task COPYs its share straight into the row target
+inside a prepared transaction and sends its aggregate deltas; the batch
+transaction decides (lock, ownership, deltas, ``decided_parts``, offsets) and
+the committer then issues COMMIT PREPARED for each part. Transitions:
+
+P1. a crash while tasks write or after some PREPAREd, before the decision
+    commits: prepared parts no decision names. The next start rolls them back
+    after its epoch bump (``parts.resolve``: from then on no decision of the dead
+    driver can commit), and the batch is read again from the stored offsets.
+P2. a part the tasks cannot write (a record Python refuses, a value or
+    constraint the database refuses in the COPY, no prepared-transaction slot)
+    or a failed write job: the batch's parts are rolled back and it is written
+    the staged way (1-9), where each record gets the database's verdict and
+    its dead letter. Nothing is counted for it.
+P3. the decision fails (a stored offset past the batch's start, as in 4; a
+    delta the aggregate refuses; a lost connection): it rolls back, the
+    batch's parts are rolled back (on a broken connection: at the retry,
+    ``_prepare_retry``) and the batch is written the staged way. Fenced
+    instead (7): the parts are rolled back and the driver exits as in 7.
+P4. a crash after the decision commits, before every COMMIT PREPARED: the
+    offsets and aggregates are committed, some rows are still prepared. The
+    next start (or a stop's fence, ``recovery.guards``) commits every part a
+    decision names, so the batch is whole, then reads on from the stored
+    offsets. A reader of the target sees the batch's aggregates without those
+    rows in between; snapshots and the audit wait until no decided part is
+    pending (``parts.pending_decided``).
+P5. COMMIT PREPARED fails in this driver (a lost connection): the batch is
+    decided, so the error goes to the retry as in 8, whose ``_prepare_retry``
+    commits the decided parts; the retry then applies nothing (its records are
+    below the stored offsets, as in 4).
+P6. a retried or speculative Spark task writes its share twice: each attempt
+    prepares a part of its own id, the decision names only the attempts Spark
+    reported, and the others are rolled back as in P1 (the next start) or P3.
+
 ``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
 replay point), which is what makes it the baseline that shows duplicates.
 """
@@ -112,9 +147,10 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors, fencing
-from spark_apps.eos_stream.sink import apply_sql
+from spark_apps.eos_stream.sink import apply_sql, parts
 from spark_apps.eos_stream.sink.in_doubt import prepare_failure, resolve_in_doubt, transaction_id
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
+from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix, stage_table
 from spark_apps.eos_stream.spec import PipelineSpec
@@ -256,7 +292,7 @@ class BatchWriter:
             self.conn.tpc_begin(gid)
         with self.conn.cursor() as cur:
             self.offsets.lock(cur)
-            self._check_ownership(cur, start_offsets)
+            self.check_ownership(cur, start_offsets)
             counts = apply(cur)
             if self.mode.stores_offsets:
                 self.offsets.advance(cur, end_offsets, batch_id)
@@ -281,7 +317,7 @@ class BatchWriter:
         row = cur.fetchone()
         return row is not None and int(row[0]) == staged_rows
 
-    def _check_ownership(self, cur, start_offsets: Mapping[TopicPartition, int]) -> None:
+    def check_ownership(self, cur, start_offsets: Mapping[TopicPartition, int]) -> None:
         """Raises ``Fenced`` unless this driver still owns the target (under the
         pipeline lock, before the batch writes anything).
 
@@ -402,6 +438,8 @@ class BatchSink:
         (None: the retry fails if the guard connection is gone).
     :param notify: called as ``notify(event, **fields)`` for each transient
         retry (the app prints it as an ``EOS-RETRY`` line).
+    :param prepared_parts: batches may arrive written as prepared parts
+        (``WrittenParts``, P1-P6); needs ``epoch``.
 
     ``process`` takes fill_stage, a callable(stage_name, keep_raw) that makes
     the executors COPY the batch into the staging table and returns the rows
@@ -426,12 +464,19 @@ class BatchSink:
         reconnect: Callable[[], PgConnection] | None = None,
         reconnect_guard: Callable[[], PgConnection] | None = None,
         notify: Callable[..., None] | None = None,
+        prepared_parts: bool = False,
     ) -> None:
         self.conn = conn
         self.spec = spec
         self.mode = mode
         self.pipeline = pipeline
         self.meta_schema = meta_schema
+        self.target_schema = target_schema
+        self.epoch = epoch
+        self.prepared_parts = prepared_parts and epoch is not None
+        # Parts of a batch that fell back to staging but could not be rolled back on a
+        # broken connection: rolled back by the retry, before it writes (P3).
+        self._abandoned_parts: list[str] = []
         self.offsets = OffsetsStore(meta_schema, pipeline)
         self.guard = PoisonGuard(guard_conn, meta_schema, pipeline, max_batch_attempts)
         self.writer = BatchWriter(conn, spec, mode, self.offsets, target_schema, meta_schema, epoch)
@@ -452,13 +497,14 @@ class BatchSink:
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
         fill_stage: Callable[[str, bool], int | None],
-        staged: StagedBatch | None = None,
+        staged: StagedBatch | WrittenParts | None = None,
     ) -> BatchResult:
         """Applies one micro-batch exactly once, or raises.
 
         :param staged: the batch already staged (``stage_name`` names its
-            table): the first attempt applies it instead of staging; isolation
-            and every retry stage again with ``fill_stage``.
+            table) or written as prepared parts: the first attempt applies or
+            decides it instead of staging; isolation and every retry stage
+            again with ``fill_stage``.
 
         Raises ``fencing.Fenced`` (and sets ``fenced``) when this driver no
         longer owns the target; re-raises a data error after counting it, an
@@ -475,8 +521,18 @@ class BatchSink:
                 if retries:
                     self._prepare_retry()
                 isolate = self.guard.should_isolate(self.guard.failed_attempts(key))
-                prefilled, staged = (None if isolate else staged), None  # used by the first attempt only
-                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, isolate, prefilled)
+                offered, staged = staged, None  # used by the first attempt only
+                prefilled = None if isolate else offered
+                if isinstance(offered, WrittenParts) and isolate:
+                    self.drop_parts(self.parts_prefix(batch_id))  # written ahead, then not used: isolation stages
+                if isinstance(prefilled, WrittenParts):
+                    decided = self._decide_parts(batch_id, start_offsets, end_offsets, prefilled)
+                    if decided is not None:
+                        decided.transient_retries = retries
+                        return decided
+                    prefilled = None  # P2/P3: written the staged way below
+                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, isolate,
+                                       prefilled if isinstance(prefilled, StagedBatch) else None)
             except fencing.Fenced as exc:
                 self.fenced = str(exc)
                 raise
@@ -578,6 +634,61 @@ class BatchSink:
             self.conn.commit()
         return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record, clock.laps)
 
+    def parts_prefix(self, batch_id: int) -> str:
+        """The id prefix of the batch's prepared parts (``parts.batch_prefix``)."""
+        assert self.epoch is not None, "prepared parts need an epoch"
+        return parts.batch_prefix(self.pipeline, self.epoch, batch_id)
+
+    def drop_parts(self, prefix: str) -> None:
+        """Rolls back a batch's undecided parts (P2, P3, A2): no decision names them, and
+        none will. On a broken connection they are left for the retry to roll back."""
+        if not self.prepared_parts:
+            return
+        try:
+            parts.roll_back(self.conn, prefix)
+        except psycopg2.Error:
+            self._abandoned_parts.append(prefix)
+
+    def _decide_parts(
+        self,
+        batch_id: int,
+        start_offsets: Mapping[TopicPartition, int],
+        end_offsets: Mapping[TopicPartition, int],
+        written: WrittenParts,
+    ) -> BatchResult | None:
+        """Decides a batch written as prepared parts and commits them (P3-P5); None when
+        it could not be decided and must be written the staged way (its parts rolled back)."""
+        clock = _Stopwatch()
+        clock.laps["stage"] = written.write_ms
+        try:
+            with self.conn.cursor() as cur:
+                self.offsets.lock(cur)
+                self.writer.check_ownership(cur, start_offsets)
+                ahead = self.offsets.ahead_of(cur, start_offsets, end_offsets)
+                if ahead:
+                    raise parts.NotDecidable(f"stored offsets are past the batch's start in {', '.join(ahead)}")
+                parts.decide(cur, self.spec, self.target_schema, self.meta_schema, self.pipeline, batch_id, written)
+                self.offsets.advance(cur, end_offsets, batch_id)
+            clock.lap("apply")
+            self._crash_point("before_commit", self._batches_this_run)
+            self.conn.commit()
+            clock.lap("commit")
+        except fencing.Fenced:
+            self.writer.abort()
+            self.drop_parts(self.parts_prefix(batch_id))
+            raise
+        except Exception as exc:
+            self.writer.abort()
+            self.drop_parts(self.parts_prefix(batch_id))
+            self._notify("parts_not_decided", batch_id=batch_id, error=" ".join(str(exc).split())[:500])
+            return None
+        self._crash_point("after_commit", self._batches_this_run)
+        # Decided: from here an error goes to the retry (P5), which commits the parts.
+        parts.commit(self.conn, self.meta_schema, self.pipeline, written.gids)
+        clock.lap("commit_parts")
+        self._forget_attempts(start_offsets)
+        return BatchResult(batch_id, written.rows, 0, False, clock.laps)
+
     def stage_name(self, batch_id: int) -> str:
         """The batch's staging table (a leftover of the same name is replaced)."""
         return f"{stage_prefix(self.pipeline)}{batch_id}"
@@ -604,6 +715,13 @@ class BatchSink:
             self.guard.reopen(self._reconnect_guard())
         if self.mode.two_phase:
             resolve_in_doubt(self.conn, self.pipeline)
+        if self.prepared_parts:
+            # P5: a decided batch's parts are committed. The undecided ones of this epoch
+            # stay: the next batch may be writing them right now.
+            parts.resolve(self.conn, self.meta_schema, self.pipeline, undecided="keep")
+            while self._abandoned_parts:
+                parts.roll_back(self.conn, self._abandoned_parts[0])
+                self._abandoned_parts.pop(0)
 
 
 class _Stopwatch:

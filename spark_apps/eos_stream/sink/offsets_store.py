@@ -58,3 +58,22 @@ class OffsetsStore:
             ).format(t=self.table).as_string(cur),
             [(self.pipeline, topic, partition, offset, batch_id) for (topic, partition), offset in end_offsets.items()],
         )
+
+    def ahead_of(self, cur: PgCursor, start_offsets: Mapping[TopicPartition, int],
+                 end_offsets: Mapping[TopicPartition, int]) -> list[str]:
+        """The partitions of a batch whose stored next offset is past the batch's start
+        (failure transition 4: records the staged apply would skip), as ``topic[partition]``.
+        A start below 0 (Kafka's "earliest") counts as 0."""
+        batch = sorted(end_offsets)
+        if not batch:
+            return []
+        cur.execute(
+            sql.SQL(
+                "SELECT s.topic, s.partition"
+                " FROM unnest(%s::text[], %s::int[], %s::bigint[]) AS s(topic, partition, start)"
+                " JOIN {t} o ON o.pipeline = %s AND o.topic = s.topic AND o.partition = s.partition"
+                " WHERE o.next_offset > GREATEST(s.start, 0) ORDER BY 1, 2"
+            ).format(t=self.table),
+            ([t for t, _ in batch], [p for _, p in batch], [start_offsets.get(tp, -2) for tp in batch], self.pipeline),
+        )
+        return [f"{topic}[{partition}]" for topic, partition in cur.fetchall()]
