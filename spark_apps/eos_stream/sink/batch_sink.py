@@ -660,6 +660,7 @@ class BatchSink:
         it could not be decided and must be written the staged way (its parts rolled back)."""
         clock = _Stopwatch()
         clock.laps["stage"] = written.write_ms
+        clock.laps["stage_slowest_task"] = written.task_ms  # within "stage", not a phase of its own
         try:
             with self.conn.cursor() as cur:
                 self.offsets.lock(cur)

@@ -19,6 +19,7 @@ the task, as staging does.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -150,10 +151,13 @@ def part_writer(dsn_kwargs: dict[str, Any], spec_ref: str, target_schema: str, p
             return  # an empty task opens no connection
         context = TaskContext.get()
         attempt = context.taskAttemptId() if context is not None else 0
+        started = time.perf_counter()
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         try:
-            yield write_part(dsn_kwargs, load_spec(spec_ref), target_schema, f"{prefix}{index}:{attempt}",
-                             consumer, share)
+            result = write_part(dsn_kwargs, load_spec(spec_ref), target_schema, f"{prefix}{index}:{attempt}",
+                                consumer, share)
+            # The task's own time: the write job's wall time less this is Spark's scheduling.
+            yield {**result, "ms": round((time.perf_counter() - started) * 1000)}
         except BaseException:
             kafka_ranges.drop_worker_consumer(kafka_settings)  # a failed read may leave it mid-fetch
             raise

@@ -76,6 +76,7 @@ class WrittenParts:
     :param deltas: the tasks' merged aggregate deltas (``aggregate_deltas``).
     :param write_ms: how long writing them took.
     :param prefix: the batch's id prefix (``batch_prefix``): every part of it, reported or not.
+    :param task_ms: the slowest task's own time (``write_ms`` less it is Spark's scheduling).
     """
 
     gids: tuple[str, ...]
@@ -83,6 +84,7 @@ class WrittenParts:
     deltas: aggregate_deltas.Deltas = field(default_factory=list)
     write_ms: int = 0
     prefix: str = ""
+    task_ms: int = 0
 
 
 def gather(results: list[dict[str, Any]], spec: PipelineSpec, prefix: str, write_ms: int
@@ -97,7 +99,7 @@ def gather(results: list[dict[str, Any]], spec: PipelineSpec, prefix: str, write
         if result["deltas"]:
             aggregate_deltas.merge(deltas, aggregate_deltas.from_wire(result["deltas"]), targets)
     return WrittenParts(tuple(r["gid"] for r in results if r["gid"]), sum(r["rows"] for r in results), deltas,
-                        write_ms, prefix)
+                        write_ms, prefix, max((r.get("ms", 0) for r in results), default=0))
 
 
 def decide(cur, spec: PipelineSpec, target_schema: str, meta_schema: str, pipeline: str, batch_id: int,
