@@ -17,7 +17,6 @@ from operator import itemgetter
 from typing import Any
 
 from spark_apps.eos_stream.audit_rules import PartitionRange, ReadProgress, keep_latest
-from spark_apps.eos_stream.kafka_ranges import FETCH_QUEUE_BACKOFF_MS
 from spark_apps.eos_stream.records import RecordError, parse_record
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec
 
@@ -85,10 +84,7 @@ def _committed_batches(bootstrap: str, options: dict[str, str] | None, *, starts
         return
     consumer = Consumer({"bootstrap.servers": bootstrap, **(options or {}), "group.id": "eos-audit",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "auto.offset.reset": "earliest", "enable.partition.eof": True,
-                         # librdkafka waits 1 s by default before fetching again once its queue is
-                         # full; the judging drains it sooner and would wait idle (kafka_ranges).
-                         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS})
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True})
     try:
         consumer.assign([KafkaTP(t, p, progress.starts.get((t, p), 0)) for t, p in sorted(progress.pending)])
         last_positions = time.monotonic()

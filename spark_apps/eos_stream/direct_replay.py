@@ -119,7 +119,7 @@ def replay(config: PipelineConfig) -> int:
                                             **config.librdkafka_options()}), list(config.topics), "replay")
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct")
-    driver = claim(config, spec, mode, run_id)
+    driver = claim(config, spec, mode, run_id, writes_parts=False)
     if driver is None:
         return 0
     # One consumer reads every batch of every partition in turn: librdkafka's own prefetch depth
