@@ -66,9 +66,10 @@ def _kill_plan(kills: int, seed: int) -> list[dict]:
     return plan
 
 
-def _crash_once(config: dict, tmp_path: Path, step: dict, label: str, resumes: list[dict]) -> bool:
+def _crash_once(config: dict, tmp_path: Path, step: dict, label: str, resumes: list[dict] | None = None) -> bool:
     """Runs the app until the planned kill; returns whether a kill happened. Adds the run's
-    ``resume`` event (what its start found and resolved) to ``resumes``."""
+    ``resume`` event (what its start found and resolved) to ``resumes``, if given."""
+    resumes = [] if resumes is None else resumes
     if "fault" in step:
         env = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
         run = run_app(config, tmp_path, env_extra=env, label=label, timeout=240)

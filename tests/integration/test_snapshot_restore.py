@@ -49,8 +49,9 @@ def target_state(hook: PgToolsHook, config: dict) -> dict:
     conn = hook.connect()
     try:
         tables = [(config["target_schema"], t) for t in hook.list_tables(conn, config["target_schema"])]
+        operational = ("stream_control", "recovery_locks", "pipeline_epochs", "decided_parts")  # never snapshot
         tables += [(config["meta_schema"], t) for t in hook.list_tables(conn, config["meta_schema"])
-                   if t not in ("stream_control", "recovery_locks", "pipeline_epochs")]  # operational state
+                   if t not in operational]
         state = {f"{s}.{t}": v.checksum for (s, t), v in measure(conn, tables).items()}
         conn.rollback()
         return state

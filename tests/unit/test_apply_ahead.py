@@ -15,6 +15,7 @@ import pytest
 
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import StagedBatch
+from spark_apps.eos_stream.sink.parts import WrittenParts
 
 
 def _ahead(notify=None) -> ApplyAhead:
@@ -116,3 +117,61 @@ def test_a_failure_to_stage_ahead_is_no_error_but_leaves_staging_to_the_apply() 
         staged = _ahead(notify=lambda event, **fields: events.append((event, fields))).stage(3, fill)
     assert staged is None
     assert events == [("stage_ahead_failed", {"batch_id": 3, "error": "executor lost"})]
+
+
+def _parts_ahead(notify=None) -> tuple[ApplyAhead, list]:
+    dropped: list = []
+    sink = SimpleNamespace(stage_name=lambda batch_id: f"stage_{batch_id}", spec=mock.Mock(), meta_schema="m",
+                           parts_prefix=lambda batch_id: f"eos-part:p:1:{batch_id}:",
+                           drop_parts=dropped.append)
+    return ApplyAhead(sink, connect=mock.MagicMock, notify=notify), dropped  # type: ignore[arg-type]
+
+
+def test_a_batch_written_as_parts_is_not_staged() -> None:
+    ahead, _ = _parts_ahead()
+    seen: list = []
+    result = {"gid": "eos-part:p:1:0:0:7", "rows": 5, "deltas": [], "refused": None}
+    with mock.patch("spark_apps.eos_stream.sink.apply_ahead.parts.gather",
+                    return_value=WrittenParts(("g",), 5, [], 0, "eos-part:p:1:0:")) as gather:
+        ahead.hand_over(0, _fill(seen), seen.append, lambda prefix: [result])
+        ahead.finish()
+        ahead.close()
+    assert gather.call_args.args[:3] == ([result], ahead._sink.spec, "eos-part:p:1:0:")
+    assert [type(s) for s in seen] == [WrittenParts]  # handed to the apply, never staged
+
+
+@pytest.mark.parametrize("outcome", ["refused", "failed"])
+def test_parts_that_cannot_be_written_are_rolled_back_and_the_batch_staged(outcome: str) -> None:
+    events: list = []
+    ahead, _ = _parts_ahead(notify=lambda event, **fields: events.append(event))
+    seen: list = []
+
+    def write_parts(prefix: str) -> list:
+        if outcome == "failed":
+            raise RuntimeError("a task failed")
+        return [{"gid": None, "rows": 3, "deltas": [], "refused": "the database refused the part: 22001"}]
+
+    with mock.patch("spark_apps.eos_stream.sink.apply_ahead.parts.roll_back") as roll_back:
+        ahead.hand_over(0, _fill(seen), seen.append, write_parts)
+        ahead.finish()
+        ahead.close()
+    assert roll_back.call_args.args[1] == "eos-part:p:1:0:"
+    assert events == [f"parts_{outcome}"]
+    assert [type(s) for s in seen if not isinstance(s, tuple)] == [StagedBatch]
+
+
+def test_parts_of_a_batch_after_a_failed_one_are_dropped_not_decided() -> None:
+    ahead, dropped = _parts_ahead()
+    written = WrittenParts(("g",), 5, [], 0, "eos-part:p:1:1:")
+
+    def fail(staged: object) -> None:
+        time.sleep(0.2)  # batch 1 is handed over and written meanwhile
+        raise RuntimeError("batch 0 failed")
+
+    with mock.patch("spark_apps.eos_stream.sink.apply_ahead.parts.gather", return_value=written):
+        ahead.hand_over(0, _fill(), fail)
+        ahead.hand_over(1, _fill(), pytest.fail, lambda prefix: [])
+        with pytest.raises(RuntimeError, match="batch 0 failed"):
+            ahead.finish()
+    ahead.close()
+    assert dropped == ["eos-part:p:1:1:"]  # A2: no later batch is decided; its parts are rolled back
