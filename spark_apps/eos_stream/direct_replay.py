@@ -112,13 +112,15 @@ def replay(config: PipelineConfig) -> int:
     from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
 
+    entered = time.perf_counter()
     _import_in_background("pandas")
     spec = load_spec(config.spec)
     mode = preflight.delivery_mode(config, spec)
     preflight.refuse_compacted(AdminClient({"bootstrap.servers": config.kafka_bootstrap,
                                             **config.librdkafka_options()}), list(config.topics), "replay")
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
-    emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct")
+    emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct",
+         preflight_ms=round((time.perf_counter() - entered) * 1000))
     driver = claim(config, spec, mode, run_id, writes_parts=False)
     if driver is None:
         return 0
@@ -142,7 +144,9 @@ def replay(config: PipelineConfig) -> int:
             result = sink.process(batch_id, starts, ends, fill_stage)
             emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
                  record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-                 transient_retries=result.transient_retries, end_offsets=offsets_json(ends))
+                 transient_retries=result.transient_retries, end_offsets=offsets_json(ends),
+                 # where the replay's time went between its batches (the claim is in the resume event)
+                 since_start_ms=round((time.perf_counter() - entered) * 1000))
     finally:
         consumer.close()
         driver.close()

@@ -9,6 +9,7 @@ the database says to resume.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,7 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
 
     :param writes_parts: the driver can write batches as prepared parts (the Spark app's
         tasks can; the Spark-less replay stages every batch)."""
+    laps = _Laps()  # each step's time, in the resume event: where a slow start went
     describe = config.postgres.describe()
     dsn = config.postgres.dsn_kwargs()
     conn = connect(dsn, describe=describe)
@@ -116,8 +118,10 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     # First of all: an in-doubt batch of a dead driver holds locks on the
     # pipeline's tables (DDL below would wait on it) and the pipeline lock
     # (the epoch bump would), and its offsets are part of the resume point.
+    laps.lap("connect")
     in_doubt = resolve_in_doubt(conn, config.pipeline)
     preflight.ensure_meta_tables(conn, config.meta_schema)
+    laps.lap("in_doubt_and_meta_tables")
     honour_stop = not config.ignore_stop_request
     # A driver about to honour a stop must not fence anyone on its way out
     # (the recovery's replay run may be the one writing).
@@ -130,8 +134,11 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     epoch = fencing.bump_epoch(conn, config.meta_schema, config.pipeline, by=run_id, reason="driver start")
     # P1, P4: every older epoch is fenced now, so none of its undecided parts can be decided
     # any more; the decided ones are finished, as their driver was about to.
+    laps.lap("epoch")
     resolved_parts = parts.resolve(conn, config.meta_schema, config.pipeline)
+    laps.lap("parts")
     hold_running_lock(guard_conn, config.pipeline)
+    laps.lap("running_lock")
     with control_conn.cursor() as cur:
         now = fencing.current_epoch(cur, config.meta_schema, config.pipeline)
     if now != epoch:  # a newer driver or a recovery claimed it while this one waited for the lock
@@ -145,7 +152,9 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     if config.create_targets:
         preflight.create_targets(conn, spec, config.target_schema, mode)
     preflight.check_targets(conn, spec, config.target_schema, mode)
+    laps.lap("targets")
     partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options())
+    laps.lap("kafka_partitions")
     dropped = drop_stages(conn, config.meta_schema, config.pipeline)
 
     stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
@@ -156,5 +165,18 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     emit("resume", stored_offsets=offsets_json(stored), stale_stages_dropped=dropped,
          in_doubt_committed=[t["gid"] for t in in_doubt], parts_committed=resolved_parts["committed"],
          parts_rolled_back=resolved_parts["rolled_back"], epoch=epoch,
-         write_path="prepared_parts" if write_parts else "staged", write_path_reason=why)
+         write_path="prepared_parts" if write_parts else "staged", write_path_reason=why,
+         claim_ms={**laps.laps, "rest": laps.lap("rest")})
     return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting, write_parts)
+
+
+class _Laps:
+    def __init__(self) -> None:
+        self.laps: dict[str, int] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> int:
+        now = time.perf_counter()
+        self.laps[name] = round((now - self._last) * 1000)
+        self._last = now
+        return self.laps[name]
