@@ -18,7 +18,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
@@ -161,26 +161,25 @@ def run_stream(config: PipelineConfig) -> int:
 
         ranges = kafka_ranges.offset_ranges(start, end)
 
+        def on_tasks(task: Callable[[int, Iterable[Any]], Iterator[Any]]) -> list[Any]:
+            """Runs ``task`` (task index, its share of the ranges) on the executors and collects
+            what each yields. No more tasks than task slots: a Python task costs tens of
+            milliseconds of scheduling however little it reads (docs/benchmarks.md)."""
+            if not ranges:
+                return []
+            tasks = min(len(ranges), spark.sparkContext.defaultParallelism)
+            return spark.sparkContext.parallelize(ranges, tasks).mapPartitionsWithIndex(task).collect()
+
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
             """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
-            if not ranges:
-                rows_read.record(batch_id, 0)
-                return 0
             stager = range_stager(dsn, config.spec, config.meta_schema, stage_name, keep_raw, kafka_settings)
-            # No more tasks than task slots: a Python task costs tens of milliseconds of
-            # scheduling however little it reads (docs/benchmarks.md).
-            tasks = min(len(ranges), spark.sparkContext.defaultParallelism)
-            staged = sum(spark.sparkContext.parallelize(ranges, tasks).mapPartitions(stager).collect())
+            staged = sum(on_tasks(lambda _index, share: stager(share)))
             rows_read.record(batch_id, staged)
             return staged
 
         def write_parts(prefix: str) -> list[dict[str, Any]]:
             """Each Spark task writes its share of the ranges as a prepared part; their results return."""
-            if not ranges:
-                return []
-            writer = part_writer(dsn, config.spec, config.target_schema, prefix, kafka_settings)
-            tasks = min(len(ranges), spark.sparkContext.defaultParallelism)
-            results = spark.sparkContext.parallelize(ranges, tasks).mapPartitionsWithIndex(writer).collect()
+            results = on_tasks(part_writer(dsn, config.spec, config.target_schema, prefix, kafka_settings))
             rows_read.record(batch_id, sum(r["rows"] for r in results))
             return results
 

@@ -9,7 +9,6 @@ the database says to resume.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from spark_apps.eos_stream.control import hold_running_lock, stop_requested
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka_ranges import EARLIEST
 from spark_apps.eos_stream.sink import parts
-from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode
+from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode, Stopwatch
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
 from spark_apps.eos_stream.sink.postgres import connect
@@ -106,7 +105,7 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
 
     :param writes_parts: the driver can write batches as prepared parts (the Spark app's
         tasks can; the Spark-less replay stages every batch)."""
-    laps = _Laps()  # each step's time, in the resume event: where a slow start went
+    laps = Stopwatch()  # each step's time, in the resume event: where a slow start went
     describe = config.postgres.describe()
     dsn = config.postgres.dsn_kwargs()
     conn = connect(dsn, describe=describe)
@@ -169,14 +168,3 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
          claim_ms={**laps.laps, "rest": laps.lap("rest")})
     return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting, write_parts)
 
-
-class _Laps:
-    def __init__(self) -> None:
-        self.laps: dict[str, int] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> int:
-        now = time.perf_counter()
-        self.laps[name] = round((now - self._last) * 1000)
-        self._last = now
-        return self.laps[name]

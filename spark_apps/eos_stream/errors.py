@@ -72,6 +72,12 @@ def classify_sqlstate(sqlstate: str | None) -> ErrorClass:
     return "other"
 
 
+def one_line(error: BaseException | str, limit: int = 500) -> str:
+    """An error's text on one line (PostgreSQL's messages span several: DETAIL, CONTEXT),
+    cut at ``limit`` characters, for an event field or a log line."""
+    return " ".join(str(error).split())[:limit]
+
+
 def tagged(exc: BaseException) -> str:
     """The text an executor raises for a database error: its SQLSTATE tag, class and message."""
     code = getattr(exc, "pgcode", None)

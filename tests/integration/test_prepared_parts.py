@@ -246,12 +246,8 @@ def test_undecided_parts_are_rolled_back_at_the_next_start(stack: dict, tmp_path
         report = audit(config, tmp_path)
         assert report["ok"], report["summary"]
         # The negative control: the undecided parts committed, then the same run.
-        committed = other.conn
-        committed.autocommit = True
-        with committed.cursor() as cur:
-            for gid in parts.prepared(committed, parts.pipeline_prefix(other.name)):
-                cur.execute("COMMIT PREPARED %s", (gid,))
-        committed.autocommit = False
+        undecided = parts.prepared(other.conn, parts.pipeline_prefix(other.name))
+        assert len(parts.commit(other.conn, other.meta, other.name, undecided)) == 2
         run = run_app(other_config, tmp_path, label="poneneg")
         assert run.process.returncode == 0, run.log()[-3000:]
         negative = audit(other_config, tmp_path)

@@ -38,6 +38,7 @@ from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
 
+from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, StagedBatch
 from spark_apps.eos_stream.sink.parts import WrittenParts
@@ -85,7 +86,7 @@ class ApplyAhead:
             create_stage(self._conn, self._sink.spec, self._sink.meta_schema, name)
             rows = fill_stage(name, False)
         except Exception as exc:  # the apply stages it again and judges the error itself
-            self._notify("stage_ahead_failed", batch_id=batch_id, error=" ".join(str(exc).split())[:500])
+            self._notify("stage_ahead_failed", batch_id=batch_id, error=errors.one_line(exc))
             if self._conn is not None and not self._conn.closed:
                 self._conn.rollback()
             return None
@@ -100,15 +101,15 @@ class ApplyAhead:
             written = parts.gather(results, self._sink.spec, prefix, round((time.perf_counter() - started) * 1000))
             if isinstance(written, WrittenParts):
                 return written
-            self._notify("parts_refused", batch_id=batch_id, reasons=[" ".join(r.split())[:500] for r in written[:3]])
+            self._notify("parts_refused", batch_id=batch_id, reasons=[errors.one_line(r) for r in written[:3]])
         except Exception as exc:
-            self._notify("parts_failed", batch_id=batch_id, error=" ".join(str(exc).split())[:500])
+            self._notify("parts_failed", batch_id=batch_id, error=errors.one_line(exc))
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()
             parts.roll_back(self._conn, prefix)
         except Exception as exc:  # the apply's retry or the next start rolls them back (P1, P3)
-            self._notify("parts_not_rolled_back", batch_id=batch_id, error=" ".join(str(exc).split())[:500])
+            self._notify("parts_not_rolled_back", batch_id=batch_id, error=errors.one_line(exc))
         return None
 
     def hand_over(self, batch_id: int, fill_stage: Callable[[str, bool], int | None],

@@ -472,7 +472,6 @@ class BatchSink:
         self.pipeline = pipeline
         self.meta_schema = meta_schema
         self.target_schema = target_schema
-        self.epoch = epoch
         self.prepared_parts = prepared_parts and epoch is not None
         # Parts of a batch that fell back to staging but could not be rolled back on a
         # broken connection: rolled back by the retry, before it writes (P3).
@@ -524,7 +523,7 @@ class BatchSink:
                 offered, staged = staged, None  # used by the first attempt only
                 prefilled = None if isolate else offered
                 if isinstance(offered, WrittenParts) and isolate:
-                    self.drop_parts(self.parts_prefix(batch_id))  # written ahead, then not used: isolation stages
+                    self.drop_parts(offered.prefix)  # written ahead, then not used: isolation stages
                 if isinstance(prefilled, WrittenParts):
                     decided = self._decide_parts(batch_id, start_offsets, end_offsets, prefilled)
                     if decided is not None:
@@ -576,7 +575,7 @@ class BatchSink:
         ranges = ", ".join(f"{t}[{p}] {start((t, p))}..{end}" for (t, p), end in sorted(end_offsets.items()))
         code = errors.sqlstate_of(exc)
         # One line: the app's error event and the task log show the cause's first line.
-        text = " ".join(str(exc).split())[:1000]
+        text = errors.one_line(exc, 1000)
         return (f"batch {batch_id} (offsets {ranges or 'unknown'}) failed with {type(exc).__name__}"
                 f"{f' (SQLSTATE {code})' if code else ''}: {text}")
 
@@ -607,7 +606,7 @@ class BatchSink:
         staged: StagedBatch | None = None,
     ) -> BatchResult:
         stage: sql.Composed | None = None
-        clock = _Stopwatch()
+        clock = Stopwatch()
         try:
             if staged is not None:
                 stage, staged_rows = stage_table(self.meta_schema, staged.name), staged.rows
@@ -636,8 +635,8 @@ class BatchSink:
 
     def parts_prefix(self, batch_id: int) -> str:
         """The id prefix of the batch's prepared parts (``parts.batch_prefix``)."""
-        assert self.epoch is not None, "prepared parts need an epoch"
-        return parts.batch_prefix(self.pipeline, self.epoch, batch_id)
+        assert self.writer.epoch is not None, "prepared parts need an epoch"
+        return parts.batch_prefix(self.pipeline, self.writer.epoch, batch_id)
 
     def drop_parts(self, prefix: str) -> None:
         """Rolls back a batch's undecided parts (P2, P3, A2): no decision names them, and
@@ -658,7 +657,7 @@ class BatchSink:
     ) -> BatchResult | None:
         """Decides a batch written as prepared parts and commits them (P3-P5); None when
         it could not be decided and must be written the staged way (its parts rolled back)."""
-        clock = _Stopwatch()
+        clock = Stopwatch()
         clock.laps["stage"] = written.write_ms
         clock.laps["stage_slowest_task"] = written.task_ms  # within "stage", not a phase of its own
         try:
@@ -676,12 +675,12 @@ class BatchSink:
             clock.lap("commit")
         except fencing.Fenced:
             self.writer.abort()
-            self.drop_parts(self.parts_prefix(batch_id))
+            self.drop_parts(written.prefix)
             raise
         except Exception as exc:
             self.writer.abort()
-            self.drop_parts(self.parts_prefix(batch_id))
-            self._notify("parts_not_decided", batch_id=batch_id, error=" ".join(str(exc).split())[:500])
+            self.drop_parts(written.prefix)
+            self._notify("parts_not_decided", batch_id=batch_id, error=errors.one_line(exc))
             return None
         self._crash_point("after_commit", self._batches_this_run)
         # Decided: from here an error goes to the retry (P5), which commits the parts.
@@ -725,12 +724,15 @@ class BatchSink:
                 self._abandoned_parts.pop(0)
 
 
-class _Stopwatch:
+class Stopwatch:
+    """Milliseconds per named step, each from the end of the one before."""
+
     def __init__(self) -> None:
         self.laps: dict[str, int] = {}
         self._last = time.perf_counter()
 
-    def lap(self, name: str) -> None:
+    def lap(self, name: str) -> int:
         now = time.perf_counter()
         self.laps[name] = round((now - self._last) * 1000)
         self._last = now
+        return self.laps[name]

@@ -211,8 +211,9 @@ def resolve(conn: PgConnection, meta_schema: str, pipeline: str, undecided: str 
     names = decided(conn, meta_schema, pipeline)
     committed = _finish(conn, names, "COMMIT")
     _forget(conn, meta_schema, pipeline, names)
+    named = set(names)
     rolled_back = [] if undecided == "keep" else _finish(
-        conn, [g for g in prepared(conn, pipeline_prefix(pipeline)) if g not in set(names)], "ROLLBACK")
+        conn, [g for g in prepared(conn, pipeline_prefix(pipeline)) if g not in named], "ROLLBACK")
     return {"committed": committed, "rolled_back": rolled_back}
 
 
