@@ -191,11 +191,10 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
                 if not self.allow_dependents:
                     restore.refuse_dependents(self.hook, manifest)
                 extras = [(str(schema), str(table)) for schema, table in changes["not_in_snapshot"]]
-                # Under the lock no other restore of this target runs: its scratch leftovers are a dead run's.
                 return {**plan, **restore.restore_snapshot(
                     self.hook, self.resolve_store(), config, manifest, holder=holder_of(context),
                     lock_key=self.lock_key(config), kafka_config_id=self.kafka_config_id, keep_old=self.keep_old,
-                    allow_dependents=self.allow_dependents, drop_leftovers=self.hold_lock, extras=extras)}
+                    allow_dependents=self.allow_dependents, extras=extras)}
         finally:
             if self.hold_lock and self.release_lock:
                 self.hook.release_lock(self.lock_key(config), holder_of(context))

@@ -23,8 +23,10 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
     its own replay point. It holds the target's swap lock shared from before
     that snapshot is taken until the dump ends: a snapshot started during a
     restore's swap waits for the swap's commit (and never sees half-swapped
-    or empty tables), and a swap waits for the snapshot (``recovery.dump``). Returns
-    the manifest summary (XCom).
+    or empty tables), and a swap waits for the snapshot (``recovery.dump``). Before it is
+    saved the dump is proven: restored whole into a scratch database and checked against
+    the manifest (``recovery.scratch``); a dump that fails is never saved, and a restore of
+    one that passed loads its data once. Returns the manifest summary (XCom).
 
     :param pipeline_config: the pipeline's config, a dict or a JSON file path (templated).
     :param snapshot_store: local directory or object storage URL (templated); default: the deployment's

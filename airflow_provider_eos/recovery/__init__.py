@@ -18,7 +18,9 @@ Modules, in the order a snapshot id travels through a recovery:
 * ``retention``: whether Kafka still holds everything a replay from stored offsets needs.
 * ``replay_engine``: which engine replays (``auto``: ``direct`` for a small replay, ``spark`` above).
 * ``restore``: the restore's steps, from choosing the snapshot to the swap.
-* ``swap``: scratch validation and the swap, in ONE transaction of the target database.
+* ``scratch``: the proof of a dump in a scratch database (when a snapshot is taken, and in a
+  restore of a snapshot without one).
+* ``swap``: the swap, in ONE transaction of the target database.
 * ``aside``: the replaced state kept aside, then dropped (finalize) or put back (rollback).
 
 Failure transitions of a restore and the steps after it: what a crash at each point leaves
@@ -30,11 +32,12 @@ docs/recovery.md ("Failure-transition table"); the sink's is in ``spark_apps/eos
    manifest of another database, tables that differ from the snapshot's, dependents; the
    running lock, ``store.fetch_dump`` and its SHA-256 check): nothing in the target changed. A
    dead worker's running lock and session die with its connection. Rerun: starts over.
-2. during the scratch validation (``swap.validate_in_scratch``, which runs beside steps 3 and 4;
-   the swap's COMMIT waits for its verdict and a failed one rolls the swap back): a scratch
-   database ``eos_scratch_<hash of the target key>_<random>`` may be left, with whatever step 3
-   or 4 left at the same moment. Rerun: under the recovery lock no other restore of this target
-   runs, so it drops them first.
+2. during the scratch validation (``scratch.validate_in_scratch``; only for a snapshot whose
+   manifest holds no proof the restore can trust, ``scratch.trusted_proof``; it runs beside steps
+   3 and 4, the swap's COMMIT waits for its verdict and a failed one rolls the swap back): a
+   scratch database ``eos_scratch_<hash of the target key>_<random>`` may be left, with whatever
+   step 3 or 4 left at the same moment. Rerun: the next proof of the target drops it (its
+   liveness lock died with the worker's session), and proves again.
 3. while rolling back in-doubt two_phase transactions (``guards.roll_back_in_doubt``): each
    ROLLBACK PREPARED is its own commit; some may be left. Rerun: rolls back the rest (they belong
    to the state being replaced either way).
@@ -61,7 +64,8 @@ docs/recovery.md ("Failure-transition table"); the sink's is in ``spark_apps/eos
    state is gone.
 
 A snapshot (``dump.take_snapshot``) writes nothing to the target: a crash leaves at most a
-snapshot directory without a manifest, which no restore selects and retention removes.
+snapshot directory without a manifest, which no restore selects and retention removes, or the
+scratch database of its proof, which the next proof of the target drops.
 
 While the stream is stopped for recovery a supervisor cannot slip a driver in: the stop request
 stays set, a driver starting meanwhile waits for the running lock the restore holds (then exits

@@ -6,10 +6,15 @@ table (``recovery.checksums``) and reads the stored Kafka offsets (``recovery.ca
 checksums, offsets and dump are therefore one instant. The snapshot holds the target's swap lock
 shared from before that transaction until the dump ends: it never sees a restore's swap half-way.
 
+Proof: before it is saved, the dump is restored whole into a scratch database and checked against
+the manifest (``recovery.scratch``); one that fails is never saved, and the manifest records the
+proof, which spares a restore of it its own scratch restore.
+
 Failure transitions: a crash before the store's ``save`` leaves a temporary file only (gone with
-the worker's temp directory); a crash inside ``save`` leaves a snapshot directory without a
-manifest, which no restore selects and retention removes (``recovery.store``); a crash after it
-leaves a complete snapshot. Nothing here writes to the target database.
+the worker's temp directory), and during the proof a scratch database too, which the next proof
+of the target drops (its liveness lock died with the worker's session); a crash inside ``save``
+leaves a snapshot directory without a manifest, which no restore selects and retention removes
+(``recovery.store``); a crash after it leaves a complete snapshot. Nothing here writes to the target database.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from airflow_provider_eos.recovery.catalog import database_identity, other_pipel
 from airflow_provider_eos.recovery.checksums import TableRef, measure
 from airflow_provider_eos.recovery.lock import swap_lock_key
 from airflow_provider_eos.recovery.manifest import SnapshotManifest, TableState, new_snapshot_id
+from airflow_provider_eos.recovery.scratch import proof_record, validate_in_scratch
 from airflow_provider_eos.recovery.store import DUMP, SnapshotStore, sha256_file
 from airflow_provider_eos.recovery.tables import snapshot_tables
 
@@ -55,14 +61,17 @@ class ConsistentSnapshot:
 
 def take_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, lock_key: str,
                   app_version: str) -> SnapshotManifest:
-    """Dumps the pipeline's tables (``recovery.tables.snapshot_tables``) and saves the dump and
-    its manifest into ``store`` (the manifest last: the commit point).
+    """Dumps the pipeline's tables (``recovery.tables.snapshot_tables``), proves the dump in a
+    scratch database and saves the dump and its manifest into ``store`` (the manifest last: the
+    commit point).
 
     :param hook: built for the pipeline's meta schema.
     :param config: the pipeline's config (pipeline, schemas, spec).
     :param lock_key: the target's key (``recovery.lock.target_lock_key``): the snapshot holds its
         swap lock shared, so a restore's swap of this target never runs under it.
     :param app_version: recorded in the manifest.
+    :raises SnapshotValidationError: the dump does not restore into an empty database, or not
+        as its manifest says; nothing is saved.
     """
     snapshot_id = new_snapshot_id()
     conn = hook.connect()
@@ -90,6 +99,10 @@ def take_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, lock_key
             timings=state.timings,
             identity=state.identity,
         )
+        # Proven before it is saved: a snapshot that would not restore is never one to choose.
+        proven = validate_in_scratch(hook, dump_file, manifest, owner=lock_key)
+        manifest.proof = proof_record(manifest, proven)
+        manifest.timings["proof"] = round(proven["restore_seconds"] + proven["validate_seconds"], 3)
         stored_at = time.monotonic()
         store.save(manifest, dump_file)
         manifest.timings["store"] = round(time.monotonic() - stored_at, 3)

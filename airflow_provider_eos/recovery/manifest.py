@@ -77,6 +77,10 @@ class SnapshotManifest:
         name, its OID and the cluster's ``system_identifier``. A restore refuses a
         manifest whose identity is not the target's. Empty in manifests written
         before it was recorded: those are checked by ``database`` alone.
+    :param proof: the dump restored whole into a scratch database when the snapshot was
+        taken, with every count and checksum as above (``scratch.proof_record``): the dump's
+        SHA-256, the server's version and the seconds it took. Empty in manifests written
+        before snapshots were proven: a restore of one proves the dump itself.
     """
 
     snapshot_id: str
@@ -94,6 +98,7 @@ class SnapshotManifest:
     other_pipelines: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     identity: dict[str, str] = field(default_factory=dict)
+    proof: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     @property

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.recovery import aside, retention, swap
+from airflow_provider_eos.recovery import aside, retention, scratch, swap
 from airflow_provider_eos.recovery.catalog import DependentObjectsError, database_identity, dependents, other_pipelines
 from airflow_provider_eos.recovery.guards import roll_back_in_doubt
 from airflow_provider_eos.recovery.manifest import LATEST, SnapshotError, SnapshotManifest, identity_problem
@@ -126,9 +126,10 @@ def refuse_dependents(hook: PgToolsHook, manifest: SnapshotManifest) -> None:
 
 def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manifest: SnapshotManifest, *,
                      holder: str, lock_key: str, kafka_config_id: str, keep_old: bool = False,
-                     allow_dependents: bool = False, drop_leftovers: bool = True,
+                     allow_dependents: bool = False,
                      extras: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-    """Fetches the dump, proves it in a scratch database, rolls back the pipeline's in-doubt
+    """Fetches the dump, proves it in a scratch database unless the snapshot was proven when
+    taken (``scratch.trusted_proof``), rolls back the pipeline's in-doubt
     transactions and swaps it in, re-checking Kafka's retention before the swap commits. The
     caller holds the recovery lock and the running lock (``guards.holding_running_lock``).
 
@@ -137,8 +138,6 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
     :param kafka_config_id: the Kafka connection of the retention re-check.
     :param keep_old: keep the replaced tables in the aside schema (else dropped in the swap).
     :param allow_dependents: swap although other objects depend on the tables.
-    :param drop_leftovers: drop the target's scratch databases a crashed restore left (only
-        under the recovery lock: then they can only be a dead run's).
     :param extras: the pipeline's tables the snapshot lacks (``allow_table_changes``).
     :returns: the restore's summary (XCom)."""
     timings: dict[str, float] = {}
@@ -149,13 +148,19 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
         except SnapshotError as exc:
             raise AirflowException(f"{exc}; the target was not touched") from exc
         timings["fetch"] = round(time.monotonic() - clock, 3)
-        # The scratch validation runs beside the in-doubt rollback and the swap (each restore keeps
-        # one PostgreSQL backend busy: on 2 cores the two take the time of the longer); the swap's
-        # COMMIT waits for its verdict, so the target still changes only with a snapshot proven in
-        # a fresh database (failure transitions 2 to 4 in recovery/__init__.py).
+        probe = hook.connect()
+        try:
+            trusted = scratch.trusted_proof(manifest, probe.server_version)
+        finally:
+            probe.close()
+        # An unproven dump (an old snapshot, another major version) is proven here, beside the
+        # in-doubt rollback and the swap (each keeps one PostgreSQL backend busy: on 2 cores the
+        # two take the time of the longer); the swap's COMMIT waits for its verdict, so the
+        # target still changes only with a snapshot proven in a fresh database (failure
+        # transitions 2 to 4 in recovery/__init__.py).
         with ThreadPoolExecutor(1, thread_name_prefix="eos-scratch") as scratch_pool:
-            scratch_run = scratch_pool.submit(swap.validate_in_scratch, hook, dump, manifest, owner=lock_key,
-                                              drop_leftovers=drop_leftovers)
+            scratch_run = (None if trusted else
+                           scratch_pool.submit(scratch.validate_in_scratch, hook, dump, manifest, owner=lock_key))
             try:
                 rolled_back = roll_back_in_doubt(hook, config.pipeline)
                 # A rerun of a run whose swap committed: the state before the run is in that
@@ -169,11 +174,12 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
                 report: dict[str, Any] = {}
 
                 def before_commit() -> None:
-                    """Inside the swap, complete but not committed: the scratch validation must have
-                    passed and Kafka must still hold everything from the snapshot's offsets. Raising
-                    rolls the swap back."""
+                    """Inside the swap, complete but not committed: the dump must be proven and
+                    Kafka must still hold everything from the snapshot's offsets. Raising rolls
+                    the swap back."""
                     waited = time.monotonic()
-                    scratch_run.result()
+                    if scratch_run is not None:
+                        scratch_run.result()
                     timings["scratch_wait"] = round(time.monotonic() - waited, 3)
                     report.update(retention.check_retention(
                         kafka_config_id, manifest.offsets(), list(config.topics),
@@ -186,13 +192,13 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
             except BaseException:
                 # The scratch's own failure says more than the swap's (a mismatching snapshot fails
                 # both): wait for its verdict, which the pool's exit would wait for anyway.
-                error = scratch_run.exception()
+                error = scratch_run.exception() if scratch_run is not None else None
                 if error is not None:
                     raise error from None
                 raise
-            scratch = scratch_run.result()
-        timings["scratch_restore"] = scratch["restore_seconds"]
-        timings["scratch_validate"] = scratch["validate_seconds"]
+            proven = scratch_run.result() if scratch_run is not None else None
+        timings["scratch_restore"] = proven["restore_seconds"] if proven else 0.0
+        timings["scratch_validate"] = proven["validate_seconds"] if proven else 0.0
         timings["swap"] = swapped["swap_seconds"]
         # The swap's time before COMMIT waiting for the scratch's verdict, then Kafka's retention.
         timings["retention_recheck"] = round(swapped["before_commit_seconds"] - timings.get("scratch_wait", 0.0), 3)
@@ -208,7 +214,8 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
         "owner_warnings": swapped["warnings"],
         "retention_at_swap": {k: report.get(k) for k in ("needed", "earliest", "gaps")},
         "in_doubt_rolled_back": rolled_back,
-        "scratch_leftovers_dropped": scratch["leftovers_dropped"],
+        "proof": trusted or "proven in a scratch database beside the swap",
+        "scratch_leftovers_dropped": proven["leftovers_dropped"] if proven else [],
         "timings": timings,
     }
     log.info("restored snapshot %s: %s", manifest.snapshot_id, result)

@@ -104,10 +104,10 @@ def test_restore_holds_the_running_lock(snapped, stack, monkeypatch) -> None:
 
     seen: dict[str, str] = {}
     operator = _restore(snapped)
-    validate = swap.validate_in_scratch
+    swap_in = swap.swap_in
 
     def starting_driver_during_the_restore(*args, **kwargs):
-        """A supervisor restarts the app while the restore validates the dump."""
+        """A supervisor restarts the app while the restore works, before its swap."""
         late = pg_connect(stack)
         try:
             hold_running_lock(late, config["pipeline"], wait_seconds=2)
@@ -116,9 +116,9 @@ def test_restore_holds_the_running_lock(snapped, stack, monkeypatch) -> None:
             seen["driver"] = f"refused: {exc}"
         finally:
             late.close()
-        return validate(*args, **kwargs)
+        return swap_in(*args, **kwargs)
 
-    monkeypatch.setattr(swap, "validate_in_scratch", starting_driver_during_the_restore)
+    monkeypatch.setattr(swap, "swap_in", starting_driver_during_the_restore)
     operator.execute({"run_id": "driver-starts"})
     assert seen["driver"].startswith("refused: another driver of pipeline"), seen
     assert target_state(hook, config) == snapped["state"]
@@ -315,20 +315,19 @@ def test_retention_gap_after_the_check_fails_the_restore_before_the_swap(snapped
     assert _epoch(hook, config) == epoch and _asides(hook, config) == asides  # the bump and the move too
 
 
-def test_retention_gap_during_scratch_validation_fails_the_restore(snapped, monkeypatch) -> None:
+def test_retention_gap_during_the_restore_fails_it(snapped, monkeypatch) -> None:
     """The gap opens while the restore works (between its start and its swap)."""
     hook, config = snapped["hook"], snapped["config"]
     manifest = SnapshotStore(snapped["store"]).select(config["pipeline"], "latest")
     damaged = target_state(hook, config)
     operator = _restore(snapped, keep_old=True)
-    validate = swap.validate_in_scratch
+    swap_in = swap.swap_in
 
     def gap_opens_meanwhile(*args, **kwargs):
-        result = validate(*args, **kwargs)
         _open_gap(config, manifest, partition=3, deleted=5)
-        return result
+        return swap_in(*args, **kwargs)
 
-    monkeypatch.setattr(swap, "validate_in_scratch", gap_opens_meanwhile)
+    monkeypatch.setattr(swap, "swap_in", gap_opens_meanwhile)
     with pytest.raises(RetentionGapError, match=rf"{config['topics'][0]}\[3\]: replay needs offset"):
         operator.execute({"run_id": "gap-meanwhile"})
     assert target_state(hook, config) == damaged

@@ -22,8 +22,8 @@ from airflow_provider_eos.recovery.guards import StreamStillRunningError
 from airflow_provider_eos.recovery.lock import holding_lock
 from airflow_provider_eos.recovery.manifest import SnapshotManifest
 from airflow_provider_eos.recovery.retention import RetentionGapError
+from airflow_provider_eos.recovery.scratch import SnapshotValidationError, scratch_prefix, validate_in_scratch
 from airflow_provider_eos.recovery.store import DUMP, MANIFEST, SnapshotStore
-from airflow_provider_eos.recovery.swap import scratch_prefix
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import pipeline_config, run_app
 
@@ -131,15 +131,10 @@ def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
     _damage(hook, config)
     assert target_state(hook, config) != snapped["state"]
     hook.set_stop_request(config["pipeline"], True)
-    # A restore of this target that crashed during its scratch validation left its database behind.
-    leftover = scratch_prefix(f"{hook.dbname}/{config['target_schema']}/{config['pipeline']}") + "deadbeef"
-    admin = hook.connect()
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(leftover)))
-    admin.close()
     result = _restore(snapped).execute({"run_id": "roundtrip"})
-    assert result["scratch_leftovers_dropped"] == [leftover]
+    # Proven when it was taken: the restore loads the dump once, into the target.
+    assert result["proof"].startswith("proven when taken, on PostgreSQL 15"), result["proof"]
+    assert result["timings"]["scratch_restore"] == 0.0
     assert result["snapshot_id"] == snapped["summary"]["snapshot_id"]
     assert result["rows_restored"] == sum(snapped["summary"]["tables"].values())
     assert target_state(hook, config) == snapped["state"]
@@ -147,11 +142,66 @@ def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
     with conn.cursor() as cur:  # the old tables were moved aside and dropped with the commit
         cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE %s", (f"{config['target_schema']}_old_%",))
         assert cur.fetchone() == (0,)
-        cur.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'eos_scratch_%%'")
-        assert cur.fetchone() == (0,)
     conn.close()
     # The stop request (control table) survived the restore.
     assert hook.stream_activity(config["pipeline"])["stop_requested_at"] is not None
+
+
+def test_a_proof_drops_dead_proofs_scratch_databases_only(snapped, tmp_path) -> None:
+    """A worker killed during a proof leaves its scratch database: the next proof of the target
+    drops it, and leaves alone the one of a proof still running (its liveness lock is held)."""
+    hook, config = snapped["hook"], snapped["config"]
+    manifest = SnapshotStore(snapped["store"]).select(config["pipeline"], "latest")
+    prefix = scratch_prefix(f"{hook.dbname}/{config['target_schema']}/{config['pipeline']}")
+    dead, live = prefix + "deadbeef", prefix + "livebeef"
+    admin, running = hook.connect(), hook.connect()
+    admin.autocommit = running.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            for name in (dead, live):
+                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with running.cursor() as cur:  # a proof that is still running holds its database's lock
+            cur.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (live,))
+        dump = SnapshotStore(snapped["store"]).fetch_dump(manifest, tmp_path / DUMP)
+        proven = validate_in_scratch(hook, dump, manifest, owner=f"{hook.dbname}/{config['target_schema']}/"
+                                     f"{config['pipeline']}")
+        assert proven["leftovers_dropped"] == [dead]
+        with admin.cursor() as cur:
+            cur.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (prefix,))
+            assert cur.fetchall() == [(live,)]  # its own scratch database is gone too
+    finally:
+        running.close()
+        with admin.cursor() as cur:
+            for name in (dead, live):
+                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.close()
+
+
+def test_a_snapshot_that_would_not_restore_is_never_saved(snapped) -> None:
+    """A column whose type lives outside the snapshot's schemas: pg_dump takes the table without
+    the type, so the dump cannot restore into an empty database. The proof refuses it when it is
+    taken, naming pg_restore's error, and the store keeps only the snapshots it had."""
+    hook, config = snapped["hook"], snapped["config"]
+    store = SnapshotStore(snapped["store"])
+    before = sorted(m.snapshot_id for m in store.manifests(config["pipeline"]))
+    mood = sql.Identifier("public", f"eos_mood_{config['pipeline']}")
+    balances = sql.Identifier(config["target_schema"], "account_balances")
+    conn = hook.connect()
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("CREATE TYPE {} AS ENUM ('calm', 'tense')").format(mood))
+            cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN eos_mood {}").format(balances, mood))
+        with pytest.raises(SnapshotValidationError, match=r"pg_restore into scratch database failed: .*eos_mood_"):
+            SnapshotOperator(task_id="snap", pipeline_config=str(snapped["config_file"]),
+                             snapshot_store=str(snapped["store"]), postgres_conn_id=PG_CONN, keep_last=3,
+                             pg_bin_dir=PG_BIN).execute({"run_id": "unrestorable"})
+        assert sorted(m.snapshot_id for m in store.manifests(config["pipeline"])) == before
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS eos_mood").format(balances))
+            cur.execute(sql.SQL("DROP TYPE IF EXISTS {}").format(mood))
+        conn.close()
 
 
 def test_corrupted_dump_is_refused_and_target_untouched(snapped, tmp_path) -> None:
@@ -169,13 +219,22 @@ def test_corrupted_dump_is_refused_and_target_untouched(snapped, tmp_path) -> No
     with pytest.raises(AirflowException, match="corrupted"):
         _restore(snapped, snapshot_store=str(store)).execute({"run_id": "corrupt"})
     assert target_state(hook, config) == damaged
-    # A dump that is intact but does not match its manifest fails the scratch validation.
+    # A dump that is intact but does not match its manifest: the swap's own check refuses it
+    # inside its transaction, whatever proof the manifest claims...
     (copy / DUMP).write_bytes(dump)
     manifest = SnapshotManifest.from_json((manifest_dir / MANIFEST).read_text())
+    assert manifest.proof["dump_sha256"] == manifest.dump_sha256
     manifest.tables[0].checksum = "1:2"
     (copy / MANIFEST).write_text(manifest.to_json())
-    with pytest.raises(AirflowException, match="does not match its manifest"):
+    with pytest.raises(SnapshotValidationError, match=r"does not match its manifest \(checked in the swap"):
         _restore(snapped, snapshot_store=str(store)).execute({"run_id": "badmanifest"})
+    assert target_state(hook, config) == damaged
+    # ... and a manifest without a proof (taken before proofs) is proven in a scratch database.
+    manifest.proof = {}
+    (copy / MANIFEST).write_text(manifest.to_json())
+    with pytest.raises(SnapshotValidationError, match=rf"snapshot {manifest.snapshot_id} does not match its "
+                       rf"manifest: {manifest.tables[0].qualified}: checksum"):
+        _restore(snapped, snapshot_store=str(store)).execute({"run_id": "unproven"})
     assert target_state(hook, config) == damaged
 
 

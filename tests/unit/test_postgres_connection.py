@@ -142,7 +142,7 @@ def test_a_pipeline_step_builds_its_hook_for_the_pipelines_meta_schema(tmp_path)
 
 
 def test_threads_of_one_hook_share_one_service_file_that_stays(monkeypatch):
-    """A restore validates in a scratch database in one thread while it swaps in another, both
+    """A restore proves an unproven dump in a scratch database in one thread while it swaps in another, both
     through one hook. Each thread used to make a directory when it found none: the second one
     replaced the first, whose directory (and the file a pg_restore was about to read) went with
     its object (CI: 'service file ... not found')."""
