@@ -200,6 +200,7 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
         timings["scratch_restore"] = proven["restore_seconds"] if proven else 0.0
         timings["scratch_validate"] = proven["validate_seconds"] if proven else 0.0
         timings["swap"] = swapped["swap_seconds"]
+        timings.update({f"swap_{name}": seconds for name, seconds in swapped["phases"].items()})
         # The swap's time before COMMIT waiting for the scratch's verdict, then Kafka's retention.
         timings["retention_recheck"] = round(swapped["before_commit_seconds"] - timings.get("scratch_wait", 0.0), 3)
     timings["total"] = round(time.monotonic() - clock, 3)

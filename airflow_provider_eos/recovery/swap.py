@@ -92,6 +92,7 @@ class _Lines:
     def __init__(self, stream: Any, keep: int = 400) -> None:
         self.tail: deque[str] = deque(maxlen=keep)
         self.marked: dict[str, str] = {}
+        self.marked_at: dict[str, float] = {}  # when each marker line arrived (time.monotonic())
         self.notes: list[str] = []
         self.closed = False
         self._cond = threading.Condition()
@@ -106,6 +107,7 @@ class _Lines:
                     self.tail.append(line)
                     if line.startswith("eos-swap-"):
                         self.marked[line.split(" ", 1)[0]] = line
+                        self.marked_at[line.split(" ", 1)[0]] = time.monotonic()
                     elif "eos-restore:" in line:
                         self.notes.append(line)
                     self._cond.notify_all()
@@ -189,8 +191,10 @@ def swap_in(hook: PgToolsHook, dump_file: str | Path, manifest: SnapshotManifest
         exactly as the recovery found them; one that does not exist is recorded
         without a copy, and a rollback drops it if the recovery created it.
     :returns: ``swap_seconds``, ``before_commit_seconds``, ``aside_schema``
-        (None when dropped), the new ``epoch`` and ``warnings`` (owners that
-        could not be given back).
+        (None when dropped), the new ``epoch``, ``warnings`` (owners that
+        could not be given back) and ``phases``: seconds of the prelude, the
+        load (the dump's script), the check (the postlude), ``before_commit``
+        and the commit, as psql reached its markers.
     :raises DependentObjectsError: other objects depend on the tables.
     :raises SnapshotValidationError: the restored tables differ from the manifest.
     """
@@ -207,7 +211,7 @@ def swap_in(hook: PgToolsHook, dump_file: str | Path, manifest: SnapshotManifest
     return {"swap_seconds": round(time.monotonic() - started, 3),
             "before_commit_seconds": outcome["before_commit_seconds"],
             "aside_schema": None if drop_old else aside_schema,
-            "epoch": outcome["epoch"], "warnings": outcome["warnings"]}
+            "epoch": outcome["epoch"], "warnings": outcome["warnings"], "phases": outcome["phases"]}
 
 
 def _psql_transaction(hook: PgToolsHook, prelude: str, dump_file: str | Path, postlude: str,
@@ -215,6 +219,9 @@ def _psql_transaction(hook: PgToolsHook, prelude: str, dump_file: str | Path, po
     """Feeds psql one transaction and commits it only after ``before_commit`` passed."""
     token = uuid.uuid4().hex
     ready, committed = f"eos-swap-ready-{token}", f"eos-swap-committed-{token}"
+    # Where the transaction's time goes: psql echoes each marker as it reaches it.
+    moved, loaded = f"eos-swap-moved-{token}", f"eos-swap-loaded-{token}"
+    started = time.monotonic()
     # pg_restore only writes the script (no connection); psql runs it on the target.
     restore = hook.start_tool("pg_restore", ["--no-owner", "--no-privileges", "-f", "-", str(dump_file)],
                               connect=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -225,10 +232,10 @@ def _psql_transaction(hook: PgToolsHook, prelude: str, dump_file: str | Path, po
     out, err, restore_err = _Lines(psql.stdout), _Lines(psql.stderr), _Lines(restore.stderr)
     try:
         try:
-            psql.stdin.write(("BEGIN;\n" + prelude).encode())
+            psql.stdin.write(("BEGIN;\n" + prelude + f"\\echo {moved}\n").encode())
             shutil.copyfileobj(restore.stdout, psql.stdin, 1 << 20)
             # :eos_epoch was set by the prelude's \gset; the marker proves every statement before it passed.
-            psql.stdin.write((postlude + f"\\echo {ready} :eos_epoch\n").encode())
+            psql.stdin.write((f"\\echo {loaded}\n" + postlude + f"\\echo {ready} :eos_epoch\n").encode())
             psql.stdin.flush()
         except BrokenPipeError:
             pass  # psql stopped at an error (ON_ERROR_STOP); its stderr says which
@@ -253,7 +260,12 @@ def _psql_transaction(hook: PgToolsHook, prelude: str, dump_file: str | Path, po
         _end_psql(psql, f"COMMIT;\n\\echo {committed}\n")
         if psql.returncode != 0 or out.wait_for(committed) is None:
             raise PgToolError(f"the swap's COMMIT failed and was rolled back: {tool_output_tail(err.text())}")
-        return {"epoch": epoch, "before_commit_seconds": waited, "warnings": err.matching("eos-restore:")}
+        at = [started, *(out.marked_at.get(m, started) for m in (moved, loaded, ready)), clock + waited,
+              out.marked_at.get(committed, started)]
+        phases = {name: round(max(0.0, end - begin), 3) for name, begin, end in zip(
+            ("prelude", "load", "check", "before_commit", "commit"), at, at[1:], strict=False)}
+        return {"epoch": epoch, "before_commit_seconds": waited, "warnings": err.matching("eos-restore:"),
+                "phases": phases}
     finally:
         for child in (psql, restore):
             if child.poll() is None:

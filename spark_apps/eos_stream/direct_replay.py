@@ -6,12 +6,16 @@ A recovery's replay is usually small (what came after the snapshot) and
 urgent, and a cold spark-submit and a cold first micro-batch cost it about
 20 s before the first record moves. This replay makes the same claim as the
 Spark app (``driver.claim``: in-doubt batches committed, a new epoch, the
-running lock) and writes through the same sink (``BatchSink``: the ownership
-check, the data and the offsets in one transaction, dead letters, two_phase),
-so every failure transition of ``sink/batch_sink.py`` holds as it is. Only the
-reading differs: one ``read_committed`` consumer in this process reads each
-range as the Spark app's tasks read theirs (``kafka_ranges``) and stages it
-the same way (``staging.stage_ranges``).
+running lock, prepared parts resolved) and writes through the same sink
+(``BatchSink``: the ownership check, the data and the offsets in one
+transaction, dead letters, two_phase), so every failure transition of
+``sink/batch_sink.py`` holds as it is. Only the reading differs: one
+``read_committed`` consumer in this process reads each range as the Spark
+app's tasks read theirs (``kafka_ranges``), and writes it as they do: as one
+prepared part (``part_writer.write_part``; the replay is a driver with one
+task, P1-P6) where the app would, decided and committed by the sink, and
+otherwise, or when the part is refused, staged (``staging.stage_ranges``),
+where the database judges each record.
 
 It reads what the partitions held below their last stable offset when it
 started (as ``availableNow`` does), in batches of at most
@@ -33,6 +37,12 @@ R4. a partition's records below its end do not arrive within
     storing an end offset it has not read up to.
 R5. a compacted topic (``cleanup.policy`` with ``compact``): refused before the
     claim, nothing written (``preflight.refuse_compacted``).
+R6. a batch written as a prepared part: the sink's P1-P6 with one task. A crash
+    after PREPARE and before the decision leaves an undecided part, rolled back
+    by the rerun's claim (P1); after the decision, a decided one, committed by
+    it (P4). A part refused or failed is rolled back and the batch staged (P2);
+    the reader of the refused range is closed at once, so the staged read of
+    the same consumer starts clean.
 
 Exit codes are the app's (``app.main``).
 """
@@ -45,13 +55,18 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
-from spark_apps.eos_stream import kafka_ranges, preflight
+from spark_apps.eos_stream import errors, kafka_ranges, preflight
 from spark_apps.eos_stream.config import PipelineConfig
-from spark_apps.eos_stream.driver import EARLIEST, claim, offsets_json
+from spark_apps.eos_stream.driver import EARLIEST, Driver, claim, offsets_json
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka_ranges import OffsetRange
+from spark_apps.eos_stream.sink import parts
+from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
+from spark_apps.eos_stream.sink.part_writer import write_part
+from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.staging import stage_ranges
 from spark_apps.eos_stream.spec import load_spec
 
@@ -107,6 +122,25 @@ def _import_in_background(module: str) -> None:
     threading.Thread(target=importlib.import_module, args=(module,), name=f"import-{module}", daemon=True).start()
 
 
+def write_as_part(driver: Driver, sink: BatchSink, consumer: Any, batch_id: int,
+                  ranges: list[OffsetRange]) -> WrittenParts | None:
+    """The batch written as one prepared part, or None after rolling back whatever it left
+    (P2: refused, or the read failed): then the sink stages it, and a read that failed here
+    fails there the same way."""
+    prefix = sink.parts_prefix(batch_id)
+    started = time.perf_counter()
+    try:
+        result = write_part(driver.dsn, driver.spec, driver.config.target_schema, f"{prefix}0:0", consumer, ranges)
+        written = parts.gather([result], driver.spec, prefix, round((time.perf_counter() - started) * 1000))
+        if isinstance(written, WrittenParts):
+            return written
+        emit("parts_refused", batch_id=batch_id, reasons=[errors.one_line(r) for r in written])
+    except Exception as exc:
+        emit("parts_failed", batch_id=batch_id, error=errors.one_line(exc))
+    sink.drop_parts(prefix)
+    return None
+
+
 def replay(config: PipelineConfig) -> int:
     """Replays to the last stable offsets; returns the app's exit code (or raises as the app does)."""
     from confluent_kafka import Consumer
@@ -121,7 +155,7 @@ def replay(config: PipelineConfig) -> int:
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct",
          preflight_ms=round((time.perf_counter() - entered) * 1000))
-    driver = claim(config, spec, mode, run_id, writes_parts=False)
+    driver = claim(config, spec, mode, run_id)
     if driver is None:
         return 0
     # One consumer reads every batch of every partition in turn: librdkafka's own prefetch depth
@@ -135,13 +169,16 @@ def replay(config: PipelineConfig) -> int:
         for batch_id, ranges in enumerate(batch_ranges(driver.starting, bounds, config.max_offsets_per_trigger)):
             starts = {tp: start for tp, start, _ in ranges}
             ends = {tp: end for tp, _, end in ranges}
+            written = (write_as_part(driver, sink, consumer, batch_id, [OffsetRange(*tp, start, end)
+                                                                       for tp, start, end in ranges])
+                       if driver.prepared_parts else None)
 
             def fill_stage(stage_name: str, keep_raw: bool, ranges: list[tuple[TopicPartition, int, int]] = ranges
                            ) -> int:
                 return stage_ranges(driver.dsn, spec, config.meta_schema, stage_name, keep_raw, consumer,
                                     [OffsetRange(*tp, start, end) for tp, start, end in ranges])
 
-            result = sink.process(batch_id, starts, ends, fill_stage)
+            result = sink.process(batch_id, starts, ends, fill_stage, staged=written)
             emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
                  record_by_record=result.record_by_record, timings_ms=result.timings_ms,
                  transient_retries=result.transient_retries, end_offsets=offsets_json(ends),

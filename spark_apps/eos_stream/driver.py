@@ -98,13 +98,9 @@ class Driver:
                 conn.close()
 
 
-def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str,
-          writes_parts: bool = True) -> Driver | None:
+def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str) -> Driver | None:
     """Claims the pipeline, or returns None (after an ``EOS-STOPPED`` line)
-    when a stop request it honours holds it.
-
-    :param writes_parts: the driver can write batches as prepared parts (the Spark app's
-        tasks can; the Spark-less replay stages every batch)."""
+    when a stop request it honours holds it."""
     laps = Stopwatch()  # each step's time, in the resume event: where a slow start went
     describe = config.postgres.describe()
     dsn = config.postgres.dsn_kwargs()
@@ -159,8 +155,7 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
     conn.rollback()
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
-    write_parts, why = preflight.prepared_parts(conn, spec, mode) if writes_parts else (
-        False, "the Spark-less replay stages every batch")
+    write_parts, why = preflight.prepared_parts(conn, spec, mode)
     emit("resume", stored_offsets=offsets_json(stored), stale_stages_dropped=dropped,
          in_doubt_committed=[t["gid"] for t in in_doubt], parts_committed=resolved_parts["committed"],
          parts_rolled_back=resolved_parts["rolled_back"], epoch=epoch,

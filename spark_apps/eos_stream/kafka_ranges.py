@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,7 +161,7 @@ def _chunks(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
                                f"{STALL_SECONDS:.0f}s while reading up to {r.end}")
 
 
-def record_batches(consumer: Any, r: OffsetRange) -> Iterator[Any]:
+def record_batches(consumer: Any, r: OffsetRange) -> Generator[Any, None, None]:
     """The committed records of ``r`` as Arrow record batches of (topic, partition, offset, key, value)."""
     import pyarrow as pa
 

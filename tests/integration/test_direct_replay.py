@@ -2,7 +2,8 @@
 
 It must give what the Spark app gives: every committed record exactly once
 (aborted transactions never), the same dead letters, and an exact target
-after a SIGKILL at any batch boundary. The crash test also runs on
+after a SIGKILL at any batch boundary (in exactly_once the batches are written
+as prepared parts, so the kills land between a part's decision and its commit). The crash test also runs on
 ``at_least_once``, where the same kill must leave duplicates the audit sees.
 """
 
@@ -39,6 +40,11 @@ def test_direct_replay_applies_committed_records_once_with_dead_letters(stack: d
     # The poison batch fails max_batch_attempts times and is isolated, in this one run.
     assert code == 0, log[-4000:]
     assert any(b["record_by_record"] for b in batches)
+    # Clean batches are written as prepared parts, as the app's tasks write them; a batch with a
+    # record Python or PostgreSQL refuses falls back to staging, where the database judges it.
+    assert '"write_path": "prepared_parts"' in log, log[-4000:]
+    assert any("commit_parts" in b["timings_ms"] for b in batches), batches
+    assert "EOS-PARTS_REFUSED" in log and any("commit_parts" not in b["timings_ms"] for b in batches)
     report = audit(config, tmp_path)
     assert report["ok"], report
     assert report["summary"]["dead_lettered"] == produced.malformed + produced.poison == 3

@@ -47,6 +47,32 @@ def test_bad_records_raise_a_readable_reason(value: bytes | None, reason: str) -
 
 
 @pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        (b'"\\u0000"', "contains a NUL character"),  # the one way a NUL gets into a JSON string
+        (b'"a\\u0000b"', "contains a NUL character"),
+        (b'"\\ud800"', "not valid Unicode"),  # a lone surrogate by escape
+        (b'"\\uDFFF x"', "not valid Unicode"),
+        (b'"\xed\xa0\x80"', "not valid Unicode"),  # ... and by bytes (decoded with surrogatepass)
+        (b'"\xed\xbf\xbf"', "not valid Unicode"),
+        (b'"\x00"', "malformed JSON"),  # a raw control character: the scanner refuses it first
+        (b'"\xed\x9e\xa3"', None),  # U+D7A3 (a Hangul syllable) starts with the byte ED and is fine
+        (b'"\\u00e9\\\\u"', None),  # escapes that are neither
+        (b'"\\\\u0000"', None),  # an escaped backslash, then "u0000": text, not a NUL
+    ],
+)
+def test_text_that_no_copy_line_can_carry_is_refused_on_every_path(text: bytes, refused: str | None) -> None:
+    """Each way a NUL or a lone surrogate gets into a string is refused, and what only looks
+    like one (an escaped backslash, a character whose UTF-8 starts with the byte ED) passes."""
+    value = b'{"event_id": ' + text + b', "account_id": "a", "amount_cents": 1, "ts": "t", "seq": 1}'
+    if refused is None:
+        assert parse_record(LEDGER, value)["event_id"] == json.loads(value)["event_id"]
+    else:
+        with pytest.raises(RecordError, match=refused):
+            parse_record(LEDGER, value)
+
+
+@pytest.mark.parametrize(
     ("field", "value"),
     [
         ("amount_cents", 2**63),  # past bigint: PostgreSQL says 22003

@@ -107,8 +107,20 @@ def write_part(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: st
     row_target = next((t for t in spec.targets if isinstance(t, RowTarget)), None)
     deltas = aggregate_deltas.empty(aggregate_targets(spec))
     counts = {"rows": 0}
-    batches = itertools.chain.from_iterable(kafka_ranges.record_batches(consumer, r) for r in ranges)
-    chunks = part_chunks(batches, spec, row_target, deltas, counts)
+    readers = [kafka_ranges.record_batches(consumer, r) for r in ranges]
+    try:
+        return _write(dsn_kwargs, spec, target_schema, gid, row_target, deltas, counts,
+                      part_chunks(itertools.chain.from_iterable(readers), spec, row_target, deltas, counts))
+    finally:
+        # A part refused mid-range leaves that range's reader suspended: closed here, it unassigns
+        # the consumer now, not at a garbage collection in the middle of the consumer's next read.
+        for reader in readers:
+            reader.close()
+
+
+def _write(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str,
+           row_target: RowTarget | None, deltas: aggregate_deltas.Deltas, counts: dict[str, int],
+           chunks: Iterator[memoryview]) -> dict[str, Any]:
     if row_target is None:  # aggregates only: the deltas are the whole part, nothing to prepare
         try:
             for _ in chunks:
