@@ -15,10 +15,12 @@ replay, ``spark`` above) and that threshold, written as
 (each round runs every size in turn; ``runs_per_size`` keeps every round's figure).
 ``--engines auto spark direct`` adds the explicit engines side by side, each
 on its own pipeline. The load average is recorded: on a shared machine the
-numbers are indicative. Reads the stack from ``$EOS_STATE_DIR/stack.env``
-(default ``.local``); ``pg_dump``/``psql`` are found as the provider finds
-them (``[eos] pg_bin_dir``, else ``PATH``). Writes
-bench/results/recovery_times.json and prints a table.
+numbers are indicative. Each round drops its pipeline's schemas and topic
+at its end, so rounds and runs start from the same database. Reads the
+stack from ``$EOS_STATE_DIR/stack.env`` (default ``.local``);
+``pg_dump``/``psql`` are found as the provider finds them (``[eos]
+pg_bin_dir``, else ``PATH``). Writes bench/results/recovery_times.json and
+prints a table.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import STATE_DIR, git_commit, load_average, machine  # noqa: E402
+from bench.common import STATE_DIR, drop_schemas, git_commit, load_average, machine  # noqa: E402
 from demo.env_files import read_env_file  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
 from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
@@ -139,7 +141,23 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     out["audit_ok"] = report["ok"]
     # What a recovery costs from the restore on: restore + replay + audit.
     out["recovery_seconds"] = round(out["restore_seconds"] + out["replay_seconds"] + out["audit_seconds"], 1)
+    _forget(stack, config)
     return out
+
+
+def _forget(stack: dict[str, str], config: dict[str, Any]) -> None:
+    """Drops the round's schemas and topic: the next rounds (and runs) start from the same
+    database, not one grown by a million rows a round."""
+    from confluent_kafka.admin import AdminClient
+
+    conn = pg_connect(stack)
+    try:
+        drop_schemas(conn, config["target_schema"], config["meta_schema"])
+    finally:
+        conn.close()
+    admin = AdminClient({"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"]})
+    for future in admin.delete_topics(list(config["topics"]), operation_timeout=60).values():
+        future.result()
 
 
 def size_label(events: int) -> str:
