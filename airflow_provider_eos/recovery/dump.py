@@ -8,7 +8,8 @@ shared from before that transaction until the dump ends: it never sees a restore
 
 Proof: before it is saved, the dump is restored whole into a scratch database and checked against
 the manifest (``recovery.scratch``); one that fails is never saved, and the manifest records the
-proof, which spares a restore of it its own scratch restore.
+proof, which spares a restore of it its own scratch restore. A role that may not create databases
+saves its snapshots unproven (with a warning): their restore proves them.
 
 Failure transitions: a crash before the store's ``save`` leaves a temporary file only (gone with
 the worker's temp directory), and during the proof a scratch database too, which the next proof
@@ -100,9 +101,17 @@ def take_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, lock_key
             identity=state.identity,
         )
         # Proven before it is saved: a snapshot that would not restore is never one to choose.
-        proven = validate_in_scratch(hook, dump_file, manifest, owner=lock_key)
-        manifest.proof = proof_record(manifest, proven)
-        manifest.timings["proof"] = round(proven["restore_seconds"] + proven["validate_seconds"], 3)
+        try:
+            proven = validate_in_scratch(hook, dump_file, manifest, owner=lock_key)
+        except pg_errors.InsufficientPrivilege as exc:
+            # A snapshot role that may read but not CREATE DATABASE: saved unproven, as before
+            # proofs, and the restore (whose role swaps tables anyway) proves it itself.
+            hook.log.warning("snapshot %s is saved without a proof: this role may not create the scratch "
+                             "database (%s); a restore of it proves it in a scratch database itself",
+                             snapshot_id, str(exc).strip().splitlines()[0])
+        else:
+            manifest.proof = proof_record(manifest, proven)
+            manifest.timings["proof"] = round(proven["restore_seconds"] + proven["validate_seconds"], 3)
         stored_at = time.monotonic()
         store.save(manifest, dump_file)
         manifest.timings["store"] = round(time.monotonic() - stored_at, 3)

@@ -310,6 +310,49 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
     conn.close()
 
 
+def test_a_role_that_may_not_create_databases_saves_unproven_snapshots_their_restore_proves(
+        snapped, stack, tmp_path, monkeypatch) -> None:
+    """A least-privilege snapshot role (it reads the tables, it may not CREATE DATABASE) still
+    takes snapshots, as before proofs: unproven, with a warning; their restore proves them.
+    (Before the retention tests: their deleted records would fail its restore's re-check.)"""
+    import uuid
+
+    hook, config = snapped["hook"], snapped["config"]
+    role, password = f"eos_snapper_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    schemas = sql.SQL(", ").join(map(sql.Identifier, (config["target_schema"], config["meta_schema"])))
+    admin = hook.connect()
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("CREATE ROLE {} LOGIN NOCREATEDB NOSUPERUSER PASSWORD %s").format(
+                sql.Identifier(role)), (password,))
+            cur.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schemas, sql.Identifier(role)))
+            cur.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(schemas, sql.Identifier(role)))
+            cur.execute(sql.SQL("GRANT SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(
+                schemas, sql.Identifier(role)))
+        monkeypatch.setenv("AIRFLOW_CONN_EOS_SNAP_READER", json.dumps({
+            "conn_type": "postgres", "host": stack["EOS_PG_HOST"], "port": int(stack["EOS_PG_PORT"]),
+            "login": role, "password": password, "schema": stack["EOS_PG_DB"]}))
+        store = tmp_path / "store"
+        before = target_state(hook, config)
+        summary = SnapshotOperator(task_id="snap", pipeline_config=str(snapped["config_file"]),
+                                   snapshot_store=str(store), postgres_conn_id="eos_snap_reader",
+                                   pg_bin_dir=PG_BIN).execute({"run_id": "reader"})
+        manifest = SnapshotStore(store).select(config["pipeline"], summary["snapshot_id"])
+        assert manifest.proof == {} and "proof" not in manifest.timings
+        _damage(hook, config)
+        hook.set_stop_request(config["pipeline"], True)
+        result = _restore(snapped, snapshot_store=str(store)).execute({"run_id": "unproven-reader"})
+        assert result["proof"] == "proven in a scratch database beside the swap"
+        assert result["timings"]["scratch_restore"] > 0
+        assert target_state(hook, config) == before
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            cur.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        admin.close()
+
+
 def test_retention_gap_fails_before_restore(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
     before = target_state(hook, config)
@@ -344,3 +387,4 @@ def test_retention_keeps_the_last_n(snapped) -> None:
     assert len(kept) == 2
     # manifests() is ordered by creation time; ids of one second sort by their random suffix.
     assert sorted(p.name for p in Path(snapped["store"], pipeline).iterdir()) == sorted(m.snapshot_id for m in kept)
+
