@@ -57,7 +57,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from spark_apps.eos_stream import errors, kafka_ranges, preflight
+from spark_apps.eos_stream import kafka_ranges, preflight
 from spark_apps.eos_stream.config import PipelineConfig
 from spark_apps.eos_stream.driver import EARLIEST, Driver, claim, offsets_json
 from spark_apps.eos_stream.events import emit
@@ -128,17 +128,13 @@ def write_as_part(driver: Driver, sink: BatchSink, consumer: Any, batch_id: int,
     (P2: refused, or the read failed): then the sink stages it, and a read that failed here
     fails there the same way."""
     prefix = sink.parts_prefix(batch_id)
-    started = time.perf_counter()
-    try:
-        result = write_part(driver.dsn, driver.spec, driver.config.target_schema, f"{prefix}0:0", consumer, ranges)
-        written = parts.gather([result], driver.spec, prefix, round((time.perf_counter() - started) * 1000))
-        if isinstance(written, WrittenParts):
-            return written
-        emit("parts_refused", batch_id=batch_id, reasons=[errors.one_line(r) for r in written])
-    except Exception as exc:
-        emit("parts_failed", batch_id=batch_id, error=errors.one_line(exc))
-    sink.drop_parts(prefix)
-    return None
+    written = parts.write_batch(
+        lambda prefix: [write_part(driver.dsn, driver.spec, driver.config.target_schema, f"{prefix}0:0", consumer,
+                                   ranges)],
+        driver.spec, prefix, batch_id, time.perf_counter(), emit)
+    if written is None:
+        sink.drop_parts(prefix)
+    return written
 
 
 def replay(config: PipelineConfig) -> int:
@@ -169,14 +165,12 @@ def replay(config: PipelineConfig) -> int:
         for batch_id, ranges in enumerate(batch_ranges(driver.starting, bounds, config.max_offsets_per_trigger)):
             starts = {tp: start for tp, start, _ in ranges}
             ends = {tp: end for tp, _, end in ranges}
-            written = (write_as_part(driver, sink, consumer, batch_id, [OffsetRange(*tp, start, end)
-                                                                       for tp, start, end in ranges])
-                       if driver.prepared_parts else None)
+            offset_ranges = [OffsetRange(*tp, start, end) for tp, start, end in ranges]
+            written = write_as_part(driver, sink, consumer, batch_id, offset_ranges) if driver.prepared_parts else None
 
-            def fill_stage(stage_name: str, keep_raw: bool, ranges: list[tuple[TopicPartition, int, int]] = ranges
-                           ) -> int:
+            def fill_stage(stage_name: str, keep_raw: bool, offset_ranges: list[OffsetRange] = offset_ranges) -> int:
                 return stage_ranges(driver.dsn, spec, config.meta_schema, stage_name, keep_raw, consumer,
-                                    [OffsetRange(*tp, start, end) for tp, start, end in ranges])
+                                    offset_ranges)
 
             result = sink.process(batch_id, starts, ends, fill_stage, staged=written)
             emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,

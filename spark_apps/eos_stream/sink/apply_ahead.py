@@ -41,11 +41,10 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, StagedBatch
-from spark_apps.eos_stream.sink.parts import WrittenParts
+from spark_apps.eos_stream.sink.parts import WriteParts, WrittenParts
 from spark_apps.eos_stream.sink.staging import create_stage
 
 # Runs a batch's write job with the parts' id prefix; returns the tasks' part results.
-WriteParts = Callable[[str], list[dict[str, Any]]]
 
 
 class ApplyAhead:
@@ -96,14 +95,9 @@ class ApplyAhead:
         """The batch written as prepared parts, or None after rolling back whatever parts
         it left (P2: the tasks refused, or the job failed): then it is staged."""
         prefix = self._sink.parts_prefix(batch_id)
-        try:
-            results = write_parts(prefix)
-            written = parts.gather(results, self._sink.spec, prefix, round((time.perf_counter() - started) * 1000))
-            if isinstance(written, WrittenParts):
-                return written
-            self._notify("parts_refused", batch_id=batch_id, reasons=[errors.one_line(r) for r in written[:3]])
-        except Exception as exc:
-            self._notify("parts_failed", batch_id=batch_id, error=errors.one_line(exc))
+        written = parts.write_batch(write_parts, self._sink.spec, prefix, batch_id, started, self._notify)
+        if written is not None:
+            return written
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()

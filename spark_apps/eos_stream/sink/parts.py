@@ -24,14 +24,15 @@ audit (``audit``) take their snapshot only when no decided part is pending.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import aggregate_deltas, meta_tables
+from spark_apps.eos_stream import aggregate_deltas, errors, meta_tables
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
 
 PREFIX = "eos-part:"
@@ -100,6 +101,27 @@ def gather(results: list[dict[str, Any]], spec: PipelineSpec, prefix: str, write
             aggregate_deltas.merge(deltas, aggregate_deltas.from_wire(result["deltas"]), targets)
     return WrittenParts(tuple(r["gid"] for r in results if r["gid"]), sum(r["rows"] for r in results), deltas,
                         write_ms, prefix, max((r.get("ms", 0) for r in results), default=0))
+
+
+# Writes a batch's parts under the prefix it is given; returns each part's ``part_result``.
+WriteParts = Callable[[str], list[dict[str, Any]]]
+
+
+def write_batch(write: WriteParts, spec: PipelineSpec, prefix: str, batch_id: int, started: float,
+                notify: Callable[..., None]) -> WrittenParts | None:
+    """The batch ``write(prefix)`` wrote as prepared parts, or None after telling ``notify``
+    why not (``parts_refused``: a task refused, P2; ``parts_failed``: the write raised). The
+    parts it left are then the caller's to roll back, on a connection of its own.
+
+    :param started: when the write started (``time.perf_counter()``), for its ``write_ms``."""
+    try:
+        written = gather(write(prefix), spec, prefix, round((time.perf_counter() - started) * 1000))
+        if isinstance(written, WrittenParts):
+            return written
+        notify("parts_refused", batch_id=batch_id, reasons=[errors.one_line(r) for r in written[:3]])
+    except Exception as exc:
+        notify("parts_failed", batch_id=batch_id, error=errors.one_line(exc))
+    return None
 
 
 def decide(cur, spec: PipelineSpec, target_schema: str, meta_schema: str, pipeline: str, batch_id: int,
