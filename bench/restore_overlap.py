@@ -5,8 +5,8 @@
 Builds one pipeline's state without Spark (produce N ledger events, the direct replay applies
 them), snapshots it (``SnapshotOperator``), then restores that snapshot ``--runs`` times with
 each checkout's ``RestoreOperator``, alternating which goes first, each in a fresh Python
-process whose ``PYTHONPATH`` puts that checkout first. Since session 15 the scratch validation
-runs beside the swap instead of before it; a baseline from before then shows what that gained
+process whose ``PYTHONPATH`` puts that checkout first. The scratch validation runs beside the
+swap instead of before it; a baseline checkout from before that change shows what it gained
 on this machine. Medians of the wall clock and of the restore's own phase timings go to
 bench/results/restore_overlap.json with the machine and the load average. The stack is read
 from ``$EOS_STATE_DIR/stack.env`` (default ``.local``), as ``bench/recovery_times.py`` does.

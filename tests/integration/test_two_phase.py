@@ -129,7 +129,7 @@ def test_stop_stream_commits_a_batch_left_in_doubt_within_its_bound(
 
 def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
         stack: dict, tmp_path: Path, unique_name: str) -> None:
-    """Seed 001's procedure for a commit left in doubt: restore the snapshot
+    """The in-doubt recovery for a commit left in doubt: restore the snapshot
     (which rolls the orphan back, since it belongs to the state being replaced)
     and replay Kafka from the snapshot's offsets."""
     from airflow_provider_eos.hooks.pg_tools import PgToolsHook
