@@ -13,16 +13,25 @@
     the snapshot store configured; the pyspark pairing where spark-submit would run. Exit 1 if
     a check fails.
 
+``eos config NAME [--dir DIR] [--no-connections]``
+    prints the app config (JSON) the definition yields, as the stream task builds it: Kafka's
+    bootstrap servers and the database (host, port, dbname, user; never the password) from the
+    pipeline's Airflow connections. The audit and the app take it as ``--config FILE``. With
+    ``--no-connections`` both stay empty and no connection is looked up.
+
+``eos --version`` prints the provider's version.
+
 Each line says ``ok`` or ``FAIL`` and what was found; nothing prints a secret.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 Check = tuple[str, Callable[[], str]]
 
@@ -126,17 +135,55 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
             ("snapshot store", snapshot_store_check), ("spark", spark_check)]
 
 
+def app_config(name: str, directory: str | None, with_connections: bool = True) -> dict[str, Any]:
+    """The app config pipeline ``name``'s definition yields (no secret in it)."""
+    from airflow_provider_eos.utils import provider_config
+    from airflow_provider_eos.utils.pipeline_definition import find_definition
+
+    definition = find_definition(directory or provider_config.pipeline_config_dir(), name)
+    if not with_connections:
+        return definition.app_config(kafka_bootstrap="", postgres={})
+    from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+    from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
+
+    connections = definition.connections.resolved(provider_config.connection_defaults())
+    hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
+    return definition.app_config(kafka_bootstrap=kafka_bootstrap_from_connection(connections.kafka),
+                                 postgres=hook.app_target())
+
+
+def print_app_config(name: str, directory: str | None, with_connections: bool, out: TextIO) -> int:
+    """``eos config``: the JSON on ``out``, or one FAIL line and 1."""
+    try:
+        config = app_config(name, directory, with_connections)
+    except Exception as exc:  # no such pipeline, an unreadable definition, a missing connection
+        print(f"FAIL {name}: {exc}", file=out)
+        return 1
+    print(json.dumps(config, indent=2, sort_keys=True), file=out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    from airflow_provider_eos import __version__
+
     parser = argparse.ArgumentParser(prog="eos", description="Check exactly-once pipeline definitions.")
+    parser.add_argument("--version", action="version", version=f"eos (airflow-provider-eos) {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("validate", help="check every definition in a directory (no network)")
     check.add_argument("directory")
     pre = commands.add_parser("preflight", help="check one pipeline against its Kafka, PostgreSQL and Spark")
     pre.add_argument("name")
     pre.add_argument("--dir", help="definition directory (default: [eos] pipeline_config_dir)")
+    show = commands.add_parser("config", help="print the app config (JSON) a definition yields")
+    show.add_argument("name")
+    show.add_argument("--dir", help="definition directory (default: [eos] pipeline_config_dir)")
+    show.add_argument("--no-connections", action="store_true",
+                      help="leave Kafka's bootstrap servers and the database empty; look up no connection")
     args = parser.parse_args(argv)
     if args.command == "validate":
         return validate(args.directory, out)
+    if args.command == "config":
+        return print_app_config(args.name, args.dir, not args.no_connections, out)
     try:
         checks = preflight_checks(args.name, args.dir)
     except Exception as exc:  # no such pipeline, an unreadable definition: say so, exit 1
