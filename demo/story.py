@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -52,10 +53,12 @@ sys.path.insert(0, str(ROOT))
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink  # noqa: E402
 from demo import report as html_report  # noqa: E402
 from demo.airflow_api import AirflowApi  # noqa: E402
+from demo.console import Console, failure_summary, print_report, quiet_console, save_task_log  # noqa: E402
 from demo.env_files import STATE_DIR, read_env_file  # noqa: E402
 from demo.feed import Feed  # noqa: E402
 from spark_apps.eos_stream.audit import audit  # noqa: E402
 from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402
+from spark_apps.eos_stream.kafka_logging import with_python_logging  # noqa: E402
 from spark_apps.ledger.generator import ProduceSummary, ensure_topic, produce_ledger  # noqa: E402
 from spark_apps.ledger.spec import LEDGER  # noqa: E402
 from spark_apps.orders.generator import OrdersSummary, produce_orders  # noqa: E402
@@ -80,6 +83,9 @@ DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DO
 UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DOWNSTREAM]
 
 OPEN_TRANSACTION_RECORDS = 20
+# Where the console's log (stderr, Python logging, librdkafka) and failed tasks' logs go.
+CONSOLE_LOG = STATE_DIR / "demo" / "story.log"
+TASK_LOGS = STATE_DIR / "demo" / "task-logs"
 # Committed just before the driver's SIGKILL, so that it dies with work in hand.
 KILL_BURST = 1000
 # The producer killed inside its transaction, and the successor that fences it.
@@ -100,32 +106,6 @@ import time; time.sleep(3600)
 """
 
 
-class Console:
-    """One line per stage; a progress bar while waiting (a plain line per 15 s off a terminal)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.index, self.started = total, 0, time.monotonic()
-        self.tty = sys.stdout.isatty()
-        self._last_plain = 0.0
-
-    def stage(self, text: str) -> None:
-        self.index += 1
-        print(f"[{self.index:>2}/{self.total}] {time.monotonic() - self.started:6.1f}s  {text}", flush=True)
-
-    def waiting(self, what: str, elapsed: float, budget: float) -> None:
-        if self.tty:
-            filled = int(30 * min(elapsed / budget, 1.0))
-            print(f"\r        [{'#' * filled}{'.' * (30 - filled)}] {elapsed:5.0f}s {what}   ", end="", flush=True)
-        elif elapsed - self._last_plain >= 15:
-            self._last_plain = elapsed
-            print(f"        ... {what}: {elapsed:.0f}s", flush=True)
-
-    def done_waiting(self) -> None:
-        if self.tty:
-            print("\r" + " " * 78 + "\r", end="", flush=True)
-        self._last_plain = 0.0
-
-
 class LsoSampler(threading.Thread):
     """Samples HW - LSO per partition of every demo topic each second, for the report's plot."""
 
@@ -133,7 +113,7 @@ class LsoSampler(threading.Thread):
         super().__init__(daemon=True)
         from confluent_kafka.admin import AdminClient
 
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.admin = AdminClient(with_python_logging({"bootstrap.servers": bootstrap}))
         self.topics = topics
         self.samples: dict[str, list[tuple[float, float]]] = {}
         self.started = time.monotonic()
@@ -196,6 +176,8 @@ class Story:
         self.deferred: set[str] = set()
         # dag_id -> failed task -> the end of its log, for each run that failed
         self.failure_logs: dict[str, dict[str, str]] = {}
+        # dag_id -> failed task -> why, in one line, and where its whole log is
+        self.failures: dict[str, dict[str, str]] = {}
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
 
     # ---------------------------------------------------------------- helpers
@@ -245,24 +227,27 @@ class Story:
         state = self.api.wait(dag_id, run_id, budget, tick=tick)
         self.console.done_waiting()
         self.runs[f"{dag_id} ({run_id})"] = state
-        logs: dict[str, str] = {}  # this run's failed tasks -> the end of their logs
+        logs: dict[str, list[str]] = {}  # this run's failed tasks -> their logs
         if state == "failed":
             failed = [ti for ti in self.api.task_instances(dag_id, run_id) if ti["state"] == "failed"]
-            logs = {ti["task_id"]: self.log_tail(dag_id, run_id, ti) for ti in failed}
-            self.failure_logs[dag_id] = logs  # for the report: a run expected to fail says why
+            logs = {ti["task_id"]: self.task_log(dag_id, run_id, ti) for ti in failed}
+            # For the report (one line and a path each) and --json (the whole text).
+            self.failure_logs[dag_id] = {task: "\n".join(lines) for task, lines in logs.items()}
+            self.failures[dag_id] = {
+                task: f"{failure_summary(lines)} (log: {save_task_log(TASK_LOGS, dag_id, task, lines)})"
+                for task, lines in logs.items()}
         if state != expect:
-            tails = "".join(f"\n--- {task} {tail}" for task, tail in logs.items())
+            tails = "".join(f"\n--- {task}: last 60 lines\n" + "\n".join(lines[-60:]) for task, lines in logs.items())
             raise RuntimeError(f"{dag_id} ended {state}, expected {expect} (failed tasks: {list(logs)}){tails}")
         return run_id
 
-    def log_tail(self, dag_id: str, run_id: str, ti: dict[str, Any], lines: int = 60) -> str:
-        """The end of a failed task's log, read through Airflow's API: a failure in CI says why
-        without the deployment's files."""
+    def task_log(self, dag_id: str, run_id: str, ti: dict[str, Any]) -> list[str]:
+        """A failed task's log, read through Airflow's API: a failure in CI says why without the
+        deployment's files."""
         try:
-            log = self.api.task_log(dag_id, run_id, ti["task_id"], ti["try_number"])
+            return self.api.task_log(dag_id, run_id, ti["task_id"], ti["try_number"])
         except Exception as exc:  # the run's failure is the news; a log that cannot be read only says so
-            return f"(its log could not be read: {exc})"
-        return f"(try {ti['try_number']}, last {lines} lines):\n" + "\n".join(log[-lines:])
+            return [f"(its log could not be read: {exc})"]
 
     def spark_ui_of(self, dag_id: str, run_id: str) -> dict[str, Any]:
         """The stream task's "Spark driver UI" link, read through Airflow's API while the
@@ -321,7 +306,7 @@ class Story:
 
         if self.query("SELECT to_regclass(%s)", (f"{ORDERS_META}.kafka_offsets",))[0][0] is None:
             return False
-        admin = AdminClient({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]})
+        admin = AdminClient(with_python_logging({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]}))
         partitions = admin.list_topics(ORDERS_TOPIC, timeout=10).topics[ORDERS_TOPIC].partitions
         request = {TopicPartition(ORDERS_TOPIC, p): OffsetSpec.latest() for p in partitions}
         result = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
@@ -521,8 +506,8 @@ class Story:
         # coordinator aborts its transaction then, not after transaction.timeout.ms (the backstop).
         # While it aborts, the coordinator answers "concurrent transactions", which librdkafka retries
         # and would log as a warning (log_level 3: errors only).
-        Producer({"bootstrap.servers": bootstrap, "transactional.id": KILLED_PRODUCER,
-                  "log_level": 3}).init_transactions(60)
+        Producer(with_python_logging({"bootstrap.servers": bootstrap, "transactional.id": KILLED_PRODUCER,
+                                      "log_level": 3})).init_transactions(60)
         self.wait_until("LSO lag back to 0 and stream caught up",
                         lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(), 300)
         return more
@@ -655,8 +640,8 @@ class Story:
             **self.timings,
             "recovery_steps_s": dict(steps),
             "tasks_seen_deferred": sorted(self.deferred),
-            # Why the health DAG failed, as its task's log in Airflow says.
-            "health_failure_log": self.failure_logs.get(HEALTH, {}),
+            # Why the health DAG failed, as its task's log in Airflow says: one line and the log's path.
+            "health_failed_because": "; ".join(f"{task}: {why}" for task, why in self.failures.get(HEALTH, {}).items()),
             "ledger_exact": final["ok"],
         }
 
@@ -780,7 +765,7 @@ class Story:
         """A rerun starts from a clean slate: the demo's topic, tables, offsets and snapshots."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]})
+        admin = AdminClient(with_python_logging({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]}))
         if TOPIC in admin.list_topics(timeout=10).topics:
             admin.delete_topics([TOPIC])[TOPIC].result(30)
             self.wait_until("old demo topic deleted", lambda: TOPIC not in admin.list_topics(timeout=10).topics, 60)
@@ -855,44 +840,23 @@ def main() -> int:
                         help="run Spark on the local standalone cluster (scripts/stack.sh start-spark, started "
                              "here) instead of local[*]: spark_default points at its master")
     args = parser.parse_args()
+    terminal = quiet_console(CONSOLE_LOG)
     story = Story(args.events, args.open_txn_timeout_ms, spark_cluster=args.spark_cluster)
-    result = story.run()
-    print("\n================ report: ledger ================")
-    for key, value in result.items():
-        if key not in ("orders", "exact", "spark", "assets", "lineage"):
-            print(f"{key:>32}: {value}")
-    print("\n================ report: orders ================")
-    for key, value in result["orders"].items():
-        if isinstance(value, dict):
-            print(f"{key:>32}:")
-            for inner, detail in value.items():
-                print(f"{inner:>32}  {detail}")
-        else:
-            print(f"{key:>32}: {value}")
-    print(f"\n{'both pipelines exact':>32}: {result['exact']}")
-    print(f"{'spark master':>32}: {result['spark']['master']}")
-    for app in result["spark"]["applications"]:
-        print(f"{app['id']:>32}  {app['name']} ({app['cores']} core(s), {app['state']})")
-    for dag_id, ui in result["spark"]["driver_ui"].items():
-        print(f"{'Spark driver UI of ' + dag_id:>32}: {ui['link']} (served while the stream ran: {ui['serves']})")
-    assets = result["assets"]
-    print("\n================ assets: the ledger's targets ================")
-    print(f"{'target assets':>32}: {', '.join(assets['target_assets'])}")
-    print(f"{'asset events (per target)':>32}: {assets['changes']}")
-    last = [e for e in assets["events"] if e["from_trigger"]][-1:]
-    if last:
-        print(f"{'last: target holds all below':>32}: {last[0]['offsets']}")
-    print(f"{DOWNSTREAM:>32}: runs {assets['downstream_runs']}, told of {assets['downstream_told']} event(s)")
-    print("\n================ lineage (OpenLineage file transport) ================")
-    for job, seen in result["lineage"]["jobs"].items():
-        print(f"{job:>32}: {', '.join(seen['inputs'])} -> {', '.join(seen['outputs']) or '(reads only)'}")
-        for dataset, checks in seen["quality"].items():
-            print(f"{'':>32}  {dataset}: {checks}")
+    try:
+        result = story.run()
+    except BaseException as exc:
+        print(f"\nthe demo stopped: {type(exc).__name__}: {exc}\n(the whole traceback and every log line: "
+              f"{CONSOLE_LOG})", file=terminal, flush=True)
+        logging.getLogger("demo").exception("the demo stopped")
+        return 2
+    print_report(result, DOWNSTREAM)
     print(f"\nHTML report: {story.report_path}")
     print(f"Airflow UI:  {story.ui}  ({story.login_hint})")
+    print(f"Logs:        {CONSOLE_LOG} (this console's), {TASK_LOGS}/ (failed tasks')")
     if args.json:
         Path(args.json).write_text(json.dumps({**result, "report_html": str(story.report_path),
-                                               "runs": story.runs}, indent=2, default=str))
+                                               "runs": story.runs, "failure_logs": story.failure_logs},
+                                              indent=2, default=str))
     return 0 if result["exact"] else 1
 
 

@@ -13,6 +13,7 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets, TopicPartitionKey
+from spark_apps.eos_stream.kafka_logging import with_python_logging
 from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
 
 _UNREACHABLE_CODES = frozenset(
@@ -69,7 +70,7 @@ class KafkaOffsetsHook(KafkaBaseHook):
 
     @cached_property
     def admin_client(self) -> AdminClient:
-        return self._get_client(self.config)
+        return self._get_client(with_python_logging(self.config))
 
     def get_admin_client(self) -> AdminClient:
         """The AdminClient, built once from the connection config."""

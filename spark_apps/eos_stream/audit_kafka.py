@@ -17,6 +17,7 @@ from operator import itemgetter
 from typing import Any
 
 from spark_apps.eos_stream.audit_rules import PartitionRange, ReadProgress, keep_latest
+from spark_apps.eos_stream.kafka_logging import with_python_logging
 from spark_apps.eos_stream.records import RecordError, parse_record
 from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec
 
@@ -35,7 +36,7 @@ class KafkaOffsets:
 
         self.client_config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap,
                                                                    **(options or {})}
-        self.admin = AdminClient(self.client_config)
+        self.admin = AdminClient(with_python_logging(self.client_config))
 
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
         metadata = self.admin.list_topics(timeout=15)
@@ -82,9 +83,9 @@ def _committed_batches(bootstrap: str, options: dict[str, str] | None, *, starts
     progress = ReadProgress(ends=dict(ends), starts=dict(starts), deadline=deadline)
     if progress.done:
         return
-    consumer = Consumer({"bootstrap.servers": bootstrap, **(options or {}), "group.id": "eos-audit",
+    consumer = Consumer(with_python_logging({"bootstrap.servers": bootstrap, **(options or {}), "group.id": "eos-audit",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "auto.offset.reset": "earliest", "enable.partition.eof": True})
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True}))
     try:
         consumer.assign([KafkaTP(t, p, progress.starts.get((t, p), 0)) for t, p in sorted(progress.pending)])
         last_positions = time.monotonic()

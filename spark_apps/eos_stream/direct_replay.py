@@ -61,6 +61,7 @@ from spark_apps.eos_stream import kafka_ranges, preflight
 from spark_apps.eos_stream.config import PipelineConfig
 from spark_apps.eos_stream.driver import EARLIEST, Driver, claim, offsets_json
 from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.kafka_logging import with_python_logging
 from spark_apps.eos_stream.kafka_ranges import OffsetRange
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
@@ -77,7 +78,8 @@ def partition_bounds(config: PipelineConfig, partitions: list[TopicPartition]) -
     from confluent_kafka import TopicPartition as KafkaPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    admin = AdminClient({"bootstrap.servers": config.kafka_bootstrap, **config.librdkafka_options()})
+    admin = AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
+                                             **config.librdkafka_options()}))
     bounds: dict[TopicPartition, list[int]] = {tp: [0, 0] for tp in partitions}
     for index, spec in enumerate((OffsetSpec.earliest(), OffsetSpec.latest())):
         futures = admin.list_offsets({KafkaPartition(t, p): spec for t, p in partitions},
@@ -146,8 +148,8 @@ def replay(config: PipelineConfig) -> int:
     _import_in_background("pandas")
     spec = load_spec(config.spec)
     mode = preflight.delivery_mode(config, spec)
-    preflight.refuse_compacted(AdminClient({"bootstrap.servers": config.kafka_bootstrap,
-                                            **config.librdkafka_options()}), list(config.topics), "replay")
+    preflight.refuse_compacted(AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
+                                            **config.librdkafka_options()})), list(config.topics), "replay")
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct",
          preflight_ms=round((time.perf_counter() - entered) * 1000))
@@ -157,8 +159,9 @@ def replay(config: PipelineConfig) -> int:
     # One consumer reads every batch of every partition in turn: librdkafka's own prefetch depth
     # (100,000 records) keeps it fed from one batch to the next; the tasks' shallower one is for
     # ranges nobody reads on from.
-    consumer = Consumer(kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
-                                                       f"eos-replay-{config.pipeline}", prefetch_records=100_000))
+    consumer = Consumer(with_python_logging(kafka_ranges.consumer_settings(
+        config.kafka_bootstrap, config.librdkafka_options(), f"eos-replay-{config.pipeline}",
+        prefetch_records=100_000)))
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))

@@ -36,6 +36,7 @@ from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spark_apps.eos_stream.kafka_logging import with_python_logging
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 
 # Kafka's "earliest" (librdkafka's OFFSET_BEGINNING and Spark's -2), for a partition never applied.
@@ -106,7 +107,7 @@ def worker_consumer(settings: Mapping[str, Any]) -> Any:
     key = json.dumps(settings, sort_keys=True)
     consumer = _WORKER_CONSUMERS.get(key)
     if consumer is None:
-        consumer = _WORKER_CONSUMERS[key] = Consumer(dict(settings))
+        consumer = _WORKER_CONSUMERS[key] = Consumer(with_python_logging(settings))
     return consumer
 
 

@@ -15,6 +15,7 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig
 from spark_apps.eos_stream.ddl import run_ddl
+from spark_apps.eos_stream.kafka_logging import with_python_logging
 from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
 from spark_apps.eos_stream.sink.batch_sink import MODES, DeliveryMode
 from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
@@ -160,7 +161,7 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
             refused.append(error.str())
 
     settings: dict[str, Any] = {"bootstrap.servers": bootstrap, **admin_options, "error_cb": on_error}
-    admin = AdminClient(settings)
+    admin = AdminClient(with_python_logging(settings))
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:

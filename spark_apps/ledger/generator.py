@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from spark_apps.eos_stream.kafka_logging import with_python_logging
 from spark_apps.ledger.spec import ACCOUNT_ID_MAX
 
 TOPIC = "ledger.events"
@@ -34,7 +35,7 @@ class ProduceSummary:
 
 
 def ensure_topic(bootstrap: str, topic: str = TOPIC, partitions: int = 4, config: dict | None = None) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(with_python_logging({"bootstrap.servers": bootstrap}))
     futures = admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])
     try:
         futures[topic].result(30)
@@ -78,12 +79,12 @@ def produce_ledger(
     """
     rng = random.Random(seed)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    producer = Producer({
+    producer = Producer(with_python_logging({
         "bootstrap.servers": bootstrap,
         "transactional.id": transactional_id or f"ledger-gen-{uuid.uuid4().hex[:8]}",
         "linger.ms": 20,
         "compression.type": "lz4",
-    })
+    }))
     producer.init_transactions(30)
     summary = ProduceSummary()
     seq = first_seq

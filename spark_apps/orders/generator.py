@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 
+from spark_apps.eos_stream.kafka_logging import with_python_logging
 from spark_apps.ledger.generator import ensure_topic
 
 TOPIC = "orders.events"
@@ -80,8 +81,9 @@ def produce_orders(
     """
     rng = random.Random(seed)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4",
-                         "transactional.id": transactional_id or f"orders-gen-{uuid.uuid4().hex[:8]}"})
+    producer = Producer(with_python_logging({
+        "bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4",
+        "transactional.id": transactional_id or f"orders-gen-{uuid.uuid4().hex[:8]}"}))
     producer.init_transactions(30)
     summary = OrdersSummary()
     seq = first_seq

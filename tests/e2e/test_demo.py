@@ -73,7 +73,12 @@ def demo_run(stack: dict[str, str], spark_cluster: str, tmp_path_factory: pytest
           f"{len(watch.executors)} (applications {sorted(watch.executor_apps)}), hits: {len(watch.hits)}")
     # Where the time went: the story's stage lines carry their start times.
     print("\n".join(line for line in completed.stdout.splitlines() if line.startswith("[")))
-    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    # The console shows stages and the report; the story's log holds the rest (tracebacks included).
+    console_log = STATE_DIR / "demo" / "story.log"
+    log_tail = console_log.read_text()[-4000:] if console_log.is_file() else ""
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:] + log_tail
+    # A clean console: no librdkafka line (%4|...), no raw log lines among the stages and the report.
+    assert not re.search(r"^%\d\|", completed.stdout + completed.stderr, re.MULTILINE), completed.stderr[-2000:]
     return DemoRun(json.loads(out.read_text()), watch, seconds)
 
 
@@ -117,9 +122,9 @@ def test_orders_streamed_through_the_ledger_recovery(demo_result: dict) -> None:
 def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     states = {name.split(" ")[0]: state for name, state in demo_result["runs"].items()}
     assert states["eos_health__ledger"] == "failed"  # it caught the stuck LSO
-    # ... and its task's log, read through Airflow's API, says so (the story prints such tails
-    # when a run fails unexpectedly).
-    health_logs = demo_result["health_failure_log"]
+    # ... and its task's log, read through Airflow's API, says so (the report shows one line of it
+    # and the path of the whole log; --json keeps the whole text).
+    health_logs = demo_result["failure_logs"]["eos_health__ledger"]
     assert any(re.search(r"Kafka partitions with a (stuck last stable offset|hanging transaction)", log)
                for log in health_logs.values()), health_logs
     assert states["eos_snapshot__ledger"] == "success"
@@ -130,6 +135,7 @@ def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     ledger = [state for name, state in demo_result["runs"].items() if name.startswith("eos_stream__ledger ")]
     assert ledger == ["success", "success"], demo_result["runs"]
     assert demo_result["stuck LSO detected after (s)"] > 0
+    assert "(log: " in demo_result["health_failed_because"] and "\n" not in demo_result["health_failed_because"]
 
 
 def test_the_targets_asset_events_carry_the_committed_offsets(demo_result: dict) -> None:
