@@ -106,9 +106,10 @@ EOF
 
 connect_ready() {
   pid_alive "$connect_pid" || die "kafka connect exited during start: see $connect_dir/connect.log"
-  # The REST server answers before the worker has joined its group; the herder's first
-  # rebalance (and the internal topics) are done when it logs its assignment.
-  port_open "$EOS_CONNECT_PORT" && grep -q "Finished starting connectors and tasks" "$connect_dir/connect.log"
+  # The REST port opens (answering 404) before its resources are registered, and before the
+  # worker has joined its group and read the internal topics: ready is when both are done.
+  port_open "$EOS_CONNECT_PORT" && grep -q "Finished starting connectors and tasks" "$connect_dir/connect.log" \
+    && grep -q "REST resources initialized" "$connect_dir/connect.log"
 }
 
 start_connect() {

@@ -117,7 +117,8 @@ start_kafka() {
   write_kafka_config
   if [ ! -f "$kafka_dir/data/meta.properties" ]; then
     local cluster_id
-    cluster_id=$(kafka_java kafka.tools.StorageTool random-uuid)
+    # The last line only: log4j's console appender may print a line before the id.
+    cluster_id=$(kafka_java kafka.tools.StorageTool random-uuid | tail -n 1)
     kafka_java kafka.tools.StorageTool format --standalone -t "$cluster_id" \
       -c "$kafka_dir/server.properties" > "$kafka_dir/format.log" 2>&1 \
       || die "formatting Kafka storage failed: see $kafka_dir/format.log"
