@@ -14,6 +14,8 @@ HOOKS = [
     "airflow_provider_eos.hooks.eos_postgres",
     "airflow_provider_eos.hooks.stream_submit",
     "airflow_provider_eos.hooks.pg_tools",
+    "airflow_provider_eos.hooks.kafka_connect",
+    "airflow_provider_eos.hooks.replication_slot",
 ]
 OPERATORS = [
     "airflow_provider_eos.operators.stream",
@@ -24,6 +26,7 @@ OPERATORS = [
     "airflow_provider_eos.operators.restore",
     "airflow_provider_eos.operators.replay",
     "airflow_provider_eos.operators.audit",
+    "airflow_provider_eos.operators.cdc_health",
 ]
 SENSORS = ["airflow_provider_eos.sensors.lso_lag", "airflow_provider_eos.sensors.stream_progress"]
 TRIGGERS = [
@@ -31,6 +34,14 @@ TRIGGERS = [
     "airflow_provider_eos.triggers.lso_lag",
     "airflow_provider_eos.triggers.stream_progress",
     "airflow_provider_eos.triggers.stream_stopped",
+]
+
+# Kafka Connect's REST API: host, port and scheme (http/https) of any worker.
+CONNECTION_TYPES = [
+    {
+        "hook-class-name": "airflow_provider_eos.hooks.kafka_connect.KafkaConnectHook",
+        "connection-type": "kafka_connect",
+    },
 ]
 
 EXTRA_LINKS = ["airflow_provider_eos.links.spark_ui.SparkDriverUILink"]
@@ -50,6 +61,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": INTEGRATION, "python-modules": OPERATORS}],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": SENSORS}],
         "triggers": [{"integration-name": INTEGRATION, "python-modules": TRIGGERS}],
+        "connection-types": CONNECTION_TYPES,
         "extra-links": EXTRA_LINKS,
         # Deployment settings ([eos] in airflow.cfg): where snapshots and pipeline configs live.
         "config": provider_config(),

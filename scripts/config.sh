@@ -26,6 +26,23 @@ EOS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Cores an application gets when it sets no spark.cores.max (the master's spark.deploy.defaultCores).
 : "${EOS_SPARK_DEFAULT_CORES:=1}"
 : "${EOS_KAFKA_LIBS:=$EOS_STATE_DIR/kafka-libs}"
+# Kafka Connect (scripts/stack.sh start-connect): its REST listener, the worker's classpath,
+# and plugin.path, where each connector has a folder (and class loader) of its own.
+: "${EOS_CONNECT_PORT:=18083}"
+: "${EOS_CONNECT_LIBS:=$EOS_STATE_DIR/connect-libs}"
+: "${EOS_CONNECT_PLUGIN_PATH:=$EOS_STATE_DIR/connect-plugins}"
+# The change-data-capture source: a database of its own on the stack's PostgreSQL (whose
+# wal_level is logical), a role that may replicate and read it, and the publication
+# Debezium's pgoutput plugin reads. The role's password is random per checkout, in a
+# git-ignored mode-600 file.
+: "${EOS_SOURCE_PG_DB:=eos_source}"
+: "${EOS_SOURCE_PG_USER:=eos_cdc}"
+: "${EOS_SOURCE_PUBLICATION:=eos_cdc}"
+: "${EOS_SOURCE_PG_PASSWORD_FILE:=$EOS_STATE_DIR/source-pg.password}"
+if [ ! -s "$EOS_SOURCE_PG_PASSWORD_FILE" ]; then
+  mkdir -p "$(dirname "$EOS_SOURCE_PG_PASSWORD_FILE")"
+  (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$EOS_SOURCE_PG_PASSWORD_FILE")
+fi
 : "${EOS_SPARK_JARS_DIR:=$EOS_STATE_DIR/spark-jars}"
 : "${EOS_VENV:=$EOS_ROOT/.venv}"
 if [ -z "${EOS_PG_PASSWORD:-}" ]; then
@@ -44,4 +61,5 @@ export EOS_ROOT EOS_STATE_DIR EOS_KAFKA_SASL_PORT EOS_KAFKA_SASL_USER EOS_KAFKA_
   EOS_KAFKA_TXN_MAX_TIMEOUT_MS EOS_KAFKA_TXN_ABORT_INTERVAL_MS EOS_PG_PORT EOS_PG_DB EOS_PG_USER \
   EOS_PG_MAX_PREPARED EOS_KAFKA_LIBS EOS_SPARK_JARS_DIR EOS_VENV EOS_PG_PASSWORD EOS_SPARK_MASTER_PORT \
   EOS_SPARK_MASTER_UI_PORT EOS_SPARK_WORKER_PORT EOS_SPARK_WORKER_UI_PORT EOS_SPARK_WORKER_CORES EOS_SPARK_WORKER_MEMORY \
-  EOS_SPARK_DEFAULT_CORES
+  EOS_SPARK_DEFAULT_CORES EOS_CONNECT_PORT EOS_CONNECT_LIBS EOS_CONNECT_PLUGIN_PATH EOS_SOURCE_PG_DB \
+  EOS_SOURCE_PG_USER EOS_SOURCE_PUBLICATION EOS_SOURCE_PG_PASSWORD_FILE

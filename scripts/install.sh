@@ -3,9 +3,11 @@
 #   1. Debian packages that are missing: JDK 17+, Maven, PostgreSQL server and
 #      client of one major version, procps, make, python3 with venv.
 #   2. .venv with `pip install -c constraints.txt -e .[dev,spark]`.
-#   3. Maven-resolved jars: .local/kafka-libs (Kafka broker) and
-#      .local/spark-jars (Spark's Kafka source + PostgreSQL JDBC), with a
-#      project-local Maven repository in .local/m2.
+#   3. Maven-resolved jars: .local/kafka-libs (Kafka broker),
+#      .local/spark-jars (Spark's Kafka source + PostgreSQL JDBC),
+#      .local/connect-libs (a Kafka Connect worker) and
+#      .local/connect-plugins/debezium-postgres (Debezium's PostgreSQL connector),
+#      with a project-local Maven repository in .local/m2.
 # Each step is skipped when already done (pip and Maven steps are keyed by a
 # hash of their inputs). One line of output per step; details go to
 # .local/logs/install-*.log.
@@ -133,5 +135,12 @@ fetch_jars() {  # $1 name, $2 pom, $3 destination dir, $4... extra Maven args
 
 fetch_jars kafka-libs "$EOS_ROOT/scripts/maven/kafka-broker.pom.xml" "$EOS_KAFKA_LIBS" -DincludeScope=runtime
 fetch_jars spark-jars "$EOS_ROOT/scripts/maven/spark-kafka-connector.pom.xml" "$EOS_SPARK_JARS_DIR" -U -DincludeScope=runtime
+# The Connect worker's classpath, and Debezium in a plugin folder of its own under plugin.path:
+# Connect loads each such folder in an isolated class loader, so Debezium's Jackson and
+# PostgreSQL driver never meet the worker's.
+fetch_jars connect-libs "$EOS_ROOT/scripts/maven/kafka-connect.pom.xml" "$EOS_CONNECT_LIBS" -DincludeScope=runtime
+mkdir -p "$EOS_CONNECT_PLUGIN_PATH"
+fetch_jars debezium-postgres "$EOS_ROOT/scripts/maven/debezium-postgres.pom.xml" \
+  "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" -DincludeScope=runtime
 
-step "done ($(ls "$EOS_KAFKA_LIBS" | wc -l) kafka jars, $(ls "$EOS_SPARK_JARS_DIR" | wc -l) spark jars, $("$EOS_VENV/bin/python" --version))"
+step "done ($(ls "$EOS_KAFKA_LIBS" | wc -l) kafka jars, $(ls "$EOS_SPARK_JARS_DIR" | wc -l) spark jars, $(ls "$EOS_CONNECT_LIBS" | wc -l) connect jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" | wc -l) debezium jars, $("$EOS_VENV/bin/python" --version))"

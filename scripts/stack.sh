@@ -13,6 +13,11 @@
 #                             a Spark standalone cluster (one master, one worker)
 #                             from the pyspark distribution's own classes, for
 #                             spark://; not part of `start` (local[*] needs no daemon)
+#   scripts/stack.sh start-connect | stop-connect
+#                             a Kafka Connect worker (distributed mode, exactly-once source
+#                             support) with Debezium's PostgreSQL connector on its plugin.path,
+#                             for change data capture from the source database that `start`
+#                             prepares; not part of `start` (only CDC pipelines need it)
 #
 # Airflow's services are started by scripts/airflow.sh. Settings come from the environment (see
 # scripts/config.sh), so the same script serves other ports and timeouts.
@@ -43,6 +48,9 @@ wait_for() {  # $1 seconds, $2 description, $3... command
   done
   log "$what is up"
 }
+
+# shellcheck source=scripts/stack-connect.sh
+source "$here/stack-connect.sh"
 
 # ---------------------------------------------------------------- Kafka
 kafka_dir="$EOS_STATE_DIR/kafka"
@@ -109,7 +117,8 @@ start_kafka() {
   write_kafka_config
   if [ ! -f "$kafka_dir/data/meta.properties" ]; then
     local cluster_id
-    cluster_id=$(kafka_java kafka.tools.StorageTool random-uuid)
+    # The last line only: log4j's console appender may print a line before the id.
+    cluster_id=$(kafka_java kafka.tools.StorageTool random-uuid | tail -n 1)
     kafka_java kafka.tools.StorageTool format --standalone -t "$cluster_id" \
       -c "$kafka_dir/server.properties" > "$kafka_dir/format.log" 2>&1 \
       || die "formatting Kafka storage failed: see $kafka_dir/format.log"
@@ -196,6 +205,11 @@ unix_socket_directories = '$pg_dir'
 max_prepared_transactions = $EOS_PG_MAX_PREPARED
 max_connections = 200
 fsync = on
+# Logical decoding for change data capture (Debezium's pgoutput) from the source database;
+# each connector holds one replication slot and one WAL sender.
+wal_level = logical
+max_replication_slots = 10
+max_wal_senders = 10
 EOF
   grep -q "conf.d.eos.conf" "$pg_data/postgresql.conf" \
     || echo "include_if_exists = 'conf.d.eos.conf'" | as_pg_owner tee -a "$pg_data/postgresql.conf" > /dev/null
@@ -321,9 +335,13 @@ case "${1:-}" in
     start_postgres
     start_kafka
     ensure_kafka_sasl_user
+    ensure_cdc_source
     write_env_file
+    write_connect_env
     log "ready; clients: source $EOS_STATE_DIR/stack.env" ;;
-  stop) stop_spark; stop_kafka; stop_postgres ;;
+  stop) stop_spark; stop_connect; stop_kafka; stop_postgres ;;
+  start-connect) start_connect ;;
+  stop-connect) stop_connect ;;
   start-spark) start_spark ;;
   stop-spark) stop_spark ;;
   start-postgres) mkdir -p "$EOS_STATE_DIR"; start_postgres ;;
@@ -331,7 +349,8 @@ case "${1:-}" in
   status)
     if pid_alive "$kafka_pid"; then echo "kafka: running (pid $(cat "$kafka_pid"))"; else echo "kafka: stopped"; fi
     if [ -f "$pg_data/postmaster.pid" ]; then echo "postgres: running"; else echo "postgres: stopped"; fi
-    if pid_alive "$spark_master_pid"; then echo "spark: running ($(spark_master_url))"; else echo "spark: stopped"; fi ;;
-  reset) stop_spark; stop_kafka; stop_postgres; rm -rf "$spark_dir"; rm -rf "$kafka_dir" "$pg_dir" "$EOS_STATE_DIR/stack.env"; log "state removed" ;;
-  *) echo "usage: $0 start|stop|status|reset|start-postgres|stop-postgres|start-spark|stop-spark" >&2; exit 2 ;;
+    if pid_alive "$spark_master_pid"; then echo "spark: running ($(spark_master_url))"; else echo "spark: stopped"; fi
+    connect_status ;;
+  reset) stop_spark; stop_connect; stop_kafka; stop_postgres; rm -rf "$spark_dir" "$connect_dir"; rm -rf "$kafka_dir" "$pg_dir" "$EOS_STATE_DIR/stack.env"; log "state removed" ;;
+  *) echo "usage: $0 start|stop|status|reset|start-postgres|stop-postgres|start-spark|stop-spark|start-connect|stop-connect" >&2; exit 2 ;;
 esac

@@ -21,9 +21,17 @@ spark_was_running=0
 if grep -q '^spark: running' <<< "$status"; then
   spark_was_running=1
 fi
+# Likewise the Kafka Connect worker, started by the change-data-capture tests.
+connect_was_running=0
+if grep -q '^connect: running' <<< "$status"; then
+  connect_was_running=1
+fi
 stop_started() {
   if [ "$spark_was_running" -eq 0 ]; then
     bash scripts/stack.sh stop-spark > /dev/null || true
+  fi
+  if [ "$connect_was_running" -eq 0 ]; then
+    bash scripts/stack.sh stop-connect > /dev/null || true
   fi
   if [ "$started_stack" -eq 1 ]; then
     echo "test: stopping the stack this run started"

@@ -1,0 +1,103 @@
+"""Health checks of a change-data-capture source: the Kafka Connect connector that publishes
+the changes, and the replication slot it reads the source database through.
+
+Like the other checks of a health DAG (``operators/dead_letters.py``), each records its
+outcome as the XCom ``eos_check`` before it succeeds or fails, so the summary task can say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_provider_eos.hooks.kafka_connect import ConnectorUnhealthyError, KafkaConnectHook
+from airflow_provider_eos.hooks.replication_slot import ReplicationSlotHook
+from airflow_provider_eos.operators.base import CheckOutcomeMixin
+from airflow_provider_eos.utils.cdc_health import describe_slot, slot_problems
+
+# A stuck connector is to be seen hours before the source's disk fills: 1 GiB or one hour of
+# held WAL, whichever comes first, unless the deployment says otherwise.
+DEFAULT_MAX_HELD_BYTES = 1024**3
+DEFAULT_MAX_AGE_SECONDS = 3600.0
+
+
+class ConnectorHealthCheckOperator(CheckOutcomeMixin, BaseOperator):
+    """
+    Fails unless each connector and every one of its tasks is RUNNING, naming the connector, the
+    task and its state (PAUSED, STOPPED, UNASSIGNED, RESTARTING) or, for FAILED, its trace.
+
+    :param connectors: connector names (one name or a list).
+    :param kafka_connect_conn_id: Connect's REST API, default "kafka_connect_default".
+    :return: (XCom) ``{"connectors": {name: status}}``
+    """
+
+    template_fields: Sequence[str] = ("connectors", "kafka_connect_conn_id")
+    check_name = "connector"
+
+    def __init__(self, *, connectors: str | Sequence[str],
+                 kafka_connect_conn_id: str = KafkaConnectHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.connectors = connectors
+        self.kafka_connect_conn_id = kafka_connect_conn_id
+
+    def execute(self, context: Any) -> Any:
+        return self._recorded(context, self._check)
+
+    def _check(self) -> dict[str, Any]:
+        hook = KafkaConnectHook(kafka_connect_conn_id=self.kafka_connect_conn_id)
+        names = [self.connectors] if isinstance(self.connectors, str) else list(self.connectors)
+        statuses: dict[str, Any] = {}
+        problems: list[str] = []
+        for name in names:
+            found = hook.connector_problems(name)
+            problems += found
+            if not found:
+                statuses[name] = hook.get_connector_status(name)
+        if problems:
+            self.last_report = {"connectors": statuses, "problems": problems}
+            raise ConnectorUnhealthyError("\n".join(problems))
+        return {"connectors": statuses, "message": f"{len(names)} connector(s) and their tasks RUNNING"}
+
+
+class ReplicationSlotCheckOperator(CheckOutcomeMixin, BaseOperator):
+    """
+    Fails when the source's replication slot is missing, has lost WAL, holds back more than
+    ``max_held_bytes`` of WAL (current LSN minus its ``restart_lsn``), or its oldest held WAL is
+    older than ``max_age_seconds``; the message names the slot, the bytes and the age.
+
+    :param slot_name: the slot (Debezium's ``slot.name``).
+    :param postgres_conn_id: the source database (role with ``pg_monitor`` for the age).
+    :param max_held_bytes: WAL the slot may hold back.
+    :param max_age_seconds: age the oldest held WAL may reach; None judges bytes only.
+    :return: (XCom) the slot's measures (``held_bytes``, ``age_seconds``, ``active``...)
+    """
+
+    template_fields: Sequence[str] = ("slot_name", "postgres_conn_id", "max_held_bytes", "max_age_seconds")
+    check_name = "replication_slot"
+
+    def __init__(self, *, slot_name: str, postgres_conn_id: str = "postgres_default",
+                 max_held_bytes: int | str = DEFAULT_MAX_HELD_BYTES,
+                 max_age_seconds: float | str | None = DEFAULT_MAX_AGE_SECONDS, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.max_held_bytes = max_held_bytes
+        self.max_age_seconds = max_age_seconds
+
+    def execute(self, context: Any) -> Any:
+        return self._recorded(context, self._check)
+
+    def _check(self) -> dict[str, Any]:
+        state = ReplicationSlotHook(postgres_conn_id=self.postgres_conn_id).slot_state(self.slot_name)
+        max_age = None if self.max_age_seconds in (None, "", "None") else float(self.max_age_seconds)
+        problems = slot_problems(state, self.slot_name, int(self.max_held_bytes), max_age)
+        report = state.as_report() if state else {"slot": self.slot_name, "exists": False}
+        if problems:
+            self.last_report = report
+            raise AirflowException("\n".join(problems))
+        assert state is not None  # slot_problems reports a missing slot
+        return {**report, "message": describe_slot(state)}
+

@@ -1,0 +1,300 @@
+"""The change-data-capture source on the real stack: Kafka Connect (scripts/stack.sh start-connect)
+runs Debezium's PostgreSQL connector, created through KafkaConnectHook with pgoutput, an initial
+snapshot and exactly-once delivery required; multi-row transactions on the source arrive as
+Debezium envelopes in Kafka transactions. Then the health checks: a paused and a deleted
+connector, and a replication slot held back while the connector is paused, each fail naming them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg2
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from psycopg2 import sql
+
+from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
+from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
+from demo.env_files import STATE_DIR
+from tests.conftest import ROOT
+from tests.helpers.locks import file_lock
+
+CONNECT_CONN = "eos_cdc_connect_test"
+SOURCE_CONN = "eos_cdc_source_test"
+T = TypeVar("T")
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120.0, interval: float = 1.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {result!r})")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def connect(stack: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The stack's Connect worker: started (and stopped at the session's end) unless it already
+    runs. (When a second module needs it, it belongs in tests/conftest.py, as spark_cluster is.)"""
+    script = str(ROOT / "scripts" / "stack.sh")
+    with file_lock(STATE_DIR / "connect.lock"):
+        status = subprocess.run(["bash", script, "status"], capture_output=True, text=True, check=True, timeout=60)
+        running = "connect: running" in status.stdout
+        if not running:
+            started = time.monotonic()
+            subprocess.run(["bash", script, "start-connect"], check=True, timeout=180)
+            print(f"kafka connect started in {time.monotonic() - started:.1f}s")
+    try:
+        yield stack
+    finally:
+        if not running:
+            subprocess.run(["bash", script, "stop-connect"], check=False, timeout=120)
+
+
+@pytest.fixture
+def connections(connect: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    host, port = connect["EOS_CONNECT_URL"].removeprefix("http://").split(":")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", json.dumps(
+        {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"}))
+    # The cluster's superuser: the slot's age reads pg_ls_waldir() (superuser or pg_monitor).
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SOURCE_CONN.upper()}", json.dumps({
+        "conn_type": "postgres", "host": connect["EOS_PG_HOST"], "port": int(connect["EOS_PG_PORT"]),
+        "login": connect["EOS_PG_USER"], "password": connect["EOS_PG_PASSWORD"],
+        "schema": connect["EOS_SOURCE_PG_DB"]}))
+
+
+@dataclass
+class Source:
+    """An autocommit connection to the source database, and the test's schema in it."""
+
+    conn: Any
+    schema: str
+
+
+@pytest.fixture
+def source(connect: dict[str, str], unique_name: str) -> Iterator[Source]:
+    """The source database with a fresh schema (dropped at the end)."""
+    conn = psycopg2.connect(host=connect["EOS_PG_HOST"], port=connect["EOS_PG_PORT"], user=connect["EOS_PG_USER"],
+                            password=connect["EOS_PG_PASSWORD"], dbname=connect["EOS_SOURCE_PG_DB"])
+    conn.autocommit = True
+    schema = f"cdc_{unique_name}"
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    yield Source(conn, schema)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    conn.close()
+
+
+def connector_config(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
+    """Debezium's PostgreSQL connector as this project configures it (docs/cdc.md, "Source side")."""
+    return {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": 1,
+        "plugin.name": "pgoutput",
+        "database.hostname": env["EOS_PG_HOST"],
+        "database.port": env["EOS_PG_PORT"],
+        "database.user": env["EOS_SOURCE_PG_USER"],
+        # Resolved inside the worker by its FileConfigProvider: never in the stored config.
+        "database.password": f"${{file:{env['EOS_CONNECT_SOURCE_SECRETS']}:password}}",
+        "database.dbname": env["EOS_SOURCE_PG_DB"],
+        "topic.prefix": schema,
+        "table.include.list": f"{schema}.accounts",
+        "slot.name": slot,
+        "publication.name": env["EOS_SOURCE_PUBLICATION"],
+        "publication.autocreate.mode": "disabled",
+        "snapshot.mode": "initial",
+        "exactly.once.support": "required",
+        "decimal.handling.mode": "string",
+        "heartbeat.interval.ms": 1000,
+        "topic.creation.default.replication.factor": 1,
+        "topic.creation.default.partitions": 1,
+    }
+
+
+def read_changes(bootstrap: str, topic: str, count: int, timeout: float = 120.0) -> list[tuple[Any, Any]]:
+    """``count`` records of ``topic`` from its start, read_committed: (key payload, value) pairs,
+    value None for a tombstone, else the envelope's payload."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-test-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    consumer.subscribe([topic])
+    records: list[tuple[Any, Any]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(records) < count and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            key = json.loads(msg.key())["payload"]
+            value = None if msg.value() is None else json.loads(msg.value())["payload"]
+            records.append((key, value))
+        extra = consumer.poll(3.0)  # nothing more may arrive: each change exactly once
+        assert extra is None or extra.error(), f"an unexpected record after {count}: {extra.value()!r}"
+    finally:
+        consumer.close()
+    assert len(records) == count, f"{len(records)} of {count} records within {timeout:.0f}s: {records}"
+    return records
+
+
+def high_watermark(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdc-test-watermark"})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+    finally:
+        consumer.close()
+
+
+class _Ti:
+    def __init__(self) -> None:
+        self.xcom: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[key] = value
+
+
+def run_check(operator: Any) -> tuple[bool, str, dict[str, Any]]:
+    """Runs a health check operator: whether it passed, its message, and its recorded eos_check."""
+    ti = _Ti()
+    try:
+        operator.execute({"ti": ti})
+    except Exception as err:  # the failure is the outcome under test
+        return False, str(err), ti.xcom["eos_check"]
+    return True, ti.xcom["eos_check"]["message"], ti.xcom["eos_check"]
+
+
+def write_source(source: Source, statements: list[str]) -> None:
+    """One multi-row transaction on the source schema."""
+    conn = source.conn
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SET LOCAL search_path = {}").format(sql.Identifier(source.schema)))
+        for statement in statements:
+            cur.execute(statement)
+    conn.commit()
+    conn.autocommit = True
+
+
+def drop_slot(source: Source, slot: str) -> None:
+    """Drops the connector's slot once its WAL sender has let go: a slot left behind would hold
+    the stack's WAL for ever."""
+    def released() -> bool:
+        with source.conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            if row is None:
+                return True
+            if row[0]:
+                return False
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            return True
+    wait_until(f"slot {slot} released", released, timeout=60)
+
+
+def test_debezium_changes_arrive_exactly_once_and_health_checks_name_what_is_wrong(
+        connect: dict[str, str], connections: None, source: Source, unique_name: str) -> None:
+    schema, slot, name = source.schema, f"dbz_{unique_name}", f"cdc-{unique_name}"
+    topic = f"{schema}.{schema}.accounts"
+    bootstrap = connect["EOS_KAFKA_BOOTSTRAP"]
+    write_source(source, [
+        "CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance numeric(20,6) NOT NULL)",
+        # FULL: the before image of an update or delete carries every column, not only the key.
+        "ALTER TABLE accounts REPLICA IDENTITY FULL",
+        "CREATE TABLE filler (id int PRIMARY KEY, pad text)",
+        "INSERT INTO accounts VALUES (1, 'ann', 100.123456), (2, 'bob', 12345678901234.000001), (3, 'cy', 0)",
+    ])
+    hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
+    try:
+        created = hook.put_connector_config(name, connector_config(connect, schema, slot))
+        assert created["name"] == name
+        assert "${file:" in hook.get_connector_config(name)["database.password"]  # no password stored
+        wait_until(f"{name} RUNNING", lambda: not hook.connector_problems(name))
+
+        snapshot = read_changes(bootstrap, topic, 3)
+        assert [(k["id"], v["op"], v["after"]["balance"]) for k, v in snapshot] == [
+            (1, "r", "100.123456"), (2, "r", "12345678901234.000001"), (3, "r", "0.000000")]
+
+        write_source(source, ["INSERT INTO accounts VALUES (4, 'dee', 4.5), (5, 'eve', 5)",
+                              "UPDATE accounts SET balance = balance + 1 WHERE id = 1"])
+        write_source(source, ["UPDATE accounts SET owner = 'dora' WHERE id = 4",
+                              "DELETE FROM accounts WHERE id IN (2, 5)"])
+        changes = read_changes(bootstrap, topic, 3 + 8)[3:]
+        summary = [(k["id"], v and v["op"]) for k, v in changes]
+        assert summary == [(4, "c"), (5, "c"), (1, "u"), (4, "u"), (2, "d"), (2, None), (5, "d"), (5, None)]
+        envelopes = [v for _, v in changes]
+        assert envelopes[0]["before"] is None
+        assert envelopes[0]["after"] == {"id": 4, "owner": "dee", "balance": "4.500000"}
+        assert envelopes[2]["before"]["balance"] == "100.123456"
+        assert envelopes[2]["after"]["balance"] == "101.123456"
+        assert envelopes[3]["before"]["owner"] == "dee" and envelopes[3]["after"]["owner"] == "dora"
+        assert envelopes[4]["before"] == {"id": 2, "owner": "bob", "balance": "12345678901234.000001"}
+        assert envelopes[4]["after"] is None
+        assert {e["source"]["table"] for e in envelopes if e} == {"accounts"}
+        # Two source transactions, two envelopes' txId sets; and the topic was written in Kafka
+        # transactions: each commit marker takes an offset, so the log is longer than its records.
+        assert len({e["source"]["txId"] for e in envelopes if e}) == 2
+        assert high_watermark(bootstrap, topic) > 3 + 8
+
+        check_health(hook, name, slot, source)
+    finally:
+        hook.delete_connector(name)
+        drop_slot(source, slot)
+
+
+def check_health(hook: KafkaConnectHook, name: str, slot: str, source: Source) -> None:
+    connector_check = ConnectorHealthCheckOperator(task_id="connector", connectors=[name],
+                                                   kafka_connect_conn_id=CONNECT_CONN)
+    ok, message, recorded = run_check(connector_check)
+    assert ok and recorded["ok"], message
+    slot_check = ReplicationSlotCheckOperator(task_id="slot", slot_name=slot, postgres_conn_id=SOURCE_CONN,
+                                              max_held_bytes=4 * 1024**2, max_age_seconds=3600)
+    # The connector confirms what it has written (and, with heartbeats, what it skipped).
+    wait_until(f"{slot} within 4 MiB", lambda: run_check(slot_check)[0], timeout=90, interval=2)
+
+    hook.pause_connector(name)
+    wait_until(f"{name} paused", lambda: hook.get_connector_status(name)["connector"]["state"] == "PAUSED")
+    ok, message, recorded = run_check(connector_check)
+    assert not ok and not recorded["ok"]
+    assert f"connector '{name}' is PAUSED" in message, message
+
+    # ~20 MB of WAL the paused connector cannot confirm: the slot holds it back.
+    write_source(source, ["INSERT INTO filler SELECT g, repeat(md5(g::text), 12) FROM generate_series(1, 40000) g"])
+    ok, message, recorded = run_check(slot_check)
+    assert not ok and not recorded["ok"], message
+    assert f"replication slot '{slot}' holds back" in message, message
+    held = int(re.search(r"holds back (\d+) bytes", message).group(1))  # type: ignore[union-attr]
+    assert held > 4 * 1024**2 and recorded["report"]["held_bytes"] >= held, (held, recorded)
+    assert re.search(r"oldest ~\d+s old", message), message  # its age, as the superuser may read it
+
+    hook.resume_connector(name)
+    wait_until(f"{name} RUNNING again", lambda: not hook.connector_problems(name))
+    # The application writes again: the connector confirms past the held WAL, and the server
+    # lets it go at its next running-transactions record (every 15 s while WAL is written).
+    last: list[str] = []
+
+    def released() -> bool:
+        write_source(source, ["UPDATE accounts SET balance = balance + 1 WHERE id = 3"])
+        ok, message, _ = run_check(slot_check)
+        last[:] = [message]
+        return ok
+    try:
+        wait_until(f"{slot} released again", released, timeout=120, interval=3)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {last}") from None
+
+    # Connect removes a connector asynchronously: for a moment it is still listed, then its
+    # status still says UNASSIGNED (a failure too, naming it), then it does not exist.
+    hook.delete_connector(name)
+    wait_until(f"{name} gone", lambda: "does not exist" in run_check(connector_check)[1])
+    ok, message, recorded = run_check(connector_check)
+    assert not ok and not recorded["ok"]
+    assert f"connector '{name}' does not exist" in message, message
