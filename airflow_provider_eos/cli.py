@@ -76,7 +76,8 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
 
     def kafka_check() -> str:
         from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
-        from spark_apps.eos_stream import kafka_security, preflight
+        from spark_apps.eos_stream.kafka import security as kafka_security
+        from spark_apps.eos_stream.run import preflight
 
         kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
         kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
@@ -87,7 +88,7 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
     def postgres_check() -> str:
         from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
         from airflow_provider_eos.utils.definition_checks import load_spec
-        from spark_apps.eos_stream import preflight
+        from spark_apps.eos_stream.run import preflight
         from spark_apps.eos_stream.sink.batch_sink import MODES
         from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
 
@@ -114,7 +115,7 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         return f"[eos] snapshot_store = {provider_config.snapshot_store()}"
 
     def spark_check() -> str:
-        from spark_apps.eos_stream.pyspark_pairing import installed_versions, pairing_problem
+        from spark_apps.eos_stream.run.pyspark_pairing import installed_versions, pairing_problem
 
         versions = installed_versions()
         problem = pairing_problem(versions)

@@ -12,8 +12,8 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream import preflight
-from spark_apps.eos_stream.records import staging_columns, staging_lines
+from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
+from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
 from spark_apps.eos_stream.sink.staging import copy_from_chunks
 from spark_apps.ledger.generator import _event

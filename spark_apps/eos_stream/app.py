@@ -24,23 +24,26 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import fencing, kafka_ranges, kafka_security, preflight
-from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
-from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
-from spark_apps.eos_stream.driver import claim, offsets_json
 from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.events import emit
-from spark_apps.eos_stream.kafka_ranges import EARLIEST
-from spark_apps.eos_stream.progress import ProgressRecorder, RowsRead
-from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.kafka import security as kafka_security
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.kafka.ranges import EARLIEST
+from spark_apps.eos_stream.records.spec import SpecError, load_spec
+from spark_apps.eos_stream.run import preflight
+from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig, parse_args
+from spark_apps.eos_stream.run.driver import claim, offsets_json
+from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
+from spark_apps.eos_stream.run.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import StagedBatch
-from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.part_writer import part_writer
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import range_stager
-from spark_apps.eos_stream.spec import SpecError, load_spec
+from spark_apps.eos_stream.state import fencing
+from spark_apps.eos_stream.state.control import AlreadyRunning, StopSignal
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from spark_apps.eos_stream.config import ConfigError, from_dict, parse_args
-from spark_apps.eos_stream.preflight import delivery_mode
-from spark_apps.eos_stream.spec import load_spec
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run.config import ConfigError, from_dict, parse_args
+from spark_apps.eos_stream.run.preflight import delivery_mode
 from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
 
 # What every config names (the app has no example pipeline to default to).
@@ -57,7 +57,7 @@ def test_idempotent_is_refused_on_aggregates_but_fine_on_rows() -> None:
 
 
 def test_spec_reference_errors() -> None:
-    from spark_apps.eos_stream.spec import SpecError
+    from spark_apps.eos_stream.records.spec import SpecError
 
     with pytest.raises(SpecError, match="must look like"):
         load_spec("spark_apps.ledger.spec")

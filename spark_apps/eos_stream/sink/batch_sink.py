@@ -146,14 +146,16 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import errors, fencing
+from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.spec import PipelineSpec
 from spark_apps.eos_stream.sink import apply_sql, parts
 from spark_apps.eos_stream.sink.in_doubt import prepare_failure, resolve_in_doubt, transaction_id
-from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix, stage_table
-from spark_apps.eos_stream.spec import PipelineSpec
+from spark_apps.eos_stream.state import fencing
 
 
 class BatchStuck(RuntimeError):

@@ -32,8 +32,10 @@ from typing import Any
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import aggregate_deltas, errors, meta_tables
-from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
+from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.records import aggregate_deltas
+from spark_apps.eos_stream.records.spec import AggregateTarget, PipelineSpec, RowTarget
+from spark_apps.eos_stream.state import meta_tables
 
 PREFIX = "eos-part:"
 # PostgreSQL: "prepared transaction with identifier ... does not exist": someone resolved it already.
@@ -58,7 +60,7 @@ def supported(spec: PipelineSpec) -> bool:
     """Whether a spec's batches can be written as parts: Arrow vouches for its records
     (``batch_lines.supported``) and it has at most one row target (a task writes one
     COPY; a second row target would need a second pass over the records)."""
-    from spark_apps.eos_stream import batch_lines
+    from spark_apps.eos_stream.records import batch_lines
 
     return batch_lines.supported(spec) and sum(isinstance(t, RowTarget) for t in spec.targets) <= 1
 

@@ -82,10 +82,9 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import ISOLATION_LEVEL_REPEATABLE_READ
 
-from spark_apps.eos_stream import meta_tables, preflight
-from spark_apps.eos_stream.audit_kafka import KafkaOffsets, KafkaSide, ReadTask
-from spark_apps.eos_stream.audit_readers import PARALLEL_MIN_RECORDS, KafkaRead
-from spark_apps.eos_stream.audit_rules import (
+from spark_apps.eos_stream.audit.kafka import KafkaOffsets, KafkaSide, ReadTask
+from spark_apps.eos_stream.audit.readers import PARALLEL_MIN_RECORDS, KafkaRead
+from spark_apps.eos_stream.audit.rules import (
     APPLIES,
     PENDING_POLICIES,
     REFUSED,
@@ -104,17 +103,19 @@ from spark_apps.eos_stream.audit_rules import (
     tail_counts_as_missing,
     wrong_keys,
 )
-from spark_apps.eos_stream.config import PipelineConfig, parse_args
-from spark_apps.eos_stream.control import driver_running
 from spark_apps.eos_stream.errors import dead_letter_class
-from spark_apps.eos_stream.records import parse_record, staging_columns, staging_lines
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.parsing import parse_record, staging_columns, staging_lines
+from spark_apps.eos_stream.records.spec import AggregateTarget, PipelineSpec, RowTarget, load_spec
+from spark_apps.eos_stream.run import preflight
+from spark_apps.eos_stream.run.config import PipelineConfig, parse_args
 from spark_apps.eos_stream.sink import apply_sql, staging
 from spark_apps.eos_stream.sink.batch_sink import MODES
 from spark_apps.eos_stream.sink.parts import pending_decided
 from spark_apps.eos_stream.sink.postgres import connect
-from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget, load_spec
+from spark_apps.eos_stream.state import meta_tables
+from spark_apps.eos_stream.state.control import driver_running
 
-TopicPartition = tuple[str, int]
 DEFAULT_TIMEOUT = 900.0
 # Starts over when retention deletes records in the range while it is read.
 ATTEMPTS = 3

@@ -154,7 +154,7 @@ class PipelineConfig:
         """The security settings (librdkafka names) for the driver's own clients: metadata,
         audit and Spark-less replay reads; Spark's Java source gets them translated
         (``kafka_security.java_options``)."""
-        from spark_apps.eos_stream.kafka_security import security_options
+        from spark_apps.eos_stream.kafka.security import security_options
 
         return security_options(self.kafka_options)
 
