@@ -89,8 +89,8 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
         from airflow_provider_eos.utils.definition_checks import load_spec
         from spark_apps.eos_stream.run import preflight
-        from spark_apps.eos_stream.sink.batch_sink import MODES
         from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
+        from spark_apps.eos_stream.sink.modes import MODES
 
         hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
         conn = hook.connect(application_name="eos-preflight")

@@ -37,11 +37,11 @@ from spark_apps.eos_stream.run.driver import claim, offsets_json
 from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.run.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
-from spark_apps.eos_stream.sink.batch_sink import StagedBatch
 from spark_apps.eos_stream.sink.part_writer import part_writer
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import range_stager
+from spark_apps.eos_stream.sink.writer import StagedBatch
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.control import AlreadyRunning, StopSignal
 

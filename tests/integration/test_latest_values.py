@@ -16,7 +16,7 @@ from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
 from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
-from spark_apps.eos_stream.sink.batch_sink import MODES
+from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage, stage_table
 from tests.streaming import pg_connect
 

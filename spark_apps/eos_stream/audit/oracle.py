@@ -110,7 +110,7 @@ from spark_apps.eos_stream.records.spec import AggregateTarget, PipelineSpec, Ro
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig, parse_args
 from spark_apps.eos_stream.sink import apply_sql, staging
-from spark_apps.eos_stream.sink.batch_sink import MODES
+from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.sink.parts import pending_decided
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.state import meta_tables

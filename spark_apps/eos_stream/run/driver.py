@@ -21,8 +21,9 @@ from spark_apps.eos_stream.records.spec import PipelineSpec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.sink import parts
-from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode, Stopwatch
+from spark_apps.eos_stream.sink.batch_sink import BatchSink, Stopwatch
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
+from spark_apps.eos_stream.sink.modes import DeliveryMode
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import drop_stages
