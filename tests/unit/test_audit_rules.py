@@ -243,8 +243,8 @@ def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals
                     actual=[{("a",): {"total": totals}}], below_earliest=[None],
                     below_latest=[{}], retired={tp for tp in stored if tp[0] == "old"})
     ranges = {("t", 0): PartitionRange(earliest, 10, 8, True)}
-    return build_report(PipelineConfig(pipeline="p", topics=["t"], spec="m:S"), NARROW, [NARROW.targets[1]], snap, ranges,
-                   _side(1, applied, tail), {}, running=running, pending="auto", goal=goal)
+    return build_report(PipelineConfig(pipeline="p", topics=["t"], spec="m:S"), NARROW, [NARROW.targets[1]], snap,
+                        ranges, _side(1, applied, tail), {}, running=running, pending="auto", goal=goal)
 
 
 def test_report_counts_the_tail_as_not_yet_applied_while_a_driver_runs() -> None:
