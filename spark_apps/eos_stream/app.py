@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 import uuid
@@ -24,28 +23,25 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka import security as kafka_security
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
-from spark_apps.eos_stream.records.spec import SpecError, load_spec
-from spark_apps.eos_stream.run import preflight
-from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig, parse_args
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run import entry, preflight
+from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.run.driver import claim, offsets_json
+from spark_apps.eos_stream.run.entry import EXIT_OK
 from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
-from spark_apps.eos_stream.run.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
+from spark_apps.eos_stream.run.pyspark_pairing import check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.part_writer import part_writer
 from spark_apps.eos_stream.sink.parts import WrittenParts
-from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import range_stager
 from spark_apps.eos_stream.sink.writer import StagedBatch
 from spark_apps.eos_stream.state import fencing
-from spark_apps.eos_stream.state.control import AlreadyRunning, StopSignal
-
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+from spark_apps.eos_stream.state.control import StopSignal
 
 
 def _kafka_source_options(config: PipelineConfig) -> dict[str, str]:
@@ -289,58 +285,12 @@ def _supervise(query: Any, stop: StopSignal, ahead: ApplyAhead | None, poll_seco
         ahead.finish()
 
 
-# "ValueError: ..." or "psycopg2.errors.StringDataRightTruncation: ..." as Python prints them. The
-# class name must hold a lowercase letter: PostgreSQL's message fields (CONTEXT:, DETAIL:, HINT:)
-# follow the error in the same text and are not its cause.
-_PYTHON_ERROR_LINE = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*[a-z]\w*): (.+)$")
-# Of those, the ones that name an exception: a module-qualified class (psycopg2.errors.X, py4j...)
-# or a name ending the way exceptions do. Spark's query report ("Identifier: eos-x [id = ...]",
-# "Current Committed Offsets: ...") has the same shape and follows the traceback.
-_EXCEPTION_NAME = re.compile(r"(\.|Error$|Exception$|Stuck$|Blocked$|Fenced$|Unavailable$)")
-
-
-def root_cause(exc: BaseException) -> str:
-    """The innermost Python error inside Spark's wrapping (a failed foreachBatch
-    arrives as STREAM_FAILED with the real traceback in its text), with the
-    SQLSTATE when the database raised it; an error raised outside Spark (the
-    last batch's apply, which ends after the query) reads the same way:
-    its class, then its first line."""
-    text = str(exc)
-    lines = [m for m in map(_PYTHON_ERROR_LINE.match, text.splitlines()) if m]
-    named = [m for m in lines if _EXCEPTION_NAME.search(m.group(1))] or lines
-    if not named:
-        return f"{type(exc).__name__}: {text.strip().splitlines()[0]}" if text.strip() else type(exc).__name__
-    cause = named[-1].group(1).rsplit(".", 1)[-1] + ": " + named[-1].group(2).strip()
-    code = sqlstate_of(exc)
-    return f"{cause} (SQLSTATE {code})" if code and code not in cause else cause
-
-
 def main(argv: list[str] | None = None, run: Callable[[PipelineConfig], int] | None = None) -> int:
     """Runs the pipeline with ``run`` (default: the Spark stream) and turns its
-    errors into the exit codes above."""
-    try:
-        if run is None:
-            check_pyspark_pairing()
-            run = run_stream
-        config = parse_args(argv)
-        return run(config)
-    except (ConfigError, SpecError, PysparkPairingError, kafka_security.KafkaSecurityError) as exc:
-        emit("error", kind="config", message=str(exc))
-        print(f"eos-stream: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except fencing.Fenced as exc:
-        emit("error", kind="fenced", message=str(exc))
-        print(f"eos-stream: fenced: {exc}", file=sys.stderr)
-        return fencing.EXIT_FENCED
-    except (TargetUnavailable, preflight.KafkaUnavailable, AlreadyRunning) as exc:
-        emit("error", kind="unavailable", message=str(exc))
-        print(f"eos-stream: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as exc:
-        message = root_cause(exc)
-        emit("error", kind="failed", message=message[:2000])
-        print(f"eos-stream: failed: {message}", file=sys.stderr)
-        return EXIT_FAILED
+    errors into the exit codes above (``run.entry``)."""
+    if run is None:
+        return entry.main(argv, run_stream, before=check_pyspark_pairing)
+    return entry.main(argv, run)
 
 
 if __name__ == "__main__":

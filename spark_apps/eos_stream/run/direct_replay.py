@@ -187,9 +187,9 @@ def replay(config: PipelineConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_apps.eos_stream import app
+    from spark_apps.eos_stream.run import entry
 
-    return app.main(argv, run=replay)
+    return entry.main(argv, replay)
 
 
 if __name__ == "__main__":
