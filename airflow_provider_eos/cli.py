@@ -85,7 +85,8 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
 
     def kafka_check() -> str:
         from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
-        from spark_apps.eos_stream import kafka_security, preflight
+        from spark_apps.eos_stream.kafka import security as kafka_security
+        from spark_apps.eos_stream.run import preflight
 
         kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
         kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
@@ -96,9 +97,9 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
     def postgres_check() -> str:
         from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
         from airflow_provider_eos.utils.definition_checks import load_spec
-        from spark_apps.eos_stream import preflight
-        from spark_apps.eos_stream.sink.batch_sink import MODES
+        from spark_apps.eos_stream.run import preflight
         from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
+        from spark_apps.eos_stream.sink.modes import MODES
 
         hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
         conn = hook.connect(application_name="eos-preflight")
@@ -123,7 +124,7 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         return f"[eos] snapshot_store = {provider_config.snapshot_store()}"
 
     def spark_check() -> str:
-        from spark_apps.eos_stream.pyspark_pairing import installed_versions, pairing_problem
+        from spark_apps.eos_stream.run.pyspark_pairing import installed_versions, pairing_problem
 
         versions = installed_versions()
         problem = pairing_problem(versions)

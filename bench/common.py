@@ -32,8 +32,8 @@ def drop_schemas(conn: Any, *schemas: str) -> None:
 
 def fresh_ledger_schemas(conn: Any, meta: str, target: str) -> None:
     """Empty schemas for one exactly_once ledger pipeline: its meta tables and its targets."""
-    from spark_apps.eos_stream import preflight
-    from spark_apps.eos_stream.sink.batch_sink import MODES
+    from spark_apps.eos_stream.run import preflight
+    from spark_apps.eos_stream.sink.modes import MODES
     from spark_apps.ledger.spec import LEDGER
 
     drop_schemas(conn, meta, target)

@@ -47,11 +47,11 @@ from psycopg2.extras import execute_values
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import ROOT, drop_schemas, fresh_ledger_schemas, load_average, local_stack, machine
-from spark_apps.eos_stream import meta_tables
-from spark_apps.eos_stream.records import parse_record, staging_columns, staging_lines
+from spark_apps.eos_stream.records.parsing import parse_record, staging_columns, staging_lines
 from spark_apps.eos_stream.sink import apply_sql
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage
+from spark_apps.eos_stream.state import meta_tables
 from spark_apps.ledger.generator import _event
 from spark_apps.ledger.spec import BALANCES_TABLE, EVENTS_TABLE, LEDGER
 

@@ -28,7 +28,7 @@ import psycopg2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import ROOT, drop_schemas, fresh_ledger_schemas, local_stack, machine
-from spark_apps.eos_stream.records import staging_columns, staging_lines
+from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
 from spark_apps.eos_stream.sink import apply_sql
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_table, stage_column_types
 from spark_apps.ledger.generator import _event

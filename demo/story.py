@@ -56,9 +56,9 @@ from demo.airflow_api import AirflowApi  # noqa: E402
 from demo.console import Console, failure_summary, print_report, quiet_console, save_task_log  # noqa: E402
 from demo.env_files import STATE_DIR, read_env_file  # noqa: E402
 from demo.feed import Feed  # noqa: E402
-from spark_apps.eos_stream.audit import audit  # noqa: E402
-from spark_apps.eos_stream.config import PipelineConfig, PostgresTarget  # noqa: E402
-from spark_apps.eos_stream.kafka_logging import with_python_logging  # noqa: E402
+from spark_apps.eos_stream.audit.oracle import audit  # noqa: E402
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging  # noqa: E402
+from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget  # noqa: E402
 from spark_apps.ledger.generator import ProduceSummary, ensure_topic, produce_ledger  # noqa: E402
 from spark_apps.ledger.spec import LEDGER  # noqa: E402
 from spark_apps.orders.generator import OrdersSummary, produce_orders  # noqa: E402

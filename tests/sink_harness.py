@@ -12,9 +12,10 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream import preflight
-from spark_apps.eos_stream.records import staging_columns, staging_lines
-from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
+from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
+from spark_apps.eos_stream.run import preflight
+from spark_apps.eos_stream.sink.batch_sink import BatchSink
+from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.sink.staging import copy_from_chunks
 from spark_apps.ledger.generator import _event
 from spark_apps.ledger.spec import LEDGER

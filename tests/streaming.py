@@ -132,7 +132,7 @@ def run_app(config: dict[str, Any], tmp_path: Path, timeout: float = 300, **kwar
 
 def run_direct_replay(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
                       label: str = "replay", timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Runs the Spark-less replay (``spark_apps.eos_stream.direct_replay``) of ``config`` to Kafka's
+    """Runs the Spark-less replay (``spark_apps.eos_stream.run.direct_replay``) of ``config`` to Kafka's
     last stable offsets: the app's claim and sink without a JVM, for a test that needs a pipeline's
     state but not Spark. In its own process group (a fault point kills the whole group).
 
@@ -145,7 +145,7 @@ def run_direct_replay(config: dict[str, Any], tmp_path: Path, env_extra: dict[st
     """
     path = tmp_path / f"{config['pipeline']}-{label}.json"
     path.write_text(json.dumps(config))
-    return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.direct_replay", "--config", str(path)],
+    return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.run.direct_replay", "--config", str(path)],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env_extra or {})},
                           timeout=timeout, start_new_session=True)
 
@@ -179,7 +179,7 @@ def dead_letter_count(conn, config: dict[str, Any]) -> int:
     """Dead letters the pipeline of ``config`` has quarantined."""
     from psycopg2 import sql
 
-    from spark_apps.eos_stream import meta_tables
+    from spark_apps.eos_stream.state import meta_tables
 
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT count(*) FROM {} WHERE pipeline = %s").format(

@@ -24,7 +24,7 @@ from airflow_provider_eos.dag_factory.common import connection_ids
 from airflow_provider_eos.triggers.committed_offsets import CommittedOffsetsTrigger
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, find_definition
-from spark_apps.eos_stream.spec import load_spec
+from spark_apps.eos_stream.records.spec import load_spec
 
 log = logging.getLogger(__name__)
 # Seconds between the watcher's reads of the offsets table. A constant: the trigger's kwargs

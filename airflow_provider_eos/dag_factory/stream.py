@@ -26,7 +26,7 @@ from airflow_provider_eos.dag_factory.common import (
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
-from spark_apps.eos_stream.config import TRIGGERS
+from spark_apps.eos_stream.run.config import TRIGGERS
 
 # Knobs a run conf may set; null means "as the definition says".
 TUNING = ("trigger", "trigger_interval", "max_offsets_per_trigger", "max_batch_attempts")

@@ -15,10 +15,9 @@ from psycopg2.extensions import connection as PgConnection
 from psycopg2.extras import RealDictCursor
 
 from airflow_provider_eos.utils.lso_watch import StoredPartition
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.kafka.partitions import TopicPartition as TopicPartitionKey
 from spark_apps.eos_stream.sink.postgres import TCP_KEEPALIVES, with_keepalives
-
-TopicPartitionKey = tuple[str, int]
+from spark_apps.eos_stream.state import meta_tables
 
 # Extra keys of a postgres connection that are Airflow's, not libpq's.
 _NON_LIBPQ_EXTRAS = frozenset(
@@ -282,7 +281,7 @@ class EosPostgresHook(PostgresHook):
         """The pipeline's running lock on a connection of its own, or None when a
         driver holds it. While the connection stays open no driver can start (a
         starting driver waits for the lock, then exits); closing it releases it."""
-        from spark_apps.eos_stream.control import running_lock_key
+        from spark_apps.eos_stream.state.control import running_lock_key
 
         conn = self.connect(application_name="eos-recovery")
         conn.autocommit = True
@@ -302,7 +301,7 @@ class EosPostgresHook(PostgresHook):
         """Whether a driver of the pipeline is connected (its running lock), whether a
         supervisor (StreamingPipelineOperator) holds it, when it last recorded progress and
         whether a stop is requested."""
-        from spark_apps.eos_stream.control import advisory_lock_held, driver_running
+        from spark_apps.eos_stream.state.control import advisory_lock_held, driver_running
 
         meta_schema = self.meta_schema
         conn = self.connect()
@@ -469,8 +468,8 @@ class EosPostgresHook(PostgresHook):
 
     def driver_running(self, pipeline: str) -> bool:
         """Whether a driver of the pipeline is connected: every app holds its running
-        lock for its lifetime, whoever started it (see ``spark_apps.eos_stream.control``)."""
-        from spark_apps.eos_stream.control import running_lock_key
+        lock for its lifetime, whoever started it (see ``spark_apps.eos_stream.state.control``)."""
+        from spark_apps.eos_stream.state.control import running_lock_key
 
         return self._advisory_lock_held(running_lock_key(pipeline))
 
@@ -478,7 +477,7 @@ class EosPostgresHook(PostgresHook):
         """Who holds the pipeline's running lock: the backend's ``pid``, ``application_name``,
         ``client_addr``, ``client_port``, ``backend_start`` and ``age_seconds``; None when no
         driver is connected. For logs: the backend pid is the database's, not the driver's."""
-        from spark_apps.eos_stream.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
+        from spark_apps.eos_stream.state.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
 
         with self.cursor() as cur:
             cur.execute(
@@ -583,7 +582,7 @@ class EosPostgresHook(PostgresHook):
             conn.close()
 
     def _advisory_lock_held(self, key: str) -> bool:
-        from spark_apps.eos_stream.control import advisory_lock_held
+        from spark_apps.eos_stream.state.control import advisory_lock_held
 
         conn = self.connect(autocommit=True)
         try:

@@ -21,9 +21,9 @@ def kafka_client_settings(kafka_config_id: str) -> KafkaClientSettings:
     """What the app needs of a ``kafka`` connection: ``bootstrap.servers`` and every
     ``security.*``, ``sasl.*`` and ``ssl.*`` option of its extra. The app uses them as they are
     for its own librdkafka clients and translates them for Spark's Java source
-    (``spark_apps.eos_stream.kafka_security``); they hold secrets, so they travel only in the
+    (``spark_apps.eos_stream.kafka.security``); they hold secrets, so they travel only in the
     app's environment."""
-    from spark_apps.eos_stream.kafka_security import security_options
+    from spark_apps.eos_stream.kafka.security import security_options
 
     extra = dict(KafkaBaseHook.get_connection(kafka_config_id).extra_dejson or {})
     bootstrap = extra.get("bootstrap.servers")

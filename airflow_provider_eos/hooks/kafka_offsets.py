@@ -13,8 +13,8 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets, TopicPartitionKey
-from spark_apps.eos_stream.kafka_logging import with_python_logging
-from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
 
 _UNREACHABLE_CODES = frozenset(
     {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}

@@ -75,7 +75,7 @@ class PgToolsHook(EosPostgresHook):
 
     def _secrets(self) -> dict[str, Any]:
         """libpq secrets of the connection other than the password (``sslpassword``)."""
-        from spark_apps.eos_stream.config import SECRET_LIBPQ_OPTIONS
+        from spark_apps.eos_stream.run.config import SECRET_LIBPQ_OPTIONS
 
         params = self.libpq_params()
         return {key: params[key] for key in sorted(SECRET_LIBPQ_OPTIONS - {"password"}) if key in params}
@@ -129,7 +129,7 @@ class PgToolsHook(EosPostgresHook):
         """``-d <conninfo>``: every libpq keyword of the connection (sslmode, sslrootcert, ...)
         reaches the client tools exactly as it reaches psycopg2. Never a secret: the password
         goes in ``PGPASSWORD``, ``sslpassword`` in the service file of ``tool_env``."""
-        from spark_apps.eos_stream.config import SECRET_LIBPQ_OPTIONS
+        from spark_apps.eos_stream.run.config import SECRET_LIBPQ_OPTIONS
 
         params = {key: value for key, value in self.libpq_params(dbname).items() if key not in SECRET_LIBPQ_OPTIONS}
         if self._secrets():

@@ -27,7 +27,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_eos.utils import provider_config
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-# The app's exit when the database fenced it (``spark_apps.eos_stream.fencing.EXIT_FENCED``; not
+# The app's exit when the database fenced it (``spark_apps.eos_stream.state.fencing.EXIT_FENCED``; not
 # imported: this module must load without the app's psycopg2-based modules on the import path).
 EXIT_FENCED = 3
 EVENT_PREFIX = "EOS-"
@@ -286,7 +286,7 @@ class EosStreamSubmitHook(SparkSubmitHook):
 
     def run_app(self, config: dict[str, Any]) -> AppRunResult:
         """Runs the app until it exits; never raises for the app's own failures."""
-        from spark_apps.eos_stream.pyspark_pairing import installed_versions, pairing_problem
+        from spark_apps.eos_stream.run.pyspark_pairing import installed_versions, pairing_problem
 
         # spark-submit comes from this environment's pyspark: refuse a mix of two Sparks before it starts.
         problem = pairing_problem(installed_versions())

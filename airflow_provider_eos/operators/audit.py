@@ -20,7 +20,7 @@ class AuditMismatchError(AirflowException):
 
 class AuditOperator(PipelineOperatorMixin, BaseOperator):
     """
-    Runs :func:`spark_apps.eos_stream.audit.audit`: every committed Kafka record
+    Runs :func:`spark_apps.eos_stream.audit.oracle.audit`: every committed Kafka record
     (read_committed, up to the stored offsets, or the LSO) against the database, per
     partition and per aggregate key. Returns the report via XCom and fails on any mismatch
     (duplicates, missing rows, wrong totals, malformed records not quarantined, valid
@@ -42,7 +42,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     :param goal_offsets: ``{topic: {partition: offset}}`` the stored offsets must have reached
         (templated); None: no goal.
     :param pending: how committed records above the stored offsets count (``auto``, ``missing``,
-        ``allowed``; see :func:`spark_apps.eos_stream.audit.audit`).
+        ``allowed``; see :func:`spark_apps.eos_stream.audit.oracle.audit`).
     """
 
     template_fields: Sequence[str] = ("pipeline_config", "plan_only", "goal_offsets")
@@ -67,8 +67,8 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any] | None:
-        from spark_apps.eos_stream.audit import audit
-        from spark_apps.eos_stream.spec import load_spec
+        from spark_apps.eos_stream.audit.oracle import audit
+        from spark_apps.eos_stream.records.spec import load_spec
 
         if as_bool(self.plan_only):
             self.log.info("dry run: audit skipped")
@@ -91,7 +91,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
         """The rendered ``goal_offsets``: a dict (native rendering) or its JSON. A goal rendered from
         a missing XCom (None, "None", "") is no goal, so the audit demands everything up to the LSO
         rather than nothing: never green for want of a goal."""
-        from spark_apps.eos_stream.audit_rules import goal_offsets
+        from spark_apps.eos_stream.audit.rules import goal_offsets
 
         value = self.goal_offsets
         if isinstance(value, str):

@@ -137,7 +137,7 @@ class PipelineOperatorMixin:
 
         from airflow_provider_eos.utils.lineage import operator_lineage
         from airflow_provider_eos.utils.params import as_bool
-        from spark_apps.eos_stream.spec import load_spec
+        from spark_apps.eos_stream.records.spec import load_spec
 
         if as_bool(getattr(self, "plan_only", False)):
             return OperatorLineage()

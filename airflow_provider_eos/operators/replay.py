@@ -134,7 +134,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param engine: ``auto`` (the default: ``direct`` when the records between the stored offsets
         and the last stable offsets are at most ``direct_max_records``, ``spark`` otherwise),
         ``spark`` (the app through spark-submit, on the Spark connection's master) or ``direct``
-        (``spark_apps.eos_stream.direct_replay`` in this worker: the same claim and sink without
+        (``spark_apps.eos_stream.run.direct_replay`` in this worker: the same claim and sink without
         Spark, so no cold spark-submit and no cold first batch; one process reads). The choice is
         logged and returned as ``engine`` (:class:`~airflow_provider_eos.recovery.replay_engine.ReplayChoice`).
     :param direct_max_records: ``auto``'s threshold (a definition's ``stream.replay_direct_max_records``).
@@ -172,8 +172,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         self._submit: EosStreamSubmitHook | None = None
 
     def _row_counts(self, config: Any) -> dict[str, int]:
-        from spark_apps.eos_stream import meta_tables
-        from spark_apps.eos_stream.spec import RowTarget, load_spec
+        from spark_apps.eos_stream.records.spec import RowTarget, load_spec
+        from spark_apps.eos_stream.state import meta_tables
 
         tables = [(config.target_schema, t.table) for t in load_spec(config.spec).targets if isinstance(t, RowTarget)]
         tables.append((config.meta_schema, meta_tables.DEAD_LETTERS))
@@ -255,8 +255,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
 
     def _run_direct(self, config: Any) -> None:
         """The replay in this process: no spark-submit, the same claim and sink as the app."""
-        from spark_apps.eos_stream.config import from_dict
-        from spark_apps.eos_stream.direct_replay import replay
+        from spark_apps.eos_stream.run.config import from_dict
+        from spark_apps.eos_stream.run.direct_replay import replay
 
         direct = from_dict(self.replay_config(config))
         direct.postgres.password = config.postgres.password

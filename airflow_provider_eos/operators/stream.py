@@ -2,7 +2,7 @@
 
 The operator takes the pipeline's definition (``PipelineDefinition``, or its dict form, as the
 DAG factory passes it), never the pipeline's fields one by one: what the pipeline is and its
-defaults are defined once (spark_apps/eos_stream/config.py, utils/pipeline_definition.py), and
+defaults are defined once (spark_apps/eos_stream/run/config.py, utils/pipeline_definition.py), and
 the app's config is the definition's ``app_config`` plus what a run sets. Its own arguments are
 what only a supervisor knows: connections, the run's time, restarts, Spark submission.
 """
@@ -30,7 +30,7 @@ from airflow_provider_eos.utils.pipeline_definition import (
     parse_definition,
 )
 from airflow_provider_eos.utils.stats_emitter import emit
-from spark_apps.eos_stream.config import default_of
+from spark_apps.eos_stream.run.config import default_of
 
 # After a fenced exit, how long the driver's own database sessions may take to end (the
 # backend sees the closed socket at once; this covers a busy server) before a running
@@ -501,7 +501,7 @@ class StreamingPipelineOperator(BaseOperator):
     def get_openlineage_facets_on_start(self) -> Any:
         """The topics it reads and the target tables it writes (OpenLineage: topic -> pipeline -> tables)."""
         from airflow_provider_eos.utils.lineage import operator_lineage
-        from spark_apps.eos_stream.spec import load_spec
+        from spark_apps.eos_stream.records.spec import load_spec
 
         return operator_lineage(kafka_bootstrap_from_connection(self.connection("kafka")), self.pipeline.topics,
                                 EosPostgresHook(postgres_conn_id=self.connection("postgres")).app_target(),

@@ -180,7 +180,7 @@ def rollback_swap(hook: PgToolsHook, aside: str, target_schema: str, pipeline: s
     :raises AsideSchemaError: the schema is gone (finalized: nothing to go back
         to), is not this target's, or has no restore record.
     """
-    from spark_apps.eos_stream import fencing, meta_tables
+    from spark_apps.eos_stream.state import fencing, meta_tables
 
     key = lock_key or target_lock_key(hook.dbname, target_schema, pipeline)
     conn = hook.connect()

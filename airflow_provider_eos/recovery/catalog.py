@@ -79,7 +79,7 @@ SELECT DISTINCT what[1], what[2] FROM described WHERE what IS NOT NULL ORDER BY 
 
 def stored_offsets_in(conn: PgConnection, meta_schema: str, pipeline: str) -> dict[str, dict[str, int]]:
     """The pipeline's stored offsets as ``conn``'s transaction sees them (a snapshot's replay point)."""
-    from spark_apps.eos_stream import meta_tables
+    from spark_apps.eos_stream.state import meta_tables
 
     with conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s)", (f'"{meta_schema}"."{meta_tables.OFFSETS}"',))
@@ -100,7 +100,7 @@ def stored_offsets_in(conn: PgConnection, meta_schema: str, pipeline: str) -> di
 
 def other_pipelines(conn: PgConnection, meta_schema: str, pipeline: str) -> list[str]:
     """Other pipelines with offsets in the same meta schema (a restore would roll them back)."""
-    from spark_apps.eos_stream import meta_tables
+    from spark_apps.eos_stream.state import meta_tables
 
     with conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s)", (f'"{meta_schema}"."{meta_tables.OFFSETS}"',))

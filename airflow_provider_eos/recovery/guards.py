@@ -84,7 +84,7 @@ def commit_orphans(hook: Any, config: Any) -> list[str]:
 
 def pipeline_lock_holders(hook: Any, pipeline: str) -> list[str]:
     """Who holds the pipeline's lock now, one line each (for an error message)."""
-    from spark_apps.eos_stream import fencing
+    from spark_apps.eos_stream.state import fencing
 
     conn = hook.connect()
     try:
@@ -118,7 +118,7 @@ def bump_epoch(hook: Any, config: Any, by: str, reason: str, wait_seconds: float
     :raises StreamStillRunningError: the lock stayed held for ``wait_seconds``."""
     from psycopg2 import errors as pg_errors
 
-    from spark_apps.eos_stream import fencing
+    from spark_apps.eos_stream.state import fencing
 
     for attempt in (1, 2):
         committed = commit_orphans(hook, config)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from spark_apps.eos_stream.config import PIPELINE_NAME
+from spark_apps.eos_stream.run.config import PIPELINE_NAME
 
 FORMAT_VERSION = 1
 LATEST = "latest"

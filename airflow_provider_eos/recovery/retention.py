@@ -94,9 +94,9 @@ def check_retention(kafka_config_id: str, needed: dict[tuple[str, int], int], to
     Offsets stored for topics no longer in the definition (a topic removed from it) are
     not needed: nothing replays them, their rows stay as they are (``retired_topics``)."""
     from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
-    from spark_apps.eos_stream import preflight
-    from spark_apps.eos_stream.audit_rules import retired_topics
-    from spark_apps.eos_stream.config import ConfigError
+    from spark_apps.eos_stream.audit.rules import retired_topics
+    from spark_apps.eos_stream.run import preflight
+    from spark_apps.eos_stream.run.config import ConfigError
 
     retired = {tp: needed[tp] for tp in retired_topics(topics, needed)}
     needed = {tp: o for tp, o in needed.items() if tp not in retired}

@@ -299,7 +299,7 @@ def _swap_error(stderr: str) -> AirflowException:
 def _prelude(hook: PgToolsHook, conn: PgConnection, manifest: SnapshotManifest, aside: str, lock_key: str,
              changed_by: str, allow_dependents: bool, reuse_aside: bool = False,
              extra_tables: Sequence[TableRef] = ()) -> str:
-    from spark_apps.eos_stream import fencing, meta_tables
+    from spark_apps.eos_stream.state import fencing, meta_tables
 
     schemas, tables = [t.schema for t in manifest.tables], [t.table for t in manifest.tables]
     parts = [s + ";" for s in NORMALIZE]

@@ -18,8 +18,8 @@ def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tup
     restore must never move an epoch back: a fenced driver would own the
     target again), the recovery locks and the health check's LSO watch (Kafka's state, not the
     data's: a restore must not make a hanging transaction look younger)."""
-    from spark_apps.eos_stream import meta_tables
-    from spark_apps.eos_stream.spec import load_spec
+    from spark_apps.eos_stream.records.spec import load_spec
+    from spark_apps.eos_stream.state import meta_tables
 
     spec = load_spec(config.spec)
     present = set(hook.list_tables(conn, config.target_schema))
@@ -42,7 +42,7 @@ def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tup
 def snapshot_meta_tables(hook: PgToolsHook, conn: Any, config: Any) -> list[str]:
     """The bookkeeping tables a snapshot takes: all in the meta schema but operational
     state (see ``snapshot_tables``) and staging leftovers."""
-    from spark_apps.eos_stream import meta_tables
+    from spark_apps.eos_stream.state import meta_tables
 
     excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, meta_tables.LSO_WATCH, meta_tables.DECIDED_PARTS, LOCK_TABLE}
     return [t for t in hook.list_tables(conn, config.meta_schema)
@@ -58,7 +58,7 @@ def table_changes(hook: PgToolsHook, conn: Any, config: Any, manifest: Any) -> d
     ``not_in_spec``: target tables of the snapshot that the spec no longer writes
     (a restore would bring them back with the snapshot's rows). Both empty: the
     snapshot covers exactly what the pipeline has now."""
-    from spark_apps.eos_stream.spec import load_spec
+    from spark_apps.eos_stream.records.spec import load_spec
 
     wanted = [(config.target_schema, t.table) for t in load_spec(config.spec).targets]
     now = set(wanted) | {(config.meta_schema, t) for t in snapshot_meta_tables(hook, conn, config)}

@@ -28,7 +28,7 @@ from airflow_provider_eos.utils.lso_watch import (
     LsoReport,
     LsoWatch,
 )
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.state import meta_tables
 
 # XCom key of the hanging partitions' details (producer, start offset, abort parameters).
 HANGING_XCOM_KEY = "eos_hanging"

@@ -23,7 +23,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_eos.utils.committed_position import Offsets, committed_position, position_change
-from spark_apps.eos_stream.meta_tables import DEFAULT_SCHEMA
+from spark_apps.eos_stream.state.meta_tables import DEFAULT_SCHEMA
 
 STATE_KEY = "eos_committed_offsets"
 

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from spark_apps.eos_stream.meta_tables import DEFAULT_SCHEMA
+from spark_apps.eos_stream.state.meta_tables import DEFAULT_SCHEMA
 
 
 # ---------------------------------------------------------------------- pure checks

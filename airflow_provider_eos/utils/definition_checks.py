@@ -41,8 +41,8 @@ def load_spec(reference: str) -> Any:
     :raises ValueError: it does not import, or is not a PipelineSpec; the message says which,
         with the import's own error (a spec module may fail in any way, not only ImportError).
     """
-    from spark_apps.eos_stream.spec import SpecError
-    from spark_apps.eos_stream.spec import load_spec as load
+    from spark_apps.eos_stream.records.spec import SpecError
+    from spark_apps.eos_stream.records.spec import load_spec as load
 
     try:
         return load(reference)

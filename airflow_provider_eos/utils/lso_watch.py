@@ -56,6 +56,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spark_apps.eos_stream.kafka.partitions import TopicPartition as TopicPartitionKey
+
 OK = "ok"
 LAGGING = "lagging"
 OPEN = "open"
@@ -66,7 +68,6 @@ STUCK_CLASSIFICATIONS = (OPEN, HANGING)
 DEFAULT_TXN_MAX_TIMEOUT_MS = 900_000  # Kafka's default transaction.max.timeout.ms (15 min)
 DEFAULT_MARGIN_SECONDS = 60.0
 
-TopicPartitionKey = tuple[str, int]
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ class PipelineConfigError(ValueError):
 
 
 def load_pipeline_config(source: Any, pipeline: str | None = None) -> Any:
-    """The pipeline's :class:`spark_apps.eos_stream.config.PipelineConfig` from a
+    """The pipeline's :class:`spark_apps.eos_stream.run.config.PipelineConfig` from a
     dict or a JSON file path (no password: that comes from the Airflow connection).
 
     :param pipeline: when given, the config must name this pipeline.
     :raises PipelineConfigError: the file is missing (the message lists the configs
         beside it), unreadable, invalid, or for another pipeline.
     """
-    from spark_apps.eos_stream.config import ConfigError, from_dict
+    from spark_apps.eos_stream.run.config import ConfigError, from_dict
 
     if isinstance(source, (str, Path)):
         path = Path(source)

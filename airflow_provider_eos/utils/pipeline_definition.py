@@ -11,7 +11,7 @@ pipeline lets teams own their pipelines separately.
 
 Nothing here imports Airflow: the model is pure data plus validation.
 
-One shape: the app's ``PipelineConfig`` (spark_apps/eos_stream/config.py) is the single
+One shape: the app's ``PipelineConfig`` (spark_apps/eos_stream/run/config.py) is the single
 source of a pipeline's app fields and their defaults, because the app runs on Spark
 without Airflow or pydantic. This model restates each of those fields for validation and
 documentation, under the same name (the app's ``pipeline`` is ``name`` here), at the top
@@ -65,7 +65,7 @@ from airflow_provider_eos.recovery.replay_engine import (
     REPLAY_ENGINE_CHOICES,
 )
 from airflow_provider_eos.utils.definition_checks import definition_problems, schedule_problem
-from spark_apps.eos_stream.config import (
+from spark_apps.eos_stream.run.config import (
     DELIVERY_MODES,
     PIPELINE_NAME,
     TRIGGERS,
@@ -348,7 +348,7 @@ class PipelineDefinition(_Section):
                 for key, (place, name) in app_field_places().items()}
 
     def app_config(self, *, kafka_bootstrap: str, postgres: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
-        """The streaming app's config (``spark_apps.eos_stream.config.PipelineConfig`` as a dict).
+        """The streaming app's config (``spark_apps.eos_stream.run.config.PipelineConfig`` as a dict).
 
         :param kafka_bootstrap: from the pipeline's Kafka connection.
         :param postgres: host, port, dbname, user from its Postgres connection (never the password:

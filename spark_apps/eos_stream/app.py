@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 import uuid
@@ -24,25 +23,25 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import fencing, kafka_ranges, kafka_security, preflight
-from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
-from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
-from spark_apps.eos_stream.driver import claim, offsets_json
-from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.events import emit
-from spark_apps.eos_stream.kafka_ranges import EARLIEST
-from spark_apps.eos_stream.progress import ProgressRecorder, RowsRead
-from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pyspark_pairing
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.kafka import security as kafka_security
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.kafka.ranges import EARLIEST
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run import entry, preflight
+from spark_apps.eos_stream.run.config import PipelineConfig
+from spark_apps.eos_stream.run.driver import claim, offsets_json
+from spark_apps.eos_stream.run.entry import EXIT_OK
+from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
+from spark_apps.eos_stream.run.pyspark_pairing import check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
-from spark_apps.eos_stream.sink.batch_sink import StagedBatch
-from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.part_writer import part_writer
 from spark_apps.eos_stream.sink.parts import WrittenParts
-from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import range_stager
-from spark_apps.eos_stream.spec import SpecError, load_spec
-
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+from spark_apps.eos_stream.sink.writer import StagedBatch
+from spark_apps.eos_stream.state import fencing
+from spark_apps.eos_stream.state.control import StopSignal
 
 
 def _kafka_source_options(config: PipelineConfig) -> dict[str, str]:
@@ -97,132 +96,171 @@ def _run_checkpoint(config: PipelineConfig, mode_stores_offsets: bool, run_id: s
 
 
 def run_stream(config: PipelineConfig) -> int:
-    spec = load_spec(config.spec)
-    mode = preflight.delivery_mode(config, spec)
-    run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted())
+    return StreamRun(config).run()
 
-    driver = claim(config, spec, mode, run_id)
-    if driver is None:
-        return EXIT_OK
-    dsn, starting = driver.dsn, driver.starting
 
-    from pyspark.sql import SparkSession
+class StreamRun:
+    """One run of the Spark stream, in named steps: claim the target (``claim``), start Spark,
+    start the query whose ``foreachBatch`` hands each batch to the sink (``write_batch``), and
+    watch it until it ends, is stopped or is fenced."""
 
-    builder = SparkSession.builder
-    # Under spark-submit (it passes the gateway port) the application keeps the name it was submitted
-    # with, the one a cluster's master lists: eos-<pipeline> for a stream, eos-replay-<pipeline> for a
-    # recovery's replay. appName() here would override it.
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        builder = builder.appName(f"eos-{config.pipeline}")
-    spark = builder.getOrCreate()
-    ui_url = spark.sparkContext.uiWebUrl
-    if ui_url:  # None when spark.ui.enabled is false
-        # The supervisor turns this into the stream task's "Spark driver UI" link.
-        emit("ui", url=ui_url, application_id=spark.sparkContext.applicationId)
-    checkpoint = _run_checkpoint(config, mode.stores_offsets, run_id)
-    offset_log = OffsetLog(spark, checkpoint)
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.spec = load_spec(config.spec)
+        self.mode = preflight.delivery_mode(config, self.spec)
+        self.run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
-    reader = (
-        spark.readStream.format("kafka").options(**_kafka_source_options(config))
-        .option("subscribe", ",".join(config.topics))
-        .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-    )
-    reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
-    # Where the source starts this run's first batch: the tasks read from there (kafka_ranges), so it
-    # must be the source's own start, the log's start in modes whose replay point is Spark's checkpoint
-    # (whatever offsets an earlier exactly_once run of the pipeline stored).
-    first_start = starting if mode.stores_offsets else {tp: EARLIEST for tp in starting}
-    # Spark's source plans each batch's offset ranges; its tasks read them (kafka_ranges).
-    records = reader.load()
-    kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
-                                                    kafka_security.executor_options(config.kafka_options),
-                                                    f"eos-stage-{config.pipeline}")
-    rows_read = RowsRead()
+    def run(self) -> int:
+        config = self.config
+        emit("start", pipeline=config.pipeline, run_id=self.run_id, config=config.redacted())
+        driver = claim(config, self.spec, self.mode, self.run_id)
+        if driver is None:
+            return EXIT_OK
+        self.driver = driver
+        self.dsn, self.starting = driver.dsn, driver.starting
+        self._start_spark()
+        query = self._start_query()
+        return self._watch(query)
 
-    sink = driver.sink()
-    # The database is these modes' replay point, so a batch may be checkpointed by
-    # Spark before it commits: its apply runs while the next batch stages.
-    ahead = ApplyAhead(sink, driver.connect, notify=emit) if mode.stores_offsets else None
+    def _start_spark(self) -> None:
+        from pyspark.sql import SparkSession
 
-    def write_batch(batch_df: Any, batch_id: int) -> None:
-        end = offset_log.read(batch_id)
-        start = offset_log.read(batch_id - 1) if batch_id > 0 else first_start
-        if mode.stores_offsets and (end is None or start is None):
+        config = self.config
+        builder = SparkSession.builder
+        # Under spark-submit (it passes the gateway port) the application keeps the name it was submitted
+        # with, the one a cluster's master lists: eos-<pipeline> for a stream, eos-replay-<pipeline> for a
+        # recovery's replay. appName() here would override it.
+        if "PYSPARK_GATEWAY_PORT" not in os.environ:
+            builder = builder.appName(f"eos-{config.pipeline}")
+        self.spark = spark = builder.getOrCreate()
+        ui_url = spark.sparkContext.uiWebUrl
+        if ui_url:  # None when spark.ui.enabled is false
+            # The supervisor turns this into the stream task's "Spark driver UI" link.
+            emit("ui", url=ui_url, application_id=spark.sparkContext.applicationId)
+        self.checkpoint = _run_checkpoint(config, self.mode.stores_offsets, self.run_id)
+        self.offset_log = OffsetLog(spark, self.checkpoint)
+
+    def _source(self) -> Any:
+        """The query's Kafka source; sets where its first batch starts and the tasks' consumer settings."""
+        config, mode, starting = self.config, self.mode, self.starting
+        reader = (
+            self.spark.readStream.format("kafka").options(**_kafka_source_options(config))
+            .option("subscribe", ",".join(config.topics))
+            .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+        )
+        reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
+        # Where the source starts this run's first batch: the tasks read from there (kafka_ranges), so it
+        # must be the source's own start, the log's start in modes whose replay point is Spark's checkpoint
+        # (whatever offsets an earlier exactly_once run of the pipeline stored).
+        self.first_start = starting if mode.stores_offsets else {tp: EARLIEST for tp in starting}
+        # Spark's source plans each batch's offset ranges; its tasks read them (kafka_ranges).
+        records = reader.load()
+        self.kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
+                                                             kafka_security.executor_options(config.kafka_options),
+                                                             f"eos-stage-{config.pipeline}")
+        return records
+
+    def _start_query(self) -> Any:
+        config = self.config
+        records = self._source()
+        self.rows_read = RowsRead()
+        self.sink = self.driver.sink()
+        # The database is these modes' replay point, so a batch may be checkpointed by
+        # Spark before it commits: its apply runs while the next batch stages.
+        self.ahead = ApplyAhead(self.sink, self.driver.connect, notify=emit) if self.mode.stores_offsets else None
+        self.spark.streams.addListener(ProgressRecorder(self.dsn, config.postgres.describe(), config, self.run_id,
+                                                        self.rows_read))
+        writer = records.writeStream.foreachBatch(self.write_batch).option("checkpointLocation", self.checkpoint)
+        if config.trigger == "availableNow":
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=config.trigger_interval)
+        return writer.queryName(f"eos-{config.pipeline}").start()
+
+    def write_batch(self, batch_df: Any, batch_id: int) -> None:
+        """``foreachBatch``: the batch's offsets from Spark's log, then its write (now, or handed
+        over to the apply-ahead threads)."""
+        end = self.offset_log.read(batch_id)
+        start = self.offset_log.read(batch_id - 1) if batch_id > 0 else self.first_start
+        if self.mode.stores_offsets and (end is None or start is None):
             # Data committed without its end offsets would be applied again by
             # the next run; a wrong start would defeat the ownership check.
             missing = batch_id if end is None else batch_id - 1
-            raise RuntimeError(f"Spark's offset log {checkpoint}/offsets has no entry for batch {missing}: "
+            raise RuntimeError(f"Spark's offset log {self.checkpoint}/offsets has no entry for batch {missing}: "
                                "refusing to commit a batch without the offsets it starts and ends at")
-        end = end or {}
-        start = start if start is not None else first_start
-
-        started_at = time.time()
-
-        ranges = kafka_ranges.offset_ranges(start, end)
-
-        def on_tasks(task: Callable[[int, Iterable[Any]], Iterator[Any]]) -> list[Any]:
-            """Runs ``task`` (task index, its share of the ranges) on the executors and collects
-            what each yields. No more tasks than task slots: a Python task costs tens of
-            milliseconds of scheduling however little it reads (docs/benchmarks.md)."""
-            if not ranges:
-                return []
-            tasks = min(len(ranges), spark.sparkContext.defaultParallelism)
-            return spark.sparkContext.parallelize(ranges, tasks).mapPartitionsWithIndex(task).collect()
-
-        def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
-            stager = range_stager(dsn, config.spec, config.meta_schema, stage_name, keep_raw, kafka_settings)
-            staged = sum(on_tasks(lambda _index, share: stager(share)))
-            rows_read.record(batch_id, staged)
-            return staged
-
-        def write_parts(prefix: str) -> list[dict[str, Any]]:
-            """Each Spark task writes its share of the ranges as a prepared part; their results return."""
-            results = on_tasks(part_writer(dsn, config.spec, config.target_schema, prefix, kafka_settings))
-            rows_read.record(batch_id, sum(r["rows"] for r in results))
-            return results
-
-        def apply(fill_stage: Callable[[str, bool], int], staged: StagedBatch | WrittenParts | None = None) -> None:
-            result = sink.process(batch_id, start, end, fill_stage, staged)
-            emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
-                 record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-                 transient_retries=result.transient_retries, end_offsets=offsets_json(end),
-                 started_at=round(started_at, 3), committed_at=round(time.time(), 3))
-
-        if ahead is None:
-            apply(fill_stage)
+        batch = _BatchWrite(self, batch_id, start if start is not None else self.first_start, end or {})
+        if self.ahead is None:
+            batch.apply(batch.fill_stage)
             return
-        ahead.hand_over(batch_id, fill_stage, lambda staged: apply(fill_stage, staged),
-                        write_parts if sink.prepared_parts else None)
+        self.ahead.hand_over(batch_id, batch.fill_stage, lambda staged: batch.apply(batch.fill_stage, staged),
+                             batch.write_parts if self.sink.prepared_parts else None)
 
-    spark.streams.addListener(ProgressRecorder(dsn, config.postgres.describe(), config, run_id, rows_read))
-    writer = records.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint)
-    if config.trigger == "availableNow":
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=config.trigger_interval)
-    query = writer.queryName(f"eos-{config.pipeline}").start()
+    def _watch(self, query: Any) -> int:
+        config, driver, sink, ahead = self.config, self.driver, self.sink, self.ahead
+        stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
+                          epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
+        try:
+            _supervise(query, stop, ahead, config.stop_poll_seconds)
+        except Exception:
+            if sink.fenced is not None:  # the batch's own reason, not Spark's wrapping of it
+                raise fencing.Fenced(sink.fenced) from None
+            raise
+        finally:
+            if ahead is not None:
+                ahead.close()
+            self.rows_read.close()  # a batch that never staged (A2, a failed run) no longer holds the listener
+        if sink.fenced is not None:
+            raise fencing.Fenced(sink.fenced)
+        if query.exception() is not None:
+            raise RuntimeError(f"streaming query failed: {query.exception()}")
+        self.spark.stop()
+        emit("finished", pipeline=config.pipeline, run_id=self.run_id)
+        return EXIT_OK
 
-    stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
-                      epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
-    try:
-        _supervise(query, stop, ahead, config.stop_poll_seconds)
-    except Exception:
-        if sink.fenced is not None:  # the batch's own reason, not Spark's wrapping of it
-            raise fencing.Fenced(sink.fenced) from None
-        raise
-    finally:
-        if ahead is not None:
-            ahead.close()
-        rows_read.close()  # a batch that never staged (A2, a failed run) no longer holds the listener
-    if sink.fenced is not None:
-        raise fencing.Fenced(sink.fenced)
-    if query.exception() is not None:
-        raise RuntimeError(f"streaming query failed: {query.exception()}")
-    spark.stop()
-    emit("finished", pipeline=config.pipeline, run_id=run_id)
-    return EXIT_OK
+
+class _BatchWrite:
+    """One batch's write: its offset ranges read by the executors, staged or written as parts,
+    then applied by the sink."""
+
+    def __init__(self, stream: StreamRun, batch_id: int, start: dict[TopicPartition, int],
+                 end: dict[TopicPartition, int]) -> None:
+        self.stream, self.batch_id, self.start, self.end = stream, batch_id, start, end
+        self.started_at = time.time()
+        self.ranges = kafka_ranges.offset_ranges(start, end)
+
+    def on_tasks(self, task: Callable[[int, Iterable[Any]], Iterator[Any]]) -> list[Any]:
+        """Runs ``task`` (task index, its share of the ranges) on the executors and collects
+        what each yields. No more tasks than task slots: a Python task costs tens of
+        milliseconds of scheduling however little it reads (docs/benchmarks.md)."""
+        if not self.ranges:
+            return []
+        context = self.stream.spark.sparkContext
+        tasks = min(len(self.ranges), context.defaultParallelism)
+        return context.parallelize(self.ranges, tasks).mapPartitionsWithIndex(task).collect()
+
+    def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
+        """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
+        stream, config = self.stream, self.stream.config
+        stager = range_stager(stream.dsn, config.spec, config.meta_schema, stage_name, keep_raw,
+                              stream.kafka_settings)
+        staged = sum(self.on_tasks(lambda _index, share: stager(share)))
+        stream.rows_read.record(self.batch_id, staged)
+        return staged
+
+    def write_parts(self, prefix: str) -> list[dict[str, Any]]:
+        """Each Spark task writes its share of the ranges as a prepared part; their results return."""
+        stream, config = self.stream, self.stream.config
+        results = self.on_tasks(part_writer(stream.dsn, config.spec, config.target_schema, prefix,
+                                            stream.kafka_settings))
+        stream.rows_read.record(self.batch_id, sum(r["rows"] for r in results))
+        return results
+
+    def apply(self, fill_stage: Callable[[str, bool], int], staged: StagedBatch | WrittenParts | None = None) -> None:
+        result = self.stream.sink.process(self.batch_id, self.start, self.end, fill_stage, staged)
+        emit("batch", batch_id=self.batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
+             record_by_record=result.record_by_record, timings_ms=result.timings_ms,
+             transient_retries=result.transient_retries, end_offsets=offsets_json(self.end),
+             started_at=round(self.started_at, 3), committed_at=round(time.time(), 3))
 
 
 def _supervise(query: Any, stop: StopSignal, ahead: ApplyAhead | None, poll_seconds: float) -> None:
@@ -247,58 +285,12 @@ def _supervise(query: Any, stop: StopSignal, ahead: ApplyAhead | None, poll_seco
         ahead.finish()
 
 
-# "ValueError: ..." or "psycopg2.errors.StringDataRightTruncation: ..." as Python prints them. The
-# class name must hold a lowercase letter: PostgreSQL's message fields (CONTEXT:, DETAIL:, HINT:)
-# follow the error in the same text and are not its cause.
-_PYTHON_ERROR_LINE = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*[a-z]\w*): (.+)$")
-# Of those, the ones that name an exception: a module-qualified class (psycopg2.errors.X, py4j...)
-# or a name ending the way exceptions do. Spark's query report ("Identifier: eos-x [id = ...]",
-# "Current Committed Offsets: ...") has the same shape and follows the traceback.
-_EXCEPTION_NAME = re.compile(r"(\.|Error$|Exception$|Stuck$|Blocked$|Fenced$|Unavailable$)")
-
-
-def root_cause(exc: BaseException) -> str:
-    """The innermost Python error inside Spark's wrapping (a failed foreachBatch
-    arrives as STREAM_FAILED with the real traceback in its text), with the
-    SQLSTATE when the database raised it; an error raised outside Spark (the
-    last batch's apply, which ends after the query) reads the same way:
-    its class, then its first line."""
-    text = str(exc)
-    lines = [m for m in map(_PYTHON_ERROR_LINE.match, text.splitlines()) if m]
-    named = [m for m in lines if _EXCEPTION_NAME.search(m.group(1))] or lines
-    if not named:
-        return f"{type(exc).__name__}: {text.strip().splitlines()[0]}" if text.strip() else type(exc).__name__
-    cause = named[-1].group(1).rsplit(".", 1)[-1] + ": " + named[-1].group(2).strip()
-    code = sqlstate_of(exc)
-    return f"{cause} (SQLSTATE {code})" if code and code not in cause else cause
-
-
 def main(argv: list[str] | None = None, run: Callable[[PipelineConfig], int] | None = None) -> int:
     """Runs the pipeline with ``run`` (default: the Spark stream) and turns its
-    errors into the exit codes above."""
-    try:
-        if run is None:
-            check_pyspark_pairing()
-            run = run_stream
-        config = parse_args(argv)
-        return run(config)
-    except (ConfigError, SpecError, PysparkPairingError, kafka_security.KafkaSecurityError) as exc:
-        emit("error", kind="config", message=str(exc))
-        print(f"eos-stream: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except fencing.Fenced as exc:
-        emit("error", kind="fenced", message=str(exc))
-        print(f"eos-stream: fenced: {exc}", file=sys.stderr)
-        return fencing.EXIT_FENCED
-    except (TargetUnavailable, preflight.KafkaUnavailable, AlreadyRunning) as exc:
-        emit("error", kind="unavailable", message=str(exc))
-        print(f"eos-stream: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as exc:
-        message = root_cause(exc)
-        emit("error", kind="failed", message=message[:2000])
-        print(f"eos-stream: failed: {message}", file=sys.stderr)
-        return EXIT_FAILED
+    errors into the exit codes above (``run.entry``)."""
+    if run is None:
+        return entry.main(argv, run_stream, before=check_pyspark_pairing)
+    return entry.main(argv, run)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def sqlstate_of(exc: BaseException) -> str | None:
 
 def classify(exc: BaseException) -> ErrorClass:
     """The class of an exception raised while applying a batch."""
-    from spark_apps.eos_stream.records import RecordError
+    from spark_apps.eos_stream.records.parsing import RecordError
 
     if isinstance(exc, RecordError):
         return "data"

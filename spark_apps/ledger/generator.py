@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from spark_apps.eos_stream.kafka_logging import with_python_logging
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.ledger.spec import ACCOUNT_ID_MAX
 
 TOPIC = "ledger.events"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.ddl import AddColumn, DdlStatement
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.state.ddl import AddColumn, DdlStatement
 
 EVENTS_TABLE = "ledger_events"
 BALANCES_TABLE = "account_balances"

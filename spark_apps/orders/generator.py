@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 
-from spark_apps.eos_stream.kafka_logging import with_python_logging
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.ledger.generator import ensure_topic
 
 TOPIC = "orders.events"

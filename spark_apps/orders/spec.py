@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 
 LINES_TABLE = "order_lines"
 SALES_TABLE = "sku_store_sales"

@@ -24,10 +24,10 @@ import pytest
 from confluent_kafka import Producer
 from psycopg2 import sql
 
-from spark_apps.eos_stream.audit import audit
-from spark_apps.eos_stream.audit_rules import AuditTimeout
-from spark_apps.eos_stream.config import PipelineConfig, parse_args
-from spark_apps.eos_stream.spec import load_spec
+from spark_apps.eos_stream.audit.oracle import audit
+from spark_apps.eos_stream.audit.rules import AuditTimeout
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run.config import PipelineConfig, parse_args
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import pg_connect, pipeline_config, run_direct_replay
 

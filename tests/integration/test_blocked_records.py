@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import preflight
-from spark_apps.eos_stream.sink.batch_sink import MODES
+from spark_apps.eos_stream.run import preflight
+from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from spark_apps.ledger.spec import LEDGER
 from tests.streaming import audit, dead_letter_count, ledger_rows, pg_connect, pipeline_config, run_app

@@ -44,7 +44,7 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120.0,
 @pytest.fixture(scope="session")
 def connect(stack: dict[str, str]) -> Iterator[dict[str, str]]:
     """The stack's Connect worker: started (and stopped at the session's end) unless it already
-    runs. (When a second module needs it, it belongs in tests/conftest.py, as spark_cluster is.)"""
+    runs. (When a second module needs it, it belongs in tests/conftest.py, as the Spark cluster fixture is.)"""
     script = str(ROOT / "scripts" / "stack.sh")
     with file_lock(STATE_DIR / "connect.lock"):
         status = subprocess.run(["bash", script, "status"], capture_output=True, text=True, check=True, timeout=60)

@@ -17,7 +17,7 @@ from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
 from airflow_provider_eos.triggers.committed_offsets import CommittedOffsetsTrigger
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.state import meta_tables
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]

@@ -125,8 +125,8 @@ def test_the_guard_connection_lost_mid_batch_is_retried_and_loses_nothing(stack:
 def test_a_database_that_cannot_store_utf8_is_refused_at_the_start(stack: dict, unique_name: str) -> None:
     """Text PostgreSQL cannot store in a LATIN1 database fails the staging COPY with 22P05, where no
     record can be blamed: the app refuses such a target up front, naming the fix (exit 2, no restarts)."""
-    from spark_apps.eos_stream.config import ConfigError
-    from spark_apps.eos_stream.preflight import check_encoding
+    from spark_apps.eos_stream.run.config import ConfigError
+    from spark_apps.eos_stream.run.preflight import check_encoding
 
     name = f"latin1_{unique_name}"
     admin = pg_connect(stack)

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600
 SPEC_MODULE = '''
 from psycopg2 import sql
 
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 
 from {package}.naming import TOTALS
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import fencing, meta_tables
+from spark_apps.eos_stream.state import fencing, meta_tables
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import AppRun, audit, pg_connect, pipeline_config, run_app, start_app
 

@@ -12,12 +12,12 @@ import random
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import preflight
-from spark_apps.eos_stream.records import staging_columns, staging_lines
+from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec
+from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.apply_sql import apply_batch_statement
-from spark_apps.eos_stream.sink.batch_sink import MODES
+from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage, stage_table
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec
 from tests.streaming import pg_connect
 
 pytestmark = pytest.mark.integration

@@ -86,7 +86,7 @@ def corpus_topic(stack: dict[str, str]) -> str:
 def _replay(config: dict, tmp_path: Path) -> int:
     path = tmp_path / f"{config['pipeline']}-replay.json"
     path.write_text(json.dumps(config))
-    result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.direct_replay", "--config", str(path)],
+    result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.run.direct_replay", "--config", str(path)],
                             capture_output=True, text=True, cwd=ROOT, env=dict(os.environ), timeout=300)
     (tmp_path / "replay.log").write_text(result.stdout + result.stderr)
     return result.returncode

@@ -17,13 +17,16 @@ from typing import Any
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import fencing, kafka_ranges, preflight
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink import parts
-from spark_apps.eos_stream.sink.batch_sink import MODES, BatchSink
+from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
+from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.sink.part_writer import write_part
 from spark_apps.eos_stream.sink.staging import stage_ranges
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.state import fencing
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from spark_apps.ledger.spec import LEDGER
 from tests.streaming import audit, pg_connect, pipeline_config, run_app

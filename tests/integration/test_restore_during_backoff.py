@@ -20,7 +20,7 @@ from psycopg2 import sql
 
 from airflow_provider_eos.operators.restore import RecoveryLockOperator
 from airflow_provider_eos.operators.stop import StopPipelineOperator
-from spark_apps.eos_stream import fencing
+from spark_apps.eos_stream.state import fencing
 from tests.integration.test_stream_operator import Watcher, airflow_conns, make_pipeline  # noqa: F401 (fixtures)
 from tests.streaming import ledger_rows, pg_connect, start_app
 

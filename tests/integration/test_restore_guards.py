@@ -17,10 +17,10 @@ from airflow_provider_eos.operators.replay import ReplayOperator
 from airflow_provider_eos.operators.restore import RollbackRestoreOperator
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
 from airflow_provider_eos.recovery.store import SnapshotStore
-from spark_apps.eos_stream.config import from_dict
-from spark_apps.eos_stream.preflight import create_targets, delivery_mode, ensure_meta_tables
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run.config import from_dict
+from spark_apps.eos_stream.run.preflight import create_targets, delivery_mode, ensure_meta_tables
 from spark_apps.eos_stream.sink.postgres import connect as app_connect
-from spark_apps.eos_stream.spec import load_spec
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.helpers.cmdline import CmdlineWatch
 from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_BIN, PG_CONN, _restore, connections_env, target_state
@@ -214,8 +214,8 @@ def test_a_fence_never_waits_forever_for_the_pipelines_lock(pipeline, stack) -> 
     """§4: the bump waits a bounded time and names what holds the lock; a prepared batch
     left in doubt is committed once no driver is connected (the Spark case: test_two_phase)."""
     from airflow_provider_eos.operators.restore import FenceOperator
-    from spark_apps.eos_stream import fencing
     from spark_apps.eos_stream.sink.in_doubt import gid_prefix
+    from spark_apps.eos_stream.state import fencing
 
     config, name = pipeline["config"], pipeline["name"]
     fence = {"task_id": "fence", "pipeline_config": str(pipeline["config_file"]), "postgres_conn_id": PG_CONN,
@@ -250,8 +250,8 @@ def test_a_fence_never_waits_forever_for_the_pipelines_lock(pipeline, stack) -> 
 
 def _fence_with_an_orphan(fence: dict, stack: dict, config: dict, name: str, gid: str, driver, batch) -> None:
     from airflow_provider_eos.operators.restore import FenceOperator
-    from spark_apps.eos_stream import fencing
-    from spark_apps.eos_stream.control import hold_running_lock
+    from spark_apps.eos_stream.state import fencing
+    from spark_apps.eos_stream.state.control import hold_running_lock
 
     try:
         hold_running_lock(driver, name, wait_seconds=5)

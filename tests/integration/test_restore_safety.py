@@ -25,8 +25,8 @@ from airflow_provider_eos.recovery.catalog import DependentObjectsError
 from airflow_provider_eos.recovery.guards import StreamStillRunningError
 from airflow_provider_eos.recovery.retention import RetentionGapError
 from airflow_provider_eos.recovery.store import DUMP, SnapshotStore
-from spark_apps.eos_stream import fencing
-from spark_apps.eos_stream.control import AlreadyRunning, hold_running_lock
+from spark_apps.eos_stream.state import fencing
+from spark_apps.eos_stream.state.control import AlreadyRunning, hold_running_lock
 from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_CONN, _damage, _restore, make_snapped, target_state
 from tests.streaming import pg_connect
 

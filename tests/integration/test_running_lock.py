@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_apps.eos_stream.control import AlreadyRunning, driver_running, hold_running_lock
-from spark_apps.eos_stream.fencing import EXIT_FENCED
+from spark_apps.eos_stream.state.control import AlreadyRunning, driver_running, hold_running_lock
+from spark_apps.eos_stream.state.fencing import EXIT_FENCED
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.integration.test_snapshot_restore import PG_CONN, connections_env
 from tests.streaming import pg_connect, pipeline_config, start_app

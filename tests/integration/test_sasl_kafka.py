@@ -3,7 +3,7 @@ spelled once in librdkafka's names, as a Kafka connection's extra holds them.
 
 The app takes them from ``EOS_KAFKA_OPTIONS_JSON`` (never its command line), uses them as they
 are for its own librdkafka clients (preflight, audit) and translated for Spark's Java source
-(``spark_apps.eos_stream.kafka_security``). Every process's command line is read all along."""
+(``spark_apps.eos_stream.kafka.security``). Every process's command line is read all along."""
 
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ from psycopg2 import sql
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
 from airflow_provider_eos.recovery.manifest import SnapshotManifest
 from airflow_provider_eos.recovery.store import DUMP, MANIFEST, SnapshotStore
-from spark_apps.eos_stream.config import from_dict
-from spark_apps.eos_stream.preflight import create_targets, delivery_mode, ensure_meta_tables
-from spark_apps.eos_stream.spec import load_spec
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run.config import from_dict
+from spark_apps.eos_stream.run.preflight import create_targets, delivery_mode, ensure_meta_tables
 from tests.streaming import pipeline_config
 
 pytestmark = pytest.mark.integration

@@ -145,11 +145,12 @@ def test_a_partition_staged_twice_applies_once(stack: dict, unique_name: str) ->
     stage than the successful tasks reported: the writer counts, sees it and
     dedupes. Only a matching count lets it skip the dedupe's sort, which the
     second half shows by claiming the doubled count."""
-    from spark_apps.eos_stream import preflight
-    from spark_apps.eos_stream.records import staging_columns, staging_lines
-    from spark_apps.eos_stream.sink.batch_sink import MODES, BatchWriter
+    from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
+    from spark_apps.eos_stream.run import preflight
+    from spark_apps.eos_stream.sink.modes import MODES
     from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
     from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_stage
+    from spark_apps.eos_stream.sink.writer import BatchWriter
     from spark_apps.ledger.generator import _event
     from spark_apps.ledger.spec import LEDGER
 

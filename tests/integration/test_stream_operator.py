@@ -293,7 +293,7 @@ def test_a_fenced_driver_is_restarted_at_once_from_the_database(make_pipeline, a
     """Something takes the target over (a fence operator, a newer driver): the driver exits 3 and
     the supervisor starts a new one at once, not after its restart backoff, which resumes from
     the database's offsets; fenced restarts are counted apart from max_restarts."""
-    from spark_apps.eos_stream import fencing
+    from spark_apps.eos_stream.state import fencing
 
     p = make_pipeline("opfence")
     p.produce(1500, seed=41, transactional_id=f"a{p.name}")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import meta_tables
-from spark_apps.eos_stream.ddl import run_ddl
+from spark_apps.eos_stream.state import meta_tables
+from spark_apps.eos_stream.state.ddl import run_ddl
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from spark_apps.ledger.spec import ledger_ddl
 from tests.streaming import audit, dead_letter_count, pg_connect, pipeline_config, run_app, start_app
@@ -107,7 +107,7 @@ def test_lock_timeout_during_record_by_record_rolls_the_batch_back(
     lock timeout: the records it hits are not quarantined; the whole batch
     rolls back and is retried, and in the end only the poison record is
     dead-lettered, with its SQLSTATE."""
-    from spark_apps.eos_stream.driver import EARLIEST
+    from spark_apps.eos_stream.run.driver import EARLIEST
     from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 
     config = _storm_pipeline(stack, tmp_path, f"rbr{unique_name}", poison=1)

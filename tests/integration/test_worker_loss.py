@@ -25,7 +25,7 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.operators.stop import StopPipelineOperator
-from spark_apps.eos_stream.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
+from spark_apps.eos_stream.state.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 (fixtures)
 from tests.streaming import ROOT, definition_of, ledger_rows, pg_connect
 

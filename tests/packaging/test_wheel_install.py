@@ -38,7 +38,7 @@ info = manager.providers.get("airflow-provider-eos")
 configs = dict(manager.provider_configs)
 from airflow_provider_eos.dag_factory import pipeline_dags
 from airflow.configuration import conf
-from spark_apps.eos_stream.pyspark_pairing import check_pyspark_pairing
+from spark_apps.eos_stream.run.pyspark_pairing import check_pyspark_pairing
 dags = pipeline_dags(sys.argv[1])
 check_pyspark_pairing()  # raises unless pyspark and pyspark-client are one Spark
 def installed(name):

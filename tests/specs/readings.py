@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 
 
 def readings_ddl(schema: str, unique_coordinates: bool = False) -> list[sql.Composable]:

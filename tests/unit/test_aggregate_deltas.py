@@ -7,10 +7,10 @@ import json
 
 import pyarrow as pa
 
-from spark_apps.eos_stream import aggregate_deltas
+from spark_apps.eos_stream.records import aggregate_deltas
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.part_writer import part_result
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget
 
 TARGET = AggregateTarget("agg", group_by=("k",), increments={"total": "v", "n": None}, latest={"last": "s"})
 SPEC = PipelineSpec("t", (Field("k", "text"), Field("v", "bigint", required=False),

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from spark_apps.eos_stream.config import ConfigError, from_dict, parse_args
-from spark_apps.eos_stream.preflight import delivery_mode
-from spark_apps.eos_stream.spec import load_spec
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run.config import ConfigError, from_dict, parse_args
+from spark_apps.eos_stream.run.preflight import delivery_mode
 from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
 
 # What every config names (the app has no example pipeline to default to).
@@ -57,7 +57,7 @@ def test_idempotent_is_refused_on_aggregates_but_fine_on_rows() -> None:
 
 
 def test_spec_reference_errors() -> None:
-    from spark_apps.eos_stream.spec import SpecError
+    from spark_apps.eos_stream.records.spec import SpecError
 
     with pytest.raises(SpecError, match="must look like"):
         load_spec("spark_apps.ledger.spec")
@@ -68,7 +68,7 @@ def test_spec_reference_errors() -> None:
 
 
 def test_root_cause_digs_the_database_error_out_of_sparks_wrapping() -> None:
-    from spark_apps.eos_stream.app import root_cause
+    from spark_apps.eos_stream.run.entry import root_cause
 
     wrapped = RuntimeError(
         "[STREAM_FAILED] Query [id = 1] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] ...\n"
@@ -81,7 +81,7 @@ def test_root_cause_digs_the_database_error_out_of_sparks_wrapping() -> None:
 
 def test_root_cause_is_not_sparks_query_report() -> None:
     """Spark's StreamingQueryException ends with the query's report, whose lines look like errors."""
-    from spark_apps.eos_stream.app import root_cause
+    from spark_apps.eos_stream.run.entry import root_cause
 
     failed = RuntimeError(
         "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: ...\n"
@@ -96,7 +96,7 @@ def test_root_cause_is_not_sparks_query_report() -> None:
 
 
 def test_root_cause_is_the_error_not_postgresqls_context_lines() -> None:
-    from spark_apps.eos_stream.app import root_cause
+    from spark_apps.eos_stream.run.entry import root_cause
 
     failed = RuntimeError(
         "Traceback (most recent call last):\n"

@@ -14,8 +14,8 @@ from unittest import mock
 import pytest
 
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
-from spark_apps.eos_stream.sink.batch_sink import StagedBatch
 from spark_apps.eos_stream.sink.parts import WrittenParts
+from spark_apps.eos_stream.sink.writer import StagedBatch
 
 
 def _ahead(notify=None) -> ApplyAhead:

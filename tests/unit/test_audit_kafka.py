@@ -11,11 +11,11 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from spark_apps.eos_stream import audit_kafka
-from spark_apps.eos_stream.audit_kafka import committed_records, judge_records, merge_sides
-from spark_apps.eos_stream.audit_readers import shares, worker_count
-from spark_apps.eos_stream.audit_rules import PartitionRange, keep_latest
-from spark_apps.eos_stream.spec import AggregateTarget
+from spark_apps.eos_stream.audit import kafka as audit_kafka
+from spark_apps.eos_stream.audit.kafka import committed_records, judge_records, merge_sides
+from spark_apps.eos_stream.audit.readers import shares, worker_count
+from spark_apps.eos_stream.audit.rules import PartitionRange, keep_latest
+from spark_apps.eos_stream.records.spec import AggregateTarget
 from spark_apps.ledger.spec import LEDGER
 
 AGGREGATES = [t for t in LEDGER.targets if isinstance(t, AggregateTarget)]
@@ -126,9 +126,9 @@ def test_a_read_is_dealt_largest_partition_first_to_the_least_loaded_worker() ->
 
 
 def test_workers_that_never_answer_are_named_in_the_timeout_and_killed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_apps.eos_stream import audit_readers
-    from spark_apps.eos_stream.audit_kafka import ReadTask
-    from spark_apps.eos_stream.audit_rules import AuditTimeout
+    from spark_apps.eos_stream.audit import readers as audit_readers
+    from spark_apps.eos_stream.audit.kafka import ReadTask
+    from spark_apps.eos_stream.audit.rules import AuditTimeout
 
     # Workers that read their task and then hang, as a worker stuck in a call that never returns.
     hang = "import sys, time; sys.stdin.buffer.read(); time.sleep(120)  # {root}"
@@ -153,7 +153,7 @@ def test_aggregates_of_a_two_field_key_are_the_plain_fold_of_the_records() -> No
     """judge_records works out each aggregate's key, increments and latest values once, not per
     record: its totals equal a plain fold over the valid records (a key of two fields, a count,
     a NULL that adds nothing, a latest value), split at the stored offset."""
-    from spark_apps.eos_stream.spec import Field, PipelineSpec, RowTarget
+    from spark_apps.eos_stream.records.spec import Field, PipelineSpec, RowTarget
 
     fields = (Field("a", "text"), Field("b", "integer"), Field("n", "bigint", required=False))
     spec = PipelineSpec("pairs", fields=fields,

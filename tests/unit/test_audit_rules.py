@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream.audit_rules import (
+from spark_apps.eos_stream.audit.rules import (
     APPLIES,
     REFUSED,
     UNPARSABLE,
@@ -28,8 +28,8 @@ from spark_apps.eos_stream.audit_rules import (
     wrong_keys,
 )
 from spark_apps.eos_stream.errors import dead_letter_class
-from spark_apps.eos_stream.preflight import is_compacted
-from spark_apps.eos_stream.spec import AggregateTarget, Field, PipelineSpec, RowTarget, SpecError
+from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget, SpecError
+from spark_apps.eos_stream.run.preflight import is_compacted
 from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
 
 
@@ -202,7 +202,7 @@ def test_read_progress_times_out_naming_the_partitions() -> None:
 
 def _side(aggregates: int, applied: dict[int, dict], tail: dict[int, dict], tp=("t", 0)):
     """A KafkaSide from {offset: record} per region (None: malformed)."""
-    from spark_apps.eos_stream.audit import KafkaSide
+    from spark_apps.eos_stream.audit.kafka import KafkaSide
 
     side = KafkaSide(aggregates)
     for region, records in enumerate((applied, tail)):
@@ -229,8 +229,9 @@ def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals
                    goal: dict | None = None, retired: dict[int, int] | None = None):
     """Partition t[0]: offsets 0-9 committed, 8 stored. ``retired``: rows of a topic "old" no longer
     in the definition (offset: count), with a stored offset 3 and one dead letter."""
-    from spark_apps.eos_stream.audit import Snapshot, _report
-    from spark_apps.eos_stream.config import PipelineConfig
+    from spark_apps.eos_stream.audit.report import build_report
+    from spark_apps.eos_stream.audit.snapshot import Snapshot
+    from spark_apps.eos_stream.run.config import PipelineConfig
 
     applied = {o: {"account_id": "a", "amount_cents": 10} for o in range(earliest, 8)}
     tail = {o: {"account_id": "a", "amount_cents": 10} for o in range(8, 10)}
@@ -242,8 +243,8 @@ def _narrow_report(*, earliest: int, running: bool, rows: dict[int, int], totals
                     actual=[{("a",): {"total": totals}}], below_earliest=[None],
                     below_latest=[{}], retired={tp for tp in stored if tp[0] == "old"})
     ranges = {("t", 0): PartitionRange(earliest, 10, 8, True)}
-    return _report(PipelineConfig(pipeline="p", topics=["t"], spec="m:S"), NARROW, [NARROW.targets[1]], snap, ranges,
-                   _side(1, applied, tail), {}, running=running, pending="auto", goal=goal)
+    return build_report(PipelineConfig(pipeline="p", topics=["t"], spec="m:S"), NARROW, [NARROW.targets[1]], snap,
+                        ranges, _side(1, applied, tail), {}, running=running, pending="auto", goal=goal)
 
 
 def test_report_counts_the_tail_as_not_yet_applied_while_a_driver_runs() -> None:
@@ -298,8 +299,9 @@ def test_report_leaves_an_aggregate_without_carrier_unverified_once_kafka_delete
 
 
 def test_report_judges_a_dead_letter_by_its_trial() -> None:
-    from spark_apps.eos_stream.audit import Snapshot, _report
-    from spark_apps.eos_stream.config import PipelineConfig
+    from spark_apps.eos_stream.audit.report import build_report
+    from spark_apps.eos_stream.audit.snapshot import Snapshot
+    from spark_apps.eos_stream.run.config import PipelineConfig
 
     config = PipelineConfig(pipeline="p", topics=["t"], spec="m:S")
     ranges = {("t", 0): PartitionRange(5, 10, 10, True)}  # offset 0 is gone from Kafka
@@ -312,7 +314,7 @@ def test_report_judges_a_dead_letter_by_its_trial() -> None:
         spec = PipelineSpec(name="rows", fields=NARROW.fields, targets=(NARROW.targets[0],))
         side = _side(0, {o: {} for o in range(5, 10)}, {})
         trials = {} if trial is None else {("t", 0, 0): trial}
-        return _report(config, spec, [], snap, ranges, side, trials, running=False, pending="auto")
+        return build_report(config, spec, [], snap, ranges, side, trials, running=False, pending="auto")
 
     assert report(None, UNPARSABLE)["ok"]
     wrong = report(None, APPLIES)
@@ -363,7 +365,7 @@ def test_a_column_cannot_be_both_an_increment_and_a_latest_value() -> None:
 
 
 def test_a_retired_topics_rows_come_before_every_current_record_in_the_latest_order() -> None:
-    from spark_apps.eos_stream.audit import latest_position
+    from spark_apps.eos_stream.audit.snapshot import latest_position
 
     retired = {("old", 0), ("old", 1)}
     latest: dict = {}

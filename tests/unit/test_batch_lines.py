@@ -16,9 +16,9 @@ from unittest import mock
 import pyarrow as pa
 import pytest
 
-from spark_apps.eos_stream import batch_lines as fast
-from spark_apps.eos_stream.records import staging_lines
-from spark_apps.eos_stream.spec import Field, PipelineSpec, RowTarget
+from spark_apps.eos_stream.records import batch_lines as fast
+from spark_apps.eos_stream.records.parsing import staging_lines
+from spark_apps.eos_stream.records.spec import Field, PipelineSpec, RowTarget
 from spark_apps.ledger.spec import LEDGER
 
 # Every type the fast path takes, optional fields included.

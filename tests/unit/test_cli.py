@@ -77,7 +77,7 @@ def _config_command(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[s
 
 
 def test_config_prints_the_app_config_the_app_accepts(tmp_path: Path) -> None:
-    from spark_apps.eos_stream.config import from_dict
+    from spark_apps.eos_stream.run.config import from_dict
 
     (tmp_path / "orders.yaml").write_text(_definition("orders", delivery="two_phase"))
     result = _config_command(tmp_path, "orders")

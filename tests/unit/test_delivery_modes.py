@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spark_apps.eos_stream.config import DELIVERY_MODES
-from spark_apps.eos_stream.sink.batch_sink import MODES
+from spark_apps.eos_stream.run.config import DELIVERY_MODES
 from spark_apps.eos_stream.sink.in_doubt import GID_LIMIT, gid_prefix, transaction_id
+from spark_apps.eos_stream.sink.modes import MODES
 
 
 def test_every_configurable_mode_has_a_sink_mode() -> None:

@@ -10,7 +10,7 @@ import psycopg2.errors
 import pytest
 
 from spark_apps.eos_stream.errors import classify, classify_sqlstate, dead_letter_class
-from spark_apps.eos_stream.records import RecordError
+from spark_apps.eos_stream.records.parsing import RecordError
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_a_nul_in_a_text_field_is_the_apps_own_data_error() -> None:
     """PostgreSQL text cannot hold NUL. Found by the app, the record is
     dead-lettered on the first attempt; left to COPY, it would fail staging on
     an executor, where no SQLSTATE reaches the poison guard."""
-    from spark_apps.eos_stream.records import parse_record
+    from spark_apps.eos_stream.records.parsing import parse_record
     from spark_apps.ledger.spec import LEDGER
 
     value = (b'{"event_id": "e\\u0000", "account_id": "acct-00001", "amount_cents": 1,'

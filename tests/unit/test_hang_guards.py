@@ -23,14 +23,14 @@ def _topic(code: int | None) -> SimpleNamespace:
     (_topic(KafkaError.TOPIC_AUTHORIZATION_FAILED), "TOPIC_AUTHORIZATION_FAILED"),
 ])
 def test_only_an_unknown_topic_is_missing(found, expected) -> None:
-    from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
+    from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
 
     assert topic_metadata_problem(found) == expected
 
 
 def test_the_preflight_retries_a_topic_without_a_leader(monkeypatch) -> None:
-    from spark_apps.eos_stream import preflight
-    from spark_apps.eos_stream.config import ConfigError
+    from spark_apps.eos_stream.run import preflight
+    from spark_apps.eos_stream.run.config import ConfigError
 
     topics = {"led": _topic(KafkaError.LEADER_NOT_AVAILABLE), "gone": _topic(KafkaError.UNKNOWN_TOPIC_OR_PART),
               "ok": _topic(None)}

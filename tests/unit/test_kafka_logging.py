@@ -10,7 +10,7 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from spark_apps.eos_stream.kafka_logging import KAFKA_LOGGER, with_python_logging
+from spark_apps.eos_stream.kafka.client_logs import KAFKA_LOGGER, with_python_logging
 
 
 def _closed_port() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_apps.eos_stream.kafka_security import KafkaSecurityError, executor_options, java_options, security_options
+from spark_apps.eos_stream.kafka.security import KafkaSecurityError, executor_options, java_options, security_options
 
 SCRAM = {"security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-512",
          "sasl.username": "eos", "sasl.password": 'p"a\\ss'}

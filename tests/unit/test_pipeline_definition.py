@@ -139,7 +139,7 @@ def test_app_config_carries_the_definition_and_never_a_password() -> None:
                           run_seconds=30)
     assert config["pipeline"] == "orders" and config["kafka_bootstrap"] == "k:9092" and config["run_seconds"] == 30
     assert config["trigger"] == "availableNow" and config["max_batch_attempts"] == 5
-    from spark_apps.eos_stream.config import from_dict
+    from spark_apps.eos_stream.run.config import from_dict
 
     assert from_dict(config).validate().pipeline == "orders"  # the app accepts every key it gets
     with pytest.raises(PipelineDefinitionError, match="password"):

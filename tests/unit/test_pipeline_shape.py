@@ -21,7 +21,7 @@ from airflow_provider_eos.utils.pipeline_definition import (
     StreamSettings,
     app_field_places,
 )
-from spark_apps.eos_stream.config import (
+from spark_apps.eos_stream.run.config import (
     RUN_FIELDS,
     PipelineConfig,
     default_of,

@@ -11,7 +11,7 @@ from psycopg2.extensions import parse_dsn
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook
-from spark_apps.eos_stream.config import ConfigError, from_dict
+from spark_apps.eos_stream.run.config import ConfigError, from_dict
 
 SECRET = "pw-9f3Kq"
 

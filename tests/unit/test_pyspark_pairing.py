@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_apps.eos_stream.pyspark_pairing import (
+from spark_apps.eos_stream.run.pyspark_pairing import (
     PysparkPairingError,
     check_pyspark_pairing,
     installed_versions,
@@ -30,7 +30,7 @@ def test_pairing_rule(versions: dict, expected: str | None) -> None:
 def test_this_environment_is_one_spark(monkeypatch) -> None:
     assert installed_versions()["pyspark"] is not None
     check_pyspark_pairing()
-    from spark_apps.eos_stream import pyspark_pairing
+    from spark_apps.eos_stream.run import pyspark_pairing
 
     monkeypatch.setattr(pyspark_pairing, "installed_versions", lambda: {"pyspark": "4.2.0", "pyspark-client": "9.9"})
     with pytest.raises(PysparkPairingError, match=r"pyspark 4\.2\.0 and pyspark-client 9\.9"):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from spark_apps.eos_stream.records import RecordError, parse_record, staging_columns, staging_lines
-from spark_apps.eos_stream.spec import Field, PipelineSpec, RowTarget, SpecError
+from spark_apps.eos_stream.records.parsing import RecordError, parse_record, staging_columns, staging_lines
+from spark_apps.eos_stream.records.spec import Field, PipelineSpec, RowTarget, SpecError
 from spark_apps.ledger.spec import LEDGER
 
 GOOD = {"event_id": "e1", "account_id": "acct-1", "amount_cents": -250, "ts": "2026-01-01T00:00:00+00:00", "seq": 3}
@@ -164,7 +164,7 @@ def test_the_json_decode_is_json_loads(text: str) -> None:
     byte, as parse_record hands it over) the same value, or the same error and position."""
     from decimal import Decimal
 
-    from spark_apps.eos_stream.records import _decode_json
+    from spark_apps.eos_stream.records.parsing import _decode_json
 
     def outcome(decode):  # type: ignore[no-untyped-def]
         try:
@@ -177,7 +177,7 @@ def test_the_json_decode_is_json_loads(text: str) -> None:
 
 def _generic_line(spec: PipelineSpec, record: tuple, keep_raw: bool) -> str:
     """Every cell through the generic encoder: what the specialised encoders must equal."""
-    from spark_apps.eos_stream.records import NULL, _encode
+    from spark_apps.eos_stream.records.parsing import NULL, _encode
 
     topic, partition, offset, key, value = record
     try:

@@ -240,7 +240,7 @@ def test_store_refuses_bad_snapshot_ids_on_every_operation(tmp_path, snapshot_id
 
 
 def test_pipeline_names_need_a_letter_or_digit_first() -> None:
-    from spark_apps.eos_stream.config import ConfigError, from_dict
+    from spark_apps.eos_stream.run.config import ConfigError, from_dict
 
     for bad in ("..", ".", ".hidden", "-x", "_x", "a/b"):
         with pytest.raises(ConfigError, match="pipeline name"):

@@ -18,7 +18,7 @@ batch applies. Only modes whose replay point is the database
 (``DeliveryMode.stores_offsets``) may do this: Spark checkpoints a batch when
 ``foreachBatch`` returns, before it is staged or committed, and a mode that
 resumes from Spark's checkpoint would lose that batch to a crash. The failure
-transitions this adds are in ``batch_sink`` (A1-A3).
+transitions this adds are A1-A3 below; the batch's own (1-10) are in ``batch_sink``.
 
 In ``exactly_once`` the stager first tries to write the batch as prepared
 parts (``parts``): the tasks COPY straight into the target and the applier
@@ -27,6 +27,32 @@ only decides; when they cannot, it stages the batch as before.
 The staging of a batch ahead of its apply is an optimisation only: if it
 fails, the batch's apply stages it again itself (on a fresh read of its
 offset ranges) and classifies the error there, as without apply-ahead.
+
+Failure transitions
+-------------------
+
+In the modes that store offsets the app applies ahead (``apply_ahead``):
+``foreachBatch`` only hands batch N over; a stager thread stages it once
+N-1's staging has ended and an applier thread applies it once N-1 has
+committed, while Spark checkpoints N and plans and hands over N+1. Three
+more transitions:
+
+A1. a crash while N applies and N+1 stages: N's transaction rolls back (as
+    3) and N+1's staging table is left (as 2). The next run starts from the
+    stored offsets, N's start, and drops both tables. Spark's checkpoint
+    already counts N (and maybe N+1 and N+2) as done, but these modes start
+    every run on a fresh checkpoint from the stored offsets, so it is never
+    read.
+A2. N's apply fails (after its own retries and isolation, as 6-9): no later
+    batch applies (the applier skips every batch handed over after N; their
+    stages are dropped at the next start), and the error is raised in the
+    next ``foreachBatch`` call or at the end of the run, which fails as N's
+    error says.
+A3. a retry or an isolation of N stages it again: the tasks read N's offset
+    ranges again as they did the first time (``kafka_ranges``: the same
+    offsets, ``read_committed``: the same records). A failure to stage N
+    ahead is no error of its own: N's first attempt stages it that way
+    instead, and judges the failure.
 """
 
 from __future__ import annotations
@@ -40,9 +66,10 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.sink import parts
-from spark_apps.eos_stream.sink.batch_sink import BatchSink, StagedBatch
+from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.parts import WriteParts, WrittenParts
 from spark_apps.eos_stream.sink.staging import create_stage
+from spark_apps.eos_stream.sink.writer import StagedBatch
 
 # Runs a batch's write job with the parts' id prefix; returns the tasks' part results.
 

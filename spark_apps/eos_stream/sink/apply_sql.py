@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream import meta_tables
-from spark_apps.eos_stream.records import staging_columns
-from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec, RowTarget
+from spark_apps.eos_stream.records.parsing import staging_columns
+from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec, RowTarget
+from spark_apps.eos_stream.state import meta_tables
 
 
 def _qualified(schema: str, table: str) -> sql.Composed:

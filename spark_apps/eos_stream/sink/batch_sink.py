@@ -70,63 +70,8 @@ transition:
     (``in_doubt.resolve_in_doubt``), so the batch is applied once and the run
     continues after it.
 
-In the modes that store offsets the app applies ahead (``apply_ahead``):
-``foreachBatch`` only hands batch N over; a stager thread stages it once
-N-1's staging has ended and an applier thread applies it once N-1 has
-committed, while Spark checkpoints N and plans and hands over N+1. Three
-more transitions:
-
-A1. a crash while N applies and N+1 stages: N's transaction rolls back (as
-    3) and N+1's staging table is left (as 2). The next run starts from the
-    stored offsets, N's start, and drops both tables. Spark's checkpoint
-    already counts N (and maybe N+1 and N+2) as done, but these modes start
-    every run on a fresh checkpoint from the stored offsets, so it is never
-    read.
-A2. N's apply fails (after its own retries and isolation, as 6-9): no later
-    batch applies (the applier skips every batch handed over after N; their
-    stages are dropped at the next start), and the error is raised in the
-    next ``foreachBatch`` call or at the end of the run, which fails as N's
-    error says.
-A3. a retry or an isolation of N stages it again: the tasks read N's offset
-    ranges again as they did the first time (``kafka_ranges``: the same
-    offsets, ``read_committed``: the same records). A failure to stage N
-    ahead is no error of its own: N's first attempt stages it that way
-    instead, and judges the failure.
-
-In ``exactly_once`` a batch is first tried as prepared parts (``parts``,
-``part_writer``): each Spark task COPYs its share straight into the row target
-inside a prepared transaction and sends its aggregate deltas; the batch
-transaction decides (lock, ownership, deltas, ``decided_parts``, offsets) and
-the committer then issues COMMIT PREPARED for each part. Transitions:
-
-P1. a crash while tasks write or after some PREPAREd, before the decision
-    commits: prepared parts no decision names. The next start rolls them back
-    after its epoch bump (``parts.resolve``: from then on no decision of the dead
-    driver can commit), and the batch is read again from the stored offsets.
-P2. a part the tasks cannot write (a record Python refuses, a value or
-    constraint the database refuses in the COPY, no prepared-transaction slot)
-    or a failed write job: the batch's parts are rolled back and it is written
-    the staged way (1-9), where each record gets the database's verdict and
-    its dead letter. Nothing is counted for it.
-P3. the decision fails (a stored offset past the batch's start, as in 4; a
-    delta the aggregate refuses; a lost connection): it rolls back, the
-    batch's parts are rolled back (on a broken connection: at the retry,
-    ``_prepare_retry``) and the batch is written the staged way. Fenced
-    instead (7): the parts are rolled back and the driver exits as in 7.
-P4. a crash after the decision commits, before every COMMIT PREPARED: the
-    offsets and aggregates are committed, some rows are still prepared. The
-    next start (or a stop's fence, ``recovery.guards``) commits every part a
-    decision names, so the batch is whole, then reads on from the stored
-    offsets. A reader of the target sees the batch's aggregates without those
-    rows in between; snapshots and the audit wait until no decided part is
-    pending (``parts.pending_decided``).
-P5. COMMIT PREPARED fails in this driver (a lost connection): the batch is
-    decided, so the error goes to the retry as in 8, whose ``_prepare_retry``
-    commits the decided parts; the retry then applies nothing (its records are
-    below the stored offsets, as in 4).
-P6. a retried or speculative Spark task writes its share twice: each attempt
-    prepares a part of its own id, the decision names only the attempts Spark
-    reported, and the others are rolled back as in P1 (the next start) or P3.
+The transitions of applying ahead (A1-A3) are in ``apply_ahead``'s docstring, those of
+prepared parts (P1-P6) in ``parts``'s.
 
 ``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
 replay point), which is what makes it the baseline that shows duplicates.
@@ -134,26 +79,29 @@ replay point), which is what makes it the baseline that shows duplicates.
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import errors, fencing
-from spark_apps.eos_stream.sink import apply_sql, parts
-from spark_apps.eos_stream.sink.in_doubt import prepare_failure, resolve_in_doubt, transaction_id
-from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
+from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.spec import PipelineSpec
+from spark_apps.eos_stream.sink import parts
+from spark_apps.eos_stream.sink.committer import BatchCommitter
+from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
+from spark_apps.eos_stream.sink.modes import DeliveryMode
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix, stage_table
-from spark_apps.eos_stream.spec import PipelineSpec
+from spark_apps.eos_stream.sink.writer import BatchResult, BatchWriter, StagedBatch
+from spark_apps.eos_stream.state import fencing
 
 
 class BatchStuck(RuntimeError):
@@ -163,247 +111,6 @@ class BatchStuck(RuntimeError):
 
 class BatchBlocked(RuntimeError):
     """A batch waited out its retry time on a foreign key whose parent rows never came."""
-
-
-@dataclass(frozen=True)
-class DeliveryMode:
-    """What a delivery mode guarantees, as switches on the one apply path.
-
-    :param stores_offsets: next offsets commit with the data; the DB is the replay point.
-    :param dedupe: keep one staged copy per Kafka record.
-    :param upsert_rows: row targets ignore a record they already hold.
-    :param allows_aggregates: aggregate targets are safe under this mode.
-    :param two_phase: PREPARE TRANSACTION, then COMMIT PREPARED (needs max_prepared_transactions > 0).
-    """
-
-    name: str
-    stores_offsets: bool
-    dedupe: bool
-    upsert_rows: bool
-    allows_aggregates: bool
-    two_phase: bool = False
-
-
-MODES = {
-    "at_least_once": DeliveryMode("at_least_once", False, False, False, True),
-    "idempotent": DeliveryMode("idempotent", False, True, True, False),
-    "exactly_once": DeliveryMode("exactly_once", True, True, False, True),
-    "two_phase": DeliveryMode("two_phase", True, True, False, True, two_phase=True),
-}
-
-
-@dataclass(frozen=True)
-class StagedBatch:
-    """A batch already in its staging table (``apply_ahead``: staged while the
-    previous batch applied): its table name, the rows its successful tasks
-    reported (None: unknown) and how long staging took."""
-
-    name: str
-    rows: int | None
-    stage_ms: int = 0
-
-
-@dataclass
-class BatchResult:
-    batch_id: int
-    applied: int
-    dead_lettered: int
-    record_by_record: bool
-    timings_ms: dict[str, int]
-    transient_retries: int = 0
-
-
-@dataclass
-class PreparedBatch:
-    """A batch applied inside a still-open (or, in two_phase, PREPAREd) transaction on ``conn``."""
-
-    conn: PgConnection
-    batch_id: int
-    applied: int
-    dead_lettered: int
-    transaction_id: str | None = None
-
-
-class BatchWriter:
-    """Prepares a staged batch: applies it and advances offsets, without committing."""
-
-    def __init__(
-        self,
-        conn: PgConnection,
-        spec: PipelineSpec,
-        mode: DeliveryMode,
-        offsets: OffsetsStore,
-        target_schema: str,
-        meta_schema: str,
-        epoch: int | None = None,
-    ) -> None:
-        self.conn = conn
-        self.spec = spec
-        self.mode = mode
-        self.offsets = offsets
-        self.meta_schema = meta_schema
-        self.epoch = epoch
-        self._statement = functools.partial(
-            apply_sql.apply_batch_statement,
-            spec,
-            target_schema=target_schema,
-            meta_schema=meta_schema,
-            skip_applied=mode.stores_offsets,
-            upsert_rows=mode.upsert_rows,
-        )
-
-    def prepare(
-        self,
-        stage: sql.Composed,
-        batch_id: int,
-        start_offsets: Mapping[TopicPartition, int],
-        end_offsets: Mapping[TopicPartition, int],
-        record_by_record: bool,
-        staged_rows: int | None = None,
-    ) -> PreparedBatch:
-        """:param staged_rows: the rows the successful staging tasks reported
-        (None: unknown, so a deduping mode dedupes)."""
-        params = {"pipeline": self.offsets.pipeline}
-
-        def apply(cur) -> tuple[int, int]:
-            if record_by_record:
-                return self._apply_each(cur, stage, params)
-            dedupe = self.mode.dedupe and not self._staged_once(cur, stage, staged_rows)
-            cur.execute(self._statement(stage=stage, dedupe=dedupe), params)
-            row = cur.fetchone()
-            assert row is not None
-            return int(row[0]), int(row[1])
-
-        return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
-
-    def _in_batch_transaction(
-        self,
-        batch_id: int,
-        start_offsets: Mapping[TopicPartition, int],
-        end_offsets: Mapping[TopicPartition, int],
-        apply: Callable[[Any], tuple[int, int]],
-    ) -> PreparedBatch:
-        """The batch transaction around ``apply`` (which returns (applied,
-        dead-lettered)): the pipeline lock and the ownership check first, the
-        offsets last, then PREPARE in two_phase. Leaves the transaction open
-        for the committer, or for abort()."""
-        gid = transaction_id(self.offsets.pipeline, start_offsets) if self.mode.two_phase else None
-        if gid is not None:
-            self.conn.tpc_begin(gid)
-        with self.conn.cursor() as cur:
-            self.offsets.lock(cur)
-            self.check_ownership(cur, start_offsets)
-            counts = apply(cur)
-            if self.mode.stores_offsets:
-                self.offsets.advance(cur, end_offsets, batch_id)
-        if gid is not None:
-            try:
-                self.conn.tpc_prepare()  # durable from here on: a crash leaves it in doubt, not lost
-            except psycopg2.Error as exc:
-                # No free slot (53200) is no weather to wait out, nor any record's fault: say which setting.
-                clear = prepare_failure(exc, gid)
-                if clear is not None:
-                    raise clear from exc
-                raise
-        return PreparedBatch(self.conn, batch_id, counts[0], counts[1], gid)
-
-    @staticmethod
-    def _staged_once(cur, stage: sql.Composed, staged_rows: int | None) -> bool:
-        """Whether the stage holds each record once: exactly the rows the
-        successful tasks reported (a count costs far less than the sort)."""
-        if staged_rows is None:
-            return False
-        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(stage))
-        row = cur.fetchone()
-        return row is not None and int(row[0]) == staged_rows
-
-    def check_ownership(self, cur, start_offsets: Mapping[TopicPartition, int]) -> None:
-        """Raises ``Fenced`` unless this driver still owns the target (under the
-        pipeline lock, before the batch writes anything).
-
-        Modes without stored offsets have no replay point in the database to
-        compare with, so only their epoch is checked."""
-        if self.epoch is None:
-            return
-        starts = start_offsets if self.mode.stores_offsets else {}
-        problem = fencing.ownership_problem(cur, self.meta_schema, self.offsets.pipeline, self.epoch, starts)
-        if problem:
-            raise fencing.Fenced(problem)
-
-    def abort(self) -> None:
-        """Rolls back whatever this batch left open, a prepared transaction included."""
-        if not self.mode.two_phase:
-            try:
-                self.conn.rollback()
-            except psycopg2.Error:
-                pass  # the connection is gone, and its transaction died with it
-            return
-        try:
-            self.conn.tpc_rollback()  # ROLLBACK, or ROLLBACK PREPARED once prepared
-        except psycopg2.ProgrammingError:
-            self.conn.rollback()  # failed before tpc_begin (staging): a plain transaction
-        except psycopg2.Error:
-            # Connection gone: a prepared transaction stays in doubt and is
-            # resolved at the next start; an unprepared one died with the session.
-            pass
-
-    def _apply_each(self, cur, stage: sql.Composed, params: dict) -> tuple[int, int]:
-        """Applies the batch while isolating the records the database rejects
-        (failure transition 6). Only coordinates come to the driver."""
-        cur.execute(sql.SQL("CREATE INDEX ON {} (_topic, _partition, _offset)").format(stage))
-        cur.execute(sql.SQL("SELECT DISTINCT _topic, _partition, _offset FROM {} ORDER BY 1, 2, 3").format(stage))
-        coordinates = cur.fetchall()
-        if not coordinates:
-            return 0, 0
-        statement = self._statement(stage=stage, dedupe=self.mode.dedupe, only_range=True)
-        quarantine = apply_sql.quarantine_record_statement(stage, self.meta_schema)
-        return self._isolate(cur, statement, quarantine, params, coordinates)
-
-    def _isolate(self, cur, statement: sql.Composed, quarantine: sql.Composed, params: dict,
-                 coordinates: list[tuple[str, int, int]]) -> tuple[int, int]:
-        """Applies the records at ``coordinates`` (sorted) under a savepoint;
-        a data error halves the range until the failing record stands alone,
-        and that record alone is quarantined with the database's verdict.
-        Ranges apply in coordinate order, as the whole batch would."""
-        first, last = coordinates[0], coordinates[-1]
-        bounds = {**params, "first_topic": first[0], "first_partition": first[1], "first_offset": first[2],
-                  "last_topic": last[0], "last_partition": last[1], "last_offset": last[2]}
-        cur.execute("SAVEPOINT eos_range")
-        try:
-            cur.execute(statement, bounds)
-            row = cur.fetchone()
-            assert row is not None
-            cur.execute("RELEASE SAVEPOINT eos_range")
-            return int(row[0]), int(row[1])
-        except psycopg2.Error as exc:
-            if errors.classify(exc) != "data":
-                # Not a record's fault (a lock timeout, a lost connection, a
-                # missing parent row): quarantining would lose a valid event.
-                # The whole batch rolls back instead.
-                raise
-            cur.execute("ROLLBACK TO SAVEPOINT eos_range")
-            cur.execute("RELEASE SAVEPOINT eos_range")
-            if len(coordinates) == 1:
-                topic, partition, offset = first
-                error = f"rejected by the database: {(exc.pgerror or str(exc)).strip()}"
-                cur.execute(quarantine, {**params, "topic": topic, "partition": partition, "offset": offset,
-                                         "error": error, "sqlstate": errors.sqlstate_of(exc)})
-                return 0, 1
-        half = len(coordinates) // 2
-        applied, dead = self._isolate(cur, statement, quarantine, params, coordinates[:half])
-        more_applied, more_dead = self._isolate(cur, statement, quarantine, params, coordinates[half:])
-        return applied + more_applied, dead + more_dead
-
-
-class BatchCommitter:
-    """Finishes a prepared batch. Committing is the single point where data and
-    offsets become visible together."""
-
-    def commit(self, prepared: PreparedBatch) -> None:
-        if prepared.transaction_id is None:
-            prepared.conn.commit()
-        else:
-            prepared.conn.tpc_commit()  # COMMIT PREPARED of this batch's id
 
 
 def _fault_injection() -> Callable[[str, int], None]:
@@ -521,17 +228,7 @@ class BatchSink:
                     self._prepare_retry()
                 isolate = self.guard.should_isolate(self.guard.failed_attempts(key))
                 offered, staged = staged, None  # used by the first attempt only
-                prefilled = None if isolate else offered
-                if isinstance(offered, WrittenParts) and isolate:
-                    self.drop_parts(offered.prefix)  # written ahead, then not used: isolation stages
-                if isinstance(prefilled, WrittenParts):
-                    decided = self._decide_parts(batch_id, start_offsets, end_offsets, prefilled)
-                    if decided is not None:
-                        decided.transient_retries = retries
-                        return decided
-                    prefilled = None  # P2/P3: written the staged way below
-                result = self._attempt(batch_id, start_offsets, end_offsets, fill_stage, isolate,
-                                       prefilled if isinstance(prefilled, StagedBatch) else None)
+                result = self._attempt_offered(batch_id, start_offsets, end_offsets, fill_stage, isolate, offered)
             except fencing.Fenced as exc:
                 self.fenced = str(exc)
                 raise
@@ -540,9 +237,7 @@ class BatchSink:
                 self._record_failure(key, kind, exc)
                 if kind == "data":
                     if isolate:
-                        raise BatchStuck(self._describe(batch_id, start_offsets, end_offsets, exc) + (
-                            ": it failed with a data error while its records were being isolated, so no single "
-                            "record explains it; it will fail the same way on every attempt")) from exc
+                        raise self._stuck(batch_id, start_offsets, end_offsets, exc) from exc
                     # Deterministic: retried at once, isolated once the counted attempts reach the bound.
                     self._notify("retry", batch_id=batch_id, error_class=kind, sqlstate=errors.sqlstate_of(exc),
                                  message=str(exc).strip()[:500], retry_in_seconds=0)
@@ -551,9 +246,7 @@ class BatchSink:
                     raise
                 if time.monotonic() + delay > deadline:
                     if kind == "blocked":
-                        raise BatchBlocked(self._describe(batch_id, start_offsets, end_offsets, exc) + (
-                            f": still refused after {self.transient_retry_seconds:g}s of retries; a foreign key's "
-                            "parent rows must exist before the records that reference them")) from exc
+                        raise self._blocked(batch_id, start_offsets, end_offsets, exc) from exc
                     raise
                 retries += 1
                 self._notify("retry", batch_id=batch_id, retry=retries, error_class=kind,
@@ -564,6 +257,40 @@ class BatchSink:
                 continue
             result.transient_retries = retries
             return result
+
+    def _attempt_offered(
+        self,
+        batch_id: int,
+        start_offsets: Mapping[TopicPartition, int],
+        end_offsets: Mapping[TopicPartition, int],
+        fill_stage: Callable[[str, bool], int | None],
+        isolate: bool,
+        offered: StagedBatch | WrittenParts | None,
+    ) -> BatchResult:
+        """One attempt: decides the parts or applies the stage ``offered`` (first attempt only),
+        else stages the batch again; an isolating attempt always stages again."""
+        prefilled = None if isolate else offered
+        if isinstance(offered, WrittenParts) and isolate:
+            self.drop_parts(offered.prefix)  # written ahead, then not used: isolation stages
+        if isinstance(prefilled, WrittenParts):
+            decided = self._decide_parts(batch_id, start_offsets, end_offsets, prefilled)
+            if decided is not None:
+                return decided
+            prefilled = None  # P2/P3: written the staged way below
+        return self._attempt(batch_id, start_offsets, end_offsets, fill_stage, isolate,
+                             prefilled if isinstance(prefilled, StagedBatch) else None)
+
+    def _stuck(self, batch_id: int, start_offsets: Mapping[TopicPartition, int],
+               end_offsets: Mapping[TopicPartition, int], exc: BaseException) -> BatchStuck:
+        return BatchStuck(self._describe(batch_id, start_offsets, end_offsets, exc) + (
+            ": it failed with a data error while its records were being isolated, so no single "
+            "record explains it; it will fail the same way on every attempt"))
+
+    def _blocked(self, batch_id: int, start_offsets: Mapping[TopicPartition, int],
+                 end_offsets: Mapping[TopicPartition, int], exc: BaseException) -> BatchBlocked:
+        return BatchBlocked(self._describe(batch_id, start_offsets, end_offsets, exc) + (
+            f": still refused after {self.transient_retry_seconds:g}s of retries; a foreign key's "
+            "parent rows must exist before the records that reference them"))
 
     @staticmethod
     def _describe(batch_id: int, start_offsets: Mapping[TopicPartition, int],

@@ -26,7 +26,8 @@ from typing import Literal
 
 from psycopg2.extensions import connection as PgConnection
 
-TopicPartition = tuple[str, int]
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+
 GID_LIMIT = 200  # PostgreSQL's maximum length of a prepared transaction's identifier
 
 

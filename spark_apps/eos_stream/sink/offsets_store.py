@@ -9,9 +9,8 @@ from psycopg2.extensions import connection as PgConnection
 from psycopg2.extensions import cursor as PgCursor
 from psycopg2.extras import execute_values
 
-from spark_apps.eos_stream import fencing, meta_tables
-
-TopicPartition = tuple[str, int]
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.state import fencing, meta_tables
 
 
 class OffsetsStore:

@@ -26,11 +26,13 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from spark_apps.eos_stream import aggregate_deltas, batch_lines, errors, kafka_ranges
-from spark_apps.eos_stream.records import RecordError, parse_record
+from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.records import aggregate_deltas, batch_lines
+from spark_apps.eos_stream.records.parsing import RecordError, parse_record
+from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, PipelineSpec, RowTarget, load_spec
 from spark_apps.eos_stream.sink.parts import aggregate_targets
 from spark_apps.eos_stream.sink.staging import copy_from_chunks
-from spark_apps.eos_stream.spec import SOURCE_COLUMNS, PipelineSpec, RowTarget, load_spec
 
 # A task's deltas hold one entry per key: past this many a part is refused, so a task's memory
 # stays bounded by its chunk and this, and an aggregate of very many keys is grouped by PostgreSQL.

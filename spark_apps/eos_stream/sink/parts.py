@@ -12,14 +12,52 @@ Ids are deterministic and say whose a part is:
 ``eos-part:<pipeline>:<epoch>:<batch id>:<task>:<task attempt id>``. Only the
 parts a decision names are ever committed; every other part of the pipeline
 is rolled back, which is safe once the epoch that wrote it is fenced, because
-then no decision can name it any more. The failure transitions are P1-P6 in
-``batch_sink``.
+then no decision can name it any more. The failure transitions are P1-P6
+below; the staged way's (1-10) are in ``batch_sink``.
 
 Between the decision and the last COMMIT PREPARED (a millisecond, or until
 the next start if the driver dies there) a reader of the target sees the
 batch's offsets and aggregates without its rows. The two readers that need a
 consistent cut wait that window out: a snapshot (``recovery.dump``) and the
 audit (``audit``) take their snapshot only when no decided part is pending.
+
+Failure transitions
+-------------------
+
+In ``exactly_once`` a batch is first tried as prepared parts (``parts``,
+``part_writer``): each Spark task COPYs its share straight into the row target
+inside a prepared transaction and sends its aggregate deltas; the batch
+transaction decides (lock, ownership, deltas, ``decided_parts``, offsets) and
+the committer then issues COMMIT PREPARED for each part. Transitions:
+
+P1. a crash while tasks write or after some PREPAREd, before the decision
+    commits: prepared parts no decision names. The next start rolls them back
+    after its epoch bump (``parts.resolve``: from then on no decision of the dead
+    driver can commit), and the batch is read again from the stored offsets.
+P2. a part the tasks cannot write (a record Python refuses, a value or
+    constraint the database refuses in the COPY, no prepared-transaction slot)
+    or a failed write job: the batch's parts are rolled back and it is written
+    the staged way (1-9), where each record gets the database's verdict and
+    its dead letter. Nothing is counted for it.
+P3. the decision fails (a stored offset past the batch's start, as in 4; a
+    delta the aggregate refuses; a lost connection): it rolls back, the
+    batch's parts are rolled back (on a broken connection: at the retry,
+    ``_prepare_retry``) and the batch is written the staged way. Fenced
+    instead (7): the parts are rolled back and the driver exits as in 7.
+P4. a crash after the decision commits, before every COMMIT PREPARED: the
+    offsets and aggregates are committed, some rows are still prepared. The
+    next start (or a stop's fence, ``recovery.guards``) commits every part a
+    decision names, so the batch is whole, then reads on from the stored
+    offsets. A reader of the target sees the batch's aggregates without those
+    rows in between; snapshots and the audit wait until no decided part is
+    pending (``parts.pending_decided``).
+P5. COMMIT PREPARED fails in this driver (a lost connection): the batch is
+    decided, so the error goes to the retry as in 8, whose ``_prepare_retry``
+    commits the decided parts; the retry then applies nothing (its records are
+    below the stored offsets, as in 4).
+P6. a retried or speculative Spark task writes its share twice: each attempt
+    prepares a part of its own id, the decision names only the attempts Spark
+    reported, and the others are rolled back as in P1 (the next start) or P3.
 """
 
 from __future__ import annotations
@@ -32,8 +70,10 @@ from typing import Any
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import aggregate_deltas, errors, meta_tables
-from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
+from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.records import aggregate_deltas
+from spark_apps.eos_stream.records.spec import AggregateTarget, PipelineSpec, RowTarget
+from spark_apps.eos_stream.state import meta_tables
 
 PREFIX = "eos-part:"
 # PostgreSQL: "prepared transaction with identifier ... does not exist": someone resolved it already.
@@ -58,7 +98,7 @@ def supported(spec: PipelineSpec) -> bool:
     """Whether a spec's batches can be written as parts: Arrow vouches for its records
     (``batch_lines.supported``) and it has at most one row target (a task writes one
     COPY; a second row target would need a second pass over the records)."""
-    from spark_apps.eos_stream import batch_lines
+    from spark_apps.eos_stream.records import batch_lines
 
     return batch_lines.supported(spec) and sum(isinstance(t, RowTarget) for t in spec.targets) <= 1
 

@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import meta_tables
-
-TopicPartition = tuple[str, int]
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.state import meta_tables
 
 
 def batch_key(start_offsets: Mapping[TopicPartition, int]) -> str:

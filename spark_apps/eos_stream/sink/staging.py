@@ -18,9 +18,11 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import batch_lines, errors, kafka_ranges
-from spark_apps.eos_stream.records import staging_columns, staging_lines
-from spark_apps.eos_stream.spec import PipelineSpec, load_spec
+from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.records import batch_lines
+from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
+from spark_apps.eos_stream.records.spec import PipelineSpec, load_spec
 
 _PG_COLUMN_TYPES = {"_topic": "text", "_partition": "integer", "_offset": "bigint", "_key": "bytea",
                     "_value": "bytea", "_error": "text"}

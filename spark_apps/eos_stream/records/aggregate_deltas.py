@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from spark_apps.eos_stream.spec import AggregateTarget
+from spark_apps.eos_stream.records.spec import AggregateTarget
 
 # Per aggregate target: key (a tuple of the group_by values) -> [position, *increments, *latest values],
 # where position is the (partition, offset) of the key's last record.

@@ -14,18 +14,21 @@ from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import fencing, preflight
-from spark_apps.eos_stream.config import PipelineConfig
-from spark_apps.eos_stream.control import hold_running_lock, stop_requested
 from spark_apps.eos_stream.events import emit
-from spark_apps.eos_stream.kafka_ranges import EARLIEST
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.kafka.ranges import EARLIEST
+from spark_apps.eos_stream.records.spec import PipelineSpec
+from spark_apps.eos_stream.run import preflight
+from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.sink import parts
-from spark_apps.eos_stream.sink.batch_sink import BatchSink, DeliveryMode, Stopwatch
+from spark_apps.eos_stream.sink.batch_sink import BatchSink, Stopwatch
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
-from spark_apps.eos_stream.sink.offsets_store import OffsetsStore, TopicPartition
+from spark_apps.eos_stream.sink.modes import DeliveryMode
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import drop_stages
-from spark_apps.eos_stream.spec import PipelineSpec
+from spark_apps.eos_stream.state import fencing
+from spark_apps.eos_stream.state.control import hold_running_lock, stop_requested
 
 
 def offsets_json(offsets: dict[TopicPartition, int]) -> str:

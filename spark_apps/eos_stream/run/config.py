@@ -154,7 +154,7 @@ class PipelineConfig:
         """The security settings (librdkafka names) for the driver's own clients: metadata,
         audit and Spark-less replay reads; Spark's Java source gets them translated
         (``kafka_security.java_options``)."""
-        from spark_apps.eos_stream.kafka_security import security_options
+        from spark_apps.eos_stream.kafka.security import security_options
 
         return security_options(self.kafka_options)
 
@@ -249,11 +249,20 @@ def apply_environment(config: PipelineConfig, environ: dict[str, str] | None = N
 
 def parse_args(argv: list[str] | None = None) -> PipelineConfig:
     parser = argparse.ArgumentParser(description="Exactly-once Kafka -> Spark -> PostgreSQL stream")
+    add_config_arguments(parser)
+    return config_from_arguments(parser.parse_args(argv))
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that name a pipeline's config: ``--config`` and ``--set``."""
     parser.add_argument("--config", help="JSON config file (see PipelineConfig)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one key; VALUE is JSON when it parses as JSON; "
                         "postgres.host etc. for the database")
-    args = parser.parse_args(argv)
+
+
+def config_from_arguments(args: argparse.Namespace) -> PipelineConfig:
+    """The validated config that ``add_config_arguments``' options name."""
     data: dict[str, Any] = {}
     if args.config:
         try:

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec, RowTarget
-
-TopicPartition = tuple[str, int]
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.spec import AggregateTarget, PipelineSpec, RowTarget
 
 # What ``pending`` accepts: how records above the stored offsets are counted.
 PENDING_POLICIES = ("auto", "missing", "allowed")

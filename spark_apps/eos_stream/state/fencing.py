@@ -34,9 +34,9 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 from psycopg2.extensions import cursor as PgCursor
 
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.state import meta_tables
 
-TopicPartition = tuple[str, int]
 EXIT_FENCED = 3
 
 

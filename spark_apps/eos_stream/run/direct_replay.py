@@ -1,6 +1,6 @@
 """Replays a pipeline to Kafka's last stable offsets without Spark.
 
-    python -m spark_apps.eos_stream.direct_replay --config pipeline.json
+    python -m spark_apps.eos_stream.run.direct_replay --config pipeline.json
 
 A recovery's replay is usually small (what came after the snapshot) and
 urgent, and a cold spark-submit and a cold first micro-batch cost it about
@@ -57,19 +57,20 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from spark_apps.eos_stream import kafka_ranges, preflight
-from spark_apps.eos_stream.config import PipelineConfig
-from spark_apps.eos_stream.driver import EARLIEST, Driver, claim, offsets_json
 from spark_apps.eos_stream.events import emit
-from spark_apps.eos_stream.kafka_logging import with_python_logging
-from spark_apps.eos_stream.kafka_ranges import OffsetRange
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.kafka.ranges import OffsetRange
+from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.run import preflight
+from spark_apps.eos_stream.run.config import PipelineConfig
+from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, offsets_json
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
-from spark_apps.eos_stream.sink.offsets_store import TopicPartition
 from spark_apps.eos_stream.sink.part_writer import write_part
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.staging import stage_ranges
-from spark_apps.eos_stream.spec import load_spec
 
 
 def partition_bounds(config: PipelineConfig, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
@@ -189,9 +190,9 @@ def replay(config: PipelineConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_apps.eos_stream import app
+    from spark_apps.eos_stream.run import entry
 
-    return app.main(argv, run=replay)
+    return entry.main(argv, replay)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ from typing import Any
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import meta_tables
-from spark_apps.eos_stream.config import ConfigError, PipelineConfig
-from spark_apps.eos_stream.ddl import run_ddl
-from spark_apps.eos_stream.kafka_logging import with_python_logging
-from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
-from spark_apps.eos_stream.sink.batch_sink import MODES, DeliveryMode
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
+from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
+from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig
 from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
-from spark_apps.eos_stream.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
+from spark_apps.eos_stream.sink.modes import MODES, DeliveryMode
+from spark_apps.eos_stream.state import meta_tables
+from spark_apps.eos_stream.state.ddl import run_ddl
 
 
 class KafkaUnavailable(RuntimeError):

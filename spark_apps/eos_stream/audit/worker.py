@@ -11,7 +11,7 @@ it did there) and an ``audit_kafka.ReadTask``; reads and judges its partitions
 
 The task travels on stdin, so the Kafka security options are never on a command line.
 
-    python -c 'from spark_apps.eos_stream.audit_worker import main; main()'
+    python -c 'from spark_apps.eos_stream.audit.worker import main; main()'
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any
 
 def answer_for(stdin: Any) -> tuple:
     """The answer to the task on ``stdin`` (a binary stream)."""
-    from spark_apps.eos_stream.audit_rules import AuditTimeout
+    from spark_apps.eos_stream.audit.rules import AuditTimeout
 
     try:
         sys.path[:] = pickle.load(stdin)
-        from spark_apps.eos_stream.audit_kafka import read_task
+        from spark_apps.eos_stream.audit.kafka import read_task
 
         return "ok", read_task(pickle.load(stdin))
     except AuditTimeout as exc:

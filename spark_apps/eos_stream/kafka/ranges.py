@@ -36,8 +36,8 @@ from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spark_apps.eos_stream.kafka_logging import with_python_logging
-from spark_apps.eos_stream.sink.offsets_store import TopicPartition
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
 
 # Kafka's "earliest" (librdkafka's OFFSET_BEGINNING and Spark's -2), for a partition never applied.
 EARLIEST = -2

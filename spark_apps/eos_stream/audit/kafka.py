@@ -16,12 +16,12 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-from spark_apps.eos_stream.audit_rules import PartitionRange, ReadProgress, keep_latest
-from spark_apps.eos_stream.kafka_logging import with_python_logging
-from spark_apps.eos_stream.records import RecordError, parse_record
-from spark_apps.eos_stream.spec import AggregateTarget, PipelineSpec
+from spark_apps.eos_stream.audit.rules import PartitionRange, ReadProgress, keep_latest
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.parsing import RecordError, parse_record
+from spark_apps.eos_stream.records.spec import AggregateTarget, PipelineSpec
 
-TopicPartition = tuple[str, int]
 DeadLetterKey = tuple[str, int, int]
 # Records fetched per consume(): one call per batch, not per record, and the deadline
 # is still looked at well within a second (a batch is judged in a fraction of one).

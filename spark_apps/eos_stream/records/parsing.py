@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from typing import Any
 
-from spark_apps.eos_stream.spec import Field, PipelineSpec
+from spark_apps.eos_stream.records.spec import Field, PipelineSpec
 
 # Decimal keeps a JSON number's digits as they were written: a numeric field
 # stages them exactly, and a double precision field rounds them once, in float().

@@ -47,8 +47,8 @@ import io
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from spark_apps.eos_stream.records import NULL, staging_lines
-from spark_apps.eos_stream.spec import PipelineSpec
+from spark_apps.eos_stream.records.parsing import NULL, staging_lines
+from spark_apps.eos_stream.records.spec import PipelineSpec
 
 _ARROW_TYPES = {"text": "string", "timestamptz": "string", "bigint": "int64", "integer": "int64",
                 "boolean": "bool"}

@@ -9,7 +9,7 @@ from typing import Any
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import fencing, meta_tables
+from spark_apps.eos_stream.state import fencing, meta_tables
 
 
 class AlreadyRunning(RuntimeError):

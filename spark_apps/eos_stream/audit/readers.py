@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from spark_apps.eos_stream.audit_kafka import KafkaSide, ReadTask, merge_sides, read_task
-from spark_apps.eos_stream.audit_rules import AuditTimeout, PartitionRange, read_timeout, unfinished_entry
+from spark_apps.eos_stream.audit.kafka import KafkaSide, ReadTask, merge_sides, read_task
+from spark_apps.eos_stream.audit.rules import AuditTimeout, PartitionRange, read_timeout, unfinished_entry
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
 
-TopicPartition = tuple[str, int]
 # Below this many offsets to read, starting workers costs more than it saves.
 PARALLEL_MIN_RECORDS = 100_000
 # How long past the deadline a worker has to answer: it looks at the deadline between
@@ -36,7 +36,7 @@ ANSWER_GRACE = 15.0
 # The worker imports spark_apps from where this process found it.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _WORKER = ("import sys; sys.path.insert(0, {root!r}); "
-           "from spark_apps.eos_stream.audit_worker import main; main()")
+           "from spark_apps.eos_stream.audit.worker import main; main()")
 
 
 def cores() -> int:

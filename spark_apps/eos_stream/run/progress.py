@@ -9,9 +9,9 @@ from typing import Any
 from psycopg2 import sql
 from pyspark.sql.streaming import StreamingQueryListener
 
-from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.sink.postgres import connect
+from spark_apps.eos_stream.state import meta_tables
 
 
 def _as_json(offsets: Any) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.ddl import AddColumn
+from spark_apps.eos_stream.state.ddl import AddColumn
 
 DEFAULT_SCHEMA = "eos"
 
