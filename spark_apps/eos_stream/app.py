@@ -24,7 +24,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_apps.eos_stream import fencing, kafka_ranges, kafka_security, preflight
+from spark_apps.eos_stream import config_rules, fencing, kafka_ranges, kafka_security, preflight
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.control import AlreadyRunning, StopSignal
 from spark_apps.eos_stream.driver import claim, offsets_json
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None, run: Callable[[PipelineConfig], int] | N
         if run is None:
             check_pyspark_pairing()
             run = run_stream
-        config = parse_args(argv)
+        # Every refusal the config alone earns, before Spark or a connection (config_rules).
+        config = config_rules.refuse(parse_args(argv))
         return run(config)
     except (ConfigError, SpecError, PysparkPairingError, kafka_security.KafkaSecurityError) as exc:
         emit("error", kind="config", message=str(exc))

@@ -131,24 +131,11 @@ class PipelineConfig:
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
 
     def validate(self) -> PipelineConfig:
-        if self.delivery not in DELIVERY_MODES:
-            raise ConfigError(f"unknown delivery mode {self.delivery!r}; choose one of {', '.join(DELIVERY_MODES)}")
-        if self.trigger not in TRIGGERS:
-            raise ConfigError(f"unknown trigger {self.trigger!r}; choose one of {', '.join(TRIGGERS)}")
-        if not self.pipeline or not self.topics:
-            raise ConfigError("a pipeline name and at least one topic are required")
-        if not PIPELINE_NAME.fullmatch(self.pipeline):
-            # The name prefixes staging tables and two-phase transaction ids, so
-            # one pipeline's name must never be a prefix-with-separator of another's.
-            raise ConfigError(f"pipeline name {self.pipeline!r} must be 1-100 letters, digits, '_', '-' or '.', "
-                              "starting with a letter or digit")
-        if self.max_offsets_per_trigger <= 0:
-            raise ConfigError("max_offsets_per_trigger must be positive")
-        if self.max_batch_attempts < 1:
-            raise ConfigError("max_batch_attempts must be at least 1")
-        if self.transient_retry_seconds < 0:
-            raise ConfigError("transient_retry_seconds must be 0 or more (0: no retry in the driver)")
-        return self
+        """This config, or ConfigError naming every rule of its fields it breaks
+        (``config_rules``: the one list of what a config may not be)."""
+        from spark_apps.eos_stream.config_rules import refuse
+
+        return refuse(self, load_spec=False)
 
     def librdkafka_options(self) -> dict[str, str]:
         """The security settings (librdkafka names) for the driver's own clients: metadata,

@@ -14,6 +14,7 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.config import ConfigError, PipelineConfig
+from spark_apps.eos_stream.config_rules import aggregates_problem
 from spark_apps.eos_stream.ddl import run_ddl
 from spark_apps.eos_stream.kafka_metadata import topic_metadata_problem
 from spark_apps.eos_stream.sink.batch_sink import MODES, DeliveryMode
@@ -26,14 +27,10 @@ class KafkaUnavailable(RuntimeError):
 
 
 def delivery_mode(config: PipelineConfig, spec: PipelineSpec) -> DeliveryMode:
-    mode = MODES[config.delivery]
-    if spec.has_aggregates and not mode.allows_aggregates:
-        aggregates = [t.table for t in spec.targets if isinstance(t, AggregateTarget)]
-        raise ConfigError(
-            f"delivery {mode.name!r} cannot protect aggregate targets {aggregates}: an upsert keyed by "
-            "the Kafka record does not stop an increment from being applied twice. Use 'exactly_once'."
-        )
-    return mode
+    problem = aggregates_problem(config, spec)
+    if problem:
+        raise ConfigError(problem)
+    return MODES[config.delivery]
 
 
 def check_two_phase(conn: PgConnection, mode: DeliveryMode, where: str) -> None:
