@@ -15,6 +15,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from spark_apps.eos_stream.config_rules import refusals
+
 if TYPE_CHECKING:
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
@@ -66,14 +68,6 @@ def load_callable(reference: str) -> Any:
     return found
 
 
-def spec_problem(reference: str) -> str | None:
-    try:
-        load_spec(reference)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def target_tables(definition: PipelineDefinition) -> set[str]:
     """``schema.table`` of each table the pipeline's spec writes (empty if the spec does not load)."""
     try:
@@ -103,13 +97,14 @@ def shared_places(definitions: Mapping[str, PipelineDefinition]) -> dict[str, li
 
 
 def definition_problems(definitions: Mapping[str, PipelineDefinition]) -> dict[str, list[str]]:
-    """Every problem per pipeline that its own fields do not show: its spec, and the places it
-    shares with another pipeline. (Schedules are checked with the fields: ``schedule_problem``.)"""
+    """Every problem per pipeline that its own fields do not show: what the app would refuse with
+    its spec loaded (``config_rules.refusals``), its callbacks, and the places it shares with
+    another pipeline. (Schedules are checked with the fields: ``schedule_problem``.)"""
     problems: dict[str, list[str]] = defaultdict(list)
     for name, definition in definitions.items():
-        problem = spec_problem(definition.spec)
-        if problem:
-            problems[name].append(f"spec: {problem}")
+        # What the app's start would refuse from this config alone (the app's own list).
+        for refusal in refusals(definition.app_pipeline_config()):
+            problems[name].append(f"spec: {refusal.message}" if refusal.rule == "spec" else refusal.message)
         for key, reference in definition.airflow.callbacks().items():
             try:
                 load_callable(reference)

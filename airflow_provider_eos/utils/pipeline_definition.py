@@ -39,6 +39,7 @@ Example ``payments.yaml``::
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -48,13 +49,11 @@ from typing import Any, NamedTuple
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -66,13 +65,14 @@ from airflow_provider_eos.recovery.replay_engine import (
 )
 from airflow_provider_eos.utils.definition_checks import definition_problems, schedule_problem
 from spark_apps.eos_stream.config import (
-    DELIVERY_MODES,
     PIPELINE_NAME,
-    TRIGGERS,
+    PipelineConfig,
+    PostgresTarget,
     default_of,
     pipeline_fields,
     removed_option_problem,
 )
+from spark_apps.eos_stream.config_rules import refusals
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # module.path:ATTRIBUTE, as the app's spec loader takes it.
@@ -138,9 +138,9 @@ class StreamSettings(_Section):
     # The app's fields: their defaults are the app's.
     trigger: str = default_of("trigger")
     trigger_interval: str = default_of("trigger_interval")
-    max_offsets_per_trigger: PositiveInt = default_of("max_offsets_per_trigger")
-    max_batch_attempts: PositiveInt = default_of("max_batch_attempts")
-    transient_retry_seconds: NonNegativeFloat = default_of("transient_retry_seconds")
+    max_offsets_per_trigger: int = default_of("max_offsets_per_trigger")
+    max_batch_attempts: int = default_of("max_batch_attempts")
+    transient_retry_seconds: float = default_of("transient_retry_seconds")
     create_targets: bool = default_of("create_targets")
     # The supervisor's and the DAGs' own: the app never sees them.
     max_restarts: NonNegativeInt = 3
@@ -158,16 +158,12 @@ class StreamSettings(_Section):
             raise ValueError(problem)
         return data
 
-    @field_validator("trigger", "replay_engine")
+    @field_validator("replay_engine")
     @classmethod
-    def _one_of_the_choices(cls, value: str, info: ValidationInfo) -> str:
-        choices = _STREAM_CHOICES[info.field_name or ""]
-        if value not in choices:
-            raise ValueError(f"unknown {info.field_name} {value!r}; choose one of {', '.join(choices)}")
+    def _known_engine(cls, value: str) -> str:
+        if value not in REPLAY_ENGINE_CHOICES:
+            raise ValueError(f"unknown replay_engine {value!r}; choose one of {', '.join(REPLAY_ENGINE_CHOICES)}")
         return value
-
-
-_STREAM_CHOICES = {"trigger": TRIGGERS, "replay_engine": REPLAY_ENGINE_CHOICES}
 
 
 class SnapshotSettings(_Section):
@@ -292,7 +288,7 @@ class PipelineDefinition(_Section):
     """
 
     name: str
-    topics: list[str] = Field(min_length=1)
+    topics: list[str]
     spec: str
     delivery: str = default_of("delivery")
     target_schema: str = default_of("target_schema")
@@ -306,33 +302,11 @@ class PipelineDefinition(_Section):
     spark: SparkSettings = SparkSettings()
     airflow: AirflowSettings = AirflowSettings()
 
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        if not PIPELINE_NAME.fullmatch(value):
-            raise ValueError(f"{value!r} must be 1-100 letters, digits, '_', '-' or '.', starting with a letter "
-                             "or digit")
-        return value
-
-    @field_validator("topics")
-    @classmethod
-    def _distinct_topics(cls, value: list[str]) -> list[str]:
-        if any(not topic or topic.strip() != topic for topic in value) or len(set(value)) != len(value):
-            raise ValueError(f"topics must be distinct non-empty names without spaces, not {value!r}")
-        return value
-
     @field_validator("spec")
     @classmethod
     def _spec_reference(cls, value: str) -> str:
         if not SPEC_REFERENCE.fullmatch(value):
             raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE")
-        return value
-
-    @field_validator("delivery")
-    @classmethod
-    def _known_delivery(cls, value: str) -> str:
-        if value not in DELIVERY_MODES:
-            raise ValueError(f"unknown delivery mode {value!r}; choose one of {', '.join(DELIVERY_MODES)}")
         return value
 
     @field_validator("target_schema", "meta_schema")
@@ -341,6 +315,24 @@ class PipelineDefinition(_Section):
         if not SCHEMA_NAME.fullmatch(value):
             raise ValueError(f"{value!r} must be a lower-case PostgreSQL name (letters, digits, '_')")
         return value
+
+    @model_validator(mode="after")
+    def _what_the_app_refuses(self) -> PipelineDefinition:
+        # The app's own list (config_rules), on the app's config this definition yields: the
+        # app's fields are checked there, once, in the app's words. The rules that need the spec
+        # imported run in definition_checks (eos validate, eos preflight, the DAG factory).
+        found = refusals(self.app_pipeline_config(), load_spec=False)
+        if found:
+            places = app_field_places()
+            raise ValueError("; ".join(f"{_place(places[r.rule])}: {r.message}" if r.rule in places else r.message
+                                       for r in found))
+        return self
+
+    def app_pipeline_config(self, **run: Any) -> PipelineConfig:
+        """The app's ``PipelineConfig`` this definition yields, with a run's fields (``RUN_FIELDS``;
+        the app's defaults for the rest)."""
+        postgres = PostgresTarget(**run.pop("postgres", {}) or {})
+        return PipelineConfig(**self.app_fields(), postgres=postgres, **run)
 
     def app_fields(self) -> dict[str, Any]:
         """The app's pipeline fields (``pipeline_fields``), each read from where this model keeps it."""
@@ -387,6 +379,10 @@ def app_field_places() -> dict[str, tuple[str, str]]:
     return places
 
 
+def _place(place: tuple[str, str]) -> str:
+    return place[1] if place[0] == "top" else f"{place[0]}.{place[1]}"
+
+
 def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
@@ -398,10 +394,32 @@ def parse_definition(data: Any, *, source: str) -> PipelineDefinition:
     try:
         return PipelineDefinition.model_validate(dict(data))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or '(top)'}: {error['msg']}" for error in exc.errors()
-        )
+        problems = "; ".join(_problem(error) for error in exc.errors())
         raise PipelineDefinitionError(f"{source}: invalid pipeline definition: {problems}") from None
+
+
+def _problem(error: Any) -> str:
+    """One validation error as a user reads it: where, what, and for an unknown key the nearest
+    allowed one and the allowed keys there."""
+    where = ".".join(str(part) for part in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        allowed = sorted(_section_at(error["loc"][:-1]).model_fields)
+        nearest = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
+        hint = f"did you mean {nearest[0]!r}? " if nearest else ""
+        message = f"unknown key; {hint}allowed here: {', '.join(allowed)}"
+    return f"{where}: {message}" if where else message
+
+
+def _section_at(path: tuple[Any, ...]) -> type[BaseModel]:
+    """The model that holds the keys at ``path`` in a definition (the top level for ``()``)."""
+    model: type[BaseModel] = PipelineDefinition
+    for part in path:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            break
+        model = annotation
+    return model
 
 
 def load_definition(path: str | Path) -> PipelineDefinition:

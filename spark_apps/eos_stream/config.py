@@ -20,6 +20,7 @@ disagrees. No field defaults to an example pipeline: ``pipeline``, ``topics`` an
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -206,7 +207,9 @@ def from_dict(data: dict[str, Any]) -> PipelineConfig:
     known = {f.name for f in fields(PipelineConfig)}
     unknown = set(data) - known
     if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
+        nearest = {key: difflib.get_close_matches(key, sorted(known), n=1) for key in sorted(unknown)}
+        hints = "".join(f"; {key!r}: did you mean {match[0]!r}?" for key, match in nearest.items() if match)
+        raise ConfigError(f"unknown config keys {sorted(unknown)}{hints}; known keys: {sorted(known)}")
     data = dict(data)
     pg = data.pop("postgres", {}) or {}
     if "password" in pg:

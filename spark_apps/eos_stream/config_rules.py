@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 class Rule(NamedTuple):
     """One refusal: ``check`` returns why the config is refused, or None. A rule with
-    ``needs_spec`` gets the loaded PipelineSpec as its second argument."""
+    ``needs_spec`` gets the loaded PipelineSpec as its second argument. A rule on one field is
+    named after it."""
 
     name: str
     check: Callable[..., str | None]
@@ -91,7 +92,7 @@ def _create_targets_needs_ddl(config: PipelineConfig, spec: PipelineSpec) -> str
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("pipeline_name", _pipeline_name),
+    Rule("pipeline", _pipeline_name),
     Rule("topics", _topics),
     Rule("delivery", _delivery),
     Rule("trigger", _trigger),

@@ -30,9 +30,10 @@ def test_a_spec_that_does_not_load_says_why() -> None:
     assert load_spec(LEDGER).name == "ledger"
     with pytest.raises(ValueError, match=r"cannot import spec module 'no_such_team\.specs'"):
         load_spec("no_such_team.specs:ORDERS")
-    with pytest.raises(ValueError, match=r"not a PipelineSpec \(found NoneType\)"):
+    with pytest.raises(ValueError, match=r"not a PipelineSpec \(it has no such attribute\); module "
+                       r"'spark_apps\.ledger\.spec' defines the PipelineSpecs LEDGER, LEDGER_EVENTS_ONLY$"):
         load_spec("spark_apps.ledger.spec:NOPE")
-    with pytest.raises(ValueError, match=r"not a PipelineSpec \(found str\)"):
+    with pytest.raises(ValueError, match=r"not a PipelineSpec \(it is a str\)"):
         load_spec("spark_apps.ledger.spec:EVENTS_TABLE")
 
 
