@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_apps.eos_stream.config_rules import refusals
@@ -77,26 +77,40 @@ def target_tables(definition: PipelineDefinition) -> set[str]:
     return {f"{definition.target_schema}.{target.table}" for target in spec.targets}
 
 
-def shared_places(definitions: Mapping[str, PipelineDefinition]) -> dict[str, list[str]]:
-    """Per pipeline, what it shares with another pipeline: a target table, its meta schema (offsets,
-    epochs and locks are keyed there) or its checkpoint directory. Each would let one pipeline
-    overwrite or fence the other; both pipelines of a pair are named."""
-    owners: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for name, definition in sorted(definitions.items()):
+# What a newcomer sets to stop sharing each kind of place.
+_OWN_SETTING = {"target table": "target_schema", "meta schema": "meta_schema",
+                "checkpoint directory": "checkpoint_dir"}
+
+
+def shared_places(definitions: Mapping[str, PipelineDefinition],
+                  seniority: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Per pipeline, what it claims that an older pipeline already owns: a target table, its meta
+    schema (offsets, epochs and locks are keyed there) or its checkpoint directory. Each would let
+    one pipeline overwrite or fence the other.
+
+    Only the newcomer is refused: the owner of a place is the first of the pipelines claiming it
+    in ``seniority`` (oldest first; ``load_definitions`` orders by the definition file's age,
+    see there), so a team that adds a clashing file never takes a running pipeline's DAGs away.
+
+    :param seniority: every pipeline's name, oldest first (default: by name)."""
+    order = {name: index for index, name in enumerate(seniority or sorted(definitions))}
+    claims: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for name, definition in sorted(definitions.items(), key=lambda item: (order.get(item[0], len(order)), item[0])):
         places = [("meta schema", definition.meta_schema),
                   ("checkpoint directory", definition.checkpoint_dir.rstrip("/"))]
         places += [("target table", table) for table in sorted(target_tables(definition))]
         for place in places:
-            owners[place].append(name)
+            claims[place].append(name)
     problems: dict[str, list[str]] = defaultdict(list)
-    for (what, where), names in owners.items():
-        for name in names if len(names) > 1 else ():
-            others = ", ".join(n for n in names if n != name)
-            problems[name].append(f"{what} {where} is also pipeline {others}'s")
+    for (what, where), (owner, *newcomers) in claims.items():
+        for name in newcomers:
+            problems[name].append(f"{what} {where} belongs to pipeline {owner!r} (its definition is the older); "
+                                  f"give this pipeline its own {_OWN_SETTING[what]}")
     return dict(problems)
 
 
-def definition_problems(definitions: Mapping[str, PipelineDefinition]) -> dict[str, list[str]]:
+def definition_problems(definitions: Mapping[str, PipelineDefinition],
+                        seniority: Sequence[str] | None = None) -> dict[str, list[str]]:
     """Every problem per pipeline that its own fields do not show: what the app would refuse with
     its spec loaded (``config_rules.refusals``), its callbacks, and the places it shares with
     another pipeline. (Schedules are checked with the fields: ``schedule_problem``.)"""
@@ -110,6 +124,6 @@ def definition_problems(definitions: Mapping[str, PipelineDefinition]) -> dict[s
                 load_callable(reference)
             except ValueError as exc:
                 problems[name].append(f"airflow.{key}: {exc}")
-    for name, shared in shared_places(definitions).items():
+    for name, shared in shared_places(definitions, seniority).items():
         problems[name] += shared
     return dict(problems)

@@ -458,9 +458,10 @@ def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinitio
     """Every pipeline in ``directory``: (valid definitions by name, error by file name).
 
     One bad file never hides the others: each pipeline is independent, and its team sees its
-    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused, and so are
-    a definition whose spec does not import and two pipelines that share a target table, a
-    meta schema or a checkpoint directory (``definition_checks``)."""
+    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused, and so is
+    what the app's start would refuse (``config_rules``, the spec imported) and a pipeline that
+    claims a target table, a meta schema or a checkpoint directory an older one owns
+    (``definition_checks.shared_places``, ``seniority``): the older keeps its DAGs."""
     found: dict[str, PipelineDefinition] = {}
     paths: dict[str, Path] = {}
     errors: dict[str, str] = {}
@@ -475,10 +476,18 @@ def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinitio
             paths[path.stem] = path
         except PipelineDefinitionError as exc:
             errors[path.name] = str(exc)
-    for name, problems in definition_problems(found).items():
+    for name, problems in definition_problems(found, seniority(paths)).items():
         errors[paths[name].name] = f"{paths[name]}: invalid pipeline definition: {'; '.join(problems)}"
         del found[name]
     return found, errors
+
+
+def seniority(paths: Mapping[str, Path]) -> list[str]:
+    """The pipelines oldest first: by their definition file's modification time in whole seconds,
+    then by file name. The older one owns what two claim (``definition_checks.shared_places``), so
+    a file added later never takes a running pipeline's place. A deployment that writes every file
+    at once (a fresh git-sync worktree, an image build) gives them one time: then the name decides."""
+    return sorted(paths, key=lambda name: (int(paths[name].stat().st_mtime), paths[name].name))
 
 
 def find_definition(directory: str | Path, name: str) -> PipelineDefinition:

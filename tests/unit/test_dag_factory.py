@@ -94,8 +94,14 @@ def test_a_bad_definition_gets_an_invalid_dag_and_hides_no_other(two_pipelines: 
     assert "delivery" in dags["eos_invalid__gamma"].doc_md
 
 
-def test_no_directory_no_dags(tmp_path: Path) -> None:
-    assert pipeline_dags(tmp_path / "missing") == {}
+def test_a_missing_or_empty_directory_is_one_invalid_dag_and_an_error(tmp_path: Path, caplog) -> None:
+    for directory, said in ((tmp_path / "missing", "no pipeline definition directory at"),
+                            (tmp_path, "no pipeline definition in")):
+        caplog.clear()
+        dags = pipeline_dags(directory)
+        assert list(dags) == ["eos_invalid__pipeline_config_dir"]
+        assert said in (dags["eos_invalid__pipeline_config_dir"].doc_md or "")
+        assert [r.levelname for r in caplog.records if said in r.getMessage()] == ["ERROR"]
 
 
 def test_the_dags_folder_reads_the_provider_config_and_no_eos_environment(two_pipelines: Path) -> None:
