@@ -89,7 +89,7 @@ def shared_places(definitions: Mapping[str, PipelineDefinition],
     one pipeline overwrite or fence the other.
 
     Only the newcomer is refused: the owner of a place is the first of the pipelines claiming it
-    in ``seniority`` (oldest first; ``load_definitions`` orders by the definition file's age,
+    in ``seniority`` (oldest first; ``load_definitions`` ranks by the age of the definition file,
     see there), so a team that adds a clashing file never takes a running pipeline's DAGs away.
 
     :param seniority: every pipeline's name, oldest first (default: by name)."""

@@ -318,15 +318,39 @@ class PipelineDefinition(_Section):
 
     @model_validator(mode="after")
     def _what_the_app_refuses(self) -> PipelineDefinition:
-        # The app's own list (config_rules), on the app's config this definition yields: the
-        # app's fields are checked there, once, in the app's words. The rules that need the spec
-        # imported run in definition_checks (eos validate, eos preflight, the DAG factory).
-        found = refusals(self.app_pipeline_config(), load_spec=False)
-        if found:
-            places = app_field_places()
-            raise ValueError("; ".join(f"{_place(places[r.rule])}: {r.message}" if r.rule in places else r.message
-                                       for r in found))
+        problem = self.app_refusal()
+        if problem:
+            raise ValueError(problem)
         return self
+
+    def app_refusal(self) -> str | None:
+        """What the app's own list (``config_rules``) refuses in the config this definition yields,
+        each named by its place here; None if nothing. The app's fields are checked there, once, in
+        the app's words. The rules that need the spec imported run in ``definition_checks`` (eos
+        validate, eos preflight, the DAG factory)."""
+        found = refusals(self.app_pipeline_config(), load_spec=False)
+        places = app_field_places()
+        return "; ".join(f"{_place(places[r.rule])}: {r.message}" if r.rule in places else r.message
+                         for r in found) or None
+
+    def tuned(self, tuning: Mapping[str, Any] | None) -> PipelineDefinition:
+        """This definition with a run's ``stream`` tuning (``None`` values: the definition's), the
+        tuned keys and the app's rules checked; the rest is not validated again.
+
+        :raises PipelineDefinitionError: a key is no stream setting, or a value is refused."""
+        given = {key: value for key, value in (tuning or {}).items() if value is not None}
+        if not given:
+            return self
+        try:
+            stream = StreamSettings.model_validate({**self.stream.model_dump(), **given})
+        except ValidationError as exc:
+            problem: str | None = "; ".join(f"stream.{_problem(e, StreamSettings)}" for e in exc.errors())
+        else:
+            tuned = self.model_copy(update={"stream": stream})
+            problem = tuned.app_refusal()
+        if problem:
+            raise PipelineDefinitionError(f"pipeline {self.name!r}: this run's tuning {given}: {problem}")
+        return tuned
 
     def app_pipeline_config(self, **run: Any) -> PipelineConfig:
         """The app's ``PipelineConfig`` this definition yields, with a run's fields (``RUN_FIELDS``;
@@ -398,22 +422,21 @@ def parse_definition(data: Any, *, source: str) -> PipelineDefinition:
         raise PipelineDefinitionError(f"{source}: invalid pipeline definition: {problems}") from None
 
 
-def _problem(error: Any) -> str:
+def _problem(error: Any, root: type[BaseModel] | None = None) -> str:
     """One validation error as a user reads it: where, what, and for an unknown key the nearest
     allowed one and the allowed keys there."""
     where = ".".join(str(part) for part in error["loc"])
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        allowed = sorted(_section_at(error["loc"][:-1]).model_fields)
+        allowed = sorted(_section_at(error["loc"][:-1], root or PipelineDefinition).model_fields)
         nearest = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
         hint = f"did you mean {nearest[0]!r}? " if nearest else ""
         message = f"unknown key; {hint}allowed here: {', '.join(allowed)}"
     return f"{where}: {message}" if where else message
 
 
-def _section_at(path: tuple[Any, ...]) -> type[BaseModel]:
-    """The model that holds the keys at ``path`` in a definition (the top level for ``()``)."""
-    model: type[BaseModel] = PipelineDefinition
+def _section_at(path: tuple[Any, ...], model: type[BaseModel]) -> type[BaseModel]:
+    """The model that holds the keys at ``path`` under ``model`` (``model`` itself for ``()``)."""
     for part in path:
         annotation = model.model_fields[str(part)].annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
