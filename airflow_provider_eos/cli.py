@@ -12,7 +12,8 @@
     connections: Kafka reachable with the connection's credentials and the topics there (and
     the credentials translatable for Spark's Java client); PostgreSQL reachable, UTF8, the
     targets present (or ``create_targets``), ``max_prepared_transactions`` for ``two_phase``;
-    the snapshot store there and writable (a file written and deleted); the pyspark pairing where
+    the snapshot store there (a local one created private as a snapshot would) and writable
+    (a file written and deleted); the pyspark pairing where
     spark-submit would run. Exit 1 if a check fails.
 
 Each line says ``ok`` or ``FAIL`` and what was found; nothing prints a secret.
@@ -116,8 +117,8 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         from airflow_provider_eos.recovery.store import SnapshotStore
 
         url = provider_config.snapshot_store()
-        directory = SnapshotStore(url).probe(definition.name)
-        return f"[eos] snapshot_store = {url}: exists, {directory} writable"
+        directory, created = SnapshotStore(url).probe(definition.name)
+        return f"[eos] snapshot_store = {url}: {'created' if created else 'exists'}, {directory} writable"
 
     def spark_check() -> str:
         from spark_apps.eos_stream.pyspark_pairing import installed_versions, pairing_problem
