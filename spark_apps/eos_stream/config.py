@@ -13,8 +13,9 @@ with :func:`default_of` as its default, and builds the app's config by walking t
 fields; the stream operator takes that definition plus the :data:`RUN_FIELDS` a run
 sets. The source lives here, not in the provider, because the app runs on Spark
 without Airflow or pydantic; tests/unit/test_pipeline_shape.py fails when a form
-disagrees. No field defaults to an example pipeline: ``pipeline``, ``topics`` and
-``spec`` are required.
+disagrees. What a config may not be is one list, ``config_rules.RULES``: ``validate``,
+the app's start and the provider's definition all apply it. No field defaults to an example
+pipeline: ``pipeline``, ``topics`` and ``spec`` are required.
 """
 
 from __future__ import annotations
