@@ -101,11 +101,15 @@ def shared_places(definitions: Mapping[str, PipelineDefinition],
         places += [("target table", table) for table in sorted(target_tables(definition))]
         for place in places:
             claims[place].append(name)
-    problems: dict[str, list[str]] = defaultdict(list)
+    taken: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # (newcomer, what, owner) -> places
     for (what, where), (owner, *newcomers) in claims.items():
         for name in newcomers:
-            problems[name].append(f"{what} {where} belongs to pipeline {owner!r} (its definition is the older); "
-                                  f"give this pipeline its own {_OWN_SETTING[what]}")
+            taken[(name, what, owner)].append(where)
+    problems: dict[str, list[str]] = defaultdict(list)
+    for (name, what, owner), wheres in taken.items():
+        problems[name].append(f"{what}{'s' if len(wheres) > 1 else ''} {', '.join(wheres)} "
+                              f"{'belong' if len(wheres) > 1 else 'belongs'} to pipeline {owner!r} (its definition "
+                              f"is the older); give this pipeline its own {_OWN_SETTING[what]}")
     return dict(problems)
 
 

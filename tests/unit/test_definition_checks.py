@@ -50,10 +50,8 @@ def test_only_the_newcomer_to_a_place_is_refused_naming_the_owner_and_the_fix() 
     # The older (first in seniority) owns: here b, though a sorts first by name.
     problems = shared_places(same_table, ["b", "a"])
     assert problems == {"a": [
-        "target table shop.account_balances belongs to pipeline 'b' (its definition is the older); "
-        "give this pipeline its own target_schema",
-        "target table shop.ledger_events belongs to pipeline 'b' (its definition is the older); "
-        "give this pipeline its own target_schema"]}
+        "target tables shop.account_balances, shop.ledger_events belong to pipeline 'b' (its definition is the "
+        "older); give this pipeline its own target_schema"]}
     same_meta = {"a": _definition("a", meta_schema="eos"), "b": _definition("b", meta_schema="eos")}
     assert shared_places(same_meta) == {"b": ["meta schema eos belongs to pipeline 'a' (its definition is the "
                                               "older); give this pipeline its own meta_schema"]}

@@ -120,7 +120,7 @@ def test_what_airflow_or_the_app_would_refuse_later_is_refused_at_parse_naming_t
     assert "is not a cron expression" in errors["cron.yaml"]
     assert "cannot import spec module 'acme_nowhere.specs'" in errors["nospec.yaml"]
     assert "meta schema shared_eos belongs to pipeline 'a'" in errors["b.yaml"]
-    assert "target table t_d.ledger_events belongs to pipeline 'c'" in errors["d.yaml"]
+    assert "target tables t_d.account_balances, t_d.ledger_events belong to pipeline 'c'" in errors["d.yaml"]
     assert "give this pipeline its own target_schema" in errors["d.yaml"]
 
 
@@ -131,8 +131,8 @@ def test_the_older_file_owns_a_place_whatever_the_names(tmp_path: Path) -> None:
     os.utime(tmp_path / "shipments.yaml", (old, old))
     valid, errors = load_definitions(tmp_path)
     assert sorted(valid) == ["shipments"] and sorted(errors) == ["returns.yaml"]
-    assert "belongs to pipeline 'shipments' (its definition is the older); give this pipeline its own " \
-        "target_schema" in errors["returns.yaml"]
+    assert "target tables shop.account_balances, shop.ledger_events belong to pipeline 'shipments' (its " \
+        "definition is the older); give this pipeline its own target_schema" in errors["returns.yaml"]
 
 
 def test_find_definition_by_name(tmp_path: Path) -> None:
