@@ -56,8 +56,9 @@ def refuse_invalid_definition(error: str) -> Any:
 def _invalid_dag(file_name: str, error: str) -> DAG:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(file_name).stem) or "unnamed"
     doc = f"**This pipeline definition does not validate.**\n\n```\n{error}\n```"
+    # The error is the description too: `airflow dags list` and the UI's DAG list show why.
     with DAG(dag_id=f"eos_invalid__{stem}", schedule=None, start_date=START_DATE, catchup=False,
-             tags=["eos", "invalid"], doc_md=doc) as dag:
+             tags=["eos", "invalid"], doc_md=doc, description=error) as dag:
         refuse_invalid_definition(error)
     return dag
 
