@@ -1,17 +1,20 @@
 """``eos``: check pipeline definitions in a platform team's own CI, before they are deployed.
 
 ``eos validate DIR``
-    reads every definition in DIR as the DAG processor will: fields, schedules, that the spec
-    imports, and that no two pipelines share a target table, a meta schema or a checkpoint
-    directory. Needs no Airflow deployment and no network. Exit 1 if any file is refused.
+    reads every definition in DIR as the DAG processor will: fields, schedules, everything the
+    app's start would refuse from the config alone (``config_rules``: the spec imports, an
+    aggregate target needs ``exactly_once``...), and that no pipeline claims a target table, a
+    meta schema or a checkpoint directory an older one owns. Needs no Airflow deployment and no
+    network. Exit 1 if any file is refused.
 
 ``eos preflight NAME [--dir DIR]``
     checks one pipeline against what it will run on, through the deployment's Airflow
     connections: Kafka reachable with the connection's credentials and the topics there (and
     the credentials translatable for Spark's Java client); PostgreSQL reachable, UTF8, the
     targets present (or ``create_targets``), ``max_prepared_transactions`` for ``two_phase``;
-    the snapshot store configured; the pyspark pairing where spark-submit would run. Exit 1 if
-    a check fails.
+    the snapshot store there (a local one created private as a snapshot would) and writable
+    (a file written and deleted); the pyspark pairing where
+    spark-submit would run. Exit 1 if a check fails.
 
 ``eos config NAME [--dir DIR] [--no-connections]``
     prints the app config (JSON) the definition yields, as the stream task builds it: Kafka's
@@ -121,7 +124,11 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         return f"{where}: " + ", ".join(found)
 
     def snapshot_store_check() -> str:
-        return f"[eos] snapshot_store = {provider_config.snapshot_store()}"
+        from airflow_provider_eos.recovery.store import SnapshotStore
+
+        url = provider_config.snapshot_store()
+        directory, created = SnapshotStore(url).probe(definition.name)
+        return f"[eos] snapshot_store = {url}: {'created' if created else 'exists'}, {directory} writable"
 
     def spark_check() -> str:
         from spark_apps.eos_stream.run.pyspark_pairing import installed_versions, pairing_problem

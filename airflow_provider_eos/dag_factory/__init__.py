@@ -11,7 +11,9 @@ For every definition in ``[eos] pipeline_config_dir`` (see
 ``eos_recovery__<name>``. ``committed_assets(name)`` gives a downstream DAG the pipeline's target
 assets to be scheduled on. A definition that does not validate gets one ``eos_invalid__<file>``
 DAG whose only task fails with the error, and the other pipelines keep their DAGs: one team's
-typo never takes another team's recovery DAG away. Parsing reads the definition files and the
+typo never takes another team's recovery DAG away. When two definitions claim the same target
+table, meta schema or checkpoint directory, the older definition file keeps its DAGs and only the
+newcomer is refused (``pipeline_definition.seniority``). Parsing reads the definition files and the
 provider config, never an environment variable of its own.
 """
 
@@ -31,7 +33,7 @@ from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
 from airflow_provider_eos.dag_factory.snapshot import build_snapshot_dag
 from airflow_provider_eos.dag_factory.stream import build_stop_dag, build_stream_dag
 from airflow_provider_eos.utils import provider_config
-from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, load_definitions
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, definition_files, load_definitions
 
 __all__ = ["build_pipeline_dags", "committed_assets", "dag_id", "defined_pipelines", "pipeline_dags"]
 
@@ -54,29 +56,38 @@ def refuse_invalid_definition(error: str) -> Any:
 def _invalid_dag(file_name: str, error: str) -> DAG:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(file_name).stem) or "unnamed"
     doc = f"**This pipeline definition does not validate.**\n\n```\n{error}\n```"
+    # The error is the description too: `airflow dags list` and the UI's DAG list show why.
     with DAG(dag_id=f"eos_invalid__{stem}", schedule=None, start_date=START_DATE, catchup=False,
-             tags=["eos", "invalid"], doc_md=doc) as dag:
+             tags=["eos", "invalid"], doc_md=doc, description=error) as dag:
         refuse_invalid_definition(error)
     return dag
+
+
+# The invalid DAG of a definition directory that is missing or holds no definition.
+NO_DEFINITIONS = "pipeline_config_dir"
 
 
 def _definitions(directory: str | Path | None) -> tuple[dict[str, PipelineDefinition], dict[str, str]]:
     root = Path(directory or provider_config.pipeline_config_dir())
     if not root.is_dir():
-        log.warning("eos: no pipeline definition directory at %s (set [eos] pipeline_config_dir): no pipelines",
-                    root)
-        return {}, {}
+        return {}, {NO_DEFINITIONS: f"no pipeline definition directory at {root}: create it, or set "
+                                    "[eos] pipeline_config_dir to the directory of your <pipeline>.yaml files"}
+    if not definition_files(root):
+        return {}, {NO_DEFINITIONS: f"no pipeline definition in {root} (no .yaml, .yml or .json file): add "
+                                    "one per pipeline (docs/howto_own_spec.md), or set [eos] pipeline_config_dir"}
     return load_definitions(root)
 
 
 def defined_pipelines(directory: str | Path | None = None) -> dict[str, PipelineDefinition]:
-    """The valid pipeline definitions in ``directory`` (default ``[eos] pipeline_config_dir``), by name."""
+    """The valid pipeline definitions in ``directory`` (default ``[eos] pipeline_config_dir``), by name
+    (none when the directory is missing or empty: ``pipeline_dags`` says so)."""
     return _definitions(directory)[0]
 
 
 def pipeline_dags(directory: str | Path | None = None) -> dict[str, DAG]:
     """Every DAG of every pipeline defined in ``directory`` (default ``[eos] pipeline_config_dir``),
-    by DAG id. A missing directory yields none (a fresh deployment's DAG file still imports)."""
+    by DAG id. A missing or empty directory yields one ``eos_invalid__pipeline_config_dir`` DAG and
+    an ERROR log that say so (the DAG file still imports: never silence, never an import error)."""
     definitions, errors = _definitions(directory)
     dags: dict[str, DAG] = {}
     for definition in definitions.values():

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_provider_eos.utils import provider_config
-from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, ResolvedConnections
+from airflow_provider_eos.utils.definition_sections import ResolvedConnections
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 # A scheduled DAG's first interval; catchup is off everywhere, so only "now" matters.
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)

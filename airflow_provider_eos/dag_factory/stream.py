@@ -65,10 +65,6 @@ def refuse_any_conf(**context: Any) -> None:
     refuse_undeclared_conf(context, ())
 
 
-def _pinned(key: str) -> str:
-    return "{{ ti.xcom_pull(task_ids='resolve_run')['" + key + "'] }}"
-
-
 def build_stream_dag(definition: PipelineDefinition, assets: PipelineAssets | None = None) -> DAG:
     """:param assets: the pipeline's assets; its topics become the stream task's inlets. The targets
         are not its outlets: their events come from the committed-offsets watcher, with the offsets,
@@ -89,11 +85,10 @@ def build_stream_dag(definition: PipelineDefinition, assets: PipelineAssets | No
         params=params,
     ) as dag:
         defaults = {key: getattr(definition.stream, key) for key in TUNING}
-        pinned = definition.model_dump(mode="json")
-        pinned["stream"].update({key: _pinned(key) for key in TUNING})
         resolve_run(defaults, list(params)) >> StreamingPipelineOperator(
             task_id="run_pipeline",
-            definition=pinned,
+            definition=definition,
+            tuning="{{ ti.xcom_pull(task_ids='resolve_run') }}",
             run_seconds="{{ params.run_seconds }}",
             max_restarts="{{ params.max_restarts }}",
             restart_backoff="{{ params.restart_backoff }}",

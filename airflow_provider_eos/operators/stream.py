@@ -1,7 +1,8 @@
 """Launch and supervise one eos streaming pipeline (spark-submit of spark_apps/eos_stream/app.py).
 
-The operator takes the pipeline's definition (``PipelineDefinition``, or its dict form, as the
-DAG factory passes it), never the pipeline's fields one by one: what the pipeline is and its
+The operator takes the pipeline's validated definition (``PipelineDefinition``; a dict is
+validated once), never the pipeline's fields one by one, and a run's ``tuning`` of its stream
+section apart (the one templated part): what the pipeline is and its
 defaults are defined once (spark_apps/eos_stream/run/config.py, utils/pipeline_definition.py), and
 the app's config is the definition's ``app_config`` plus what a run sets. Its own arguments are
 what only a supervisor knows: connections, the run's time, restarts, Spark submission.
@@ -76,9 +77,10 @@ class StreamingPipelineOperator(BaseOperator):
     stop is requested (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or
     ``run_seconds`` have passed. ``on_kill`` ends the spark-submit process group (no JVM is left).
 
-    :param definition: the pipeline (``PipelineDefinition`` or its dict form, templated: a DAG may
-        pin a run's ``stream`` tuning with templates). Its ``stream`` section gives the trigger,
-        the batch limits and the restart policy.
+    :param definition: the pipeline (``PipelineDefinition``, or its dict form, validated once).
+        Its ``stream`` section gives the trigger, the batch limits and the restart policy.
+    :param tuning: templated: this run's values for keys of the definition's ``stream`` section
+        (``None``: the definition's), e.g. the dict a DAG's ``resolve_run`` task returns.
     :param run_seconds: processingTime: total time to run, across restarts (0: until stopped).
     :param stop_poll_seconds: how often the app looks for a stop request (default: the app's).
     :param kafka_options: Kafka client options in librdkafka's names, over the Kafka connection's
@@ -108,7 +110,7 @@ class StreamingPipelineOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "definition", "run_seconds", "kafka_config_id", "postgres_conn_id", "spark_conn_id", "max_restarts",
+        "tuning", "run_seconds", "kafka_config_id", "postgres_conn_id", "spark_conn_id", "max_restarts",
         "restart_backoff", "max_fenced_restarts",
     )
     ui_color = "#e8f4ff"
@@ -118,6 +120,7 @@ class StreamingPipelineOperator(BaseOperator):
         self,
         *,
         definition: PipelineDefinition | dict[str, Any],
+        tuning: dict[str, Any] | str | None = None,
         run_seconds: float | str = default_of("run_seconds"),
         stop_poll_seconds: float = default_of("stop_poll_seconds"),
         kafka_options: dict[str, str] | None = None,
@@ -138,9 +141,8 @@ class StreamingPipelineOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # Kept as a plain dict: templates inside it render, and it serializes with the DAG.
-        self.definition = (definition.model_dump(mode="json") if isinstance(definition, PipelineDefinition)
-                           else dict(definition))
+        self.definition = definition
+        self.tuning = tuning
         self.run_seconds = run_seconds
         self.stop_poll_seconds = stop_poll_seconds
         self.kafka_options = kafka_options
@@ -159,7 +161,7 @@ class StreamingPipelineOperator(BaseOperator):
         self.recovery_lock_ttl = recovery_lock_ttl
         self.recovery_wait = recovery_wait
         self._pipeline: PipelineDefinition | None = None
-        self._parsed: dict[str, Any] | None = None
+        self._tuned_with: Any = None
         self._orphan: dict[str, Any] | None = None
         self._hook: EosStreamSubmitHook | None = None
         self._killed = threading.Event()
@@ -171,12 +173,16 @@ class StreamingPipelineOperator(BaseOperator):
     # ------------------------------------------------------------------ config
     @property
     def pipeline(self) -> PipelineDefinition:
-        """The validated definition, once its templates are rendered (so, in ``execute``)."""
-        # Parsed again when the templates were rendered (Airflow sets a new dict).
-        if self._pipeline is None or self._parsed is not self.definition:
-            self._parsed = self.definition
+        """The definition with this run's ``tuning`` (rendered, so in ``execute``)."""
+        if self._pipeline is None or self._tuned_with is not self.tuning:
+            self._tuned_with = self.tuning
             try:
-                self._pipeline = parse_definition(self.definition, source=f"task {self.task_id}")
+                definition = (self.definition if isinstance(self.definition, PipelineDefinition)
+                              else parse_definition(self.definition, source=f"task {self.task_id}"))
+                self.definition = definition  # a dict is validated once
+                if isinstance(self.tuning, str):
+                    raise PipelineDefinitionError(f"tuning {self.tuning!r} was not rendered to a dict")
+                self._pipeline = definition.tuned(self.tuning)
             except PipelineDefinitionError as exc:
                 raise AirflowFailException(str(exc)) from None
         return self._pipeline

@@ -276,6 +276,28 @@ class SnapshotStore:
         os.replace(target / _MANIFEST_TMP, target / MANIFEST)
         return target
 
+    def probe(self, pipeline: str) -> tuple[Any, bool]:
+        """Proves the store takes this pipeline's snapshots: creates the local root and the
+        pipeline's directory as ``save`` does, writes a file there and deletes it (on an object
+        store the write proves the bucket is there and writable).
+
+        :return: (the pipeline's directory, whether the local root was created just now).
+        :raises SnapshotError: others could write to the root (``check_store_root``).
+        :raises OSError: the store refused the write."""
+        created = self._local is not None and not self._local.is_dir()
+        if self._local is not None:
+            self._private_dir(self._local, create_parents=True)
+        directory = self._dir(pipeline)
+        probe = directory / f".eos-probe-{os.getpid()}"
+        if self._local is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+        else:
+            self._private_dir(directory)
+            _open_private(probe).close()
+        probe.unlink()
+        return directory, created
+
     def _private_dir(self, path: Path, create_parents: bool = False) -> None:
         """Creates ``path`` with mode 0700. The store's root keeps the mode it has if
         it already exists (the deployment chose it, and ``check_store_root`` refuses

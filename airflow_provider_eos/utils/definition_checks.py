@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from spark_apps.eos_stream.run.config_rules import refusals
 
 if TYPE_CHECKING:
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
@@ -66,14 +68,6 @@ def load_callable(reference: str) -> Any:
     return found
 
 
-def spec_problem(reference: str) -> str | None:
-    try:
-        load_spec(reference)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def target_tables(definition: PipelineDefinition) -> set[str]:
     """``schema.table`` of each table the pipeline's spec writes (empty if the spec does not load)."""
     try:
@@ -83,38 +77,57 @@ def target_tables(definition: PipelineDefinition) -> set[str]:
     return {f"{definition.target_schema}.{target.table}" for target in spec.targets}
 
 
-def shared_places(definitions: Mapping[str, PipelineDefinition]) -> dict[str, list[str]]:
-    """Per pipeline, what it shares with another pipeline: a target table, its meta schema (offsets,
-    epochs and locks are keyed there) or its checkpoint directory. Each would let one pipeline
-    overwrite or fence the other; both pipelines of a pair are named."""
-    owners: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for name, definition in sorted(definitions.items()):
+# What a newcomer sets to stop sharing each kind of place.
+_OWN_SETTING = {"target table": "target_schema", "meta schema": "meta_schema",
+                "checkpoint directory": "checkpoint_dir"}
+
+
+def shared_places(definitions: Mapping[str, PipelineDefinition],
+                  seniority: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Per pipeline, what it claims that an older pipeline already owns: a target table, its meta
+    schema (offsets, epochs and locks are keyed there) or its checkpoint directory. Each would let
+    one pipeline overwrite or fence the other.
+
+    Only the newcomer is refused: the owner of a place is the first of the pipelines claiming it
+    in ``seniority`` (oldest first; ``load_definitions`` ranks by the age of the definition file,
+    see there), so a team that adds a clashing file never takes a running pipeline's DAGs away.
+
+    :param seniority: every pipeline's name, oldest first (default: by name)."""
+    order = {name: index for index, name in enumerate(seniority or sorted(definitions))}
+    claims: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for name, definition in sorted(definitions.items(), key=lambda item: (order.get(item[0], len(order)), item[0])):
         places = [("meta schema", definition.meta_schema),
                   ("checkpoint directory", definition.checkpoint_dir.rstrip("/"))]
         places += [("target table", table) for table in sorted(target_tables(definition))]
         for place in places:
-            owners[place].append(name)
+            claims[place].append(name)
+    taken: dict[tuple[str, str, str], list[str]] = defaultdict(list)  # (newcomer, what, owner) -> places
+    for (what, where), (owner, *newcomers) in claims.items():
+        for name in newcomers:
+            taken[(name, what, owner)].append(where)
     problems: dict[str, list[str]] = defaultdict(list)
-    for (what, where), names in owners.items():
-        for name in names if len(names) > 1 else ():
-            others = ", ".join(n for n in names if n != name)
-            problems[name].append(f"{what} {where} is also pipeline {others}'s")
+    for (name, what, owner), wheres in taken.items():
+        problems[name].append(f"{what}{'s' if len(wheres) > 1 else ''} {', '.join(wheres)} "
+                              f"{'belong' if len(wheres) > 1 else 'belongs'} to pipeline {owner!r} (its definition "
+                              f"is the older); give this pipeline its own {_OWN_SETTING[what]}")
     return dict(problems)
 
 
-def definition_problems(definitions: Mapping[str, PipelineDefinition]) -> dict[str, list[str]]:
-    """Every problem per pipeline that its own fields do not show: its spec, and the places it
-    shares with another pipeline. (Schedules are checked with the fields: ``schedule_problem``.)"""
+def definition_problems(definitions: Mapping[str, PipelineDefinition],
+                        seniority: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Every problem per pipeline that its own fields do not show: what the app would refuse with
+    its spec loaded (``config_rules.refusals``), its callbacks, and the places it shares with
+    another pipeline. (Schedules are checked with the fields: ``schedule_problem``.)"""
     problems: dict[str, list[str]] = defaultdict(list)
     for name, definition in definitions.items():
-        problem = spec_problem(definition.spec)
-        if problem:
-            problems[name].append(f"spec: {problem}")
+        # What the app's start would refuse from this config alone (the app's own list).
+        for refusal in refusals(definition.app_pipeline_config()):
+            problems[name].append(f"spec: {refusal.message}" if refusal.rule == "spec" else refusal.message)
         for key, reference in definition.airflow.callbacks().items():
             try:
                 load_callable(reference)
             except ValueError as exc:
                 problems[name].append(f"airflow.{key}: {exc}")
-    for name, shared in shared_places(definitions).items():
+    for name, shared in shared_places(definitions, seniority).items():
         problems[name] += shared
     return dict(problems)

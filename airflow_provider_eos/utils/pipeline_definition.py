@@ -19,8 +19,11 @@ level or in ``stream``, with the app's default read from ``default_of``; it adds
 the app never sees (connections, schedules, restart policy, snapshots, health; see
 ``DEFINITION_ONLY``). :meth:`PipelineDefinition.app_config` walks the app's fields, so a
 field added to the app without a place here fails at once, and
-tests/unit/test_pipeline_shape.py fails when a name, a type or a default disagrees.
-The stream operator takes this definition (operators/stream.py), not the fields one by one.
+tests/unit/test_pipeline_shape.py fails when a name, a type or a default disagrees. Their
+values are not checked here but by the app's own list of refusals (``config_rules``), run on
+the app config this definition yields when it is built: one set of rules, in the app's words.
+The stream operator takes this validated definition (operators/stream.py), not the fields one
+by one, and never parses it again: a run's tuning of ``stream`` goes through :meth:`tuned`.
 
 Example ``payments.yaml``::
 
@@ -39,22 +42,18 @@ Example ``payments.yaml``::
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
-    Field,
     NonNegativeFloat,
     NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -64,19 +63,27 @@ from airflow_provider_eos.recovery.replay_engine import (
     DEFAULT_REPLAY_ENGINE,
     REPLAY_ENGINE_CHOICES,
 )
-from airflow_provider_eos.utils.definition_checks import definition_problems, schedule_problem
+from airflow_provider_eos.utils.definition_checks import definition_problems
+from airflow_provider_eos.utils.definition_sections import (
+    SPEC_REFERENCE,
+    AirflowSettings,
+    ConnectionIds,
+    HealthSettings,
+    Section,
+    SnapshotSettings,
+    SparkSettings,
+)
 from spark_apps.eos_stream.run.config import (
-    DELIVERY_MODES,
     PIPELINE_NAME,
-    TRIGGERS,
+    PipelineConfig,
+    PostgresTarget,
     default_of,
     pipeline_fields,
     removed_option_problem,
 )
+from spark_apps.eos_stream.run.config_rules import refusals
 
 SUFFIXES = (".yaml", ".yml", ".json")
-# module.path:ATTRIBUTE, as the app's spec loader takes it.
-SPEC_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 # A schema name the app quotes as an identifier; kept plain so it reads the same everywhere.
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -85,41 +92,7 @@ class PipelineDefinitionError(ValueError):
     """A pipeline definition is missing or wrong; the message names the file and the field."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @field_validator("schedule", check_fields=False)
-    @classmethod
-    def _airflow_schedule(cls, value: str | None) -> str | None:
-        # Checked here, not when the DAG is built: there a bad cron string is an import error of
-        # the DAG file that names neither the definition file nor the field.
-        problem = schedule_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-
-class ConnectionIds(_Section):
-    """Airflow connection ids; ``None`` takes the deployment's default (``[eos] *_conn_id``)."""
-
-    kafka: str | None = None
-    postgres: str | None = None
-    spark: str | None = None
-
-    def resolved(self, defaults: Mapping[str, str]) -> ResolvedConnections:
-        """These ids with every unset one taken from ``defaults`` (keys kafka, postgres, spark)."""
-        return ResolvedConnections(**{key: getattr(self, key) or defaults[key] for key in ResolvedConnections._fields})
-
-
-class ResolvedConnections(NamedTuple):
-    """The connection ids a pipeline's tasks use, every one set."""
-
-    kafka: str
-    postgres: str
-    spark: str
-
-
-class StreamSettings(_Section):
+class StreamSettings(Section):
     """How the stream runs.
 
     :param trigger: ``processingTime`` runs until stopped; ``availableNow`` processes what the
@@ -138,9 +111,9 @@ class StreamSettings(_Section):
     # The app's fields: their defaults are the app's.
     trigger: str = default_of("trigger")
     trigger_interval: str = default_of("trigger_interval")
-    max_offsets_per_trigger: PositiveInt = default_of("max_offsets_per_trigger")
-    max_batch_attempts: PositiveInt = default_of("max_batch_attempts")
-    transient_retry_seconds: NonNegativeFloat = default_of("transient_retry_seconds")
+    max_offsets_per_trigger: int = default_of("max_offsets_per_trigger")
+    max_batch_attempts: int = default_of("max_batch_attempts")
+    transient_retry_seconds: float = default_of("transient_retry_seconds")
     create_targets: bool = default_of("create_targets")
     # The supervisor's and the DAGs' own: the app never sees them.
     max_restarts: NonNegativeInt = 3
@@ -158,127 +131,15 @@ class StreamSettings(_Section):
             raise ValueError(problem)
         return data
 
-    @field_validator("trigger", "replay_engine")
+    @field_validator("replay_engine")
     @classmethod
-    def _one_of_the_choices(cls, value: str, info: ValidationInfo) -> str:
-        choices = _STREAM_CHOICES[info.field_name or ""]
-        if value not in choices:
-            raise ValueError(f"unknown {info.field_name} {value!r}; choose one of {', '.join(choices)}")
+    def _known_engine(cls, value: str) -> str:
+        if value not in REPLAY_ENGINE_CHOICES:
+            raise ValueError(f"unknown replay_engine {value!r}; choose one of {', '.join(REPLAY_ENGINE_CHOICES)}")
         return value
 
 
-_STREAM_CHOICES = {"trigger": TRIGGERS, "replay_engine": REPLAY_ENGINE_CHOICES}
-
-
-class SnapshotSettings(_Section):
-    """Scheduled snapshots of the targets with their replay point (``schedule: null``: none)."""
-
-    schedule: str | None = "@hourly"
-    keep_last: PositiveInt = 24
-
-
-class HealthSettings(_Section):
-    """The scheduled health check.
-
-    :param stuck_after: seconds a partition's LSO may stay behind its high watermark before it
-        counts as stuck (an open transaction).
-    :param hanging_after: seconds stuck, measured across health-check runs, after which the
-        transaction counts as hanging and needs a person; Kafka aborts a live producer's
-        transaction after ``transaction.max.timeout.ms`` (15 minutes by default).
-    :param max_age_seconds: liveness: the newest batch may be this old.
-    :param max_lag: caught up: records per partition still to read.
-    :param prepared_older_than: seconds after which a prepared (two-phase) transaction is in doubt.
-    """
-
-    schedule: str | None = "*/5 * * * *"
-    stuck_after: PositiveFloat = 60
-    hanging_after: PositiveFloat = 900
-    max_age_seconds: PositiveFloat = 300
-    max_lag: NonNegativeInt = 0
-    prepared_older_than: NonNegativeFloat = 60
-    poke_interval: PositiveFloat = 10
-    sensor_timeout: PositiveFloat = 120
-
-
-class SparkSettings(_Section):
-    """The pipeline's spark-submits (its stream, and its recovery's replay on the ``spark`` engine).
-
-    :param conf: more Spark properties (``spark.*``); the resources below win over the same keys.
-    :param driver_memory: ``--driver-memory``.
-    :param driver_cores: ``spark.driver.cores`` (cluster deploy mode).
-    :param executor_memory: ``spark.executor.memory``.
-    :param executor_cores: ``spark.executor.cores``.
-    :param num_executors: ``spark.executor.instances`` (YARN, Kubernetes).
-    :param max_cores: ``spark.cores.max`` (standalone: the cores the application takes in all).
-    :param packages: Maven coordinates, ``spark.jars.packages`` (resolved by the cluster's Ivy).
-    :param jars: more jars, after the deployment's ``[eos] spark_jars`` (the Kafka connector).
-    """
-
-    conf: dict[str, str] = {}
-    driver_memory: str = "1g"
-    driver_cores: PositiveInt | None = None
-    executor_memory: str | None = None
-    executor_cores: PositiveInt | None = None
-    num_executors: PositiveInt | None = None
-    max_cores: PositiveInt | None = None
-    packages: list[str] = []
-    jars: list[str] = []
-
-    def submit_conf(self) -> dict[str, str]:
-        """``conf`` with the resources and packages as the Spark properties they are."""
-        resources = {"spark.driver.cores": self.driver_cores, "spark.executor.memory": self.executor_memory,
-                     "spark.executor.cores": self.executor_cores, "spark.executor.instances": self.num_executors,
-                     "spark.cores.max": self.max_cores,
-                     "spark.jars.packages": ",".join(self.packages) or None}
-        return {**self.conf, **{key: str(value) for key, value in resources.items() if value is not None}}
-
-    def all_jars(self, deployment_jars: str | None) -> str | None:
-        """The deployment's jars (``[eos] spark_jars``), then this pipeline's."""
-        jars = [j for j in (deployment_jars or "").split(",") if j] + self.jars
-        return ",".join(jars) or None
-
-
-class AirflowSettings(_Section):
-    """How the pipeline's tasks run in Airflow; unset means Airflow's own default.
-
-    :param owner: every task's ``owner``.
-    :param queue: every task's executor queue (Celery, Kubernetes executor's queues...).
-    :param spark_queue: the queue of the tasks that spark-submit (the stream, a Spark replay); only
-        workers of that queue need pyspark and Java (docs/deployment.md). Default: ``queue``.
-    :param pool: every task's pool.
-    :param retries: every task's retries (the stream's supervisor restarts the app itself).
-    :param retry_delay_seconds: seconds between retries.
-    :param tags: added to each DAG's tags.
-    :param on_failure_callback: ``module:function`` called when a task fails.
-    :param on_retry_callback: ``module:function`` called when a task is retried.
-    :param on_success_callback: ``module:function`` called when a task succeeds.
-    """
-
-    owner: str | None = None
-    queue: str | None = None
-    spark_queue: str | None = None
-    pool: str | None = None
-    retries: NonNegativeInt | None = None
-    retry_delay_seconds: NonNegativeFloat | None = None
-    tags: list[str] = []
-    on_failure_callback: str | None = None
-    on_retry_callback: str | None = None
-    on_success_callback: str | None = None
-
-    @field_validator("on_failure_callback", "on_retry_callback", "on_success_callback")
-    @classmethod
-    def _callback_reference(cls, value: str | None) -> str | None:
-        if value is not None and not SPEC_REFERENCE.fullmatch(value):
-            raise ValueError(f"{value!r} must look like package.module:function")
-        return value
-
-    def callbacks(self) -> dict[str, str]:
-        """The callbacks that are set, by their task argument."""
-        return {key: getattr(self, key) for key in ("on_failure_callback", "on_retry_callback", "on_success_callback")
-                if getattr(self, key)}
-
-
-class PipelineDefinition(_Section):
+class PipelineDefinition(Section):
     """Everything the provider needs to know about one pipeline.
 
     :param name: keys offsets, progress, locks, snapshots and the DAG ids.
@@ -292,7 +153,7 @@ class PipelineDefinition(_Section):
     """
 
     name: str
-    topics: list[str] = Field(min_length=1)
+    topics: list[str]
     spec: str
     delivery: str = default_of("delivery")
     target_schema: str = default_of("target_schema")
@@ -306,33 +167,11 @@ class PipelineDefinition(_Section):
     spark: SparkSettings = SparkSettings()
     airflow: AirflowSettings = AirflowSettings()
 
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        if not PIPELINE_NAME.fullmatch(value):
-            raise ValueError(f"{value!r} must be 1-100 letters, digits, '_', '-' or '.', starting with a letter "
-                             "or digit")
-        return value
-
-    @field_validator("topics")
-    @classmethod
-    def _distinct_topics(cls, value: list[str]) -> list[str]:
-        if any(not topic or topic.strip() != topic for topic in value) or len(set(value)) != len(value):
-            raise ValueError(f"topics must be distinct non-empty names without spaces, not {value!r}")
-        return value
-
     @field_validator("spec")
     @classmethod
     def _spec_reference(cls, value: str) -> str:
         if not SPEC_REFERENCE.fullmatch(value):
             raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE")
-        return value
-
-    @field_validator("delivery")
-    @classmethod
-    def _known_delivery(cls, value: str) -> str:
-        if value not in DELIVERY_MODES:
-            raise ValueError(f"unknown delivery mode {value!r}; choose one of {', '.join(DELIVERY_MODES)}")
         return value
 
     @field_validator("target_schema", "meta_schema")
@@ -341,6 +180,48 @@ class PipelineDefinition(_Section):
         if not SCHEMA_NAME.fullmatch(value):
             raise ValueError(f"{value!r} must be a lower-case PostgreSQL name (letters, digits, '_')")
         return value
+
+    @model_validator(mode="after")
+    def _what_the_app_refuses(self) -> PipelineDefinition:
+        problem = self.app_refusal()
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def app_refusal(self) -> str | None:
+        """What the app's own list (``config_rules``) refuses in the config this definition yields,
+        each named by its place here; None if nothing. The app's fields are checked there, once, in
+        the app's words. The rules that need the spec imported run in ``definition_checks`` (eos
+        validate, eos preflight, the DAG factory)."""
+        found = refusals(self.app_pipeline_config(), load_spec=False)
+        places = app_field_places()
+        return "; ".join(f"{_place(places[r.rule])}: {r.message}" if r.rule in places else r.message
+                         for r in found) or None
+
+    def tuned(self, tuning: Mapping[str, Any] | None) -> PipelineDefinition:
+        """This definition with a run's ``stream`` tuning (``None`` values: the definition's), the
+        tuned keys and the app's rules checked; the rest is not validated again.
+
+        :raises PipelineDefinitionError: a key is no stream setting, or a value is refused."""
+        given = {key: value for key, value in (tuning or {}).items() if value is not None}
+        if not given:
+            return self
+        try:
+            stream = StreamSettings.model_validate({**self.stream.model_dump(), **given})
+        except ValidationError as exc:
+            problem: str | None = "; ".join(f"stream.{_problem(e, StreamSettings)}" for e in exc.errors())
+        else:
+            tuned = self.model_copy(update={"stream": stream})
+            problem = tuned.app_refusal()
+        if problem:
+            raise PipelineDefinitionError(f"pipeline {self.name!r}: this run's tuning {given}: {problem}")
+        return tuned
+
+    def app_pipeline_config(self, **run: Any) -> PipelineConfig:
+        """The app's ``PipelineConfig`` this definition yields, with a run's fields (``RUN_FIELDS``;
+        the app's defaults for the rest)."""
+        postgres = PostgresTarget(**run.pop("postgres", {}) or {})
+        return PipelineConfig(**self.app_fields(), postgres=postgres, **run)
 
     def app_fields(self) -> dict[str, Any]:
         """The app's pipeline fields (``pipeline_fields``), each read from where this model keeps it."""
@@ -387,6 +268,10 @@ def app_field_places() -> dict[str, tuple[str, str]]:
     return places
 
 
+def _place(place: tuple[str, str]) -> str:
+    return place[1] if place[0] == "top" else f"{place[0]}.{place[1]}"
+
+
 def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
@@ -398,10 +283,31 @@ def parse_definition(data: Any, *, source: str) -> PipelineDefinition:
     try:
         return PipelineDefinition.model_validate(dict(data))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or '(top)'}: {error['msg']}" for error in exc.errors()
-        )
+        problems = "; ".join(_problem(error) for error in exc.errors())
         raise PipelineDefinitionError(f"{source}: invalid pipeline definition: {problems}") from None
+
+
+def _problem(error: Any, root: type[BaseModel] | None = None) -> str:
+    """One validation error as a user reads it: where, what, and for an unknown key the nearest
+    allowed one and the allowed keys there."""
+    where = ".".join(str(part) for part in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        allowed = sorted(_section_at(error["loc"][:-1], root or PipelineDefinition).model_fields)
+        nearest = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
+        hint = f"did you mean {nearest[0]!r}? " if nearest else ""
+        message = f"unknown key; {hint}allowed here: {', '.join(allowed)}"
+    return f"{where}: {message}" if where else message
+
+
+def _section_at(path: tuple[Any, ...], model: type[BaseModel]) -> type[BaseModel]:
+    """The model that holds the keys at ``path`` under ``model`` (``model`` itself for ``()``)."""
+    for part in path:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            break
+        model = annotation
+    return model
 
 
 def load_definition(path: str | Path) -> PipelineDefinition:
@@ -440,9 +346,10 @@ def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinitio
     """Every pipeline in ``directory``: (valid definitions by name, error by file name).
 
     One bad file never hides the others: each pipeline is independent, and its team sees its
-    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused, and so are
-    a definition whose spec does not import and two pipelines that share a target table, a
-    meta schema or a checkpoint directory (``definition_checks``)."""
+    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused, and so is
+    what the app's start would refuse (``config_rules``, the spec imported) and a pipeline that
+    claims a target table, a meta schema or a checkpoint directory an older one owns
+    (``definition_checks.shared_places``, ``seniority``): the older keeps its DAGs."""
     found: dict[str, PipelineDefinition] = {}
     paths: dict[str, Path] = {}
     errors: dict[str, str] = {}
@@ -457,10 +364,18 @@ def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinitio
             paths[path.stem] = path
         except PipelineDefinitionError as exc:
             errors[path.name] = str(exc)
-    for name, problems in definition_problems(found).items():
+    for name, problems in definition_problems(found, seniority(paths)).items():
         errors[paths[name].name] = f"{paths[name]}: invalid pipeline definition: {'; '.join(problems)}"
         del found[name]
     return found, errors
+
+
+def seniority(paths: Mapping[str, Path]) -> list[str]:
+    """The pipelines oldest first: by their definition file's modification time in whole seconds,
+    then by file name. The older one owns what two claim (``definition_checks.shared_places``), so
+    a file added later never takes a running pipeline's place. A deployment that writes every file
+    at once (a fresh git-sync worktree, an image build) gives them one time: then the name decides."""
+    return sorted(paths, key=lambda name: (int(paths[name].stat().st_mtime), paths[name].name))
 
 
 def find_definition(directory: str | Path, name: str) -> PipelineDefinition:

@@ -32,7 +32,7 @@ from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import entry, preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.run.driver import claim, offsets_json
-from spark_apps.eos_stream.run.entry import EXIT_OK
+from spark_apps.eos_stream.run.entry import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.run.pyspark_pairing import check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
@@ -42,6 +42,9 @@ from spark_apps.eos_stream.sink.staging import range_stager
 from spark_apps.eos_stream.sink.writer import StagedBatch
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.control import StopSignal
+
+# The exit codes are the app's interface to whoever submits it.
+__all__ = ["EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "main", "run_stream"]
 
 
 def _kafka_source_options(config: PipelineConfig) -> dict[str, str]:

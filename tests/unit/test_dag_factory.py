@@ -47,14 +47,15 @@ def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
     # What the tasks do comes from the definition, with the deployment's default connections for the rest.
     alpha_run = dags["eos_stream__alpha"].get_task("run_pipeline")
     alpha = alpha_run.definition
-    assert (alpha["name"], alpha["topics"], alpha_run.kafka_config_id, alpha_run.postgres_conn_id) == (
+    assert (alpha.name, alpha.topics, alpha_run.kafka_config_id, alpha_run.postgres_conn_id) == (
         "alpha", ["alpha.events"], "kafka_alpha", "eos_postgres")
     beta_run = dags["eos_stream__beta"].get_task("run_pipeline")
     beta = beta_run.definition
-    assert (beta["delivery"], beta["meta_schema"], beta_run.kafka_config_id) == ("two_phase", "m_beta",
+    assert (beta.delivery, beta.meta_schema, beta_run.kafka_config_id) == ("two_phase", "m_beta",
                                                                                  "kafka_default")
-    # A run pins its tuning in the definition's stream section; the rest is the definition's.
-    assert "resolve_run" in beta["stream"]["trigger"] and beta["stream"]["replay_engine"] == "auto"
+    # The task holds the validated definition; a run's tuning comes apart, from resolve_run.
+    assert "resolve_run" in beta_run.tuning and "tuning" in beta_run.template_fields
+    assert "definition" not in beta_run.template_fields and beta.stream.replay_engine == "auto"
     assert dags["eos_health__alpha"].get_task("lso_lag").topics == ["alpha.events"]
     # The health check keeps each pipeline's stuck-since times in its own meta schema, across runs.
     lso = dags["eos_health__beta"].get_task("lso_lag")
@@ -94,8 +95,14 @@ def test_a_bad_definition_gets_an_invalid_dag_and_hides_no_other(two_pipelines: 
     assert "delivery" in dags["eos_invalid__gamma"].doc_md
 
 
-def test_no_directory_no_dags(tmp_path: Path) -> None:
-    assert pipeline_dags(tmp_path / "missing") == {}
+def test_a_missing_or_empty_directory_is_one_invalid_dag_and_an_error(tmp_path: Path, caplog) -> None:
+    for directory, said in ((tmp_path / "missing", "no pipeline definition directory at"),
+                            (tmp_path, "no pipeline definition in")):
+        caplog.clear()
+        dags = pipeline_dags(directory)
+        assert list(dags) == ["eos_invalid__pipeline_config_dir"]
+        assert said in (dags["eos_invalid__pipeline_config_dir"].doc_md or "")
+        assert [r.levelname for r in caplog.records if said in r.getMessage()] == ["ERROR"]
 
 
 def test_the_dags_folder_reads_the_provider_config_and_no_eos_environment(two_pipelines: Path) -> None:

@@ -30,9 +30,10 @@ def test_a_spec_that_does_not_load_says_why() -> None:
     assert load_spec(LEDGER).name == "ledger"
     with pytest.raises(ValueError, match=r"cannot import spec module 'no_such_team\.specs'"):
         load_spec("no_such_team.specs:ORDERS")
-    with pytest.raises(ValueError, match=r"not a PipelineSpec \(found NoneType\)"):
+    with pytest.raises(ValueError, match=r"not a PipelineSpec \(it has no such attribute\); module "
+                       r"'spark_apps\.ledger\.spec' defines the PipelineSpecs LEDGER, LEDGER_EVENTS_ONLY$"):
         load_spec("spark_apps.ledger.spec:NOPE")
-    with pytest.raises(ValueError, match=r"not a PipelineSpec \(found str\)"):
+    with pytest.raises(ValueError, match=r"not a PipelineSpec \(it is a str\)"):
         load_spec("spark_apps.ledger.spec:EVENTS_TABLE")
 
 
@@ -42,30 +43,33 @@ def _definition(name: str, **kw) -> PipelineDefinition:
     return parse_definition(values, source=f"{name}.yaml")
 
 
-def test_pipelines_that_share_a_place_are_both_named() -> None:
+def test_only_the_newcomer_to_a_place_is_refused_naming_the_owner_and_the_fix() -> None:
     apart = {"a": _definition("a"), "b": _definition("b")}
     assert shared_places(apart) == {}
     same_table = {"a": _definition("a", target_schema="shop"), "b": _definition("b", target_schema="shop")}
-    problems = shared_places(same_table)
-    assert problems["a"] == ["target table shop.account_balances is also pipeline b's",
-                             "target table shop.ledger_events is also pipeline b's"]
-    assert problems["b"][0] == "target table shop.account_balances is also pipeline a's"
+    # The older (first in seniority) owns: here b, though a sorts first by name.
+    problems = shared_places(same_table, ["b", "a"])
+    assert problems == {"a": [
+        "target tables shop.account_balances, shop.ledger_events belong to pipeline 'b' (its definition is the "
+        "older); give this pipeline its own target_schema"]}
     same_meta = {"a": _definition("a", meta_schema="eos"), "b": _definition("b", meta_schema="eos")}
-    assert shared_places(same_meta) == {"a": ["meta schema eos is also pipeline b's"],
-                                        "b": ["meta schema eos is also pipeline a's"]}
+    assert shared_places(same_meta) == {"b": ["meta schema eos belongs to pipeline 'a' (its definition is the "
+                                              "older); give this pipeline its own meta_schema"]}
     # A trailing slash names the same directory.
     same_dir = {"a": _definition("a", checkpoint_dir="/ck/x/"), "b": _definition("b", checkpoint_dir="/ck/x")}
-    assert shared_places(same_dir)["b"] == ["checkpoint directory /ck/x is also pipeline a's"]
+    assert shared_places(same_dir, ["a", "b"])["b"] == [
+        "checkpoint directory /ck/x belongs to pipeline 'a' (its definition is the older); "
+        "give this pipeline its own checkpoint_dir"]
     # The same table names in different schemas are different tables.
     assert shared_places({"a": _definition("a"), "b": _definition("b", spec="spark_apps.ledger.spec:LEDGER")}) == {}
 
 
 def test_definition_problems_gathers_spec_and_sharing() -> None:
-    problems = definition_problems({"a": _definition("a", spec="no_such_team.specs:X", meta_schema="m"),
-                                    "b": _definition("b", meta_schema="m")})
-    assert problems["a"][0].startswith("spec: cannot import spec module 'no_such_team.specs'")
-    assert problems["a"][1] == "meta schema m is also pipeline b's"
-    assert problems["b"] == ["meta schema m is also pipeline a's"]
+    problems = definition_problems({"a": _definition("a", meta_schema="m"),
+                                    "b": _definition("b", spec="no_such_team.specs:X", meta_schema="m")})
+    assert "a" not in problems
+    assert problems["b"][0].startswith("spec: cannot import spec module 'no_such_team.specs'")
+    assert problems["b"][1].startswith("meta schema m belongs to pipeline 'a'")
 
 
 def test_callbacks_must_import() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -112,14 +114,25 @@ def test_what_airflow_or_the_app_would_refuse_later_is_refused_at_parse_naming_t
     _write(tmp_path, "d.yaml", _own("d"))
     _write(tmp_path, "fine.yaml", _own("fine", snapshot={"schedule": "@quarterly"}))
     valid, errors = load_definitions(tmp_path)
-    assert sorted(valid) == ["fine"]
+    # Of two that claim one place the older file keeps it (written first; by name in one second).
+    assert sorted(valid) == ["a", "c", "fine"]
     assert errors["cron.yaml"].startswith(f"{tmp_path / 'cron.yaml'}: invalid pipeline definition: health.schedule")
     assert "is not a cron expression" in errors["cron.yaml"]
     assert "cannot import spec module 'acme_nowhere.specs'" in errors["nospec.yaml"]
-    assert "meta schema shared_eos is also pipeline b's" in errors["a.yaml"]
-    assert "meta schema shared_eos is also pipeline a's" in errors["b.yaml"]
-    assert "target table t_d.ledger_events is also pipeline d's" in errors["c.yaml"]
-    assert str(tmp_path / "d.yaml") in errors["d.yaml"]
+    assert "meta schema shared_eos belongs to pipeline 'a'" in errors["b.yaml"]
+    assert "target tables t_d.account_balances, t_d.ledger_events belong to pipeline 'c'" in errors["d.yaml"]
+    assert "give this pipeline its own target_schema" in errors["d.yaml"]
+
+
+def test_the_older_file_owns_a_place_whatever_the_names(tmp_path: Path) -> None:
+    _write(tmp_path, "shipments.yaml", _own("shipments", target_schema="shop"))
+    _write(tmp_path, "returns.yaml", _own("returns", target_schema="shop"))  # sorts first, added later
+    old = time.time() - 3600
+    os.utime(tmp_path / "shipments.yaml", (old, old))
+    valid, errors = load_definitions(tmp_path)
+    assert sorted(valid) == ["shipments"] and sorted(errors) == ["returns.yaml"]
+    assert "target tables shop.account_balances, shop.ledger_events belong to pipeline 'shipments' (its " \
+        "definition is the older); give this pipeline its own target_schema" in errors["returns.yaml"]
 
 
 def test_find_definition_by_name(tmp_path: Path) -> None:

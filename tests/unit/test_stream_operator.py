@@ -51,7 +51,7 @@ def test_config_from_the_definition_and_connections(conns):
 def test_a_definition_model_and_its_connections(conns):
     model = PipelineDefinition.model_validate(definition(connections={"kafka": "kafka_other"}))
     op = StreamingPipelineOperator(task_id="t", definition=model, postgres_conn_id="eos_postgres")
-    assert op.definition == model.model_dump(mode="json")
+    assert op.definition is model and op.pipeline is model  # no tuning: the definition itself
     assert (op.connection("kafka"), op.connection("postgres"), op.connection("spark")) == (
         "kafka_other", "eos_postgres", "spark_default")
     assert op.restart_policy() == (model.stream.max_restarts, model.stream.restart_backoff)
@@ -355,3 +355,19 @@ def test_a_stop_ends_a_long_backoff_early(conns, monkeypatch):
     op, configs, _ = _operator(monkeypatch, [AppRunResult(1), AppRunResult(0)], pg=pg, restart_backoff=SLOW_BACKOFF)
     summary = op.execute({})
     assert summary["status"] == "stopped" and len(configs) == 1 and summary["restarts"] == 0
+
+
+def test_a_runs_tuning_applies_to_the_stream_section_only_and_is_checked(conns):
+    model = PipelineDefinition.model_validate(definition())
+    op = StreamingPipelineOperator(task_id="t", definition=model,
+                                   tuning={"trigger": "availableNow", "max_offsets_per_trigger": None})
+    assert op.pipeline.stream.trigger == "availableNow" and model.stream.trigger == "processingTime"
+    assert op.pipeline.stream.max_offsets_per_trigger == model.stream.max_offsets_per_trigger
+    assert op.build_config()["trigger"] == "availableNow"
+    op.tuning = {"max_offsets_per_trigger": 0}  # as a rendered template sets it
+    with pytest.raises(AirflowFailException, match=r"this run's tuning \{'max_offsets_per_trigger': 0\}: "
+                       r"stream\.max_offsets_per_trigger: max_offsets_per_trigger must be at least 1$"):
+        op.build_config()
+    op.tuning = {"trigerr": "availableNow"}
+    with pytest.raises(AirflowFailException, match=r"stream\.trigerr: unknown key; did you mean 'trigger'\?"):
+        op.build_config()

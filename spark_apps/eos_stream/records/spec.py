@@ -156,5 +156,8 @@ def load_spec(reference: str) -> PipelineSpec:
         raise SpecError(f"cannot import spec module {module_name!r}: {exc}") from exc
     spec = getattr(module, attribute, None)
     if not isinstance(spec, PipelineSpec):
-        raise SpecError(f"{reference!r} is not a PipelineSpec (found {type(spec).__name__})")
+        found = "it has no such attribute" if spec is None else f"it is a {type(spec).__name__}"
+        present = sorted(name for name, value in vars(module).items() if isinstance(value, PipelineSpec))
+        raise SpecError(f"{reference!r} is not a PipelineSpec ({found}); module {module_name!r} defines "
+                        + (f"the PipelineSpecs {', '.join(present)}" if present else "no PipelineSpec"))
     return spec

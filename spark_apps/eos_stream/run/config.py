@@ -13,13 +13,15 @@ with :func:`default_of` as its default, and builds the app's config by walking t
 fields; the stream operator takes that definition plus the :data:`RUN_FIELDS` a run
 sets. The source lives here, not in the provider, because the app runs on Spark
 without Airflow or pydantic; tests/unit/test_pipeline_shape.py fails when a form
-disagrees. No field defaults to an example pipeline: ``pipeline``, ``topics`` and
-``spec`` are required.
+disagrees. What a config may not be is one list, ``config_rules.RULES``: ``validate``,
+the app's start and the provider's definition all apply it. No field defaults to an example
+pipeline: ``pipeline``, ``topics`` and ``spec`` are required.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -131,24 +133,11 @@ class PipelineConfig:
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
 
     def validate(self) -> PipelineConfig:
-        if self.delivery not in DELIVERY_MODES:
-            raise ConfigError(f"unknown delivery mode {self.delivery!r}; choose one of {', '.join(DELIVERY_MODES)}")
-        if self.trigger not in TRIGGERS:
-            raise ConfigError(f"unknown trigger {self.trigger!r}; choose one of {', '.join(TRIGGERS)}")
-        if not self.pipeline or not self.topics:
-            raise ConfigError("a pipeline name and at least one topic are required")
-        if not PIPELINE_NAME.fullmatch(self.pipeline):
-            # The name prefixes staging tables and two-phase transaction ids, so
-            # one pipeline's name must never be a prefix-with-separator of another's.
-            raise ConfigError(f"pipeline name {self.pipeline!r} must be 1-100 letters, digits, '_', '-' or '.', "
-                              "starting with a letter or digit")
-        if self.max_offsets_per_trigger <= 0:
-            raise ConfigError("max_offsets_per_trigger must be positive")
-        if self.max_batch_attempts < 1:
-            raise ConfigError("max_batch_attempts must be at least 1")
-        if self.transient_retry_seconds < 0:
-            raise ConfigError("transient_retry_seconds must be 0 or more (0: no retry in the driver)")
-        return self
+        """This config, or ConfigError naming every rule of its fields it breaks
+        (``config_rules``: the one list of what a config may not be)."""
+        from spark_apps.eos_stream.run.config_rules import refuse
+
+        return refuse(self, load_spec=False)
 
     def librdkafka_options(self) -> dict[str, str]:
         """The security settings (librdkafka names) for the driver's own clients: metadata,
@@ -219,7 +208,9 @@ def from_dict(data: dict[str, Any]) -> PipelineConfig:
     known = {f.name for f in fields(PipelineConfig)}
     unknown = set(data) - known
     if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
+        nearest = {key: difflib.get_close_matches(key, sorted(known), n=1) for key in sorted(unknown)}
+        hints = "".join(f"; {key!r}: did you mean {match[0]!r}?" for key, match in nearest.items() if match)
+        raise ConfigError(f"unknown config keys {sorted(unknown)}{hints}; known keys: {sorted(known)}")
     data = dict(data)
     pg = data.pop("postgres", {}) or {}
     if "password" in pg:

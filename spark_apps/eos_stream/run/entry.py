@@ -10,7 +10,7 @@ from spark_apps.eos_stream.errors import sqlstate_of
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import security as kafka_security
 from spark_apps.eos_stream.records.spec import SpecError
-from spark_apps.eos_stream.run import preflight
+from spark_apps.eos_stream.run import config_rules, preflight
 from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig, parse_args
 from spark_apps.eos_stream.run.pyspark_pairing import PysparkPairingError
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
@@ -53,7 +53,8 @@ def main(argv: list[str] | None, run: Callable[[PipelineConfig], int],
     try:
         if before is not None:
             before()
-        config = parse_args(argv)
+        # Every refusal the config alone earns, before Spark or a connection (config_rules).
+        config = config_rules.refuse(parse_args(argv))
         return run(config)
     except (ConfigError, SpecError, PysparkPairingError, kafka_security.KafkaSecurityError) as exc:
         emit("error", kind="config", message=str(exc))

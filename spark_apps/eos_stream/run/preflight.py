@@ -16,6 +16,7 @@ from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
 from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
 from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig
+from spark_apps.eos_stream.run.config_rules import aggregates_problem
 from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
 from spark_apps.eos_stream.sink.modes import MODES, DeliveryMode
 from spark_apps.eos_stream.state import meta_tables
@@ -27,14 +28,10 @@ class KafkaUnavailable(RuntimeError):
 
 
 def delivery_mode(config: PipelineConfig, spec: PipelineSpec) -> DeliveryMode:
-    mode = MODES[config.delivery]
-    if spec.has_aggregates and not mode.allows_aggregates:
-        aggregates = [t.table for t in spec.targets if isinstance(t, AggregateTarget)]
-        raise ConfigError(
-            f"delivery {mode.name!r} cannot protect aggregate targets {aggregates}: an upsert keyed by "
-            "the Kafka record does not stop an increment from being applied twice. Use 'exactly_once'."
-        )
-    return mode
+    problem = aggregates_problem(config, spec)
+    if problem:
+        raise ConfigError(problem)
+    return MODES[config.delivery]
 
 
 def check_two_phase(conn: PgConnection, mode: DeliveryMode, where: str) -> None:

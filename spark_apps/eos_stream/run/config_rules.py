@@ -1,0 +1,142 @@
+"""What a pipeline's config may not be: every refusal the app's start makes from the config alone.
+
+One list, :data:`RULES`, and one function, :func:`refusals`. The app calls it at its start
+(``app.main``, through :func:`refuse`); the provider calls it when a definition is built
+(``PipelineDefinition``), and ``eos validate``, ``eos preflight`` and the DAG factory call it with
+the spec loaded (``definition_checks``). So a definition the app would refuse is refused before it
+is deployed, with the app's own words. tests/unit/test_config_rules.py proves each rule of the
+list is made by ``eos validate``.
+
+What needs Kafka or the database (a missing topic, a missing table, ``max_prepared_transactions``)
+is not here: ``eos preflight`` and the driver's claim check that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from spark_apps.eos_stream.run.config import DELIVERY_MODES, PIPELINE_NAME, TRIGGERS, ConfigError
+
+if TYPE_CHECKING:
+    from spark_apps.eos_stream.records.spec import PipelineSpec
+    from spark_apps.eos_stream.run.config import PipelineConfig
+
+
+class Rule(NamedTuple):
+    """One refusal: ``check`` returns why the config is refused, or None. A rule with
+    ``needs_spec`` gets the loaded PipelineSpec as its second argument. A rule on one field is
+    named after it."""
+
+    name: str
+    check: Callable[..., str | None]
+    needs_spec: bool = False
+
+
+def _delivery(config: PipelineConfig) -> str | None:
+    if config.delivery not in DELIVERY_MODES:
+        return f"unknown delivery mode {config.delivery!r}; choose one of {', '.join(DELIVERY_MODES)}"
+    return None
+
+
+def _trigger(config: PipelineConfig) -> str | None:
+    if config.trigger not in TRIGGERS:
+        return f"unknown trigger {config.trigger!r}; choose one of {', '.join(TRIGGERS)}"
+    return None
+
+
+def _topics(config: PipelineConfig) -> str | None:
+    topics = list(config.topics or ())
+    if not topics or any(not t or t.strip() != t for t in topics) or len(set(topics)) != len(topics):
+        return f"topics must be one or more distinct non-empty names without spaces, not {topics!r}"
+    return None
+
+
+def _pipeline_name(config: PipelineConfig) -> str | None:
+    # The name prefixes staging tables and two-phase transaction ids, so one pipeline's name must
+    # never be a prefix-with-separator of another's; it is also a path component.
+    if not PIPELINE_NAME.fullmatch(config.pipeline or ""):
+        return (f"pipeline name {config.pipeline!r} must be 1-100 letters, digits, '_', '-' or '.', "
+                "starting with a letter or digit")
+    return None
+
+
+def _positive(name: str, least: int) -> Callable[[PipelineConfig], str | None]:
+    def check(config: PipelineConfig) -> str | None:
+        return None if getattr(config, name) >= least else f"{name} must be at least {least}"
+    return check
+
+
+def _transient_retry(config: PipelineConfig) -> str | None:
+    if config.transient_retry_seconds < 0:
+        return "transient_retry_seconds must be 0 or more (0: no retry in the driver)"
+    return None
+
+
+def aggregates_problem(config: PipelineConfig, spec: PipelineSpec) -> str | None:
+    from spark_apps.eos_stream.records.spec import AggregateTarget
+    from spark_apps.eos_stream.sink.modes import MODES
+
+    mode = MODES[config.delivery]
+    if spec.has_aggregates and not mode.allows_aggregates:
+        aggregates = [t.table for t in spec.targets if isinstance(t, AggregateTarget)]
+        return (f"delivery {mode.name!r} cannot protect aggregate targets {aggregates}: an upsert keyed by "
+                "the Kafka record does not stop an increment from being applied twice. Use 'exactly_once'.")
+    return None
+
+
+def _create_targets_needs_ddl(config: PipelineConfig, spec: PipelineSpec) -> str | None:
+    if config.create_targets and spec.target_ddl is None:
+        return f"create_targets is set but spec {spec.name!r} has no target_ddl; create its tables yourself"
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("pipeline", _pipeline_name),
+    Rule("topics", _topics),
+    Rule("delivery", _delivery),
+    Rule("trigger", _trigger),
+    Rule("max_offsets_per_trigger", _positive("max_offsets_per_trigger", 1)),
+    Rule("max_batch_attempts", _positive("max_batch_attempts", 1)),
+    Rule("transient_retry_seconds", _transient_retry),
+    Rule("spec", lambda config: None),  # made by loading the spec: see refusals()
+    Rule("aggregates_need_exactly_once", aggregates_problem, needs_spec=True),
+    Rule("create_targets_needs_ddl", _create_targets_needs_ddl, needs_spec=True),
+)
+
+
+class Refusal(NamedTuple):
+    rule: str
+    message: str
+
+
+def refusals(config: PipelineConfig, *, load_spec: bool = True) -> list[Refusal]:
+    """Every rule ``config`` breaks, in :data:`RULES` order.
+
+    :param load_spec: also import the spec and apply the rules that need it (the app's start,
+        ``eos validate``); without it (a definition being built, a recovery step reading its
+        config) only the rules on the fields apply."""
+    from spark_apps.eos_stream.records.spec import SpecError
+    from spark_apps.eos_stream.records.spec import load_spec as load
+
+    found = [Refusal(rule.name, problem) for rule in RULES
+             if not rule.needs_spec and (problem := rule.check(config))]
+    if not load_spec or any(r.rule == "delivery" for r in found):
+        return found
+    try:
+        spec = load(config.spec)
+    except SpecError as exc:
+        return [*found, Refusal("spec", str(exc))]
+    except Exception as exc:  # a spec module may fail in any way, not only ImportError
+        return [*found, Refusal("spec", f"cannot import spec module of {config.spec!r}: "
+                                        f"{type(exc).__name__}: {exc}")]
+    return found + [Refusal(rule.name, problem) for rule in RULES
+                    if rule.needs_spec and (problem := rule.check(config, spec))]
+
+
+def refuse(config: PipelineConfig, *, load_spec: bool = True) -> Any:
+    """``config``, or :class:`ConfigError` naming every rule it breaks."""
+    found = refusals(config, load_spec=load_spec)
+    if found:
+        raise ConfigError("; ".join(r.message for r in found))
+    return config
