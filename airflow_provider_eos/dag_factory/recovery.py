@@ -50,6 +50,7 @@ from airflow_provider_eos.operators.restore import (
     RollbackRestoreOperator,
 )
 from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.recovery.contracts import ChosenSnapshot, RecoverySettings, Replayed, Restored
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
@@ -76,43 +77,42 @@ PARAMS: dict[str, Param] = {
                                  "snapshot's (a target added since): a rollback still gives back exactly "
                                  "the state the recovery found"),
 }
-STORE = "{{ ti.xcom_pull(task_ids='check_conf')['snapshot_store'] }}"
-RETENTION_DAYS = "{{ ti.xcom_pull(task_ids='check_conf')['aside_retention_days'] }}"
 DRY_RUN = "{{ params.dry_run }}"
-PINNED = "{{ ti.xcom_pull(task_ids='choose_snapshot')['snapshot']['snapshot_id'] }}"
 
 
-@task
+@task(multiple_outputs=True)
 def check_conf(**context: Any) -> dict[str, Any]:
     """Refuses a conf with undeclared keys before anything is touched, and pins the deployment's
-    snapshot store and aside retention for the rest of the run."""
+    snapshot store and aside retention for the rest of the run (``contracts.RecoverySettings``)."""
     refuse_undeclared_conf(context, PARAMS)
-    return {"snapshot_store": provider_config.snapshot_store(),
-            "aside_retention_days": provider_config.aside_retention_days()}
+    return RecoverySettings(snapshot_store=provider_config.snapshot_store(),
+                            aside_retention_days=provider_config.aside_retention_days()).to_xcom()
 
 
 @task(trigger_rule="none_failed")
-def summary(pipeline: str, **context: Any) -> dict[str, Any]:
+def summary(pipeline: str, chosen: Any, retention: Any, restored: Any, replayed: Any, audit: Any,
+            **context: Any) -> dict[str, Any]:
     """Rows restored, events replayed, seconds per step; a real run (not a dry run) also sends
     each step's seconds as the timer ``eos.<pipeline>.recovery.<step>`` through Airflow's Stats.
 
     :param pipeline: the pipeline recovered (names the metrics).
+    :param chosen: the choosing step's ``ChosenSnapshot``; ``restored``: the restore's ``Restored``;
+        ``replayed``: the replay's ``Replayed`` (their XComs); ``retention`` and ``audit``: those
+        steps' reports.
     """
     ti = context["ti"]
     out: dict[str, Any] = {"dry_run": context["params"]["dry_run"]}
-    restored = ti.xcom_pull(task_ids="restore") or {}
-    replayed = ti.xcom_pull(task_ids="replay") or {}
-    plan = ti.xcom_pull(task_ids="choose_snapshot") or {}
-    retention_report = ti.xcom_pull(task_ids="retention_check") or {}
-    out["snapshot"] = plan.get("snapshot")
-    out["retention"] = {k: retention_report.get(k) for k in ("needed", "earliest", "records_to_replay")}
-    out["rows_restored"] = restored.get("rows_restored")
-    out["restore_timings"] = restored.get("timings")
-    out["events_replayed"] = replayed.get("events_replayed")
-    out["replay_engine"] = replayed.get("engine")  # which engine ran, and why (auto: by the records to replay)
-    out["replay_seconds"] = replayed.get("seconds")
-    audit_report = ti.xcom_pull(task_ids="audit") or {}
-    out["audit"] = {"ok": audit_report.get("ok"), "summary": audit_report.get("summary")}
+    done = Restored.from_xcom(restored)
+    replay = Replayed.from_xcom(replayed)
+    retention = retention or {}
+    out["snapshot"] = ChosenSnapshot.from_xcom(chosen).manifest.summary()
+    out["retention"] = {k: retention.get(k) for k in ("needed", "earliest", "records_to_replay")}
+    out["rows_restored"] = done.rows_restored
+    out["restore_timings"] = done.details.get("timings")
+    out["events_replayed"] = replay.events_replayed
+    out["replay_engine"] = replay.details.get("engine")  # which engine ran, and why (auto: by the records)
+    out["replay_seconds"] = replay.details.get("seconds")
+    out["audit"] = {"ok": (audit or {}).get("ok"), "summary": (audit or {}).get("summary")}
     # Every step after the gate returns its own duration (the sensors' time is waiting).
     out["seconds_per_step"] = {step: (ti.xcom_pull(task_ids=step) or {}).get("step_seconds")
                                for step in STEPS if step not in SENSOR_STEPS}
@@ -139,9 +139,9 @@ def announce_recovered(pipeline: str, postgres_conn_id: str, meta_schema: str, d
         raise AirflowSkipException("a dry run changed nothing: no recovery to announce")
     hook = EosPostgresHook(postgres_conn_id=postgres_conn_id, meta_schema=meta_schema)
     position = committed_position(pipeline, hook.committed_offsets(pipeline)) or {"pipeline": pipeline}
-    plan = context["ti"].xcom_pull(task_ids="choose_snapshot") or {}
-    payload = {**position, "change": "recovered",
-               "snapshot_id": (plan.get("snapshot") or {}).get("snapshot_id")}
+    # Pulled rather than wired: the announcement's only upstream is finalize (it must not wait on more).
+    chosen = ChosenSnapshot.from_xcom(context["ti"].xcom_pull(task_ids="choose_snapshot"))
+    payload = {**position, "change": "recovered", "snapshot_id": chosen.snapshot_id}
     for asset in context["task"].outlets:
         context["outlet_events"][asset].extra = {"payload": payload}
     return payload
@@ -165,7 +165,8 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
         doc_md=__doc__,
         params=PARAMS,
     ) as dag:
-        checked = check_conf()
+        # multiple_outputs: each setting is its own XCom, wired by key below.
+        checked: Any = check_conf()
         # Deferred to the triggerer: waiting on a stuck partition holds no worker slot.
         gate = LastStableOffsetLagSensor(task_id="gate", topics=list(definition.topics), kafka_config_id=conns.kafka,
                                          watch_mode="gate", poke_interval=2, timeout=600, deferrable=DEFERRABLE)
@@ -175,13 +176,15 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
         # supervisor nor a driver runs (the trigger keeps the recovery lock's heartbeat).
         stop = StopPipelineOperator(task_id="stop_stream", fence=True, quiet_seconds="{{ params.quiet_seconds }}",
                                     plan_only=DRY_RUN, deferrable=DEFERRABLE, **locked)
-        choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}", snapshot_store=STORE,
-                                 plan_only=True, **common)
-        retention = RetentionCheckOperator(task_id="retention_check", snapshot=PINNED, snapshot_store=STORE,
+        # The one choice of the run: every later step is handed this ChosenSnapshot (manifest and store).
+        choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}",
+                                 snapshot_store=checked["snapshot_store"],
+                                 allow_table_changes="{{ params.allow_table_changes }}", plan_only=True, **common)
+        retention = RetentionCheckOperator(task_id="retention_check", snapshot=choose.output,
                                            kafka_config_id=conns.kafka, **common)
         # keep_old: the replaced tables stay aside until replay and audit prove the new state (finalize
         # drops them) or one of them fails (rollback puts them back).
-        restore = RestoreOperator(task_id="restore", snapshot=PINNED, snapshot_store=STORE, keep_old=True,
+        restore = RestoreOperator(task_id="restore", snapshot=choose.output, keep_old=True,
                                   kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
                                   allow_table_changes="{{ params.allow_table_changes }}",
                                   plan_only=DRY_RUN, **locked)
@@ -197,25 +200,25 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
         caught_up = StreamCaughtUpSensor(
             task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
             meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
-            target_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
-            plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
+            replayed=replay.output, plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
         # Compared up to the offsets the target stores, which must have reached the replay's goal:
         # what producers committed since the replay started is the resumed stream's work, not missing.
         audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,
-                              goal_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
-                              **locked)
+                              replayed=replay.output, **locked)
         # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
-        finalize = FinalizeRestoreOperator(task_id="finalize", restore_task_id="restore",
-                                           retention_days=RETENTION_DAYS, plan_only=DRY_RUN, **locked)
+        finalize = FinalizeRestoreOperator(task_id="finalize", restored=restore.output,
+                                           retention_days=checked["aside_retention_days"], plan_only=DRY_RUN,
+                                           **locked)
         # Only a run whose restore swapped can roll back; one refused earlier (conf, gate, lock, stop,
         # retention, restore) changed no table, and must not touch a lock another run may hold.
         needs_rollback = ShortCircuitOperator(
             task_id="needs_rollback",
             trigger_rule="one_failed",
-            python_callable=lambda restored, dry_run: bool((restored or {}).get("aside_schema")) and not bool(dry_run),
-            op_kwargs={"restored": "{{ ti.xcom_pull(task_ids='restore') }}", "dry_run": DRY_RUN},
+            python_callable=lambda restored, dry_run: bool(restored and Restored.from_xcom(restored).aside_schema)
+            and not bool(dry_run),
+            op_kwargs={"restored": restore.output, "dry_run": DRY_RUN},
         )
-        rollback = RollbackRestoreOperator(task_id="rollback", restore_task_id="restore", **locked)
+        rollback = RollbackRestoreOperator(task_id="rollback", restored=restore.output, **locked)
         should_resume = ShortCircuitOperator(
             task_id="should_resume",
             python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),
@@ -227,7 +230,8 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
                                        wait_for_completion=False)
         announce = announce_recovered.override(outlets=list(assets.targets) if assets else [])(
             definition.name, conns.postgres, definition.meta_schema, DRY_RUN)
-        done = summary(definition.name)
+        done = summary(definition.name, choose.output, retention.output, restore.output, replay.output,
+                       audit.output)
         # A teardown: runs whenever the lock was taken, and does not decide the run's state.
         release = RecoveryLockOperator(task_id="release_lock", action="release", plan_only=DRY_RUN,
                                        **common).as_teardown(setups=lock)

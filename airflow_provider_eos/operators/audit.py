@@ -10,8 +10,10 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.operators.base import PipelineOperatorMixin, timed_step
+from airflow_provider_eos.recovery.contracts import Replayed
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.utils.params import as_bool
+from spark_apps.eos_stream.kafka.offsets import from_nested
 
 
 class AuditMismatchError(AirflowException):
@@ -41,18 +43,20 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     :param plan_only: skip the audit (returns None).
     :param goal_offsets: ``{topic: {partition: offset}}`` the stored offsets must have reached
         (templated); None: no goal.
+    :param replayed: instead of ``goal_offsets``: the replay's output (``contracts.Replayed``, its XCom
+        or the replay task's ``.output``), whose ``lso_at_start`` is the goal.
     :param pending: how committed records above the stored offsets count (``auto``, ``missing``,
         ``allowed``; see :func:`spark_apps.eos_stream.audit.oracle.audit`).
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "plan_only", "goal_offsets")
+    template_fields: Sequence[str] = ("pipeline_config", "plan_only", "goal_offsets", "replayed")
     ui_color = "#f3e8fd"
 
     def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str | None = None, fail_on_mismatch: bool = True, hold_lock: bool = False,
                  lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, goal_offsets: Any = None,
-                 pending: str = "auto", **kwargs: Any) -> None:
+                 replayed: Any = None, pending: str = "auto", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.postgres_conn_id = postgres_conn_id
@@ -63,6 +67,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
         self.goal_offsets = goal_offsets
+        self.replayed = replayed
         self.pending = pending
 
     @timed_step
@@ -88,11 +93,11 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
         return report
 
     def goal(self) -> dict[tuple[str, int], int] | None:
-        """The rendered ``goal_offsets``: a dict (native rendering) or its JSON. A goal rendered from
-        a missing XCom (None, "None", "") is no goal, so the audit demands everything up to the LSO
-        rather than nothing: never green for want of a goal."""
-        from spark_apps.eos_stream.audit.rules import goal_offsets
-
+        """The goal: the replay's ``lso_at_start``, else the rendered ``goal_offsets`` (a dict, or its
+        JSON). A goal rendered from a missing XCom (None, "None", "") is no goal, so the audit
+        demands everything up to the LSO rather than nothing: never green for want of a goal."""
+        if self.replayed:
+            return Replayed.from_xcom(self.replayed).lso_at_start or None
         value = self.goal_offsets
         if isinstance(value, str):
             value = None if value.strip() in ("", "None", "null") else json.loads(value)
@@ -100,7 +105,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
             return None
         if not isinstance(value, dict):
             raise AirflowException(f"goal_offsets must be {{topic: {{partition: offset}}}}, got {value!r}")
-        return goal_offsets(value)
+        return from_nested(value)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The topics and the target tables it read, each table with the audit's assertions

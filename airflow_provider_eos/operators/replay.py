@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -14,6 +14,7 @@ from psycopg2 import sql
 
 from airflow_provider_eos.operators.base import KafkaOffsetsMixin, timed_step
 from airflow_provider_eos.recovery.catalog import stored_offsets_in
+from airflow_provider_eos.recovery.contracts import ChosenSnapshot, Replayed
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.recovery.manifest import LATEST, SnapshotError
 from airflow_provider_eos.recovery.replay_engine import (
@@ -22,8 +23,8 @@ from airflow_provider_eos.recovery.replay_engine import (
     REPLAY_ENGINE_CHOICES,
     choose_replay_engine,
 )
-from airflow_provider_eos.recovery.retention import flat_offsets, nested_offsets
 from airflow_provider_eos.utils.params import as_bool
+from spark_apps.eos_stream.kafka.offsets import from_nested, to_nested
 
 if TYPE_CHECKING:
     from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
@@ -50,7 +51,9 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
     offsets stored in the database (``snapshot=None``).
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param snapshot: ``latest``, an id, an ISO-8601 timestamp, or None for the database (templated).
+    :param snapshot: ``latest``, an id, an ISO-8601 timestamp, or None for the database (templated); or
+        the snapshot an earlier step chose (``contracts.ChosenSnapshot``'s XCom, e.g. the choosing
+        task's ``.output``), whose offsets are checked without choosing again.
     :param snapshot_store: local directory or object storage URL (templated); default: the
         deployment's ``[eos] snapshot_store`` (see :mod:`airflow_provider_eos.utils.provider_config`),
         read at execute time.
@@ -60,7 +63,7 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store")
 
-    def __init__(self, *, pipeline_config: Any, snapshot: str | None = LATEST, snapshot_store: Any = None,
+    def __init__(self, *, pipeline_config: Any, snapshot: Any = LATEST, snapshot_store: Any = None,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
                  pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -74,17 +77,19 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        if self.snapshot:
+        if isinstance(self.snapshot, Mapping):
+            chosen = ChosenSnapshot.from_xcom(self.snapshot)
+            needed, what = chosen.replay_point, f"snapshot {chosen.snapshot_id}"
+        elif self.snapshot:
             try:
-                store = self.resolve_store()
-                manifest = store.select(config.pipeline, str(self.snapshot))
+                manifest = self.resolve_store().select(config.pipeline, str(self.snapshot))
             except SnapshotError as exc:
                 raise AirflowException(f"pipeline {config.pipeline!r}: {exc}") from exc
             needed, what = manifest.offsets(), f"snapshot {manifest.snapshot_id}"
         else:
             conn = self.hook.connect()
             try:
-                needed = flat_offsets(stored_offsets_in(conn, config.meta_schema, config.pipeline))
+                needed = stored_offsets_in(conn, config.meta_schema, config.pipeline)
             finally:
                 conn.close()
             what = "from the database's stored offsets"
@@ -192,7 +197,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     def _stored(self, config: Any) -> dict[tuple[str, int], int]:
         conn = self.hook.connect()
         try:
-            return flat_offsets(stored_offsets_in(conn, config.meta_schema, config.pipeline))
+            return stored_offsets_in(conn, config.meta_schema, config.pipeline)
         finally:
             conn.close()
 
@@ -202,14 +207,14 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         started = time.monotonic()
         before = self._stored(config)
         retention = self.check_retention(before, list(config.topics), "from the restored offsets")
-        lso_at_start = flat_offsets(retention["last_stable"])
+        lso_at_start = from_nested(retention["last_stable"])
         # Chosen from the retention check's count: no second look at Kafka.
         choice = choose_replay_engine(self.engine, retention.get("records_to_replay"), self.direct_max_records)
         self.log.info("replay engine %s (asked %s): %s records to replay, direct up to %s: %s", choice.engine,
                       choice.asked, choice.records_to_replay, choice.direct_max_records, choice.reason)
-        plan = {"offsets_before": nested_offsets(before), "retention": retention, "engine": choice.as_dict()}
+        plan = {"offsets_before": to_nested(before), "retention": retention, "engine": choice.as_dict()}
         if as_bool(self.plan_only):
-            return {**plan, "dry_run": True}
+            return Replayed(dry_run=True, details=plan).to_xcom()
         with self.lock_guard(config, context):
             if self.require_stop_request:
                 stopped_at = self.hook.stream_activity(config.pipeline).get("stop_requested_at")
@@ -228,14 +233,10 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         if behind:
             raise AirflowException(f"replay finished but did not reach the last stable offsets: behind by {behind}")
         counts_after = self._row_counts(config)
-        result = {
-            **plan,
-            "offsets_after": nested_offsets(after),
-            "lso_at_start": nested_offsets(lso_at_start),
-            "events_replayed": sum(counts_after[k] - counts_before.get(k, 0) for k in counts_after),
-            "rows_added": {k: counts_after[k] - counts_before.get(k, 0) for k in counts_after},
-            "seconds": round(time.monotonic() - started, 3),
-        }
+        rows_added = {k: counts_after[k] - counts_before.get(k, 0) for k in counts_after}
+        result = Replayed(lso_at_start=lso_at_start, events_replayed=sum(rows_added.values()), details={
+            **plan, "offsets_after": to_nested(after), "rows_added": rows_added,
+            "seconds": round(time.monotonic() - started, 3)}).to_xcom()
         self.log.info("replay done: %s", {k: v for k, v in result.items() if k != "retention"})
         return result
 

@@ -15,7 +15,7 @@ pipeline's transaction lock, under which the epoch is bumped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_eos.operators.base import KafkaOffsetsMixin, PipelineOperatorMixin, holder_of, timed_step
 from airflow_provider_eos.recovery import aside, restore
 from airflow_provider_eos.recovery.catalog import DependentObjectsError
+from airflow_provider_eos.recovery.contracts import ChosenSnapshot, Restored
 from airflow_provider_eos.recovery.guards import (
     DEFAULT_FENCE_WAIT,
     StreamStillRunningError,
@@ -33,8 +34,9 @@ from airflow_provider_eos.recovery.guards import (
     roll_back_in_doubt,
 )
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
-from airflow_provider_eos.recovery.manifest import LATEST, SnapshotManifest
+from airflow_provider_eos.recovery.manifest import LATEST
 from airflow_provider_eos.recovery.restore import TableChangesError
+from airflow_provider_eos.recovery.store import SnapshotStore
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
 
@@ -42,13 +44,12 @@ __all__ = ["DependentObjectsError", "FenceOperator", "FinalizeRestoreOperator", 
            "RecoveryLockedError", "RestoreOperator", "RollbackRestoreOperator", "TableChangesError"]
 
 
-def _aside_from(op: Any, context: Any) -> str | None:
-    """The aside schema: the templated param, else the restore task's XCom."""
+def _aside_from(op: Any) -> str | None:
+    """The aside schema: the templated param, else the one the restore handed over."""
     if op.aside_schema:
         return str(op.aside_schema)
-    if op.restore_task_id and context and context.get("ti") is not None:
-        restored = context["ti"].xcom_pull(task_ids=op.restore_task_id) or {}
-        return restored.get("aside_schema") or None
+    if op.restored:
+        return Restored.from_xcom(op.restored).aside_schema
     return None
 
 
@@ -81,12 +82,15 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
        they stay in the aside schema until ``FinalizeRestoreOperator`` (after
        replay and audit passed) or ``RollbackRestoreOperator`` (they failed).
 
-    Returns a summary (XCom): snapshot id, rows restored per table, offsets,
-    ``aside_schema`` (None when dropped), the new ``epoch``, the retention
-    re-check, timings.
+    Returns ``contracts.Restored`` (XCom): snapshot id, ``aside_schema`` (None when
+    dropped), the new ``epoch``, rows restored, and in its details rows per table,
+    offsets, the retention re-check and timings. With ``plan_only`` and a selector it
+    returns the ``contracts.ChosenSnapshot`` it chose (the recovery's choosing step).
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param snapshot: ``latest``, a snapshot id or an ISO-8601 timestamp (templated).
+    :param snapshot: ``latest``, a snapshot id or an ISO-8601 timestamp (templated); or the snapshot an
+        earlier step chose (``contracts.ChosenSnapshot``'s XCom, e.g. the choosing task's ``.output``),
+        restored from the store it was chosen from without choosing again.
     :param snapshot_store: local directory or object storage URL (templated); default: the deployment's
         ``[eos] snapshot_store``, read at execute time.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
@@ -131,7 +135,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         self,
         *,
         pipeline_config: Any,
-        snapshot: str = LATEST,
+        snapshot: Any = LATEST,
         snapshot_store: Any = None,
         postgres_conn_id: str = "eos_postgres",
         quiet_seconds: float | str = 0.0,
@@ -168,18 +172,30 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
 
-    def choose(self, config: Any) -> SnapshotManifest:
-        return restore.choose(self.hook, self.resolve_store(), config, self.snapshot, self.allow_other_database)
+    def chosen(self, config: Any) -> ChosenSnapshot:
+        """The snapshot to restore: the one an earlier step chose (``snapshot`` is its XCom), or the
+        one ``snapshot`` names, chosen now from the store."""
+        if isinstance(self.snapshot, Mapping):
+            return ChosenSnapshot.from_xcom(self.snapshot)
+        store = self.resolve_store()
+        manifest = restore.choose(self.hook, store, config, self.snapshot, self.allow_other_database)
+        changes = restore.check_table_changes(self.hook, config, manifest, as_bool(self.allow_table_changes))
+        return ChosenSnapshot(store=str(store.base), manifest=manifest, target_database=self.hook.dbname,
+                              table_changes=changes, dry_run=as_bool(self.plan_only))
 
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        manifest = self.choose(config)
-        changes = restore.check_table_changes(self.hook, config, manifest, as_bool(self.allow_table_changes))
-        plan = {"snapshot": manifest.summary(), "target_database": self.hook.dbname, "table_changes": changes}
+        chosen = self.chosen(config)
         if as_bool(self.plan_only):
-            self.log.info("dry run: would restore %s", plan)
-            return {**plan, "dry_run": True}
+            self.log.info("dry run: would restore %s", chosen.manifest.summary())
+            if isinstance(self.snapshot, Mapping):
+                return Restored(chosen.snapshot_id, dry_run=True,
+                                details={"snapshot": chosen.manifest.summary()}).to_xcom()
+            return chosen.to_xcom()
+        manifest, store = chosen.manifest, SnapshotStore(chosen.store)
+        # Checked again under this step's own view: a target may have been added since the choice.
+        changes = restore.check_table_changes(self.hook, config, manifest, as_bool(self.allow_table_changes))
         restore.check_shared_meta(self.hook, config, manifest, self.allow_shared_meta)
         try:
             with self.lock_guard(config, context), holding_running_lock(self.hook, config.pipeline):
@@ -191,10 +207,14 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
                 if not self.allow_dependents:
                     restore.refuse_dependents(self.hook, manifest)
                 extras = [(str(schema), str(table)) for schema, table in changes["not_in_snapshot"]]
-                return {**plan, **restore.restore_snapshot(
-                    self.hook, self.resolve_store(), config, manifest, holder=holder_of(context),
+                report = restore.restore_snapshot(
+                    self.hook, store, config, manifest, holder=holder_of(context),
                     lock_key=self.lock_key(config), kafka_config_id=self.kafka_config_id, keep_old=self.keep_old,
-                    allow_dependents=self.allow_dependents, extras=extras)}
+                    allow_dependents=self.allow_dependents, extras=extras)
+                return Restored(manifest.snapshot_id, aside_schema=report.pop("aside_schema"),
+                                epoch=report.pop("epoch"), rows_restored=report.pop("rows_restored"),
+                                details={**report, "target_database": chosen.target_database,
+                                         "table_changes": changes}).to_xcom()
         finally:
             if self.hold_lock and self.release_lock:
                 self.hook.release_lock(self.lock_key(config), holder_of(context))
@@ -311,8 +331,9 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
     Returns what was dropped (XCom).
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param aside_schema: the aside schema, from the restore's XCom ``aside_schema`` (templated).
-    :param restore_task_id: instead of ``aside_schema``: the restore task whose XCom names it.
+    :param aside_schema: the aside schema to act on (templated).
+    :param restored: instead of ``aside_schema``: the restore's output (``contracts.Restored``, its XCom
+        or the restore task's ``.output``), which names it.
     :param retention_days: also drop this target's aside schemas older than this many days
         (left by recoveries that failed and were never rolled back or finalized); None: keep them.
     :param allow_dependents: drop even though objects outside the aside schema depend on its
@@ -325,16 +346,16 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql (unused; for the shared hook).
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "aside_schema", "retention_days", "plan_only")
+    template_fields: Sequence[str] = ("pipeline_config", "aside_schema", "restored", "retention_days", "plan_only")
 
-    def __init__(self, *, pipeline_config: Any, aside_schema: str | None = None, restore_task_id: str | None = None,
+    def __init__(self, *, pipeline_config: Any, aside_schema: str | None = None, restored: Any = None,
                  retention_days: float | str | None = None, allow_dependents: bool = False,
                  postgres_conn_id: str = "eos_postgres", hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.aside_schema = aside_schema
-        self.restore_task_id = restore_task_id
+        self.restored = restored
         self.retention_days = retention_days
         self.allow_dependents = allow_dependents
         self.postgres_conn_id = postgres_conn_id
@@ -346,7 +367,7 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        kept = _aside_from(self, context)
+        kept = _aside_from(self)
         if as_bool(self.plan_only):
             return {"dry_run": True, "aside_schema": kept, "retention_days": self.retention_days}
         result: dict[str, Any] = {"aside_schema": kept, "dropped": False}
@@ -382,8 +403,9 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
     Returns what it did (XCom): ``restored_dropped``, ``moved_back``, ``epoch``.
 
     :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
-    :param aside_schema: the aside schema, from the restore's XCom ``aside_schema`` (templated).
-    :param restore_task_id: instead of ``aside_schema``: the restore task whose XCom names it.
+    :param aside_schema: the aside schema to act on (templated).
+    :param restored: instead of ``aside_schema``: the restore's output (``contracts.Restored``, its XCom
+        or the restore task's ``.output``), which names it.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param hold_lock: hold the target's recovery lock while rolling back.
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
@@ -391,16 +413,16 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
     :param pg_bin_dir: directory of pg_dump/pg_restore/psql (unused; for the shared hook).
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "aside_schema", "plan_only")
+    template_fields: Sequence[str] = ("pipeline_config", "aside_schema", "restored", "plan_only")
     ui_color = "#f9d9d9"
 
-    def __init__(self, *, pipeline_config: Any, aside_schema: str | None = None, restore_task_id: str | None = None,
+    def __init__(self, *, pipeline_config: Any, aside_schema: str | None = None, restored: Any = None,
                  postgres_conn_id: str = "eos_postgres", hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.aside_schema = aside_schema
-        self.restore_task_id = restore_task_id
+        self.restored = restored
         self.postgres_conn_id = postgres_conn_id
         self.hold_lock = hold_lock
         self.lock_ttl = lock_ttl
@@ -410,7 +432,7 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
-        kept = _aside_from(self, context)
+        kept = _aside_from(self)
         if not kept:
             raise AirflowException(f"pipeline {config.pipeline!r}: no aside schema to roll back to (the restore "
                                    "did not keep the old state: keep_old=False, or it did not swap)")

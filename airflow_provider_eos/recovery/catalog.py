@@ -14,6 +14,7 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from airflow_provider_eos.recovery.checksums import TableRef
+from spark_apps.eos_stream.kafka.offsets import Offsets
 
 
 class DependentObjectsError(AirflowException):
@@ -77,7 +78,7 @@ SELECT DISTINCT what[1], what[2] FROM described WHERE what IS NOT NULL ORDER BY 
 """
 
 
-def stored_offsets_in(conn: PgConnection, meta_schema: str, pipeline: str) -> dict[str, dict[str, int]]:
+def stored_offsets_in(conn: PgConnection, meta_schema: str, pipeline: str) -> Offsets:
     """The pipeline's stored offsets as ``conn``'s transaction sees them (a snapshot's replay point)."""
     from spark_apps.eos_stream.state import meta_tables
 
@@ -92,10 +93,7 @@ def stored_offsets_in(conn: PgConnection, meta_schema: str, pipeline: str) -> di
             ),
             (pipeline,),
         )
-        out: dict[str, dict[str, int]] = {}
-        for topic, partition, offset in cur.fetchall():
-            out.setdefault(topic, {})[str(partition)] = int(offset)
-        return out
+        return {(topic, int(partition)): int(offset) for topic, partition, offset in cur.fetchall()}
 
 
 def other_pipelines(conn: PgConnection, meta_schema: str, pipeline: str) -> list[str]:

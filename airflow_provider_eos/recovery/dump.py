@@ -41,6 +41,7 @@ from airflow_provider_eos.recovery.manifest import SnapshotManifest, TableState,
 from airflow_provider_eos.recovery.scratch import proof_record, validate_in_scratch
 from airflow_provider_eos.recovery.store import DUMP, SnapshotStore, sha256_file
 from airflow_provider_eos.recovery.tables import snapshot_tables
+from spark_apps.eos_stream.kafka.offsets import to_nested
 
 if TYPE_CHECKING:
     from airflow_provider_eos.hooks.pg_tools import PgToolsHook
@@ -155,7 +156,7 @@ def dump_consistent(
             # While pg_dump reads, measure the same snapshot in this transaction.
             measured = measure(conn, tables, roles)
             timings["checksums"] = round(time.monotonic() - started, 3)
-            offsets = stored_offsets_in(conn, hook.meta_schema, pipeline)
+            offsets = to_nested(stored_offsets_in(conn, hook.meta_schema, pipeline))
             others = other_pipelines(conn, hook.meta_schema, pipeline)
             identity = database_identity(conn)
             _, err = dump.communicate()

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from spark_apps.eos_stream.kafka.offsets import from_nested
 from spark_apps.eos_stream.run.config import PIPELINE_NAME
 
 FORMAT_VERSION = 1
@@ -111,7 +112,7 @@ class SnapshotManifest:
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The replay point as ``{(topic, partition): next_offset}``."""
-        return {(t, int(p)): int(o) for t, parts in self.kafka_offsets.items() for p, o in parts.items()}
+        return from_nested(self.kafka_offsets)
 
     def table(self, schema: str, name: str) -> TableState:
         for state in self.tables:

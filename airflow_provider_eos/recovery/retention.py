@@ -8,6 +8,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
+from spark_apps.eos_stream.kafka.offsets import to_nested
+
 
 class RetentionGapError(AirflowException):
     """Kafka no longer holds (part of) what a replay needs: replaying would lose data silently."""
@@ -64,17 +66,6 @@ def retention_gaps(
     return gaps
 
 
-def nested_offsets(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        out.setdefault(topic, {})[str(partition)] = int(offset)
-    return out
-
-
-def flat_offsets(nested: dict[str, dict[str, int]]) -> dict[tuple[str, int], int]:
-    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
-
-
 def kafka_offsets(kafka_config_id: str, topics: list[str]) -> dict[tuple[str, int], Any]:
     """Each partition's earliest and last stable offset, through the Kafka connection."""
     from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
@@ -110,10 +101,10 @@ def check_retention(kafka_config_id: str, needed: dict[tuple[str, int], int], to
         hook.close()
     gaps = retention_gaps(needed, kafka)
     report = {
-        "retired_topics": nested_offsets(retired),
-        "needed": nested_offsets(needed),
-        "earliest": nested_offsets({k: int(v.earliest or 0) for k, v in kafka.items()}),
-        "last_stable": nested_offsets({k: v.last_stable for k, v in kafka.items()}),
+        "retired_topics": to_nested(retired),
+        "needed": to_nested(needed),
+        "earliest": to_nested({k: int(v.earliest or 0) for k, v in kafka.items()}),
+        "last_stable": to_nested({k: v.last_stable for k, v in kafka.items()}),
         "records_to_replay": sum(max(0, v.last_stable - needed.get(k, 0)) for k, v in kafka.items()),
         "gaps": [asdict(g) | {"missing": g.missing} for g in gaps],
     }

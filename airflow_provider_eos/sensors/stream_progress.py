@@ -18,6 +18,7 @@ from airflow_provider_eos.operators.base import (
     default_deferrable,
     poll_before_defer,
 )
+from airflow_provider_eos.recovery.contracts import Replayed
 from airflow_provider_eos.triggers.stream_progress import (
     StreamCaughtUpTrigger,
     StreamLivenessTrigger,
@@ -25,6 +26,7 @@ from airflow_provider_eos.triggers.stream_progress import (
     liveness_report,
 )
 from airflow_provider_eos.utils.params import as_bool
+from spark_apps.eos_stream.kafka.offsets import to_nested
 
 
 class _ProgressSensor(CheckOutcomeMixin, BaseSensorOperator):
@@ -156,23 +158,26 @@ class StreamCaughtUpSensor(_ProgressSensor):
     :param meta_schema: schema of the bookkeeping tables.
     :param request_timeout: seconds allowed for each Kafka Admin request.
     :param target_offsets: ``{topic: {partition: offset}}`` to reach instead of the current LSO
-        (templated; the recovery passes the LSO its replay started from).
+        (templated).
+    :param replayed: instead of ``target_offsets``: the replay's output (``contracts.Replayed``, its XCom
+        or the replay task's ``.output``); its ``lso_at_start`` is the target.
     :param plan_only: check once and return the report without waiting (templated).
     :param deferrable: defer to :class:`~airflow_provider_eos.triggers.stream_progress.StreamCaughtUpTrigger`
         instead of poking in the worker; default: ``[operators] default_deferrable``.
     """
 
     template_fields: Sequence[str] = ("pipeline", "topics", "max_lag", "kafka_config_id", "postgres_conn_id",
-                                      "meta_schema", "target_offsets", "plan_only")
+                                      "meta_schema", "target_offsets", "replayed", "plan_only")
     check_name = "caught_up"
     ui_color = "#eaffea"
 
     def __init__(self, *, pipeline: str, topics: Sequence[str] | str, max_lag: int | str = 0,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
                  meta_schema: str = "eos", request_timeout: float = 10.0, target_offsets: Any = None,
-                 plan_only: Any = False, **kwargs: Any) -> None:
+                 replayed: Any = None, plan_only: Any = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target_offsets = target_offsets
+        self.replayed = replayed
         self.plan_only = plan_only
         self.pipeline = pipeline
         self.topics = topics
@@ -190,6 +195,8 @@ class StreamCaughtUpSensor(_ProgressSensor):
         return list(topics)
 
     def _target(self) -> dict[str, dict[str, int]] | None:
+        if self.replayed:
+            return to_nested(Replayed.from_xcom(self.replayed).lso_at_start) or None
         return dict(self.target_offsets) if self.target_offsets else None
 
     def check(self) -> dict[str, Any]:

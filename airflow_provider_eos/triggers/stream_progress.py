@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from spark_apps.eos_stream.kafka.offsets import from_nested
 from spark_apps.eos_stream.state.meta_tables import DEFAULT_SCHEMA
 
 
@@ -190,7 +191,7 @@ def caught_up_check(owner: Any, pipeline: str, topics: Sequence[str], max_lag: i
 
     offsets: dict[tuple[str, int], Any]
     if target_offsets:
-        offsets = {(t, int(p)): TargetOffset(int(o)) for t, parts in target_offsets.items() for p, o in parts.items()}
+        offsets = {key: TargetOffset(offset) for key, offset in from_nested(target_offsets).items()}
     else:
         if owner._kafka is None:
             owner._kafka = KafkaOffsetsHook(kafka_config_id=owner.kafka_config_id, timeout=owner.request_timeout)

@@ -26,12 +26,14 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make `spark_apps
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka import security as kafka_security
+from spark_apps.eos_stream.kafka.offsets import from_nested
+from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import entry, preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.run.driver import claim, offsets_json
+from spark_apps.eos_stream.run.driver import claim
 from spark_apps.eos_stream.run.entry import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.run.pyspark_pairing import check_pyspark_pairing
@@ -59,10 +61,6 @@ def _kafka_source_options(config: PipelineConfig) -> dict[str, str]:
     }
 
 
-def _parse_offsets(nested: dict[str, dict[str, int]]) -> dict[TopicPartition, int]:
-    return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
-
-
 class OffsetLog:
     """Reads the offsets Spark wrote ahead of each batch (``<checkpoint>/offsets/<id>``).
 
@@ -87,7 +85,7 @@ class OffsetLog:
             stream.close()
         lines = [line for line in text.splitlines() if line.strip()]
         # v1, then batch metadata, then one line per source: ours is the only one.
-        return _parse_offsets(json.loads(lines[-1]))
+        return from_nested(json.loads(lines[-1]))
 
 
 def _run_checkpoint(config: PipelineConfig, mode_stores_offsets: bool, run_id: str) -> str:
@@ -151,7 +149,7 @@ class StreamRun:
             .option("subscribe", ",".join(config.topics))
             .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         )
-        reader = reader.option("startingOffsets", offsets_json(starting) if mode.stores_offsets else "earliest")
+        reader = reader.option("startingOffsets", offsets_to_json(starting) if mode.stores_offsets else "earliest")
         # Where the source starts this run's first batch: the tasks read from there (kafka_ranges), so it
         # must be the source's own start, the log's start in modes whose replay point is Spark's checkpoint
         # (whatever offsets an earlier exactly_once run of the pipeline stored).
@@ -262,7 +260,7 @@ class _BatchWrite:
         result = self.stream.sink.process(self.batch_id, self.start, self.end, fill_stage, staged)
         emit("batch", batch_id=self.batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
              record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-             transient_retries=result.transient_retries, end_offsets=offsets_json(self.end),
+             transient_retries=result.transient_retries, end_offsets=offsets_to_json(self.end),
              started_at=round(self.started_at, 3), committed_at=round(time.time(), 3))
 
 

@@ -20,7 +20,6 @@ from spark_apps.eos_stream.audit.rules import (
     carrier_for,
     compare_rows,
     dead_letter_verdict,
-    goal_offsets,
     goal_shortfall,
     keep_latest,
     retired_topics,
@@ -28,6 +27,7 @@ from spark_apps.eos_stream.audit.rules import (
     wrong_keys,
 )
 from spark_apps.eos_stream.errors import dead_letter_class
+from spark_apps.eos_stream.kafka.offsets import from_nested
 from spark_apps.eos_stream.records.spec import AggregateTarget, Field, PipelineSpec, RowTarget, SpecError
 from spark_apps.eos_stream.run.preflight import is_compacted
 from spark_apps.ledger.spec import LEDGER, LEDGER_EVENTS_ONLY
@@ -59,9 +59,9 @@ def test_dead_letter_verdicts(sqlstate: str | None, trial: str | None, wrong: st
 
 def test_goal_offsets_and_shortfall() -> None:
     # As XCom's JSON gives a replay's lso_at_start: partition keys are strings.
-    goal = goal_offsets({"t": {"0": 10, "1": 5}, "u": {"0": 0}})
+    goal = from_nested({"t": {"0": 10, "1": 5}, "u": {"0": 0}})
     assert goal == {("t", 0): 10, ("t", 1): 5, ("u", 0): 0}
-    assert goal_offsets(None) == {}
+    assert from_nested(None) == {}
     # Stored at or past the goal is reached (a live topic moves on); below it, or nothing stored, is short.
     assert goal_shortfall({("t", 0): 12, ("t", 1): 3}, goal) == {("t", 1): 2}
     assert goal_shortfall({}, goal) == {("t", 0): 10, ("t", 1): 5}

@@ -17,4 +17,4 @@ def test_reference_examples_construct() -> None:
     with DAG("reference_examples", start_date=datetime(2026, 1, 1), schedule=None) as dag:
         for block in blocks:
             exec(compile(block, str(REFERENCE), "exec"), {})  # our own documentation, nothing external
-    assert len(dag.task_ids) == 21
+    assert len(dag.task_ids) == 22

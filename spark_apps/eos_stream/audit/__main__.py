@@ -10,7 +10,8 @@ import sys
 
 from spark_apps.eos_stream.audit.oracle import DEFAULT_TIMEOUT, audit
 from spark_apps.eos_stream.audit.readers import PARALLEL_MIN_RECORDS
-from spark_apps.eos_stream.audit.rules import PENDING_POLICIES, AuditTimeout, goal_offsets
+from spark_apps.eos_stream.audit.rules import PENDING_POLICIES, AuditTimeout
+from spark_apps.eos_stream.kafka.offsets import from_nested
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run.config import add_config_arguments, config_from_arguments
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_arguments(args)
     try:
         report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending,
-                       goal=None if args.goal is None else goal_offsets(args.goal), workers=args.workers)
+                       goal=None if args.goal is None else from_nested(args.goal), workers=args.workers)
     except AuditTimeout as exc:
         print(str(exc), file=sys.stderr)
         print(json.dumps({"pipeline": config.pipeline, "ok": False, "error": str(exc),

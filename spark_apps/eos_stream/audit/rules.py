@@ -69,12 +69,6 @@ def retired_topics(topics: Iterable[str], seen: Iterable[TopicPartition]) -> set
 # --- the replay's goal ---------------------------------------------------------
 
 
-def goal_offsets(nested: Mapping[str, Mapping[Any, Any]] | None) -> dict[TopicPartition, int]:
-    """``{topic: {partition: offset}}`` (a replay's ``lso_at_start``, keys as JSON gives them) as
-    ``{(topic, partition): offset}``."""
-    return {(str(t), int(p)): int(o) for t, parts in (nested or {}).items() for p, o in parts.items()}
-
-
 def goal_shortfall(stored: Mapping[TopicPartition, int], goal: Mapping[TopicPartition, int]
                    ) -> dict[TopicPartition, int]:
     """Per partition whose stored next offset is below the goal, how far below (a partition

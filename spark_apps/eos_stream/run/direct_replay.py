@@ -60,12 +60,13 @@ from typing import Any
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import OffsetRange
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, offsets_json
+from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part
@@ -179,7 +180,7 @@ def replay(config: PipelineConfig) -> int:
             result = sink.process(batch_id, starts, ends, fill_stage, staged=written)
             emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
                  record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-                 transient_retries=result.transient_retries, end_offsets=offsets_json(ends),
+                 transient_retries=result.transient_retries, end_offsets=offsets_to_json(ends),
                  # where the replay's time went between its batches (the claim is in the resume event)
                  since_start_ms=round((time.perf_counter() - entered) * 1000))
     finally:

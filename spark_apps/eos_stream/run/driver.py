@@ -8,13 +8,13 @@ the database says to resume.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.records.spec import PipelineSpec
@@ -29,13 +29,6 @@ from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import drop_stages
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.control import hold_running_lock, stop_requested
-
-
-def offsets_json(offsets: dict[TopicPartition, int]) -> str:
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in offsets.items():
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return json.dumps(nested, sort_keys=True)
 
 
 @dataclass
@@ -159,7 +152,7 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     conn.rollback()
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
     write_parts, why = preflight.prepared_parts(conn, spec, mode)
-    emit("resume", stored_offsets=offsets_json(stored), stale_stages_dropped=dropped,
+    emit("resume", stored_offsets=offsets_to_json(stored), stale_stages_dropped=dropped,
          in_doubt_committed=[t["gid"] for t in in_doubt], parts_committed=resolved_parts["committed"],
          parts_rolled_back=resolved_parts["rolled_back"], epoch=epoch,
          write_path="prepared_parts" if write_parts else "staged", write_path_reason=why,
