@@ -53,6 +53,7 @@ from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
+from airflow_provider_eos.state.offsets import committed_offsets
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.committed_position import committed_position
 from airflow_provider_eos.utils.metrics import recovery_metrics
@@ -138,7 +139,7 @@ def announce_recovered(pipeline: str, postgres_conn_id: str, meta_schema: str, d
     if as_bool(dry_run):
         raise AirflowSkipException("a dry run changed nothing: no recovery to announce")
     hook = EosPostgresHook(postgres_conn_id=postgres_conn_id, meta_schema=meta_schema)
-    position = committed_position(pipeline, hook.committed_offsets(pipeline)) or {"pipeline": pipeline}
+    position = committed_position(pipeline, committed_offsets(hook, pipeline)) or {"pipeline": pipeline}
     plan = context["ti"].xcom_pull(task_ids="choose_snapshot") or {}
     payload = {**position, "change": "recovered",
                "snapshot_id": (plan.get("snapshot") or {}).get("snapshot_id")}

@@ -30,6 +30,12 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # The app's exit when the database fenced it (``spark_apps.eos_stream.fencing.EXIT_FENCED``; not
 # imported: this module must load without the app's psycopg2-based modules on the import path).
 EXIT_FENCED = 3
+# The exit of a run that found a stored offset Kafka no longer holds (retention deleted the
+# records, or the topic was recreated): no restart can succeed. The app reports it with this
+# exit, or with an ``EOS-ERROR`` line of kind ``data_lost`` (its message names each partition,
+# the stored offset and the log's start).
+EXIT_DATA_LOST = 4
+DATA_LOST_KIND = "data_lost"
 EVENT_PREFIX = "EOS-"
 _JSON = json.JSONDecoder()
 PASSWORD_ENV = "EOS_PG_PASSWORD"
@@ -125,6 +131,11 @@ class AppRunResult:
         return [data for k, data in self.events if k == kind]
 
     @property
+    def ok(self) -> bool:
+        """The run finished, or stopped on request or at its time."""
+        return self.returncode == EXIT_OK
+
+    @property
     def last_error(self) -> dict[str, Any] | None:
         errors = self.of("error")
         return errors[-1] if errors else None
@@ -142,6 +153,13 @@ class AppRunResult:
         return self.returncode == EXIT_FENCED or bool(
             self.returncode != EXIT_OK and error and error.get("kind") == "fenced")
 
+    @property
+    def data_lost(self) -> bool:
+        """The run found a stored offset that Kafka no longer holds: a retry would fail the same way."""
+        error = self.last_error
+        return self.returncode == EXIT_DATA_LOST or bool(
+            self.returncode != EXIT_OK and error and error.get("kind") == DATA_LOST_KIND)
+
     def reason(self) -> str:
         """One line: why this run ended."""
         if self.returncode == EXIT_OK:
@@ -151,6 +169,8 @@ class AppRunResult:
         if self.fenced:
             detail = error.get("message") if error and error.get("kind") == "fenced" else "no EOS-ERROR line"
             return f"fenced (exit {self.returncode}): {detail}"
+        if self.data_lost and not error:
+            return f"data lost (exit {self.returncode}): no EOS-ERROR line"
         if error:
             return f"exit {self.returncode}: {error.get('kind')}: {error.get('message')}"
         if self.returncode < 0:

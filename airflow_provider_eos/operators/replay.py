@@ -23,6 +23,7 @@ from airflow_provider_eos.recovery.replay_engine import (
     choose_replay_engine,
 )
 from airflow_provider_eos.recovery.retention import flat_offsets, nested_offsets
+from airflow_provider_eos.state.activity import stream_activity
 from airflow_provider_eos.utils.params import as_bool
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
             return {**plan, "dry_run": True}
         with self.lock_guard(config, context):
             if self.require_stop_request:
-                stopped_at = self.hook.stream_activity(config.pipeline).get("stop_requested_at")
+                stopped_at = stream_activity(self.hook, config.pipeline).get("stop_requested_at")
                 if stopped_at is None:
                     raise PipelineNotStoppedError(
                         f"pipeline {config.pipeline!r} has no stop request: a supervisor could start a driver "

@@ -25,7 +25,7 @@ from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from airflow_provider_eos.recovery.catalog import DependentObjectsError, dependents
+from airflow_provider_eos.recovery.catalog import DependentObjectsError, dependents, list_tables
 from airflow_provider_eos.recovery.lock import swap_lock_key, target_lock_key
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def finalize_aside(hook: PgToolsHook, aside: str, target_schema: str, pipeline: 
         record = _own_aside(conn, aside, target_schema, pipeline)
         if record is None:
             return {"aside_schema": aside, "dropped": False, "reason": "does not exist (finalized already)"}
-        found = dependents(conn, [(aside, t) for t in hook.list_tables(conn, aside)])
+        found = dependents(conn, [(aside, t) for t in list_tables(conn, aside)])
         if found and not allow_dependents:
             raise DependentObjectsError(
                 f"objects outside {aside!r} depend on its old tables: {', '.join(found)}; dropping it would "
@@ -205,7 +205,7 @@ def rollback_swap(hook: PgToolsHook, aside: str, target_schema: str, pipeline: s
             cur.execute(fencing.bump_epoch_statement(meta_schema), {
                 "pipeline": pipeline, "by": changed_by, "reason": f"rollback of restore {aside}"})
             epoch = int((cur.fetchone() or (0,))[0])
-            kept = set(hook.list_tables(conn, aside))
+            kept = set(list_tables(conn, aside))
             tables = [(str(s), str(t)) for s, t in record["tables"]]
             cur.execute("SELECT s, t FROM unnest(%s::text[], %s::text[]) AS m(s, t)"
                         " WHERE to_regclass(format('%%I.%%I', s, t)) IS NOT NULL",
@@ -231,7 +231,7 @@ def rollback_swap(hook: PgToolsHook, aside: str, target_schema: str, pipeline: s
         return {"aside_schema": aside, "rolled_back": True, "epoch": epoch,
                 "snapshot_id": record.get("snapshot_id"),
                 "restored_dropped": [f"{s}.{t}" for s, t in restored], "moved_back": moved,
-                "refilled": refilled, "left_in_aside": sorted(set(hook.list_tables(conn, aside)))}
+                "refilled": refilled, "left_in_aside": sorted(set(list_tables(conn, aside)))}
     finally:
         conn.close()
 

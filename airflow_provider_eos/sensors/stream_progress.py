@@ -18,6 +18,7 @@ from airflow_provider_eos.operators.base import (
     default_deferrable,
     poll_before_defer,
 )
+from airflow_provider_eos.state.progress import latest_progress
 from airflow_provider_eos.triggers.stream_progress import (
     StreamCaughtUpTrigger,
     StreamLivenessTrigger,
@@ -129,7 +130,7 @@ class StreamLivenessSensor(_ProgressSensor):
 
     def check(self) -> dict[str, Any]:
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
-        return liveness_report(hook.latest_progress(self.pipeline), float(self.max_age_seconds))
+        return liveness_report(latest_progress(hook, self.pipeline), float(self.max_age_seconds))
 
     def make_trigger(self, timeout_seconds: float) -> StreamLivenessTrigger:
         return StreamLivenessTrigger(
