@@ -29,7 +29,8 @@ Check = tuple[str, Callable[[], str]]
 
 def validate(directory: str, out: TextIO) -> int:
     """Prints one line per definition file; 1 if any is refused."""
-    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError, load_definitions
+    from airflow_provider_eos.utils.definition_folder import load_definitions
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError
 
     try:
         definitions, errors = load_definitions(directory)
@@ -61,7 +62,7 @@ def run_checks(checks: Sequence[Check], out: TextIO) -> int:
 def preflight_checks(name: str, directory: str | None) -> list[Check]:
     """The checks of ``eos preflight`` for pipeline ``name``."""
     from airflow_provider_eos.utils import provider_config
-    from airflow_provider_eos.utils.pipeline_definition import find_definition, load_definitions
+    from airflow_provider_eos.utils.definition_folder import find_definition, load_definitions
 
     root = directory or provider_config.pipeline_config_dir()
     definition = find_definition(root, name)

@@ -41,6 +41,8 @@ from airflow_provider_eos.dag_factory.common import (
     task_defaults,
 )
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.metrics.scheme import recovery_metrics
+from airflow_provider_eos.metrics.sender import emit
 from airflow_provider_eos.operators.audit import AuditOperator
 from airflow_provider_eos.operators.replay import ReplayOperator, RetentionCheckOperator
 from airflow_provider_eos.operators.restore import (
@@ -56,10 +58,8 @@ from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
 from airflow_provider_eos.state.offsets import committed_offsets
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.committed_position import committed_position
-from airflow_provider_eos.utils.metrics import recovery_metrics
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
-from airflow_provider_eos.utils.stats_emitter import emit
 
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
          "wait_caught_up", "audit", "finalize")

@@ -15,11 +15,11 @@ from airflow.sdk import BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.metrics.scheme import health_metrics
+from airflow_provider_eos.metrics.sender import emit
 from airflow_provider_eos.operators.base import CHECK_XCOM_KEY, CheckOutcomeMixin
 from airflow_provider_eos.state.dead_letters import dead_letters_since
 from airflow_provider_eos.state.prepared_transactions import prepared_transactions
-from airflow_provider_eos.utils.metrics import health_metrics
-from airflow_provider_eos.utils.stats_emitter import emit
 
 
 def _variable_key(meta_schema: str, pipeline: str) -> str:

@@ -21,6 +21,8 @@ from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection, kafka_client_settings
 from airflow_provider_eos.hooks.stream_submit import AppRunResult, EosStreamSubmitHook
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
+from airflow_provider_eos.metrics.scheme import stream_event_metrics
+from airflow_provider_eos.metrics.sender import emit
 from airflow_provider_eos.operators.stream_errors import (
     failure,
 )
@@ -44,13 +46,11 @@ from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, recovery_hold
 from airflow_provider_eos.state.running_lock import running_lock_holder
 from airflow_provider_eos.state.stop_requests import set_stop_request, stop_requested_at
 from airflow_provider_eos.state.supervisor_lock import acquire_supervisor_lock
-from airflow_provider_eos.utils.metrics import stream_event_metrics
 from airflow_provider_eos.utils.pipeline_definition import (
     PipelineDefinition,
     PipelineDefinitionError,
     parse_definition,
 )
-from airflow_provider_eos.utils.stats_emitter import emit
 from spark_apps.eos_stream.config import default_of
 
 # After a fenced exit, how long the driver's own database sessions may take to end (the
