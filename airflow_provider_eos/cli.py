@@ -22,7 +22,10 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 Check = tuple[str, Callable[[], str]]
 
@@ -75,42 +78,6 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
             raise ValueError("; ".join(mine))
         return f"{root}: valid, spec {definition.spec} imports, no place shared with another pipeline"
 
-    def kafka_check() -> str:
-        from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
-        from spark_apps.eos_stream import kafka_security, preflight
-
-        kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
-        kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
-        partitions = preflight.kafka_partitions(kafka.bootstrap, list(definition.topics), kafka.security)
-        return (f"connection {connections.kafka!r}: " +
-                ", ".join(f"{topic} ({len(p)} partitions)" for topic, p in sorted(partitions.items())))
-
-    def postgres_check() -> str:
-        from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-        from airflow_provider_eos.utils.definition_checks import load_spec
-        from spark_apps.eos_stream import preflight
-        from spark_apps.eos_stream.sink.batch_sink import MODES
-        from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
-
-        hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
-        conn = hook.connect(application_name="eos-preflight")
-        where = f"connection {connections.postgres!r}"
-        try:
-            preflight.check_encoding(conn, where)
-            found = ["UTF8"]
-            mode = MODES[definition.delivery]
-            if mode.two_phase:
-                preflight.check_two_phase(conn, mode, where)
-                found.append(f"max_prepared_transactions {max_prepared_transactions(conn)}")
-            if definition.stream.create_targets:
-                found.append(f"targets in {definition.target_schema} created at the first start")
-            else:
-                preflight.check_targets(conn, load_spec(definition.spec), definition.target_schema, mode)
-                found.append(f"targets present in {definition.target_schema}")
-        finally:
-            conn.close()
-        return f"{where}: " + ", ".join(found)
-
     def snapshot_store_check() -> str:
         return f"[eos] snapshot_store = {provider_config.snapshot_store()}"
 
@@ -123,8 +90,48 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
             raise ValueError(problem)
         return ", ".join(f"{package} {version}" for package, version in sorted(versions.items()) if version)
 
-    return [("definition", definition_check), ("kafka", kafka_check), ("postgres", postgres_check),
+    return [("definition", definition_check), ("kafka", lambda: _kafka_check(definition, connections)),
+            ("postgres", lambda: _postgres_check(definition, connections)),
             ("snapshot store", snapshot_store_check), ("spark", spark_check)]
+
+
+def _kafka_check(definition: PipelineDefinition, connections: Any) -> str:
+    """The topics exist, with the connection's security the app gets."""
+    from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
+    from spark_apps.eos_stream import kafka_security, preflight
+
+    kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
+    kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
+    partitions = preflight.kafka_partitions(kafka.bootstrap, list(definition.topics), kafka.security)
+    return (f"connection {connections.kafka!r}: " +
+            ", ".join(f"{topic} ({len(p)} partitions)" for topic, p in sorted(partitions.items())))
+
+def _postgres_check(definition: PipelineDefinition, connections: Any) -> str:
+    """The target database takes the pipeline's delivery mode and targets."""
+    from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+    from airflow_provider_eos.utils.definition_checks import load_spec
+    from spark_apps.eos_stream import preflight
+    from spark_apps.eos_stream.sink.batch_sink import MODES
+    from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
+
+    hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
+    conn = hook.connect(application_name="eos-preflight")
+    where = f"connection {connections.postgres!r}"
+    try:
+        preflight.check_encoding(conn, where)
+        found = ["UTF8"]
+        mode = MODES[definition.delivery]
+        if mode.two_phase:
+            preflight.check_two_phase(conn, mode, where)
+            found.append(f"max_prepared_transactions {max_prepared_transactions(conn)}")
+        if definition.stream.create_targets:
+            found.append(f"targets in {definition.target_schema} created at the first start")
+        else:
+            preflight.check_targets(conn, load_spec(definition.spec), definition.target_schema, mode)
+            found.append(f"targets present in {definition.target_schema}")
+    finally:
+        conn.close()
+    return f"{where}: " + ", ".join(found)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:

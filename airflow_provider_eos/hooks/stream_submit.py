@@ -253,17 +253,7 @@ class EosStreamSubmitHook(SparkSubmitHook):
         # Built per config (write_config): the zip carries the config's spec package too.
         self._ships_apps = not self.local and not self._py_files
         self._popen_env: dict[str, str] = {}
-        env: dict[str, str] = dict(self._secret_env)
-        if self.local and bind:
-            # The UI binds to SPARK_LOCAL_IP, not to spark.driver.bindAddress (else 0.0.0.0).
-            env.setdefault("SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP", bind))
-        if self.local:
-            # The driver and the Python workers run here: use this interpreter (it has pyspark).
-            env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
-            env.setdefault("PYSPARK_DRIVER_PYTHON", os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable))
-        binary = self._connection["spark_binary"]
-        if shutil.which(binary) is None and (Path(sys.executable).parent / binary).exists():
-            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = self._submit_env(bind)
         if self._is_yarn or self._is_kubernetes:
             # The parent hook would turn env_vars into --conf ...Env.X=value on the command line.
             self._popen_env = env
@@ -275,6 +265,22 @@ class EosStreamSubmitHook(SparkSubmitHook):
         # Called with each EOS- event as it arrives (the supervisor logs what it means at once).
         self.on_event: Callable[[str, dict[str, Any]], None] | None = None
         self.config_path: str | None = None
+
+    def _submit_env(self, bind: str | None) -> dict[str, str]:
+        """The spark-submit process's own environment: the secrets, and for a local master the
+        UI's address and this interpreter for the driver and its Python workers."""
+        env: dict[str, str] = dict(self._secret_env)
+        if self.local and bind:
+            # The UI binds to SPARK_LOCAL_IP, not to spark.driver.bindAddress (else 0.0.0.0).
+            env.setdefault("SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP", bind))
+        if self.local:
+            # The driver and the Python workers run here: use this interpreter (it has pyspark).
+            env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
+            env.setdefault("PYSPARK_DRIVER_PYTHON", os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable))
+        binary = self._connection["spark_binary"]
+        if shutil.which(binary) is None and (Path(sys.executable).parent / binary).exists():
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return env
 
     def _write_secret_properties(self) -> str:
         prefix = "spark.yarn.appMasterEnv." if self._is_yarn else "spark.kubernetes.driverEnv."
