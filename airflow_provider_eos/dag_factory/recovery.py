@@ -59,7 +59,7 @@ from airflow_provider_eos.state.offsets import committed_offsets
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.committed_position import committed_position
 from airflow_provider_eos.utils.params import as_bool
-from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, ResolvedConnections
 
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
          "wait_caught_up", "audit", "finalize")
@@ -148,6 +148,56 @@ def announce_recovered(pipeline: str, postgres_conn_id: str, meta_schema: str, d
     return payload
 
 
+def _replay_and_audit(definition: PipelineDefinition, conns: ResolvedConnections,
+                      locked: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The steps after the restore that prove it: the replay, the wait until the stored offsets
+    reach its goal, and the audit."""
+    spark, engine = definition.spark, definition.stream.replay_engine
+    # On spark_queue unless it never spark-submits: ``auto`` may, by the size it finds.
+    replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
+                            engine=engine, direct_max_records=definition.stream.replay_direct_max_records,
+                            plan_only=DRY_RUN, spark_conf=spark.submit_conf(), driver_memory=spark.driver_memory,
+                            jars=spark.all_jars(provider_config.spark_jars()) if spark.jars else None,
+                            **(spark_task_args(definition) if engine != "direct" else {}), **locked)
+    # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
+    # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
+    caught_up = StreamCaughtUpSensor(
+        task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
+        meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
+        target_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
+        plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
+    # Compared up to the offsets the target stores, which must have reached the replay's goal:
+    # what producers committed since the replay started is the resumed stream's work, not missing.
+    audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,
+                          goal_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
+                          **locked)
+    return replay, caught_up, audit
+
+
+def _rollback_and_resume(definition: PipelineDefinition, locked: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """The two ways a recovery ends: the rollback when a step after the swap failed, else the
+    stream's resumption (unless the params say not to)."""
+    # Only a run whose restore swapped can roll back; one refused earlier (conf, gate, lock, stop,
+    # retention, restore) changed no table, and must not touch a lock another run may hold.
+    needs_rollback = ShortCircuitOperator(
+        task_id="needs_rollback",
+        trigger_rule="one_failed",
+        python_callable=lambda restored, dry_run: bool((restored or {}).get("aside_schema")) and not bool(dry_run),
+        op_kwargs={"restored": "{{ ti.xcom_pull(task_ids='restore') }}", "dry_run": DRY_RUN},
+    )
+    rollback = RollbackRestoreOperator(task_id="rollback", restore_task_id="restore", **locked)
+    should_resume = ShortCircuitOperator(
+        task_id="should_resume",
+        python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),
+        op_kwargs={"resume": "{{ params.resume }}", "dry_run": DRY_RUN},
+        ignore_downstream_trigger_rules=False,
+    )
+    # This pipeline's own stream DAG: its definition gives the mode the stream had.
+    resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id=dag_id("stream", definition.name),
+                                   wait_for_completion=False)
+    return needs_rollback, rollback, should_resume, resume
+
+
 def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | None = None) -> DAG:
     """:param assets: the pipeline's assets; a finished recovery announces its target assets."""
     conns = connection_ids(definition)
@@ -186,46 +236,11 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
                                   kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
                                   allow_table_changes="{{ params.allow_table_changes }}",
                                   plan_only=DRY_RUN, **locked)
-        spark, engine = definition.spark, definition.stream.replay_engine
-        # On spark_queue unless it never spark-submits: ``auto`` may, by the size it finds.
-        replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
-                                engine=engine, direct_max_records=definition.stream.replay_direct_max_records,
-                                plan_only=DRY_RUN, spark_conf=spark.submit_conf(), driver_memory=spark.driver_memory,
-                                jars=spark.all_jars(provider_config.spark_jars()) if spark.jars else None,
-                                **(spark_task_args(definition) if engine != "direct" else {}), **locked)
-        # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
-        # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
-        caught_up = StreamCaughtUpSensor(
-            task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
-            meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
-            target_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
-            plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
-        # Compared up to the offsets the target stores, which must have reached the replay's goal:
-        # what producers committed since the replay started is the resumed stream's work, not missing.
-        audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,
-                              goal_offsets="{{ (ti.xcom_pull(task_ids='replay') or {}).get('lso_at_start') }}",
-                              **locked)
+        replay, caught_up, audit = _replay_and_audit(definition, conns, locked)
         # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
         finalize = FinalizeRestoreOperator(task_id="finalize", restore_task_id="restore",
                                            retention_days=RETENTION_DAYS, plan_only=DRY_RUN, **locked)
-        # Only a run whose restore swapped can roll back; one refused earlier (conf, gate, lock, stop,
-        # retention, restore) changed no table, and must not touch a lock another run may hold.
-        needs_rollback = ShortCircuitOperator(
-            task_id="needs_rollback",
-            trigger_rule="one_failed",
-            python_callable=lambda restored, dry_run: bool((restored or {}).get("aside_schema")) and not bool(dry_run),
-            op_kwargs={"restored": "{{ ti.xcom_pull(task_ids='restore') }}", "dry_run": DRY_RUN},
-        )
-        rollback = RollbackRestoreOperator(task_id="rollback", restore_task_id="restore", **locked)
-        should_resume = ShortCircuitOperator(
-            task_id="should_resume",
-            python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),
-            op_kwargs={"resume": "{{ params.resume }}", "dry_run": DRY_RUN},
-            ignore_downstream_trigger_rules=False,
-        )
-        # This pipeline's own stream DAG: its definition gives the mode the stream had.
-        resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id=dag_id("stream", definition.name),
-                                       wait_for_completion=False)
+        needs_rollback, rollback, should_resume, resume = _rollback_and_resume(definition, locked)
         announce = announce_recovered.override(outlets=list(assets.targets) if assets else [])(
             definition.name, conns.postgres, definition.meta_schema, DRY_RUN)
         done = summary(definition.name)
