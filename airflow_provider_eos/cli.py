@@ -34,14 +34,18 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 Check = tuple[str, Callable[[], str]]
 
 
 def validate(directory: str, out: TextIO) -> int:
     """Prints one line per definition file; 1 if any is refused."""
-    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError, load_definitions
+    from airflow_provider_eos.utils.definition_folder import load_definitions
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError
 
     try:
         definitions, errors = load_definitions(directory)
@@ -73,7 +77,7 @@ def run_checks(checks: Sequence[Check], out: TextIO) -> int:
 def preflight_checks(name: str, directory: str | None) -> list[Check]:
     """The checks of ``eos preflight`` for pipeline ``name``."""
     from airflow_provider_eos.utils import provider_config
-    from airflow_provider_eos.utils.pipeline_definition import find_definition, load_definitions
+    from airflow_provider_eos.utils.definition_folder import find_definition, load_definitions
 
     root = directory or provider_config.pipeline_config_dir()
     definition = find_definition(root, name)
@@ -85,43 +89,6 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         if mine:
             raise ValueError("; ".join(mine))
         return f"{root}: valid, spec {definition.spec} imports, no place shared with another pipeline"
-
-    def kafka_check() -> str:
-        from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
-        from spark_apps.eos_stream.kafka import security as kafka_security
-        from spark_apps.eos_stream.run import preflight
-
-        kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
-        kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
-        partitions = preflight.kafka_partitions(kafka.bootstrap, list(definition.topics), kafka.security)
-        return (f"connection {connections.kafka!r}: " +
-                ", ".join(f"{topic} ({len(p)} partitions)" for topic, p in sorted(partitions.items())))
-
-    def postgres_check() -> str:
-        from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-        from airflow_provider_eos.utils.definition_checks import load_spec
-        from spark_apps.eos_stream.run import preflight
-        from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
-        from spark_apps.eos_stream.sink.modes import MODES
-
-        hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
-        conn = hook.connect(application_name="eos-preflight")
-        where = f"connection {connections.postgres!r}"
-        try:
-            preflight.check_encoding(conn, where)
-            found = ["UTF8"]
-            mode = MODES[definition.delivery]
-            if mode.two_phase:
-                preflight.check_two_phase(conn, mode, where)
-                found.append(f"max_prepared_transactions {max_prepared_transactions(conn)}")
-            if definition.stream.create_targets:
-                found.append(f"targets in {definition.target_schema} created at the first start")
-            else:
-                preflight.check_targets(conn, load_spec(definition.spec), definition.target_schema, mode)
-                found.append(f"targets present in {definition.target_schema}")
-        finally:
-            conn.close()
-        return f"{where}: " + ", ".join(found)
 
     def snapshot_store_check() -> str:
         from airflow_provider_eos.recovery.store import SnapshotStore
@@ -139,14 +106,56 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
             raise ValueError(problem)
         return ", ".join(f"{package} {version}" for package, version in sorted(versions.items()) if version)
 
-    return [("definition", definition_check), ("kafka", kafka_check), ("postgres", postgres_check),
+    return [("definition", definition_check), ("kafka", lambda: _kafka_check(definition, connections)),
+            ("postgres", lambda: _postgres_check(definition, connections)),
             ("snapshot store", snapshot_store_check), ("spark", spark_check)]
+
+
+def _kafka_check(definition: PipelineDefinition, connections: Any) -> str:
+    """The topics exist, with the connection's security the app gets."""
+    from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
+    from spark_apps.eos_stream.kafka import security as kafka_security
+    from spark_apps.eos_stream.run import preflight
+
+    kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
+    kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
+    partitions = preflight.kafka_partitions(kafka.bootstrap, list(definition.topics), kafka.security)
+    return (f"connection {connections.kafka!r}: " +
+            ", ".join(f"{topic} ({len(p)} partitions)" for topic, p in sorted(partitions.items())))
+
+
+def _postgres_check(definition: PipelineDefinition, connections: Any) -> str:
+    """The target database takes the pipeline's delivery mode and targets."""
+    from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+    from airflow_provider_eos.utils.definition_checks import load_spec
+    from spark_apps.eos_stream.run import preflight
+    from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
+    from spark_apps.eos_stream.sink.modes import MODES
+
+    hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
+    conn = hook.connect(application_name="eos-preflight")
+    where = f"connection {connections.postgres!r}"
+    try:
+        preflight.check_encoding(conn, where)
+        found = ["UTF8"]
+        mode = MODES[definition.delivery]
+        if mode.two_phase:
+            preflight.check_two_phase(conn, mode, where)
+            found.append(f"max_prepared_transactions {max_prepared_transactions(conn)}")
+        if definition.stream.create_targets:
+            found.append(f"targets in {definition.target_schema} created at the first start")
+        else:
+            preflight.check_targets(conn, load_spec(definition.spec), definition.target_schema, mode)
+            found.append(f"targets present in {definition.target_schema}")
+    finally:
+        conn.close()
+    return f"{where}: " + ", ".join(found)
 
 
 def app_config(name: str, directory: str | None, with_connections: bool = True) -> dict[str, Any]:
     """The app config pipeline ``name``'s definition yields (no secret in it)."""
     from airflow_provider_eos.utils import provider_config
-    from airflow_provider_eos.utils.pipeline_definition import find_definition
+    from airflow_provider_eos.utils.definition_folder import find_definition
 
     definition = find_definition(directory or provider_config.pipeline_config_dir(), name)
     if not with_connections:

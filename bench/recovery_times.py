@@ -80,6 +80,7 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     from airflow_provider_eos.operators.replay import ReplayOperator
     from airflow_provider_eos.operators.restore import RestoreOperator
     from airflow_provider_eos.operators.snapshot import SnapshotOperator
+    from airflow_provider_eos.state.stop_requests import set_stop_request
     from airflow_provider_eos.utils.pipeline_definition import StreamSettings
 
     name = f"bench{uuid.uuid4().hex[:8]}"
@@ -113,7 +114,7 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     out["steady"] = {**last_run_rate(stack, config), "seconds": round(steady_seconds, 1),
                      "wall_rows_per_s": round(extra / steady_seconds, 1)}
     hook = PgToolsHook(postgres_conn_id=PG_CONN, meta_schema=config["meta_schema"])
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     clock = time.monotonic()
     restored = RestoreOperator(task_id="restore", snapshot_store=str(store), quiet_seconds=0, release_lock=True,
                                kafka_config_id=KAFKA_CONN, **common).execute({"run_id": f"bench-{name}"})

@@ -38,8 +38,13 @@ _RESTORE = """
 import json, sys, time
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook
 from airflow_provider_eos.operators.restore import RestoreOperator
+try:
+    from airflow_provider_eos.state.stop_requests import set_stop_request
+except ImportError:  # a checkout whose hook still holds its queries
+    def set_stop_request(hook, pipeline, requested):
+        return hook.set_stop_request(pipeline, requested)
 args = json.loads(sys.argv[1])
-PgToolsHook(postgres_conn_id=args["pg"], meta_schema=args["meta"]).set_stop_request(args["pipeline"], True)
+set_stop_request(PgToolsHook(postgres_conn_id=args["pg"], meta_schema=args["meta"]), args["pipeline"], True)
 clock = time.monotonic()
 result = RestoreOperator(task_id="restore", snapshot_store=args["store"], quiet_seconds=0, release_lock=True,
                          kafka_config_id=args["kafka"], pipeline_config=args["config"],

@@ -750,7 +750,7 @@ class Story:
     def check_definitions(self, directory: Path) -> None:
         """The demo drives and audits what the pipeline definitions (scripts/airflow.sh) describe:
         a definition that drifted from the names below fails here, not as a wrong audit later."""
-        from airflow_provider_eos.utils.pipeline_definition import find_definition
+        from airflow_provider_eos.utils.definition_folder import find_definition
 
         for name, topic, target, meta, spec in (
                 (PIPELINE, TOPIC, TARGET, META, "spark_apps.ledger.spec:LEDGER"),

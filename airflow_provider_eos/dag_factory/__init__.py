@@ -33,7 +33,8 @@ from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
 from airflow_provider_eos.dag_factory.snapshot import build_snapshot_dag
 from airflow_provider_eos.dag_factory.stream import build_stop_dag, build_stream_dag
 from airflow_provider_eos.utils import provider_config
-from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, definition_files, load_definitions
+from airflow_provider_eos.utils.definition_folder import definition_files, load_definitions
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 __all__ = ["build_pipeline_dags", "committed_assets", "dag_id", "defined_pipelines", "pipeline_dags"]
 

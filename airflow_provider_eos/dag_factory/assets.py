@@ -23,7 +23,8 @@ from airflow.sdk import Asset, AssetWatcher
 from airflow_provider_eos.dag_factory.common import connection_ids
 from airflow_provider_eos.triggers.committed_offsets import CommittedOffsetsTrigger
 from airflow_provider_eos.utils import provider_config
-from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, find_definition
+from airflow_provider_eos.utils.definition_folder import find_definition
+from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 from spark_apps.eos_stream.records.spec import load_spec
 
 log = logging.getLogger(__name__)

@@ -41,6 +41,8 @@ from airflow_provider_eos.dag_factory.common import (
     task_defaults,
 )
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.metrics.scheme import recovery_metrics
+from airflow_provider_eos.metrics.sender import emit
 from airflow_provider_eos.operators.audit import AuditOperator
 from airflow_provider_eos.operators.replay import ReplayOperator, RetentionCheckOperator
 from airflow_provider_eos.operators.restore import (
@@ -54,12 +56,12 @@ from airflow_provider_eos.recovery.contracts import ChosenSnapshot, RecoverySett
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
+from airflow_provider_eos.state.offsets import committed_offsets
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.committed_position import committed_position
-from airflow_provider_eos.utils.metrics import recovery_metrics
+from airflow_provider_eos.utils.definition_sections import ResolvedConnections
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
-from airflow_provider_eos.utils.stats_emitter import emit
 
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
          "wait_caught_up", "audit", "finalize")
@@ -138,13 +140,64 @@ def announce_recovered(pipeline: str, postgres_conn_id: str, meta_schema: str, d
     if as_bool(dry_run):
         raise AirflowSkipException("a dry run changed nothing: no recovery to announce")
     hook = EosPostgresHook(postgres_conn_id=postgres_conn_id, meta_schema=meta_schema)
-    position = committed_position(pipeline, hook.committed_offsets(pipeline)) or {"pipeline": pipeline}
+    position = committed_position(pipeline, committed_offsets(hook, pipeline)) or {"pipeline": pipeline}
     # Pulled rather than wired: the announcement's only upstream is finalize (it must not wait on more).
     chosen = ChosenSnapshot.from_xcom(context["ti"].xcom_pull(task_ids="choose_snapshot"))
     payload = {**position, "change": "recovered", "snapshot_id": chosen.snapshot_id}
     for asset in context["task"].outlets:
         context["outlet_events"][asset].extra = {"payload": payload}
     return payload
+
+
+def _replay_and_audit(definition: PipelineDefinition, conns: ResolvedConnections,
+                      locked: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The steps after the restore that prove it: the replay, the wait until the stored offsets
+    reach its goal, and the audit."""
+    spark, engine = definition.spark, definition.stream.replay_engine
+    # On spark_queue unless it never spark-submits: ``auto`` may, by the size it finds.
+    replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
+                            engine=engine, direct_max_records=definition.stream.replay_direct_max_records,
+                            plan_only=DRY_RUN, spark_conf=spark.submit_conf(), driver_memory=spark.driver_memory,
+                            jars=spark.all_jars(provider_config.spark_jars()) if spark.jars else None,
+                            **(spark_task_args(definition) if engine != "direct" else {}), **locked)
+    # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
+    # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
+    caught_up = StreamCaughtUpSensor(
+        task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
+        meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
+        replayed=replay.output, plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
+    # Compared up to the offsets the target stores, which must have reached the replay's goal:
+    # what producers committed since the replay started is the resumed stream's work, not missing.
+    audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,
+                          replayed=replay.output, **locked)
+    return replay, caught_up, audit
+
+
+def _rollback_and_resume(definition: PipelineDefinition, restore: Any,
+                         locked: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """The two ways a recovery ends: the rollback when a step after the swap failed, else the
+    stream's resumption (unless the params say not to). ``restore`` is the restore step: only its
+    ``Restored`` says whether there is a swap to roll back."""
+    # Only a run whose restore swapped can roll back; one refused earlier (conf, gate, lock, stop,
+    # retention, restore) changed no table, and must not touch a lock another run may hold.
+    needs_rollback = ShortCircuitOperator(
+        task_id="needs_rollback",
+        trigger_rule="one_failed",
+        python_callable=lambda restored, dry_run: bool(restored and Restored.from_xcom(restored).aside_schema)
+        and not bool(dry_run),
+        op_kwargs={"restored": restore.output, "dry_run": DRY_RUN},
+    )
+    rollback = RollbackRestoreOperator(task_id="rollback", restored=restore.output, **locked)
+    should_resume = ShortCircuitOperator(
+        task_id="should_resume",
+        python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),
+        op_kwargs={"resume": "{{ params.resume }}", "dry_run": DRY_RUN},
+        ignore_downstream_trigger_rules=False,
+    )
+    # This pipeline's own stream DAG: its definition gives the mode the stream had.
+    resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id=dag_id("stream", definition.name),
+                                   wait_for_completion=False)
+    return needs_rollback, rollback, should_resume, resume
 
 
 def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | None = None) -> DAG:
@@ -188,46 +241,12 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
                                   kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
                                   allow_table_changes="{{ params.allow_table_changes }}",
                                   plan_only=DRY_RUN, **locked)
-        spark, engine = definition.spark, definition.stream.replay_engine
-        # On spark_queue unless it never spark-submits: ``auto`` may, by the size it finds.
-        replay = ReplayOperator(task_id="replay", kafka_config_id=conns.kafka, spark_conn_id=conns.spark,
-                                engine=engine, direct_max_records=definition.stream.replay_direct_max_records,
-                                plan_only=DRY_RUN, spark_conf=spark.submit_conf(), driver_memory=spark.driver_memory,
-                                jars=spark.all_jars(provider_config.spark_jars()) if spark.jars else None,
-                                **(spark_task_args(definition) if engine != "direct" else {}), **locked)
-        # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
-        # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
-        caught_up = StreamCaughtUpSensor(
-            task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
-            meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
-            replayed=replay.output, plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
-        # Compared up to the offsets the target stores, which must have reached the replay's goal:
-        # what producers committed since the replay started is the resumed stream's work, not missing.
-        audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,
-                              replayed=replay.output, **locked)
+        replay, caught_up, audit = _replay_and_audit(definition, conns, locked)
         # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
         finalize = FinalizeRestoreOperator(task_id="finalize", restored=restore.output,
                                            retention_days=checked["aside_retention_days"], plan_only=DRY_RUN,
                                            **locked)
-        # Only a run whose restore swapped can roll back; one refused earlier (conf, gate, lock, stop,
-        # retention, restore) changed no table, and must not touch a lock another run may hold.
-        needs_rollback = ShortCircuitOperator(
-            task_id="needs_rollback",
-            trigger_rule="one_failed",
-            python_callable=lambda restored, dry_run: bool(restored and Restored.from_xcom(restored).aside_schema)
-            and not bool(dry_run),
-            op_kwargs={"restored": restore.output, "dry_run": DRY_RUN},
-        )
-        rollback = RollbackRestoreOperator(task_id="rollback", restored=restore.output, **locked)
-        should_resume = ShortCircuitOperator(
-            task_id="should_resume",
-            python_callable=lambda resume, dry_run: bool(resume) and not bool(dry_run),
-            op_kwargs={"resume": "{{ params.resume }}", "dry_run": DRY_RUN},
-            ignore_downstream_trigger_rules=False,
-        )
-        # This pipeline's own stream DAG: its definition gives the mode the stream had.
-        resume = TriggerDagRunOperator(task_id="resume_stream", trigger_dag_id=dag_id("stream", definition.name),
-                                       wait_for_completion=False)
+        needs_rollback, rollback, should_resume, resume = _rollback_and_resume(definition, restore, locked)
         announce = announce_recovered.override(outlets=list(assets.targets) if assets else [])(
             definition.name, conns.postgres, definition.meta_schema, DRY_RUN)
         done = summary(definition.name, choose.output, retention.output, restore.output, replay.output,

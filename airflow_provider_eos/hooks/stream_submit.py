@@ -30,6 +30,12 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # The app's exit when the database fenced it (``spark_apps.eos_stream.state.fencing.EXIT_FENCED``; not
 # imported: this module must load without the app's psycopg2-based modules on the import path).
 EXIT_FENCED = 3
+# The exit of a run that found a stored offset Kafka no longer holds (retention deleted the
+# records, or the topic was recreated): no restart can succeed. The app reports it with this
+# exit, or with an ``EOS-ERROR`` line of kind ``data_lost`` (its message names each partition,
+# the stored offset and the log's start).
+EXIT_DATA_LOST = 4
+DATA_LOST_KIND = "data_lost"
 EVENT_PREFIX = "EOS-"
 _JSON = json.JSONDecoder()
 PASSWORD_ENV = "EOS_PG_PASSWORD"
@@ -125,6 +131,11 @@ class AppRunResult:
         return [data for k, data in self.events if k == kind]
 
     @property
+    def ok(self) -> bool:
+        """The run finished, or stopped on request or at its time."""
+        return self.returncode == EXIT_OK
+
+    @property
     def last_error(self) -> dict[str, Any] | None:
         errors = self.of("error")
         return errors[-1] if errors else None
@@ -142,6 +153,13 @@ class AppRunResult:
         return self.returncode == EXIT_FENCED or bool(
             self.returncode != EXIT_OK and error and error.get("kind") == "fenced")
 
+    @property
+    def data_lost(self) -> bool:
+        """The run found a stored offset that Kafka no longer holds: a retry would fail the same way."""
+        error = self.last_error
+        return self.returncode == EXIT_DATA_LOST or bool(
+            self.returncode != EXIT_OK and error and error.get("kind") == DATA_LOST_KIND)
+
     def reason(self) -> str:
         """One line: why this run ended."""
         if self.returncode == EXIT_OK:
@@ -151,6 +169,8 @@ class AppRunResult:
         if self.fenced:
             detail = error.get("message") if error and error.get("kind") == "fenced" else "no EOS-ERROR line"
             return f"fenced (exit {self.returncode}): {detail}"
+        if self.data_lost and not error:
+            return f"data lost (exit {self.returncode}): no EOS-ERROR line"
         if error:
             return f"exit {self.returncode}: {error.get('kind')}: {error.get('message')}"
         if self.returncode < 0:
@@ -233,17 +253,7 @@ class EosStreamSubmitHook(SparkSubmitHook):
         # Built per config (write_config): the zip carries the config's spec package too.
         self._ships_apps = not self.local and not self._py_files
         self._popen_env: dict[str, str] = {}
-        env: dict[str, str] = dict(self._secret_env)
-        if self.local and bind:
-            # The UI binds to SPARK_LOCAL_IP, not to spark.driver.bindAddress (else 0.0.0.0).
-            env.setdefault("SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP", bind))
-        if self.local:
-            # The driver and the Python workers run here: use this interpreter (it has pyspark).
-            env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
-            env.setdefault("PYSPARK_DRIVER_PYTHON", os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable))
-        binary = self._connection["spark_binary"]
-        if shutil.which(binary) is None and (Path(sys.executable).parent / binary).exists():
-            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env = self._submit_env(bind)
         if self._is_yarn or self._is_kubernetes:
             # The parent hook would turn env_vars into --conf ...Env.X=value on the command line.
             self._popen_env = env
@@ -255,6 +265,22 @@ class EosStreamSubmitHook(SparkSubmitHook):
         # Called with each EOS- event as it arrives (the supervisor logs what it means at once).
         self.on_event: Callable[[str, dict[str, Any]], None] | None = None
         self.config_path: str | None = None
+
+    def _submit_env(self, bind: str | None) -> dict[str, str]:
+        """The spark-submit process's own environment: the secrets, and for a local master the
+        UI's address and this interpreter for the driver and its Python workers."""
+        env: dict[str, str] = dict(self._secret_env)
+        if self.local and bind:
+            # The UI binds to SPARK_LOCAL_IP, not to spark.driver.bindAddress (else 0.0.0.0).
+            env.setdefault("SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP", bind))
+        if self.local:
+            # The driver and the Python workers run here: use this interpreter (it has pyspark).
+            env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
+            env.setdefault("PYSPARK_DRIVER_PYTHON", os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable))
+        binary = self._connection["spark_binary"]
+        if shutil.which(binary) is None and (Path(sys.executable).parent / binary).exists():
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return env
 
     def _write_secret_properties(self) -> str:
         prefix = "spark.yarn.appMasterEnv." if self._is_yarn else "spark.kubernetes.driverEnv."

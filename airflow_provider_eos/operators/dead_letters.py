@@ -15,9 +15,11 @@ from airflow.sdk import BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+from airflow_provider_eos.metrics.scheme import health_metrics
+from airflow_provider_eos.metrics.sender import emit
 from airflow_provider_eos.operators.base import CHECK_XCOM_KEY, CheckOutcomeMixin
-from airflow_provider_eos.utils.metrics import health_metrics
-from airflow_provider_eos.utils.stats_emitter import emit
+from airflow_provider_eos.state.dead_letters import dead_letters_since
+from airflow_provider_eos.state.prepared_transactions import prepared_transactions
 
 
 def _variable_key(meta_schema: str, pipeline: str) -> str:
@@ -59,7 +61,7 @@ class DeadLetterCheckOperator(CheckOutcomeMixin, BaseOperator):
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
         key = self.variable_key or _variable_key(self.meta_schema, self.pipeline)
         last_seen = int(Variable.get(key, default=0) or 0)
-        new = hook.dead_letters_since(self.pipeline, after_id=last_seen, limit=1000)
+        new = dead_letters_since(hook, self.pipeline, after_id=last_seen, limit=1000)
         if not new:
             message = f"no new dead letters for pipeline {self.pipeline!r} since id {last_seen}"
             self.log.info("%s", message)
@@ -103,7 +105,7 @@ class PreparedTransactionsCheckOperator(CheckOutcomeMixin, BaseOperator):
     def _check(self) -> dict[str, Any]:
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id)
         older = float(self.older_than_seconds)
-        rows = hook.prepared_transactions(older, self.all_databases)
+        rows = prepared_transactions(hook, older, self.all_databases)
         if not rows:
             return {"in_doubt": [], "count": 0, "oldest_seconds": 0.0,
                     "message": f"no prepared transaction older than {older:g}s"}

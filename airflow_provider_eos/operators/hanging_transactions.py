@@ -96,39 +96,44 @@ class HangingTransactionsOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         hook = self.hook()
         result: dict[str, Any] = {"action": self.action, "rows": [], "aborted": [], "would_abort": []}
-
         if self.action == "find-hanging":
-            rows = hook.find_hanging(
-                broker_id=None if self.broker_id is None else int(self.broker_id),
-                topic=self.topic,
-                partition=None if self.partition is None else int(self.partition),
-                max_transaction_timeout_minutes=self.max_transaction_timeout_minutes,
-            )
-            result["rows"] = rows
-            targets = [
-                {"topic": r["Topic"], "partition": r["Partition"], "start_offset": r["StartOffset"]} for r in rows
-            ]
-            if not rows:
-                self.log.info("No hanging transactions found")
-            elif self.confirm_abort:
-                for t in targets:
-                    hook.abort(t["topic"], t["partition"], t["start_offset"])
-                result["aborted"] = targets
-            else:
-                result["would_abort"] = targets
-                self.log.warning(
-                    "%d hanging transaction(s) found; not aborting them (confirm_abort=False): %s",
-                    len(rows),
-                    targets,
-                )
-            return result
-
+            return self._find_hanging(hook, result)
         topic, partition = self._require_partition()
         if self.action == "describe-producers":
             result["rows"] = hook.describe_producers(topic, partition)
             return result
+        return self._abort(hook, result, topic, partition)
 
-        # abort
+    def _find_hanging(self, hook: KafkaTransactionsHook, result: dict[str, Any]) -> dict[str, Any]:
+        """Finds the hanging transactions; aborts them only with ``confirm_abort``."""
+        rows = hook.find_hanging(
+            broker_id=None if self.broker_id is None else int(self.broker_id),
+            topic=self.topic,
+            partition=None if self.partition is None else int(self.partition),
+            max_transaction_timeout_minutes=self.max_transaction_timeout_minutes,
+        )
+        result["rows"] = rows
+        targets = [
+            {"topic": r["Topic"], "partition": r["Partition"], "start_offset": r["StartOffset"]} for r in rows
+        ]
+        if not rows:
+            self.log.info("No hanging transactions found")
+        elif self.confirm_abort:
+            for t in targets:
+                hook.abort(t["topic"], t["partition"], t["start_offset"])
+            result["aborted"] = targets
+        else:
+            result["would_abort"] = targets
+            self.log.warning(
+                "%d hanging transaction(s) found; not aborting them (confirm_abort=False): %s",
+                len(rows),
+                targets,
+            )
+        return result
+
+    def _abort(self, hook: KafkaTransactionsHook, result: dict[str, Any], topic: str,
+               partition: int) -> dict[str, Any]:
+        """Aborts the transaction at ``start_offset`` of one partition (only with ``confirm_abort``)."""
         if self.start_offset is None:
             raise AirflowException("abort needs start_offset (see describe-producers' CurrentTransactionStartOffset)")
         start_offset = int(self.start_offset)

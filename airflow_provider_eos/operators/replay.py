@@ -23,6 +23,7 @@ from airflow_provider_eos.recovery.replay_engine import (
     REPLAY_ENGINE_CHOICES,
     choose_replay_engine,
 )
+from airflow_provider_eos.state.activity import stream_activity
 from airflow_provider_eos.utils.params import as_bool
 from spark_apps.eos_stream.kafka.offsets import from_nested, to_nested
 
@@ -217,7 +218,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
             return Replayed(dry_run=True, details=plan).to_xcom()
         with self.lock_guard(config, context):
             if self.require_stop_request:
-                stopped_at = self.hook.stream_activity(config.pipeline).get("stop_requested_at")
+                stopped_at = stream_activity(self.hook, config.pipeline).get("stop_requested_at")
                 if stopped_at is None:
                     raise PipelineNotStoppedError(
                         f"pipeline {config.pipeline!r} has no stop request: a supervisor could start a driver "

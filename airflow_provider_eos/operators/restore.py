@@ -33,10 +33,12 @@ from airflow_provider_eos.recovery.guards import (
     holding_running_lock,
     roll_back_in_doubt,
 )
-from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, RecoveryLockedError, take_lock
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, RecoveryLockedError, release_lock, take_lock
 from airflow_provider_eos.recovery.manifest import LATEST
 from airflow_provider_eos.recovery.restore import TableChangesError
 from airflow_provider_eos.recovery.store import SnapshotStore
+from airflow_provider_eos.state.activity import stream_activity
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
 
@@ -199,7 +201,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         restore.check_shared_meta(self.hook, config, manifest, self.allow_shared_meta)
         try:
             with self.lock_guard(config, context), holding_running_lock(self.hook, config.pipeline):
-                activity = self.hook.stream_activity(config.pipeline)
+                activity = stream_activity(self.hook, config.pipeline)
                 activity["driver_running"] = False  # the running lock is ours: no driver holds it
                 reason = why_not_stopped(activity, float(self.quiet_seconds), self.require_stop_request)
                 if reason:
@@ -217,7 +219,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
                                          "table_changes": changes}).to_xcom()
         finally:
             if self.hold_lock and self.release_lock:
-                self.hook.release_lock(self.lock_key(config), holder_of(context))
+                release_lock(self.hook, self.lock_key(config), holder_of(context))
 
 
 class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
@@ -259,7 +261,7 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
         if as_bool(self.plan_only):
             return {"key": key, "holder": holder, "dry_run": True}
         if self.action == "release":
-            return {"key": key, "released": self.hook.release_lock(key, holder)}
+            return {"key": key, "released": release_lock(self.hook, key, holder)}
         return take_lock(self.hook, key, holder, float(self.lock_ttl))
 
 
@@ -307,10 +309,10 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         if as_bool(self.plan_only):
-            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.pipeline))}
+            return {"dry_run": True, **jsonable(stream_activity(self.hook, config.pipeline))}
         with self.lock_guard(config, context):
             if self.request_stop:
-                self.hook.set_stop_request(config.pipeline, True, by=holder_of(context))
+                set_stop_request(self.hook, config.pipeline, True, by=holder_of(context))
             in_doubt = commit_orphans(self.hook, config)
             epoch = bump_epoch(self.hook, config, holder_of(context), str(self.reason), self.wait_seconds, self.log)
         self.log.info("pipeline %s fenced: epoch %d%s", config.pipeline, epoch,

@@ -21,6 +21,8 @@ from airflow_provider_eos.operators.base import (
 )
 from airflow_provider_eos.recovery.guards import DEFAULT_FENCE_WAIT, StreamStillRunningError, bump_epoch, commit_orphans
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, take_lock
+from airflow_provider_eos.state.activity import stream_activity
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from airflow_provider_eos.triggers.stream_stopped import StreamStoppedTrigger
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.stream_stopped import jsonable, why_not_stopped
@@ -106,10 +108,10 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         config = self.load_config()
         if as_bool(self.plan_only):
-            return {"dry_run": True, **jsonable(self.hook.stream_activity(config.pipeline))}
+            return {"dry_run": True, **jsonable(stream_activity(self.hook, config.pipeline))}
         holder, step_started = holder_of(context), time.time()
         with self.lock_guard(config, context):
-            requested_at = self.hook.set_stop_request(config.pipeline, True, by=holder)
+            requested_at = set_stop_request(self.hook, config.pipeline, True, by=holder)
             # A driver between two stop polls would otherwise write one more batch; fenced, it cannot.
             in_doubt = commit_orphans(self.hook, config) if self.fence else []
             if in_doubt:
@@ -149,7 +151,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     def _check(self, config: Any) -> tuple[dict[str, Any], str | None]:
         """One check in the worker (inside the lock guard's heartbeat): the activity and why the
         pipeline has not stopped (None: it has)."""
-        activity = jsonable(self.hook.stream_activity(config.pipeline))
+        activity = jsonable(stream_activity(self.hook, config.pipeline))
         reason = why_not_stopped(activity, float(self.quiet_seconds))
         if reason is not None:
             self.log.info("waiting for pipeline %s to stop: %s", config.pipeline, reason)

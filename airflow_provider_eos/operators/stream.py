@@ -10,7 +10,6 @@ what only a supervisor knows: connections, the run's time, restarts, Spark submi
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -21,16 +20,38 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection, kafka_client_settings
-from airflow_provider_eos.hooks.stream_submit import EXIT_OK, AppRunResult, EosStreamSubmitHook
+from airflow_provider_eos.hooks.stream_submit import AppRunResult, EosStreamSubmitHook
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
-from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
-from airflow_provider_eos.utils.metrics import stream_event_metrics
+from airflow_provider_eos.metrics.scheme import stream_event_metrics
+from airflow_provider_eos.metrics.sender import emit
+from airflow_provider_eos.operators.stream_errors import (
+    failure,
+)
+from airflow_provider_eos.operators.supervision import (
+    Counters,
+    End,
+    Fail,
+    Look,
+    Looked,
+    Outcome,
+    Probe,
+    Restart,
+    RestartPolicy,
+    Step,
+    attempt_info,
+    next_step,
+    run_outcome,
+    run_summary,
+)
+from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, recovery_hold
+from airflow_provider_eos.state.running_lock import running_lock_holder
+from airflow_provider_eos.state.stop_requests import set_stop_request, stop_requested_at
+from airflow_provider_eos.state.supervisor_lock import acquire_supervisor_lock
 from airflow_provider_eos.utils.pipeline_definition import (
     PipelineDefinition,
     PipelineDefinitionError,
     parse_definition,
 )
-from airflow_provider_eos.utils.stats_emitter import emit
 from spark_apps.eos_stream.run.config import default_of
 
 # After a fenced exit, how long the driver's own database sessions may take to end (the
@@ -44,15 +65,6 @@ BACKOFF_POLL_SECONDS = 5.0
 
 
 
-class PipelineConfigError(AirflowFailException):
-    """The pipeline configuration is wrong: the app exited 2; retrying will not help."""
-
-
-class PipelineTakenOverError(AirflowException):
-    """The app was fenced and another driver of the pipeline now holds its running lock:
-    starting this one again would make two drivers fence each other in turn."""
-
-
 class StreamingPipelineOperator(BaseOperator):
     """
     Runs one pipeline with spark-submit and supervises it until it ends.
@@ -63,8 +75,9 @@ class StreamingPipelineOperator(BaseOperator):
     point has no supervisor (an orphan of a lost worker, or one started by hand): it is logged,
     and the new driver fences it by bumping the pipeline's epoch at its start.
 
-    How an app run ends decides what comes next. Exit 0 ends the task. Exit 2 (configuration
-    error) fails at once without Airflow retries. Whatever else ended it, a pending stop request
+    How an app run ends decides what comes next (:func:`~.supervision.next_step` has the full
+    table). Exit 0 ends the task. Exit 2 (configuration error) and exit 4 (a stored offset that
+    Kafka no longer holds) fail at once without Airflow retries. Whatever else ended it, a pending stop request
     or a live recovery (see ``recovery_lock_ttl``) ends the task with status ``stopped``, and
     no restart. Exit 3 (fenced: the database took the target from the driver) restarts at once
     from the database's offsets, at most ``max_fenced_restarts`` times, and fails instead when
@@ -253,14 +266,14 @@ class StreamingPipelineOperator(BaseOperator):
     # ------------------------------------------------------------------ run
     def backoff(self, restart: int) -> float:
         """Seconds before restart number ``restart`` (1-based)."""
-        return min(float(self.max_backoff), self.restart_policy()[1] * 2 ** (restart - 1))
+        return self.policy().backoff(restart)
 
     def execute(self, context: Any) -> dict[str, Any]:
         self._ti = context.get("ti")
         pg = self.pg_hook()
         config = self.build_config(pg)
         pipeline = config["pipeline"]
-        self._lock_conn = pg.acquire_supervisor_lock(pipeline)
+        self._lock_conn = acquire_supervisor_lock(pg, pipeline)
         if self._lock_conn is None:
             raise AirflowException(
                 f"pipeline {pipeline!r} (meta schema {self.meta_schema!r}) is already supervised by another "
@@ -268,7 +281,7 @@ class StreamingPipelineOperator(BaseOperator):
             )
         try:
             self._wait_for_recovery(pg, pipeline)
-            pg.set_stop_request(pipeline, False, by=f"airflow:{self.dag_id}.{self.task_id}")
+            set_stop_request(pg, pipeline, False, by=f"airflow:{self.dag_id}.{self.task_id}")
             self._orphan = self._find_orphan(pg, pipeline)
             return self._supervise(pg, config)
         finally:
@@ -278,10 +291,10 @@ class StreamingPipelineOperator(BaseOperator):
         """Why the pipeline must not be (re)started now: its stop request, or a recovery that
         holds its target (the recovery keeps the stop request set too; the lock row also
         covers a stop request cleared by hand). None: it may start."""
-        stop_at = pg.stop_requested_at(pipeline)
+        stop_at = stop_requested_at(pg, pipeline)
         if stop_at is not None:
             return f"a stop was requested at {stop_at}"
-        hold = pg.recovery_hold(pipeline, self.target_schema, float(self.recovery_lock_ttl))
+        hold = recovery_hold(pg, pipeline, self.target_schema, float(self.recovery_lock_ttl))
         if hold is not None:
             return (f"recovery {hold['holder']} holds the pipeline's target (since {hold['acquired_at']}, "
                     f"heartbeat {hold['heartbeat_age_seconds']:.0f}s ago)")
@@ -291,7 +304,7 @@ class StreamingPipelineOperator(BaseOperator):
         """Never clear a recovery's stop request or fence its replay: wait for it to end. The
         recovery DAG itself triggers the stream before its teardown releases the lock."""
         deadline = time.monotonic() + float(self.recovery_wait)
-        while (hold := pg.recovery_hold(pipeline, self.target_schema, float(self.recovery_lock_ttl))) is not None:
+        while (hold := recovery_hold(pg, pipeline, self.target_schema, float(self.recovery_lock_ttl))) is not None:
             if time.monotonic() >= deadline:
                 raise AirflowException(
                     f"pipeline {pipeline!r}: recovery {hold['holder']} still holds its target after "
@@ -304,7 +317,7 @@ class StreamingPipelineOperator(BaseOperator):
 
     def _find_orphan(self, pg: EosPostgresHook, pipeline: str) -> dict[str, Any] | None:
         """A driver connected while this task holds the supervisor lock has no supervisor."""
-        holder = pg.running_lock_holder(pipeline)
+        holder = running_lock_holder(pg, pipeline)
         if holder is not None:
             self.log.warning(
                 "Pipeline %r: a driver without a supervisor holds the running lock (database backend pid %s, "
@@ -355,7 +368,7 @@ class StreamingPipelineOperator(BaseOperator):
     def _other_driver(self, pg: EosPostgresHook, pipeline: str) -> dict[str, Any] | None:
         """The driver holding the running lock once this task's own (exited) driver's sessions are gone."""
         deadline = time.monotonic() + OWN_LOCK_RELEASE_SECONDS
-        while (holder := pg.running_lock_holder(pipeline)) is not None and time.monotonic() < deadline:
+        while (holder := running_lock_holder(pg, pipeline)) is not None and time.monotonic() < deadline:
             if self._killed.wait(0.5):
                 raise AirflowException(f"pipeline {pipeline!r} was killed while checking its running lock")
         return holder
@@ -369,14 +382,14 @@ class StreamingPipelineOperator(BaseOperator):
                 pass
 
     def _supervise(self, pg: EosPostgresHook, config: dict[str, Any]) -> dict[str, Any]:
+        """Runs the app until :func:`~.supervision.next_step` ends or fails the task, performing
+        each step it decides."""
         pipeline = config["pipeline"]
         deadline = (time.monotonic() + float(config["run_seconds"])
                     if config["trigger"] == "processingTime" and float(config["run_seconds"]) > 0 else None)
         attempts: list[dict[str, Any]] = []
         results: list[AppRunResult] = []
-        restarts = fenced_restarts = 0
-        max_restarts = self.restart_policy()[0]
-        status = "failed"
+        counters, policy = Counters(), self.policy()
         while True:
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -384,125 +397,80 @@ class StreamingPipelineOperator(BaseOperator):
                     status = "run_seconds elapsed"
                     break
                 config["run_seconds"] = round(remaining, 1)
-            attempt = len(attempts) + 1
-            self.log.info("Starting pipeline %r, attempt %d (trigger %s, delivery %s)",
-                          pipeline, attempt, config["trigger"], config["delivery"])
-            hook = self.submit_hook(pg)
-            hook.on_event = lambda kind, data: self._on_event(pipeline, kind, data)
-            self._hook = hook
-            try:
-                result = hook.run_app(config)
-            finally:
-                hook.cleanup()
+            result, info = self._run_once(pg, config, len(attempts) + 1)
             results.append(result)
-            info = self._attempt_info(attempt, result)
             attempts.append(info)
-            self.log.info("Pipeline %r attempt %d ended after %.1fs: %s (batches %d, rows applied %d)",
-                          pipeline, attempt, result.duration_s, info["reason"], info["batches"], info["rows_applied"])
-            if self._killed.is_set():
-                raise AirflowException(f"pipeline {pipeline!r} was killed: {info['reason']}")
-            if result.returncode == EXIT_OK:
-                status = "stopped" if result.of("stopped") else "finished"
+            reason = info["reason"]
+            step = self._decide(pg, pipeline, run_outcome(result, self._killed.is_set()), counters, policy)
+            if isinstance(step, Fail):
+                raise failure(step, pipeline, attempts, counters, policy,
+                              {role: self.connection(role) for role in ("kafka", "postgres")})
+            if isinstance(step, End):
+                if step.held is not None:
+                    self.log.warning("Pipeline %r ended (%s) while %s: not restarting", pipeline, reason, step.held)
+                status = step.status
                 break
-            if result.config_error:
-                raise PipelineConfigError(
-                    f"pipeline {pipeline!r}: configuration error, not restarted: {info['reason']} "
-                    f"(connections: kafka {self.connection('kafka')!r}, postgres {self.connection('postgres')!r})"
-                )
-            # Fenced or failed, a stop or a recovery wins: it may be the very reason of the fence.
-            held = self.hold_reason(pg, pipeline)
+            assert isinstance(step, Restart)
+            held = self._restart_wait(pg, pipeline, step, policy, reason)
             if held is not None:
-                self.log.warning("Pipeline %r ended (%s) while %s: not restarting", pipeline, info["reason"], held)
                 status = "stopped"
                 break
-            if result.fenced:
-                other = self._other_driver(pg, pipeline)
-                if other is not None:
-                    raise PipelineTakenOverError(
-                        f"pipeline {pipeline!r} was fenced ({info['reason']}) and another driver now holds its "
-                        f"running lock (database backend pid {other['pid']}, application "
-                        f"{other['application_name']!r}, client {other['client_addr']}:{other['client_port']}, "
-                        f"connected since {other['backend_start']}): it took the pipeline over. Not starting a "
-                        "second driver; stop that one first if this task should run the pipeline."
-                    )
-                if fenced_restarts >= int(self.max_fenced_restarts):
-                    raise AirflowException(self._exhausted_message(
-                        pipeline, attempts, f"fenced restarts exhausted ({fenced_restarts} restarts, "
-                        f"max_fenced_restarts {int(self.max_fenced_restarts)}): something keeps taking the "
-                        "target over"))
-                fenced_restarts += 1
-                # No backoff: nothing is broken, the new driver resumes from the stored offsets.
-                self.log.warning("Pipeline %r was fenced: restarting at once from the database's offsets "
-                                 "(fenced restart %d of %d). %s", pipeline, fenced_restarts,
-                                 int(self.max_fenced_restarts), info["reason"])
-                continue
-            if restarts >= max_restarts:
-                raise AirflowException(self._exhausted_message(pipeline, attempts))
-            delay = self.backoff(restarts + 1)
-            self.log.warning("Restarting pipeline %r in %.1fs (restart %d of %d) because: %s",
-                             pipeline, delay, restarts + 1, max_restarts, info["reason"])
-            # A recovery may stop the stream and begin its restore during the backoff: its stop
-            # step passes while no driver is connected. Read again right before restarting.
-            held = self._backoff_unless_held(pg, pipeline, delay)
-            if held is not None:
-                self.log.warning("Pipeline %r: not restarting (read during the backoff, before the restart): %s",
-                                 pipeline, held)
-                status = "stopped"
-                break
-            restarts += 1
-        summary = self._summary(config, status, attempts, results, restarts)
-        summary["fenced_restarts"] = fenced_restarts
-        summary["orphan"] = self._orphan
+            counters = step.counters
+        summary = {**run_summary(config, status, attempts, results, counters), "orphan": self._orphan}
         self.log.info("Pipeline %r %s: %s", pipeline, status, summary)
         return summary
 
-    @staticmethod
-    def _attempt_info(attempt: int, result: AppRunResult) -> dict[str, Any]:
-        batches = result.of("batch")
-        starts = result.of("start")
-        return {
-            "attempt": attempt,
-            "returncode": result.returncode,
-            "fenced": result.fenced,
-            "reason": result.reason(),
-            "duration_s": result.duration_s,
-            "run_id": starts[-1].get("run_id") if starts else None,
-            "batches": len(batches),
-            "rows_applied": sum(int(b.get("applied") or 0) for b in batches),
-            "dead_lettered": sum(int(b.get("dead_lettered") or 0) for b in batches),
-        }
+    def policy(self) -> RestartPolicy:
+        restarts, backoff = self.restart_policy()
+        return RestartPolicy(max_restarts=restarts, max_fenced_restarts=int(self.max_fenced_restarts),
+                             restart_backoff=backoff, max_backoff=float(self.max_backoff))
 
-    @staticmethod
-    def _exhausted_message(pipeline: str, attempts: list[dict[str, Any]], why: str | None = None) -> str:
-        why = why or f"restarts exhausted ({len(attempts) - 1} restarts)"
-        lines = [f"pipeline {pipeline!r} failed {len(attempts)} times; {why}. How each attempt ended:"]
-        lines += [f"  attempt {a['attempt']} ({a['duration_s']:.0f}s, {a['batches']} batches): {a['reason']}"
-                  for a in attempts]
-        return "\n".join(lines)
+    def _run_once(self, pg: EosPostgresHook, config: dict[str, Any],
+                  attempt: int) -> tuple[AppRunResult, dict[str, Any]]:
+        """One spark-submit of the app, its events sent on as they come; with its summary line."""
+        pipeline = config["pipeline"]
+        self.log.info("Starting pipeline %r, attempt %d (trigger %s, delivery %s)",
+                      pipeline, attempt, config["trigger"], config["delivery"])
+        hook = self.submit_hook(pg)
+        hook.on_event = lambda kind, data: self._on_event(pipeline, kind, data)
+        self._hook = hook
+        try:
+            result = hook.run_app(config)
+        finally:
+            hook.cleanup()
+        info = attempt_info(attempt, result)
+        self.log.info("Pipeline %r attempt %d ended after %.1fs: %s (batches %d, rows applied %d)",
+                      pipeline, attempt, result.duration_s, info["reason"], info["batches"], info["rows_applied"])
+        return result, info
 
-    @staticmethod
-    def _summary(config: dict[str, Any], status: str, attempts: list[dict[str, Any]],
-                 results: list[AppRunResult], restarts: int) -> dict[str, Any]:
-        end_offsets = None
-        for result in reversed(results):
-            batches = result.of("batch")
-            if batches:
-                end_offsets = batches[-1].get("end_offsets")
-                if isinstance(end_offsets, str):
-                    end_offsets = json.loads(end_offsets)
-                break
-        return {
-            "pipeline": config["pipeline"],
-            "trigger": config["trigger"],
-            "delivery": config["delivery"],
-            "status": status,
-            "restarts": restarts,
-            "attempts": attempts,
-            "batches": sum(a["batches"] for a in attempts),
-            "rows_applied": sum(a["rows_applied"] for a in attempts),
-            "dead_lettered": sum(a["dead_lettered"] for a in attempts),
-            "end_offsets": end_offsets,
-        }
+    def _decide(self, pg: EosPostgresHook, pipeline: str, outcome: Outcome, counters: Counters,
+                policy: RestartPolicy) -> Step:
+        """:func:`~.supervision.next_step`, with what it asks to be looked up."""
+        looked = Looked()
+        while isinstance(step := next_step(outcome, counters, policy, looked), Look):
+            answer = self.hold_reason(pg, pipeline) if step.probe is Probe.HOLD else self._other_driver(pg, pipeline)
+            looked = looked.having(step.probe, answer)
+        return step
+
+    def _restart_wait(self, pg: EosPostgresHook, pipeline: str, step: Restart, policy: RestartPolicy,
+                      reason: str) -> str | None:
+        """Waits before a restart: not at all after a fence, else the backoff, during which a stop
+        or a recovery cancels the restart (returned: why it holds)."""
+        if step.delay <= 0:
+            # No backoff: nothing is broken, the new driver resumes from the stored offsets.
+            self.log.warning("Pipeline %r was fenced: restarting at once from the database's offsets "
+                             "(fenced restart %d of %d). %s", pipeline, step.counters.fenced_restarts,
+                             policy.max_fenced_restarts, reason)
+            return None
+        self.log.warning("Restarting pipeline %r in %.1fs (restart %d of %d) because: %s",
+                         pipeline, step.delay, step.counters.restarts, policy.max_restarts, reason)
+        # A recovery may stop the stream and begin its restore during the backoff: its stop
+        # step passes while no driver is connected. Read again right before restarting.
+        held = self._backoff_unless_held(pg, pipeline, step.delay)
+        if held is not None:
+            self.log.warning("Pipeline %r: not restarting (read during the backoff, before the restart): %s",
+                             pipeline, held)
+        return held
 
     def get_openlineage_facets_on_start(self) -> Any:
         """The topics it reads and the target tables it writes (OpenLineage: topic -> pipeline -> tables)."""

@@ -25,7 +25,7 @@ from airflow.sdk.exceptions import AirflowException
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from airflow_provider_eos.recovery.catalog import DependentObjectsError, dependents
+from airflow_provider_eos.recovery.catalog import DependentObjectsError, dependents, list_tables
 from airflow_provider_eos.recovery.lock import swap_lock_key, target_lock_key
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def finalize_aside(hook: PgToolsHook, aside: str, target_schema: str, pipeline: 
         record = _own_aside(conn, aside, target_schema, pipeline)
         if record is None:
             return {"aside_schema": aside, "dropped": False, "reason": "does not exist (finalized already)"}
-        found = dependents(conn, [(aside, t) for t in hook.list_tables(conn, aside)])
+        found = dependents(conn, [(aside, t) for t in list_tables(conn, aside)])
         if found and not allow_dependents:
             raise DependentObjectsError(
                 f"objects outside {aside!r} depend on its old tables: {', '.join(found)}; dropping it would "
@@ -185,13 +185,7 @@ def rollback_swap(hook: PgToolsHook, aside: str, target_schema: str, pipeline: s
     key = lock_key or target_lock_key(hook.dbname, target_schema, pipeline)
     conn = hook.connect()
     try:
-        record = _own_aside(conn, aside, target_schema, pipeline)
-        if record is None:
-            raise AsideSchemaError(f"aside schema {aside!r} does not exist: the old state was dropped "
-                                   "(finalized or never kept); there is nothing to roll back to")
-        if not record:
-            raise AsideSchemaError(f"aside schema {aside!r} has no restore record (made by an older "
-                                   "version): move its tables back by hand")
+        record = _rollback_record(conn, aside, target_schema, pipeline)
         if record.get("rolled_back_at"):
             return {"aside_schema": aside, "rolled_back": False,
                     "already_rolled_back_at": record["rolled_back_at"]}
@@ -205,7 +199,7 @@ def rollback_swap(hook: PgToolsHook, aside: str, target_schema: str, pipeline: s
             cur.execute(fencing.bump_epoch_statement(meta_schema), {
                 "pipeline": pipeline, "by": changed_by, "reason": f"rollback of restore {aside}"})
             epoch = int((cur.fetchone() or (0,))[0])
-            kept = set(hook.list_tables(conn, aside))
+            kept = set(list_tables(conn, aside))
             tables = [(str(s), str(t)) for s, t in record["tables"]]
             cur.execute("SELECT s, t FROM unnest(%s::text[], %s::text[]) AS m(s, t)"
                         " WHERE to_regclass(format('%%I.%%I', s, t)) IS NOT NULL",
@@ -216,13 +210,7 @@ def rollback_swap(hook: PgToolsHook, aside: str, target_schema: str, pipeline: s
                 # else built on the restored tables since makes the rollback fail, not vanish.
                 cur.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(
                     sql.SQL("{}.{}").format(sql.Identifier(s), sql.Identifier(t)) for s, t in restored)))
-            moved = []
-            for schema, table in tables:
-                if table in kept:
-                    cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-                    cur.execute(sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
-                        sql.Identifier(aside), sql.Identifier(table), sql.Identifier(schema)))
-                    moved.append(f"{schema}.{table}")
+            moved = _move_back(cur, aside, [(s, t) for s, t in tables if t in kept])
             refilled = _put_extras_back(cur, aside, record.get("extras") or [], kept)
             done = {**record, "rolled_back_at": utc_now().isoformat(), "rollback_epoch": epoch}
             cur.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
@@ -231,9 +219,34 @@ def rollback_swap(hook: PgToolsHook, aside: str, target_schema: str, pipeline: s
         return {"aside_schema": aside, "rolled_back": True, "epoch": epoch,
                 "snapshot_id": record.get("snapshot_id"),
                 "restored_dropped": [f"{s}.{t}" for s, t in restored], "moved_back": moved,
-                "refilled": refilled, "left_in_aside": sorted(set(hook.list_tables(conn, aside)))}
+                "refilled": refilled, "left_in_aside": sorted(set(list_tables(conn, aside)))}
     finally:
         conn.close()
+
+
+def _rollback_record(conn: Any, aside: str, target_schema: str, pipeline: str) -> dict[str, Any]:
+    """The aside schema's restore record, which a rollback follows.
+
+    :raises AsideSchemaError: the schema is gone, or has no record."""
+    record = _own_aside(conn, aside, target_schema, pipeline)
+    if record is None:
+        raise AsideSchemaError(f"aside schema {aside!r} does not exist: the old state was dropped "
+                               "(finalized or never kept); there is nothing to roll back to")
+    if not record:
+        raise AsideSchemaError(f"aside schema {aside!r} has no restore record (made by an older "
+                               "version): move its tables back by hand")
+    return record
+
+
+def _move_back(cur: Any, aside: str, tables: list[tuple[str, str]]) -> list[str]:
+    """Moves each kept table from the aside schema back to its own schema; returns them."""
+    moved = []
+    for schema, table in tables:
+        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        cur.execute(sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
+            sql.Identifier(aside), sql.Identifier(table), sql.Identifier(schema)))
+        moved.append(f"{schema}.{table}")
+    return moved
 
 
 def _put_extras_back(cur: Any, aside: str, extras: list[Any], kept: set[str]) -> list[str]:

@@ -20,6 +20,17 @@ from spark_apps.eos_stream.kafka.offsets import Offsets
 class DependentObjectsError(AirflowException):
     """Objects outside the pipeline's own tables depend on them: a swap would leave them behind."""
 
+def list_tables(conn: PgConnection, schema: str) -> list[str]:
+    """The ordinary and partitioned tables of ``schema`` (partitions left out), by name."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1",
+            (schema,),
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
 # Objects that depend (pg_depend) on the given tables or their row types and are
 # not the tables' own indexes, constraints, owned sequences, toast tables,
 # triggers, policies, rules, defaults, statistics or types. One row each:

@@ -119,6 +119,14 @@ def take_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, lock_key
     return manifest
 
 
+def _pg_dump_args(snapshot_id: str, dump_file: str | Path, tables: Sequence[TableRef]) -> list[str]:
+    """pg_dump's arguments: the custom format, of ``tables`` only, as the exported snapshot sees them."""
+    args = ["-Fc", "--no-password", f"--snapshot={snapshot_id}", "-f", str(dump_file)]
+    for schema, table in tables:
+        args += ["-t", _pattern(schema, table)]
+    return args
+
+
 def dump_consistent(
     hook: PgToolsHook,
     tables: Sequence[TableRef],
@@ -147,11 +155,9 @@ def dump_consistent(
             timings["swap_lock_wait"] = round(time.monotonic() - started, 3)
         snapshot_id, now, database, server_version = _export_whole_batches(conn, hook.meta_schema)
         timings["decided_parts_wait"] = round(time.monotonic() - started, 3)
-        args = ["-Fc", "--no-password", f"--snapshot={snapshot_id}", "-f", str(dump_file)]
-        for schema, table in tables:
-            args += ["-t", _pattern(schema, table)]
         hook.log.info("pg_dump of %d tables from snapshot %s", len(tables), snapshot_id)
-        dump = hook.start_tool("pg_dump", args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        dump = hook.start_tool("pg_dump", _pg_dump_args(snapshot_id, dump_file, tables),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             # While pg_dump reads, measure the same snapshot in this transaction.
             measured = measure(conn, tables, roles)

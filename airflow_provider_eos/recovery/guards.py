@@ -14,6 +14,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_eos.state.running_lock import try_running_lock
+
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +67,7 @@ def commit_orphans(hook: Any, config: Any) -> list[str]:
             return []
     finally:
         probe.close()
-    running = hook.try_running_lock(config.pipeline)
+    running = try_running_lock(hook, config.pipeline)
     if running is None:
         return []  # a live driver: its batch is in flight, not in doubt
     try:
@@ -154,7 +156,7 @@ def holding_running_lock(hook: Any, pipeline: str) -> Iterator[None]:
     runs" and the change.
 
     :raises StreamStillRunningError: a driver holds it."""
-    conn = hook.try_running_lock(pipeline)
+    conn = try_running_lock(hook, pipeline)
     if conn is None:
         raise StreamStillRunningError(
             f"pipeline {pipeline!r} may still be running: a driver of it is connected to the target database "

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +124,84 @@ def refuse_dependents(hook: PgToolsHook, manifest: SnapshotManifest) -> None:
             "allow_dependents. The target was not touched.")
 
 
+def _fetch_dump(store: SnapshotStore, manifest: SnapshotManifest, tmp: Path) -> Path:
+    """The snapshot's dump, fetched into ``tmp``."""
+    try:
+        return store.fetch_dump(manifest, tmp / DUMP)
+    except SnapshotError as exc:
+        raise AirflowException(f"{exc}; the target was not touched") from exc
+
+
+def _trusted_proof(hook: PgToolsHook, manifest: SnapshotManifest) -> str | None:
+    """Why the dump needs no scratch proof on this server (None: it does; ``scratch.trusted_proof``)."""
+    probe = hook.connect()
+    try:
+        return scratch.trusted_proof(manifest, probe.server_version)
+    finally:
+        probe.close()
+
+
+def _aside_schema(hook: PgToolsHook, config: Any, holder: str, keep_old: bool) -> tuple[str | None, str]:
+    """(the aside schema this run's earlier swap kept, or None; the aside schema of this swap).
+
+    A rerun of a run whose swap committed: the state before the run is in that swap's aside
+    schema, and must stay the one a rollback goes back to."""
+    earlier = aside.kept_aside_of_run(hook, config.target_schema, config.pipeline, holder) if keep_old else None
+    if earlier:
+        log.warning("this run already swapped (its old state is in %s): restoring again, keeping "
+                    "that aside schema", earlier)
+    return earlier, earlier or aside.aside_schema_name(config.target_schema)
+
+
+def _add_swap_timings(timings: dict[str, float], swapped: dict[str, Any], proven: dict[str, Any] | None) -> None:
+    timings["scratch_restore"] = proven["restore_seconds"] if proven else 0.0
+    timings["scratch_validate"] = proven["validate_seconds"] if proven else 0.0
+    timings["swap"] = swapped["swap_seconds"]
+    timings.update({f"swap_{name}": seconds for name, seconds in swapped["phases"].items()})
+    # The swap's time before COMMIT waiting for the scratch's verdict, then Kafka's retention.
+    timings["retention_recheck"] = round(swapped["before_commit_seconds"] - timings.get("scratch_wait", 0.0), 3)
+
+
+def _restore_summary(manifest: SnapshotManifest, swapped: dict[str, Any], aside_reused: bool, report: dict[str, Any],
+                     rolled_back: Any, trusted: str | None, proven: dict[str, Any] | None,
+                     timings: dict[str, float]) -> dict[str, Any]:
+    """The restore's XCom: what was restored, the swap's epoch and aside schema, the retention
+    re-check, the in-doubt rollback, the proof and the timings."""
+    return {
+        "snapshot_id": manifest.snapshot_id,
+        "rows_restored": manifest.total_rows,
+        "tables": {t.qualified: t.rows for t in manifest.tables},
+        "kafka_offsets": manifest.kafka_offsets,
+        "aside_schema": swapped["aside_schema"],
+        "aside_reused": aside_reused,
+        "epoch": swapped["epoch"],
+        "owner_warnings": swapped["warnings"],
+        "retention_at_swap": {k: report.get(k) for k in ("needed", "earliest", "gaps")},
+        "in_doubt_rolled_back": rolled_back,
+        "proof": trusted or "proven in a scratch database beside the swap",
+        "scratch_leftovers_dropped": proven["leftovers_dropped"] if proven else [],
+        "timings": timings,
+    }
+
+
+def _before_commit(scratch_run: Future | None, kafka_config_id: str, manifest: SnapshotManifest, config: Any,
+                   timings: dict[str, float], report: dict[str, Any]) -> Callable[[], None]:
+    """What the swap runs inside its transaction, complete but not committed: the dump must be
+    proven and Kafka must still hold everything from the snapshot's offsets. Raising rolls the
+    swap back. It fills ``timings["scratch_wait"]`` and ``report`` (the retention re-check)."""
+
+    def before_commit() -> None:
+        waited = time.monotonic()
+        if scratch_run is not None:
+            scratch_run.result()
+        timings["scratch_wait"] = round(time.monotonic() - waited, 3)
+        report.update(retention.check_retention(
+            kafka_config_id, manifest.offsets(), list(config.topics),
+            f"snapshot {manifest.snapshot_id} (re-checked at the swap)"))
+
+    return before_commit
+
+
 def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manifest: SnapshotManifest, *,
                      holder: str, lock_key: str, kafka_config_id: str, keep_old: bool = False,
                      allow_dependents: bool = False,
@@ -143,16 +221,9 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
     timings: dict[str, float] = {}
     clock = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="eos-restore-") as tmp:
-        try:
-            dump = store.fetch_dump(manifest, Path(tmp) / DUMP)
-        except SnapshotError as exc:
-            raise AirflowException(f"{exc}; the target was not touched") from exc
+        dump = _fetch_dump(store, manifest, Path(tmp))
         timings["fetch"] = round(time.monotonic() - clock, 3)
-        probe = hook.connect()
-        try:
-            trusted = scratch.trusted_proof(manifest, probe.server_version)
-        finally:
-            probe.close()
+        trusted = _trusted_proof(hook, manifest)
         # An unproven dump (an old snapshot, another major version) is proven here, beside the
         # in-doubt rollback and the swap (each keeps one PostgreSQL backend busy: on 2 cores the
         # two take the time of the longer); the swap's COMMIT waits for its verdict, so the
@@ -163,28 +234,9 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
                            scratch_pool.submit(scratch.validate_in_scratch, hook, dump, manifest, owner=lock_key))
             try:
                 rolled_back = roll_back_in_doubt(hook, config.pipeline)
-                # A rerun of a run whose swap committed: the state before the run is in that
-                # swap's aside schema, and must stay the one a rollback goes back to.
-                earlier = (aside.kept_aside_of_run(hook, config.target_schema, config.pipeline, holder)
-                           if keep_old else None)
-                if earlier:
-                    log.warning("this run already swapped (its old state is in %s): restoring again, keeping "
-                                "that aside schema", earlier)
-                aside_schema = earlier or aside.aside_schema_name(config.target_schema)
+                earlier, aside_schema = _aside_schema(hook, config, holder, keep_old)
                 report: dict[str, Any] = {}
-
-                def before_commit() -> None:
-                    """Inside the swap, complete but not committed: the dump must be proven and
-                    Kafka must still hold everything from the snapshot's offsets. Raising rolls
-                    the swap back."""
-                    waited = time.monotonic()
-                    if scratch_run is not None:
-                        scratch_run.result()
-                    timings["scratch_wait"] = round(time.monotonic() - waited, 3)
-                    report.update(retention.check_retention(
-                        kafka_config_id, manifest.offsets(), list(config.topics),
-                        f"snapshot {manifest.snapshot_id} (re-checked at the swap)"))
-
+                before_commit = _before_commit(scratch_run, kafka_config_id, manifest, config, timings, report)
                 swapped = swap.swap_in(
                     hook, dump, manifest, aside_schema, drop_old=not keep_old, before_commit=before_commit,
                     allow_dependents=allow_dependents, lock_key=lock_key, changed_by=holder,
@@ -197,27 +249,8 @@ def restore_snapshot(hook: PgToolsHook, store: SnapshotStore, config: Any, manif
                     raise error from None
                 raise
             proven = scratch_run.result() if scratch_run is not None else None
-        timings["scratch_restore"] = proven["restore_seconds"] if proven else 0.0
-        timings["scratch_validate"] = proven["validate_seconds"] if proven else 0.0
-        timings["swap"] = swapped["swap_seconds"]
-        timings.update({f"swap_{name}": seconds for name, seconds in swapped["phases"].items()})
-        # The swap's time before COMMIT waiting for the scratch's verdict, then Kafka's retention.
-        timings["retention_recheck"] = round(swapped["before_commit_seconds"] - timings.get("scratch_wait", 0.0), 3)
+        _add_swap_timings(timings, swapped, proven)
     timings["total"] = round(time.monotonic() - clock, 3)
-    result = {
-        "snapshot_id": manifest.snapshot_id,
-        "rows_restored": manifest.total_rows,
-        "tables": {t.qualified: t.rows for t in manifest.tables},
-        "kafka_offsets": manifest.kafka_offsets,
-        "aside_schema": swapped["aside_schema"],
-        "aside_reused": earlier is not None,
-        "epoch": swapped["epoch"],
-        "owner_warnings": swapped["warnings"],
-        "retention_at_swap": {k: report.get(k) for k in ("needed", "earliest", "gaps")},
-        "in_doubt_rolled_back": rolled_back,
-        "proof": trusted or "proven in a scratch database beside the swap",
-        "scratch_leftovers_dropped": proven["leftovers_dropped"] if proven else [],
-        "timings": timings,
-    }
+    result = _restore_summary(manifest, swapped, earlier is not None, report, rolled_back, trusted, proven, timings)
     log.info("restored snapshot %s: %s", manifest.snapshot_id, result)
     return result

@@ -1,12 +1,23 @@
 """The swap: a snapshot put in place of the pipeline's tables in ONE transaction of the target
 database (the proof in a scratch database is ``recovery.scratch``).
 
-``swap_in`` feeds psql one transaction (``BEGIN``, the prelude, the dump's restore script, the
-postlude) and decides itself how it ends: only once every statement passed and ``before_commit``
-(the restore's retention re-check) returned does it send ``COMMIT``. The prelude takes the swap
-lock and the pipeline's lock, bumps the epoch, records the restore in the aside schema's comment
-(``recovery.aside``) and moves the current tables there; the postlude gives owners and grants
-back and checks every count and checksum against the manifest.
+``swap_in`` feeds psql one transaction and decides itself how it ends: it sends ``BEGIN``, the
+prelude, the dump's restore script (``pg_restore -f -``), the postlude and an ``\\echo`` marker.
+Once psql echoes the marker every statement has succeeded; ``before_commit`` runs (the restore
+re-checks Kafka's retention there), and only then is ``COMMIT`` sent (``ROLLBACK`` when it raised).
+
+* prelude: the target's swap lock, exclusive (snapshots in progress end first, none starts until
+  the transaction ends); the pipeline's lock and an epoch bump (a driver that still runs is fenced
+  at its next batch); unless ``allow_dependents``, a check that nothing outside the pipeline's
+  tables depends on them; every table's owner and ACL into a temp table; ``CREATE SCHEMA aside``,
+  whose comment records the restore (pipeline, snapshot, each table and its schema: what a
+  rollback needs, ``recovery.aside``); then ``ALTER TABLE .. SET SCHEMA aside`` for every table
+  (indexes, constraints and owned sequences move along);
+* the dump's DDL and COPY data recreate the tables;
+* postlude: grants and owners back on the restored tables, every count and checksum against the
+  manifest (raises on any difference), and with ``drop_old`` the drop of the aside schema.
+
+Any error, or ``before_commit`` raising, rolls everything back: the target is never half-restored.
 
 Failure transitions (the restore's steps 4 and 5 in ``recovery/__init__.py``): a crash before
 COMMIT was sent leaves the target as it was (the server rolls back a transaction whose client went
@@ -138,31 +149,8 @@ def swap_in(hook: PgToolsHook, dump_file: str | Path, manifest: SnapshotManifest
             allow_dependents: bool = False, lock_key: str | None = None,
             changed_by: str = "eos-restore", reuse_aside: bool = False,
             extra_tables: Sequence[TableRef] = ()) -> dict[str, Any]:
-    """Replaces the snapshot's tables in the target database in ONE transaction.
-
-    psql runs the transaction, Python decides how it ends: it sends ``BEGIN``,
-    the prelude, the dump's restore script (``pg_restore -f -``), the postlude
-    and an ``\\echo`` marker. Once psql echoes the marker every statement has
-    succeeded; ``before_commit`` runs (the restore re-checks Kafka retention
-    there), and only then is ``COMMIT`` sent (``ROLLBACK`` when it raised).
-
-    * prelude: the target's swap lock, exclusive (snapshots in progress end
-      first, none starts until the transaction ends); the pipeline's lock and
-      an epoch bump (a driver that still runs is fenced at its next batch);
-      unless ``allow_dependents``, a check that nothing outside the pipeline's
-      tables depends on them; every table's owner and ACL into a temp table;
-      ``CREATE SCHEMA aside``, whose comment records the restore (pipeline,
-      snapshot, each table and its schema: what a rollback needs); then
-      ``ALTER TABLE .. SET SCHEMA aside`` for every table (indexes,
-      constraints and owned sequences move along);
-    * the dump's DDL and COPY data recreate the tables;
-    * postlude: grants and owners back on the restored tables, every count
-      and checksum against the manifest (raises on any difference), and with
-      ``drop_old`` the drop of the aside schema.
-
-    Any error, or ``before_commit`` raising, rolls everything back: the target
-    is never half-restored. A crash before COMMIT was sent leaves the old state
-    (the server rolls back a transaction whose client went away).
+    """Replaces the snapshot's tables in the target database in ONE transaction: the module's
+    docstring says how the transaction runs and how it fails.
 
     :param dump_file: the snapshot's dump (``pg_dump -Fc``).
     :param manifest: its manifest; counts and checksums are checked against it.

@@ -7,8 +7,9 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.hooks.eos_postgres import LOCK_TABLE
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook
+from airflow_provider_eos.recovery.catalog import list_tables
+from airflow_provider_eos.recovery.lock import LOCK_TABLE
 
 
 def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tuple[str, str]], dict]:
@@ -22,7 +23,7 @@ def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tup
     from spark_apps.eos_stream.state import meta_tables
 
     spec = load_spec(config.spec)
-    present = set(hook.list_tables(conn, config.target_schema))
+    present = set(list_tables(conn, config.target_schema))
     wanted = [t.table for t in spec.targets]
     missing = [t for t in wanted if t not in present]
     if missing:
@@ -45,7 +46,7 @@ def snapshot_meta_tables(hook: PgToolsHook, conn: Any, config: Any) -> list[str]
     from spark_apps.eos_stream.state import meta_tables
 
     excluded = {meta_tables.CONTROL, meta_tables.EPOCHS, meta_tables.LSO_WATCH, meta_tables.DECIDED_PARTS, LOCK_TABLE}
-    return [t for t in hook.list_tables(conn, config.meta_schema)
+    return [t for t in list_tables(conn, config.meta_schema)
             if t not in excluded and not t.startswith("stage_")]  # staging leftovers
 
 

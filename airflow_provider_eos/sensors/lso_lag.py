@@ -21,6 +21,7 @@ from airflow_provider_eos.operators.base import (
     default_deferrable,
     poll_before_defer,
 )
+from airflow_provider_eos.state.lso_watch import load_lso_watch, save_lso_watch
 from airflow_provider_eos.triggers.lso_lag import GATE, HEALTH, LsoLagTrigger, check_mode, evaluate
 from airflow_provider_eos.utils.lso_watch import (
     DEFAULT_MARGIN_SECONDS,
@@ -173,7 +174,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
             hanging_after=self.hanging_after,
         )
         if self.persistent:
-            stored = self.store().load_lso_watch(str(self.pipeline))
+            stored = load_lso_watch(self.store(), str(self.pipeline))
             watch.resume(stored, time.time())
             if stored:
                 self.log.info(
@@ -185,7 +186,7 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
     def save_watch(self, watch: LsoWatch) -> None:
         """Store the watch's stuck-since times for the next run (no-op unless persistent)."""
         if self.persistent:
-            self.store().save_lso_watch(str(self.pipeline), watch.to_stored(time.time()))
+            save_lso_watch(self.store(), str(self.pipeline), watch.to_stored(time.time()))
 
     def hanging_details(self, report: LsoReport) -> list[dict[str, Any]]:
         """

@@ -19,6 +19,7 @@ from airflow_provider_eos.operators.base import (
     poll_before_defer,
 )
 from airflow_provider_eos.recovery.contracts import Replayed
+from airflow_provider_eos.state.progress import latest_progress
 from airflow_provider_eos.triggers.stream_progress import (
     StreamCaughtUpTrigger,
     StreamLivenessTrigger,
@@ -131,7 +132,7 @@ class StreamLivenessSensor(_ProgressSensor):
 
     def check(self) -> dict[str, Any]:
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
-        return liveness_report(hook.latest_progress(self.pipeline), float(self.max_age_seconds))
+        return liveness_report(latest_progress(hook, self.pipeline), float(self.max_age_seconds))
 
     def make_trigger(self, timeout_seconds: float) -> StreamLivenessTrigger:
         return StreamLivenessTrigger(

@@ -60,9 +60,10 @@ class CommittedOffsetsTrigger(BaseEventTrigger):
 
     def read_position(self) -> dict[str, Any] | None:
         from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+        from airflow_provider_eos.state.offsets import committed_offsets
 
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
-        return committed_position(self.pipeline, hook.committed_offsets(self.pipeline))
+        return committed_position(self.pipeline, committed_offsets(hook, self.pipeline))
 
     def _accessors(self) -> list[Any]:
         """The state store of every watched asset this trigger names (none on an Airflow without one)."""

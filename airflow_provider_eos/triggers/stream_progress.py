@@ -120,9 +120,10 @@ class StreamLivenessTrigger(PollingTrigger):
 
     def check(self) -> dict[str, Any]:
         from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
+        from airflow_provider_eos.state.progress import latest_progress
 
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
-        return liveness_report(hook.latest_progress(self.pipeline), self.max_age_seconds)
+        return liveness_report(latest_progress(hook, self.pipeline), self.max_age_seconds)
 
 
 class StreamCaughtUpTrigger(PollingTrigger):
@@ -188,6 +189,7 @@ def caught_up_check(owner: Any, pipeline: str, topics: Sequence[str], max_lag: i
     ``owner`` caches its KafkaOffsetsHook in ``owner._kafka`` and carries the connection ids."""
     from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
     from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+    from airflow_provider_eos.state.offsets import stored_offsets
 
     offsets: dict[tuple[str, int], Any]
     if target_offsets:
@@ -196,6 +198,6 @@ def caught_up_check(owner: Any, pipeline: str, topics: Sequence[str], max_lag: i
         if owner._kafka is None:
             owner._kafka = KafkaOffsetsHook(kafka_config_id=owner.kafka_config_id, timeout=owner.request_timeout)
         offsets = owner._kafka.partition_offsets(topics, include_earliest=True)
-    stored = EosPostgresHook(postgres_conn_id=owner.postgres_conn_id,
-                             meta_schema=owner.meta_schema).stored_offsets(pipeline)
+    stored = stored_offsets(EosPostgresHook(postgres_conn_id=owner.postgres_conn_id, meta_schema=owner.meta_schema),
+                            pipeline)
     return lag_report(stored, offsets, max_lag)

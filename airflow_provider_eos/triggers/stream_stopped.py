@@ -48,13 +48,14 @@ class StreamStoppedTrigger(PollingTrigger):
 
     def check(self) -> dict[str, Any]:
         from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-        from airflow_provider_eos.recovery.lock import RecoveryLockedError
+        from airflow_provider_eos.recovery.lock import RecoveryLockedError, heartbeat_lock
+        from airflow_provider_eos.state.activity import stream_activity
 
         hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
-        if self.lock and not hook.heartbeat_lock(self.lock["key"], self.lock["holder"]):
+        if self.lock and not heartbeat_lock(hook, self.lock["key"], self.lock["holder"]):
             raise RecoveryLockedError(
                 f"recovery lock {self.lock['key']} was taken over by another run while this step waited")
-        activity = jsonable(hook.stream_activity(self.pipeline))
+        activity = jsonable(stream_activity(hook, self.pipeline))
         reason = why_not_stopped(activity, self.quiet_seconds)
         return {"ok": reason is None, "activity": activity,
                 "message": f"pipeline {self.pipeline!r} has stopped" if reason is None

@@ -1,7 +1,8 @@
 """Checks of pipeline definitions that one field's validator cannot make: a schedule Airflow
-would refuse, a spec that does not import, and two pipelines that would write the same place.
+would refuse (:mod:`.schedules`, checked with the field), a spec that does not import, and two
+pipelines that would write the same place.
 
-They run when the DAG processor reads the definitions (``load_definitions``) and in
+They run when the DAG processor reads the definitions (``definition_folder.load_definitions``) and in
 ``eos validate``, so a broken definition fails before it is deployed or, at the latest, when it
 is parsed, with a message that names its file, and never at 3 a.m. in a task.
 
@@ -19,23 +20,6 @@ from spark_apps.eos_stream.run.config_rules import refusals
 
 if TYPE_CHECKING:
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
-
-# Airflow's schedule presets beyond croniter's own (@hourly, @daily, @weekly, @monthly, @yearly...).
-_AIRFLOW_ONLY_PRESETS = {"@once": None, "@continuous": None, "@quarterly": "0 0 1 */3 *"}
-
-
-def schedule_problem(schedule: str | None) -> str | None:
-    """Why Airflow would refuse ``schedule`` as a DAG's schedule, or None."""
-    from croniter import croniter
-
-    if schedule is None or (schedule in _AIRFLOW_ONLY_PRESETS and _AIRFLOW_ONLY_PRESETS[schedule] is None):
-        return None
-    expression = _AIRFLOW_ONLY_PRESETS.get(schedule) or schedule
-    if not croniter.is_valid(expression):
-        return (f"{schedule!r} is not a cron expression or an Airflow preset "
-                "(@hourly, @daily, @weekly, @monthly, @quarterly, @yearly, @once, @continuous)")
-    return None
-
 
 def load_spec(reference: str) -> Any:
     """The PipelineSpec that ``module:ATTRIBUTE`` names (the app's own ``spec.load_spec``).

@@ -20,7 +20,7 @@ from pydantic import (
     field_validator,
 )
 
-from airflow_provider_eos.utils.definition_checks import schedule_problem
+from airflow_provider_eos.utils.schedules import schedule_problem
 
 # module.path:ATTRIBUTE, as the app's spec loader takes it.
 SPEC_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")

@@ -266,6 +266,25 @@ def _key_str(key: TopicPartitionKey) -> str:
     return f"{key[0]}:{key[1]}"
 
 
+def _next_state(before: _PartitionState | None, off: PartitionOffsets, now: float) -> _PartitionState:
+    """A partition's state after an observation: since when it is stuck (None: no lag) and
+    whether its LSO has been seen to move."""
+    if off.lag == 0:
+        return _PartitionState(off.high_watermark, off.last_stable, None, True)
+    if (
+        before is not None
+        and before.stuck_since is not None
+        and before.last_stable == off.last_stable
+        # A lower HW: the topic was recreated, this is another log.
+        and off.high_watermark >= before.high_watermark
+    ):
+        return _PartitionState(off.high_watermark, off.last_stable, before.stuck_since, before.advancing)
+    # Lag just appeared, the LSO moved, or the partition is new: start counting now.
+    # New, or an LSO that went back (topic recreated): its age is unknown.
+    advancing = before is not None and (before.stuck_since is None or off.last_stable > before.last_stable)
+    return _PartitionState(off.high_watermark, off.last_stable, now, advancing)
+
+
 class LsoWatch:
     """
     Tracks, per partition, since when the LSO has not advanced while lag > 0.
@@ -343,27 +362,8 @@ class LsoWatch:
         for key in sorted(offsets):
             off = offsets[key]
             lag = off.lag
-            before = previous.get(key)
-            if lag == 0:
-                since: float | None = None
-                advancing = True
-            elif (
-                before is not None
-                and before.stuck_since is not None
-                and before.last_stable == off.last_stable
-                # A lower HW: the topic was recreated, this is another log.
-                and off.high_watermark >= before.high_watermark
-            ):
-                since = before.stuck_since
-                advancing = before.advancing
-            else:
-                # Lag just appeared, the LSO moved, or the partition is new: start counting now.
-                since = now
-                # New, or an LSO that went back (topic recreated): its age is unknown.
-                advancing = before is not None and (
-                    before.stuck_since is None or off.last_stable > before.last_stable
-                )
-            current[key] = _PartitionState(off.high_watermark, off.last_stable, since, advancing)
+            state = current[key] = _next_state(previous.get(key), off, now)
+            since, advancing = state.stuck_since, state.advancing
             stuck = 0.0 if since is None else max(0.0, now - since)
             rows.append(
                 PartitionStatus(

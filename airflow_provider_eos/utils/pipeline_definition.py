@@ -63,7 +63,6 @@ from airflow_provider_eos.recovery.replay_engine import (
     DEFAULT_REPLAY_ENGINE,
     REPLAY_ENGINE_CHOICES,
 )
-from airflow_provider_eos.utils.definition_checks import definition_problems
 from airflow_provider_eos.utils.definition_sections import (
     SPEC_REFERENCE,
     AirflowSettings,
@@ -74,7 +73,6 @@ from airflow_provider_eos.utils.definition_sections import (
     SparkSettings,
 )
 from spark_apps.eos_stream.run.config import (
-    PIPELINE_NAME,
     PipelineConfig,
     PostgresTarget,
     default_of,
@@ -83,7 +81,6 @@ from spark_apps.eos_stream.run.config import (
 )
 from spark_apps.eos_stream.run.config_rules import refusals
 
-SUFFIXES = (".yaml", ".yml", ".json")
 # A schema name the app quotes as an identifier; kept plain so it reads the same everywhere.
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -330,65 +327,3 @@ def load_definition(path: str | Path) -> PipelineDefinition:
         raise PipelineDefinitionError(f"{path}: defines pipeline {definition.name!r}; name the file "
                                       f"{definition.name}{path.suffix} or change its name to {path.stem!r}")
     return definition
-
-
-def definition_files(directory: str | Path) -> list[Path]:
-    """The definition files in ``directory`` (not hidden, not in subdirectories), sorted."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise PipelineDefinitionError(f"the pipeline definition directory {root} does not exist "
-                                      "(set [eos] pipeline_config_dir)")
-    return sorted(p for p in root.iterdir()
-                  if p.suffix in SUFFIXES and p.is_file() and not p.name.startswith("."))
-
-
-def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinition], dict[str, str]]:
-    """Every pipeline in ``directory``: (valid definitions by name, error by file name).
-
-    One bad file never hides the others: each pipeline is independent, and its team sees its
-    own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused, and so is
-    what the app's start would refuse (``config_rules``, the spec imported) and a pipeline that
-    claims a target table, a meta schema or a checkpoint directory an older one owns
-    (``definition_checks.shared_places``, ``seniority``): the older keeps its DAGs."""
-    found: dict[str, PipelineDefinition] = {}
-    paths: dict[str, Path] = {}
-    errors: dict[str, str] = {}
-    files = definition_files(directory)
-    stems = [p.stem for p in files]
-    for path in files:
-        if stems.count(path.stem) > 1:
-            errors[path.name] = f"{path}: more than one definition file for pipeline {path.stem!r}"
-            continue
-        try:
-            found[path.stem] = load_definition(path)
-            paths[path.stem] = path
-        except PipelineDefinitionError as exc:
-            errors[path.name] = str(exc)
-    for name, problems in definition_problems(found, seniority(paths)).items():
-        errors[paths[name].name] = f"{paths[name]}: invalid pipeline definition: {'; '.join(problems)}"
-        del found[name]
-    return found, errors
-
-
-def seniority(paths: Mapping[str, Path]) -> list[str]:
-    """The pipelines oldest first: by their definition file's modification time in whole seconds,
-    then by file name. The older one owns what two claim (``definition_checks.shared_places``), so
-    a file added later never takes a running pipeline's place. A deployment that writes every file
-    at once (a fresh git-sync worktree, an image build) gives them one time: then the name decides."""
-    return sorted(paths, key=lambda name: (int(paths[name].stat().st_mtime), paths[name].name))
-
-
-def find_definition(directory: str | Path, name: str) -> PipelineDefinition:
-    """The one pipeline called ``name``; the error lists the pipelines that do exist."""
-    if not PIPELINE_NAME.fullmatch(name):
-        raise PipelineDefinitionError(f"invalid pipeline name {name!r}")
-    candidates = [Path(directory) / f"{name}{suffix}" for suffix in SUFFIXES]
-    present = [p for p in candidates if p.is_file()]
-    if len(present) == 1:
-        return load_definition(present[0])
-    if present:
-        raise PipelineDefinitionError(f"more than one definition file for pipeline {name!r}: "
-                                      f"{', '.join(str(p) for p in present)}")
-    known = sorted({p.stem for p in definition_files(directory)})
-    raise PipelineDefinitionError(f"no pipeline {name!r} in {directory}"
-                                  + (f"; defined there: {', '.join(known)}" if known else ""))

@@ -21,7 +21,7 @@ def why_not_stopped(activity: dict[str, Any], quiet_seconds: float = 0.0, requir
       connected, however slow its batch, whoever started it);
     * if ``quiet_seconds`` > 0, no micro-batch finished within that long.
 
-    :param activity: ``EosPostgresHook.stream_activity`` of the pipeline.
+    :param activity: ``state.activity.stream_activity`` of the pipeline.
     :param quiet_seconds: also require this long without a finished batch.
     :param require_stop_request: False only where the caller itself holds the running lock
         and checks for a stray writer (a restore without a stop step)."""

@@ -16,6 +16,7 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+from airflow_provider_eos.state.offsets import committed_offsets
 from airflow_provider_eos.triggers.committed_offsets import CommittedOffsetsTrigger
 from spark_apps.eos_stream.state import meta_tables
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
@@ -94,7 +95,7 @@ def test_each_commit_is_announced_with_its_offsets(make_pipeline) -> None:  # no
         _assert_moving_forward(events)
         first = events[-1]
         assert first["pipeline"] == p.name
-        stored = p.pg().committed_offsets(p.name)
+        stored = committed_offsets(p.pg(), p.name)
         assert first["batch_ids"] == {p.topic: {str(r["partition"]): r["batch_id"] for r in stored}}
         assert first["batch_id"] == max(r["batch_id"] for r in stored) >= 2  # 900 records, 400 per batch
 

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, TaskDeferred
 from psycopg2 import sql
 
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor, StreamLivenessSensor
+from airflow_provider_eos.state.meta import ensure_meta_tables
 from airflow_provider_eos.triggers.stream_progress import StreamCaughtUpTrigger, StreamLivenessTrigger
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
 
@@ -26,7 +27,7 @@ def _first_event(trigger, timeout: float = 60):
 
 def _insert_progress(p, age_seconds: float, batch_id: int) -> None:
     hook = p.pg()
-    hook.ensure_meta_tables()
+    ensure_meta_tables(hook, )
     with hook.cursor() as cur:
         cur.execute(
             sql.SQL("INSERT INTO {}.stream_progress (pipeline, run_id, batch_id, input_rows, recorded_at)"

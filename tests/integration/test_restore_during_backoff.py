@@ -20,6 +20,7 @@ from psycopg2 import sql
 
 from airflow_provider_eos.operators.restore import RecoveryLockOperator
 from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.recovery.lock import recovery_hold
 from spark_apps.eos_stream.state import fencing
 from tests.integration.test_stream_operator import Watcher, airflow_conns, make_pipeline  # noqa: F401 (fixtures)
 from tests.streaming import ledger_rows, pg_connect, start_app
@@ -80,7 +81,7 @@ def test_restore_while_the_supervisor_is_in_restart_backoff(make_pipeline, airfl
 
         # The recovery, step by step, all inside the supervisor's backoff.
         recovery_lock.execute({"run_id": RECOVERY_RUN})
-        assert p.pg().recovery_hold(p.name, config["target_schema"], 900) is not None  # the supervisor's key
+        assert recovery_hold(p.pg(), p.name, config["target_schema"], 900) is not None  # the supervisor's key
         stop = StopPipelineOperator(task_id="stop", pipeline_config=config, timeout_seconds=60, poll_interval=0.5,
                                     deferrable=False).execute({"run_id": RECOVERY_RUN})
         assert stop["driver_running"] is False and stop["supervisor_running"] is False, stop

@@ -17,6 +17,7 @@ from airflow_provider_eos.operators.replay import ReplayOperator
 from airflow_provider_eos.operators.restore import RollbackRestoreOperator
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
 from airflow_provider_eos.recovery.store import SnapshotStore
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run.config import from_dict
 from spark_apps.eos_stream.run.preflight import create_targets, delivery_mode, ensure_meta_tables
@@ -57,7 +58,7 @@ def pipeline(stack, tmp_path):
 
     hook = PgToolsHook(postgres_conn_id=PG_KEYPW, pg_bin_dir=PG_BIN, meta_schema=config["meta_schema"])
     _create_tables(config, stack)  # what the app's start does before its first batch
-    hook.set_stop_request(name, True)  # the direct replay writes only under a stop
+    set_stop_request(hook, name, True)  # the direct replay writes only under a stop
     _replay(snapped)
     snapped["hook"] = hook
     snapped["snapshot"] = _snapshot(snapped, PG_KEYPW)

@@ -25,6 +25,7 @@ from airflow_provider_eos.recovery.catalog import DependentObjectsError
 from airflow_provider_eos.recovery.guards import StreamStillRunningError
 from airflow_provider_eos.recovery.retention import RetentionGapError
 from airflow_provider_eos.recovery.store import DUMP, SnapshotStore
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.control import AlreadyRunning, hold_running_lock
 from tests.integration.test_snapshot_restore import KAFKA_CONN, PG_CONN, _damage, _restore, make_snapped, target_state
@@ -90,7 +91,7 @@ def test_restore_holds_the_running_lock(snapped, stack, monkeypatch) -> None:
     """Refused while a driver holds the running lock; while the restore works, a
     driver cannot start (``hold_running_lock`` is what the app runs at start)."""
     hook, config = snapped["hook"], snapped["config"]
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     _damage(hook, config)
     damaged = target_state(hook, config)
     driver = pg_connect(stack)
@@ -150,7 +151,7 @@ def test_dependents_are_refused_and_grants_survive_the_override(snapped, stack) 
             cur.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(
                 sql.Identifier(target), sql.Identifier(owner)))
             cur.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(balances, sql.Identifier(owner)))
-        hook.set_stop_request(config["pipeline"], True)
+        set_stop_request(hook, config["pipeline"], True)
         _damage(hook, config)
         damaged = target_state(hook, config)
         with pytest.raises(DependentObjectsError, match=rf"{views}\.big_events \(view\)"):
@@ -201,7 +202,7 @@ def test_dependents_are_refused_and_grants_survive_the_override(snapped, stack) 
 
 def test_rollback_puts_the_old_state_back_exactly(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     _damage(hook, config)
     before = target_state(hook, config)  # includes kafka_offsets: data and replay point
     assert before != snapped["state"]
@@ -298,7 +299,7 @@ def _open_gap(config: dict, manifest, partition: int, deleted: int = 10) -> int:
 
 def test_retention_gap_after_the_check_fails_the_restore_before_the_swap(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     _damage(hook, config)
     damaged, epoch, asides = target_state(hook, config), _epoch(hook, config), _asides(hook, config)
     check = RetentionCheckOperator(task_id="retention", pipeline_config=str(snapped["config_file"]),

@@ -83,9 +83,9 @@ def test_a_deferred_stop_keeps_the_recovery_lock_and_fails_if_it_is_taken_over(s
     stood in for by a session holding the pipeline's running lock (what the app holds at start)."""
     from psycopg2 import sql
 
-    from airflow_provider_eos.hooks.eos_postgres import lock_table
     from airflow_provider_eos.operators.restore import RecoveryLockOperator
     from airflow_provider_eos.operators.stop import StopPipelineOperator
+    from airflow_provider_eos.recovery.lock import lock_table
     from tests.helpers.deferral import run_deferrable
 
     os.environ.update(connections_env(stack))

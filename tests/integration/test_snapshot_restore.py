@@ -17,13 +17,16 @@ from airflow_provider_eos.hooks.pg_tools import PgToolsHook
 from airflow_provider_eos.operators.replay import RetentionCheckOperator
 from airflow_provider_eos.operators.restore import RecoveryLockedError, RestoreOperator
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
+from airflow_provider_eos.recovery.catalog import list_tables
 from airflow_provider_eos.recovery.checksums import measure
 from airflow_provider_eos.recovery.guards import StreamStillRunningError
-from airflow_provider_eos.recovery.lock import holding_lock
+from airflow_provider_eos.recovery.lock import acquire_lock, holding_lock, release_lock
 from airflow_provider_eos.recovery.manifest import SnapshotManifest
 from airflow_provider_eos.recovery.retention import RetentionGapError
 from airflow_provider_eos.recovery.scratch import SnapshotValidationError, scratch_prefix, validate_in_scratch
 from airflow_provider_eos.recovery.store import DUMP, MANIFEST, SnapshotStore
+from airflow_provider_eos.state.activity import stream_activity
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import pipeline_config, run_app
 
@@ -48,9 +51,9 @@ def target_state(hook: PgToolsHook, config: dict) -> dict:
     """Count and checksum of every table of the pipeline, as the snapshot measures them."""
     conn = hook.connect()
     try:
-        tables = [(config["target_schema"], t) for t in hook.list_tables(conn, config["target_schema"])]
+        tables = [(config["target_schema"], t) for t in list_tables(conn, config["target_schema"])]
         operational = ("stream_control", "recovery_locks", "pipeline_epochs", "decided_parts")  # never snapshot
-        tables += [(config["meta_schema"], t) for t in hook.list_tables(conn, config["meta_schema"])
+        tables += [(config["meta_schema"], t) for t in list_tables(conn, config["meta_schema"])
                    if t not in operational]
         state = {f"{s}.{t}": v.checksum for (s, t), v in measure(conn, tables).items()}
         conn.rollback()
@@ -130,7 +133,7 @@ def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
     _damage(hook, config)
     assert target_state(hook, config) != snapped["state"]
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     result = _restore(snapped).execute({"run_id": "roundtrip"})
     # Proven when it was taken: the restore loads the dump once, into the target.
     assert result["proof"].startswith("proven when taken, on PostgreSQL 15"), result["proof"]
@@ -144,7 +147,7 @@ def test_round_trip_restores_damaged_tables_exactly(snapped) -> None:
         assert cur.fetchone() == (0,)
     conn.close()
     # The stop request (control table) survived the restore.
-    assert hook.stream_activity(config["pipeline"])["stop_requested_at"] is not None
+    assert stream_activity(hook, config["pipeline"])["stop_requested_at"] is not None
 
 
 def test_a_proof_drops_dead_proofs_scratch_databases_only(snapped, tmp_path) -> None:
@@ -215,7 +218,7 @@ def test_corrupted_dump_is_refused_and_target_untouched(snapped, tmp_path) -> No
     dump = (manifest_dir / DUMP).read_bytes()
     (copy / DUMP).write_bytes(dump[: len(dump) // 2] + bytes(64) + dump[len(dump) // 2 + 64:])
     (copy / MANIFEST).write_text((manifest_dir / MANIFEST).read_text())
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     with pytest.raises(AirflowException, match="corrupted"):
         _restore(snapped, snapshot_store=str(store)).execute({"run_id": "corrupt"})
     assert target_state(hook, config) == damaged
@@ -253,17 +256,17 @@ def test_bad_params_give_clear_errors(snapped, tmp_path) -> None:
 def test_running_stream_and_concurrent_recovery_are_refused(snapped) -> None:
     hook, config = snapped["hook"], snapped["config"]
     before = target_state(hook, config)
-    hook.set_stop_request(config["pipeline"], False)
+    set_stop_request(hook, config["pipeline"], False)
     with pytest.raises(StreamStillRunningError, match="no stop has been requested"):
         _restore(snapped).execute({"run_id": "running"})
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     key = f"{hook.dbname}/{config['target_schema']}/{config['pipeline']}"
-    assert hook.acquire_lock(key, "other-run", 3600)["acquired"]
+    assert acquire_lock(hook, key, "other-run", 3600)["acquired"]
     try:
         with pytest.raises(RecoveryLockedError, match="lock held by other-run"):
             _restore(snapped).execute({"run_id": "second"})
     finally:
-        hook.release_lock(key, "other-run")
+        release_lock(hook, key, "other-run")
     assert target_state(hook, config) == before
 
 
@@ -278,15 +281,15 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
     os.environ.update(connections_env(stack))
     meta, key = f"m_lock{uuid.uuid4().hex[:8]}", "db/t/ledger"
     hook = PgToolsHook(postgres_conn_id=PG_CONN, pg_bin_dir=PG_BIN, meta_schema=meta)
-    assert hook.acquire_lock(key, "run-a", 2)["acquired"]
-    again = hook.acquire_lock(key, "run-a", 2)  # run-a cleared and rerun after its worker died
+    assert acquire_lock(hook, key, "run-a", 2)["acquired"]
+    again = acquire_lock(hook, key, "run-a", 2)  # run-a cleared and rerun after its worker died
     assert again["acquired"] and again["taken_over_from"] is None
-    refused = hook.acquire_lock(key, "run-b", 2)
+    refused = acquire_lock(hook, key, "run-b", 2)
     assert not refused["acquired"] and refused["holder"] == "run-a"
     with pytest.raises(RecoveryLockedError, match="lock held by run-a"), holding_lock(hook, key, "run-b", 2):
         pass
     time.sleep(2.5)  # run-a's heartbeat goes stale: it died without its teardown
-    taken = hook.acquire_lock(key, "run-b", 2)
+    taken = acquire_lock(hook, key, "run-b", 2)
     assert taken["acquired"] and taken["taken_over_from"] == "run-a"
     # run-a was only slow, not dead: its next step must not touch the target.
     with pytest.raises(RecoveryLockedError, match="lock held by run-b"), holding_lock(hook, key, "run-a", 60):
@@ -294,7 +297,7 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
     # A step holding the lock keeps it alive past the TTL, and notices a takeover.
     with holding_lock(hook, key, "run-b", 1.2):
         time.sleep(2.0)
-        assert not hook.acquire_lock(key, "run-c", 1.2)["acquired"]
+        assert not acquire_lock(hook, key, "run-c", 1.2)["acquired"]
     with pytest.raises(RecoveryLockedError, match="taken over by another run"), \
             holding_lock(hook, key, "run-b", 60):
         conn = hook.connect()
@@ -302,7 +305,7 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
             cur.execute(sql.SQL("UPDATE {}.recovery_locks SET holder = 'run-c'").format(sql.Identifier(meta)))
         conn.commit()
         conn.close()
-    assert hook.release_lock(key, "run-c") and not hook.release_lock(key, "run-c")
+    assert release_lock(hook, key, "run-c") and not release_lock(hook, key, "run-c")
     conn = hook.connect()
     with conn.cursor() as cur:
         cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(meta)))
@@ -341,7 +344,7 @@ def test_a_role_that_may_not_create_databases_saves_unproven_snapshots_their_res
         manifest = SnapshotStore(store).select(config["pipeline"], summary["snapshot_id"])
         assert manifest.proof == {} and "proof" not in manifest.timings
         _damage(hook, config)
-        hook.set_stop_request(config["pipeline"], True)
+        set_stop_request(hook, config["pipeline"], True)
         result = _restore(snapped, snapshot_store=str(store)).execute({"run_id": "unproven-reader"})
         assert result["proof"] == "proven in a scratch database beside the swap"
         assert result["timings"]["scratch_restore"] > 0

@@ -26,6 +26,8 @@ from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor
+from airflow_provider_eos.state.dead_letters import dead_letters_since
+from airflow_provider_eos.state.supervisor_lock import supervisor_running
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.helpers.deferral import run_deferrable
 from tests.helpers.kafka import delete_topics, wait_for_markers
@@ -198,7 +200,7 @@ def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pip
                                      meta_schema=p.config["meta_schema"], deferrable=False,
                                      poke_interval=1, timeout=180)
     assert caught_up.execute({})["total_lag"] == 0
-    assert p.pg().supervisor_running(p.name)
+    assert supervisor_running(p.pg(), p.name)
     # The wait is deferred: the trigger runs here as the triggerer would run it.
     stop = StopPipelineOperator(task_id="stop", pipeline_config=p.config, timeout_seconds=120, poll_interval=0.5,
                                 defer_after=0, deferrable=True)
@@ -226,7 +228,7 @@ def test_poison_record_is_quarantined_not_looped(make_pipeline):
     # The driver counts the failed attempt and isolates the batch itself: no restart is spent on it.
     assert summary["restarts"] == 0, summary
     assert summary["dead_lettered"] == 1
-    letters = p.pg().dead_letters_since(p.name)
+    letters = dead_letters_since(p.pg(), p.name)
     assert len(letters) == 1 and letters[0]["topic"] == p.topic and letters[0]["key_preview"] == "poison"
 
 
@@ -286,7 +288,7 @@ def test_on_kill_leaves_no_spark_jvm_and_each_driver_shows_its_own_ui(make_pipel
         assert isinstance(watcher.error, AirflowException) and "killed" in str(watcher.error)
         _gone, alive = psutil.wait_procs(tree, timeout=20)
         assert not alive, [(proc.pid, proc.name()) for proc in alive]
-        assert not p.pg().supervisor_running(p.name), "the supervisor lock must be released"
+        assert not supervisor_running(p.pg(), p.name), "the supervisor lock must be released"
 
 
 def test_a_fenced_driver_is_restarted_at_once_from_the_database(make_pipeline, airflow_conns):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from psycopg2 import sql
 
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from spark_apps.eos_stream import app
 from spark_apps.eos_stream.sink.in_doubt import gid_prefix
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
@@ -145,7 +146,7 @@ def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
               "snapshot_store": str(tmp_path / "store")}
     snap = SnapshotOperator(task_id="snap", **common).execute({"run_id": "t"})  # sees the 2 committed batches
     hook = PgToolsHook(postgres_conn_id=PG_CONN, meta_schema=config["meta_schema"])
-    hook.set_stop_request(config["pipeline"], True)
+    set_stop_request(hook, config["pipeline"], True)
     restored = RestoreOperator(task_id="restore", quiet_seconds=0, release_lock=True, kafka_config_id=KAFKA_CONN,
                                **common).execute({"run_id": "restore-in-doubt"})
     assert restored["snapshot_id"] == snap["snapshot_id"] and restored["in_doubt_rolled_back"] == [gid]
@@ -158,7 +159,7 @@ def test_restore_rolls_back_the_in_doubt_batch_and_replay_is_exact(
     replay = run_app({**config, "ignore_stop_request": True}, tmp_path, label="replay")
     assert replay.process.returncode == 0, replay.log()[-3000:]
     assert replay.events("resume")[0]["in_doubt_committed"] == []
-    hook.set_stop_request(config["pipeline"], False)
+    set_stop_request(hook, config["pipeline"], False)
     report = audit(config, tmp_path)
     assert report["ok"], report
     assert report["summary"]["committed_records"] == 3002 and report["summary"]["duplicated"] == 0

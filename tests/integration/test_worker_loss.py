@@ -25,6 +25,7 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.operators.stop import StopPipelineOperator
+from airflow_provider_eos.state.supervisor_lock import supervisor_running
 from spark_apps.eos_stream.state.control import ADVISORY_LOCK_HOLDERS_SQL, running_lock_key
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 (fixtures)
 from tests.streaming import ROOT, definition_of, ledger_rows, pg_connect
@@ -107,9 +108,9 @@ def test_sigkilled_supervisor_then_retry_ends_with_one_driver(make_pipeline, air
         assert orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE, "the driver died with its worker"
         assert _running_lock_holders(stack, p.name) == 1, "the orphan holds the running lock"
         deadline = time.monotonic() + 30
-        while p.pg().supervisor_running(p.name) and time.monotonic() < deadline:
+        while supervisor_running(p.pg(), p.name) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not p.pg().supervisor_running(p.name), "the supervisor lock dies with the worker's session"
+        assert not supervisor_running(p.pg(), p.name), "the supervisor lock dies with the worker's session"
 
         retry_started = time.monotonic()
         retry = _start_worker(args, retry_log)

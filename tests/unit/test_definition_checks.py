@@ -7,10 +7,10 @@ import pytest
 from airflow_provider_eos.utils.definition_checks import (
     definition_problems,
     load_spec,
-    schedule_problem,
     shared_places,
 )
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition, parse_definition
+from airflow_provider_eos.utils.schedules import schedule_problem
 
 LEDGER = "spark_apps.ledger.spec:LEDGER"
 

@@ -14,11 +14,8 @@ from kafka.admin import PartitionProducerState, ProducerState, TransactionListin
 from kafka.errors import TransactionalIdNotFoundError
 
 from airflow_provider_eos.hooks import kafka_transactions
-from airflow_provider_eos.hooks.kafka_transactions import (
-    KafkaAdminConfigError,
-    KafkaTransactionsHook,
-    kafka_python_config,
-)
+from airflow_provider_eos.hooks.kafka_admin_config import KafkaAdminConfigError, kafka_python_config
+from airflow_provider_eos.hooks.kafka_transactions import KafkaTransactionsHook
 
 SECRET = 's3cr"et-Pa55'
 BOOT = {"bootstrap.servers": "b1:9093, b2:9093"}

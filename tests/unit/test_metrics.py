@@ -1,11 +1,11 @@
 """The metric names and values made from the reports the checks, the app and the recovery produce
-(airflow_provider_eos/utils/metrics.py; the scheme is documented in docs/metrics.md)."""
+(airflow_provider_eos/metrics/scheme.py; the scheme is documented in docs/metrics.md)."""
 
 from __future__ import annotations
 
+from airflow_provider_eos.metrics.scheme import Metric, health_metrics, recovery_metrics, segment, stream_event_metrics
+from airflow_provider_eos.metrics.sender import emit
 from airflow_provider_eos.utils.lso_watch import LsoReport, PartitionStatus
-from airflow_provider_eos.utils.metrics import Metric, health_metrics, recovery_metrics, segment, stream_event_metrics
-from airflow_provider_eos.utils.stats_emitter import emit
 
 
 def _by_name(metrics: list[Metric]) -> dict[str, tuple[str, float]]:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_eos.utils.definition_folder import find_definition, load_definitions
 from airflow_provider_eos.utils.pipeline_definition import (
     PipelineDefinitionError,
-    find_definition,
     load_definition,
-    load_definitions,
     parse_definition,
 )
 

@@ -11,6 +11,9 @@ from psycopg2.extensions import parse_dsn
 
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.pg_tools import PgToolsHook
+from airflow_provider_eos.recovery.lock import acquire_lock, release_lock
+from airflow_provider_eos.state.activity import stream_activity
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from spark_apps.eos_stream.run.config import ConfigError, from_dict
 
 SECRET = "pw-9f3Kq"
@@ -125,8 +128,8 @@ def test_a_hook_binds_its_meta_schema_once_and_never_guesses_one(tls_connection)
     """Built without a meta schema, a hook refuses the bookkeeping (it used to read schema
     'eos' silently); built with one, no method takes it again. Refused before connecting."""
     unbound = EosPostgresHook(postgres_conn_id=tls_connection)
-    for call in (lambda: unbound.set_stop_request("p", True), lambda: unbound.stream_activity("p"),
-                 lambda: unbound.acquire_lock("k", "run", 60.0), lambda: unbound.release_lock("k", "run")):
+    for call in (lambda: set_stop_request(unbound, "p", True), lambda: stream_activity(unbound, "p"),
+                 lambda: acquire_lock(unbound, "k", "run", 60.0), lambda: release_lock(unbound, "k", "run")):
         with pytest.raises(ValueError, match="built without a meta_schema"):
             call()
     assert PgToolsHook(postgres_conn_id=tls_connection, meta_schema="m_orders").meta_schema == "m_orders"

@@ -12,7 +12,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.hooks.stream_submit import AppRunResult, EosStreamSubmitHook, parse_event
-from airflow_provider_eos.operators.stream import PipelineConfigError, StreamingPipelineOperator
+from airflow_provider_eos.operators.stream import StreamingPipelineOperator
+from airflow_provider_eos.operators.stream_errors import AppRefusedConfigError, PipelineDataLostError
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 SECRET = "s3cr3t-Pa55"
@@ -192,6 +193,12 @@ def _operator(monkeypatch, results: list[AppRunResult], pg: FakePg | None = None
     configs: list[dict[str, Any]] = []
     pg = pg or FakePg()
     monkeypatch.setattr(op, "pg_hook", lambda: pg)
+    # The operator reads and writes the pipeline's state through functions of its hook: each
+    # asks the fake for its answer.
+    for name in ("recovery_hold", "running_lock_holder", "acquire_supervisor_lock", "set_stop_request",
+                 "stop_requested_at"):
+        monkeypatch.setattr(f"airflow_provider_eos.operators.stream.{name}",
+                            lambda hook, *args, _name=name, **kw: getattr(hook, _name)(*args, **kw))
     monkeypatch.setattr(op, "submit_hook", lambda _pg: FakeSubmit(results, configs))
     return op, configs, pg
 
@@ -212,9 +219,19 @@ def test_restarts_after_failures_then_succeeds(conns, monkeypatch):
 
 def test_config_error_fails_at_once(conns, monkeypatch):
     op, configs, _ = _operator(monkeypatch, [AppRunResult(2, [("error", {"kind": "config", "message": "bad spec"})])])
-    with pytest.raises(PipelineConfigError, match="bad spec"):
+    with pytest.raises(AppRefusedConfigError, match="bad spec"):
         op.execute({})
     assert len(configs) == 1
+
+
+@pytest.mark.parametrize("pg", [FakePg(), FakePg(stop_at="2026-01-01T00:00:00")], ids=["running", "stop requested"])
+def test_lost_data_fails_at_once_without_a_restart(conns, monkeypatch, pg):
+    lost = AppRunResult(4, [("error", {"kind": "data_lost", "message": "t-0: stored offset 5, log starts at 9"})])
+    op, configs, _ = _operator(monkeypatch, [lost, AppRunResult(0)], pg=pg, max_restarts=5)
+    with pytest.raises(PipelineDataLostError, match="stored offset 5, log starts at 9") as err:
+        op.execute({})
+    assert isinstance(err.value, AirflowFailException), "no Airflow retry either"
+    assert len(configs) == 1 and "stop" not in pg.calls, "decided without a restart, whatever holds"
 
 
 def test_exhausted_restarts_fail_with_every_reason(conns, monkeypatch):

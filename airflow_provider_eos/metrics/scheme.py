@@ -1,6 +1,6 @@
 """The provider's metrics: their names and values, made from reports its tasks already produce.
 
-Pure (no I/O): :mod:`airflow_provider_eos.utils.stats` sends what these functions return
+Pure (no I/O): :mod:`airflow_provider_eos.metrics.sender` sends what these functions return
 through Airflow's Stats. The scheme (docs/metrics.md) puts the pipeline, and the topic and
 partition where they matter, into the name, because plain StatsD drops tags; every metric
 also carries them as tags for the backends that keep them (DogStatsD, OpenTelemetry, StatsD

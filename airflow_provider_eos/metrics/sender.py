@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from datetime import timedelta
 
-from airflow_provider_eos.utils.metrics import COUNTER, GAUGE, TIMER, Metric
+from airflow_provider_eos.metrics.scheme import COUNTER, GAUGE, TIMER, Metric
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def emit(metrics: Iterable[Metric]) -> int:
     Sends each metric through Airflow's Stats. A failure is logged, never raised: metrics must
     not fail the task that measured them.
 
-    :param metrics: what to send (from :mod:`airflow_provider_eos.utils.metrics`).
+    :param metrics: what to send (from :mod:`airflow_provider_eos.metrics.scheme`).
     :return: how many were handed to Stats.
     """
     from airflow.sdk.observability import stats
