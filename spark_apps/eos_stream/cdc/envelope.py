@@ -161,7 +161,8 @@ def _typed_row(row: dict[str, Any] | None, types: Mapping[str, str], schemas: Ma
             continue
         pg_type = types.get(column)
         schema = schemas.get(column) if schemas else None
-        out[column] = raw if pg_type is None and schema is None else decode_value(column, raw, pg_type or "text", schema)
+        known = pg_type is not None or schema is not None
+        out[column] = decode_value(column, raw, pg_type or "text", schema) if known else raw
     return out, frozenset(unavailable)
 
 
