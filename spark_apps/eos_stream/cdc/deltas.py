@@ -102,13 +102,14 @@ def deltas_from_states(aggregate: ChangeAggregate, before: Mapping[tuple, Mappin
 def _check_before(aggregate: ChangeAggregate, change: Change) -> Mapping[str, Any]:
     needed = aggregate.inputs
     if change.before is None:
-        raise BeforeMissing(f"{change.table}: an {'update' if change.op == 'u' else 'delete'} without 'before': "
-                            f"aggregate {aggregate.table!r} over every change needs the old values of {sorted(needed)}; "
-                            f"run ALTER TABLE {change.table} REPLICA IDENTITY FULL on the source")
+        kind = "update" if change.op == "u" else "delete"
+        raise BeforeMissing(f"{change.table}: an {kind} without 'before': aggregate {aggregate.table!r} over every "
+                            f"change needs the old values of {sorted(needed)}; run ALTER TABLE {change.table} "
+                            "REPLICA IDENTITY FULL on the source")
     unread = sorted(needed & (change.before_unavailable | (needed - set(change.before))))
     if unread:
-        raise BeforeMissing(f"{change.table}: 'before' lacks {unread} (unchanged TOASTed or not sent), which "
-                            f"aggregate {aggregate.table!r} needs; run ALTER TABLE {change.table} REPLICA IDENTITY FULL")
+        raise BeforeMissing(f"{change.table}: 'before' lacks {unread} (unchanged TOASTed or not sent), which aggregate "
+                            f"{aggregate.table!r} needs; run ALTER TABLE {change.table} REPLICA IDENTITY FULL")
     return change.before
 
 
