@@ -11,6 +11,7 @@ import pytest
 from spark_apps.eos_stream.cdc.deltas import (
     BeforeMissing,
     ChangeAggregate,
+    Totals,
     apply_deltas,
     deltas_from_changes,
     deltas_from_states,
@@ -65,7 +66,9 @@ def test_every_change_compacted_and_state_deltas_all_equal_group_by(seed: int) -
     rng = random.Random(seed)
     source: dict[int, dict] = {}
     mirror: dict[tuple, dict] = {}
-    by_every = by_compacted = by_state = {}
+    by_every: Totals = {}
+    by_compacted: Totals = {}
+    by_state: Totals = {}
     for _batch in range(8):
         changes = random_stream(rng, source, rng.randint(1, 40))
         by_every = apply_deltas(by_every, deltas_from_changes(AGG, changes))
