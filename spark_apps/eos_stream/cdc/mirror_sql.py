@@ -14,7 +14,9 @@ Per target, over the batch's staged changes (``mirror.STAGE_COLUMNS``):
 5. ``u``: INSERT ... ON CONFLICT (key) DO UPDATE of every other non-delete key. A column
    the merged row lacks takes the stored value, read in the same statement (its TOAST
    pointer is kept, never rewritten); values are cast from text here, judged by the database;
-6. ``d``: DELETE of the keys whose last change is a delete.
+6. ``d``: DELETE of the keys whose last change is a delete;
+7. ``a``: the deltas of each aggregate the target feeds (``aggregate_sql``), from the rows
+   the upsert returns and the stored rows of the keys it writes or deletes.
 
 Keys are distinct after step 2, so the upsert and the delete of one statement never touch
 one row twice (a primary-key change is a delete of one key and a create of another). Each
@@ -29,6 +31,8 @@ from collections.abc import Sequence
 from psycopg2 import sql
 
 from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.cdc.aggregate_sql import aggregate_cte
+from spark_apps.eos_stream.cdc.deltas import ChangeAggregate
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
 from spark_apps.eos_stream.sink import apply_sql
 
@@ -135,7 +139,7 @@ def _upsert(target: MirrorTarget, table: sql.Composed, last: str, merged: str, n
     return sql.SQL(
         "{name} AS (INSERT INTO {table} ({columns}) SELECT {lkeys}{values} FROM {last} l JOIN {merged} m ON {same}"
         " LEFT JOIN {table} t ON {stored} AND l._reset IS NULL WHERE NOT ({unreadable} AND t.{first} IS NULL)"
-        " ORDER BY {lkeys} ON CONFLICT ({keys}) {conflict} RETURNING 1)"
+        " ORDER BY {lkeys} ON CONFLICT ({keys}) {conflict} RETURNING *)"
     ).format(name=sql.Identifier(name), table=table, columns=_idents([*target.key, *target.value_columns]),
              lkeys=_idents(target.key, "l"), values=sql.SQL("").join(sql.SQL(", ") + v for v in values),
              last=sql.Identifier(last), merged=sql.Identifier(merged), same=_keys_match(target.key, "m", "l"),
@@ -149,12 +153,13 @@ def _delete(target: MirrorTarget, table: sql.Composed, last: str, name: str) -> 
 
 
 def apply_mirror_statement(targets: Sequence[MirrorTarget], *, stage: sql.Composable, target_schema: str,
-                           meta_schema: str, skip_applied: bool, dedupe: bool,
-                           only_range: bool = False) -> sql.Composed:
+                           meta_schema: str, skip_applied: bool, dedupe: bool, only_range: bool = False,
+                           aggregates: Sequence[ChangeAggregate] = ()) -> sql.Composed:
     """One statement that applies a staged change batch to every mirror target.
 
     Binds %(pipeline)s (and the range's bounds with ``only_range``); returns one row:
-    (records applied, records dead-lettered), the quarantined updates among the latter."""
+    (records applied, records dead-lettered), the quarantined updates among the latter.
+    With ``aggregates``, the batch's transaction then runs ``aggregate_sql.prune_empty_groups``."""
     parts = [sql.SQL("WITH fresh AS MATERIALIZED ({})").format(
         fresh_statement(stage, meta_schema, skip_applied=skip_applied, dedupe=dedupe, only_range=only_range))]
     quarantined = []
@@ -167,6 +172,9 @@ def apply_mirror_statement(targets: Sequence[MirrorTarget], *, stage: sql.Compos
                   sql.SQL(", ") + _quarantine(target, table, meta_schema, names["l"], names["m"], names["q"]),
                   sql.SQL(", ") + _upsert(target, table, names["l"], names["m"], names["u"]),
                   sql.SQL(", ") + _delete(target, table, names["l"], names["d"])]
+        parts += [sql.SQL(", ") + aggregate_cte(aggregate, target, target_schema, last=names["l"],
+                                                upserted=names["u"], name=f"a{index}_{number}")
+                  for number, aggregate in enumerate(aggregates) if aggregate.source == target.source]
         quarantined.append(sql.SQL("(SELECT count(*) FROM {})").format(sql.Identifier(names["q"])))
     parts.append(sql.SQL(", dlq AS ({})").format(apply_sql.dead_letters_statement(sql.SQL("fresh"), meta_schema)))
     held = sql.SQL(" + ").join(quarantined) if quarantined else sql.SQL("0")
