@@ -16,13 +16,13 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.cdc.aggregate_sql import prune_empty_groups
 from spark_apps.eos_stream.cdc.deltas import ChangeAggregate, apply_deltas, deltas_from_changes, group_by
 from spark_apps.eos_stream.cdc.envelope import decoder
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS, MirrorTarget, stage_column_types, staging_lines
 from spark_apps.eos_stream.cdc.mirror_sql import apply_mirror_statement
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_table
+from tests.helpers.cdc_schemas import cdc_schemas
 from tests.unit.cdc_samples import PLACEHOLDER, key, value
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def record(offset: int, op: str, id_: int, before: dict | None, after: dict | No
 
 def next_batch(rng: random.Random, source: dict[int, dict], offset: int) -> list:
     """Changes a source with REPLICA IDENTITY FULL would emit, applied to ``source`` as they go."""
-    records = []
+    records: list = []
     for _ in range(rng.randint(5, 40)):
         kind = rng.choice("iiuugdkrt")
         if kind == "i" or not source:
@@ -78,20 +78,14 @@ def next_batch(rng: random.Random, source: dict[int, dict], offset: int) -> list
 
 @pytest.fixture
 def schemas(pg_conn, unique_name: str):
-    target, meta = f"cdc_a_{unique_name}", f"cdc_am_{unique_name}"
-    with pg_conn.cursor() as cur:
-        for statement in meta_tables.ddl_statements(meta):
-            cur.execute(statement)
-        cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(target)))
-        cur.execute(sql.SQL("CREATE TABLE {}.orders (id bigint PRIMARY KEY, region text, amount numeric(12,2),"
-                            " memo text)").format(sql.Identifier(target)))
-        cur.execute(sql.SQL("CREATE TABLE {}.region_totals (region text, orders bigint NOT NULL,"
-                            " amount_total numeric NOT NULL, UNIQUE NULLS NOT DISTINCT (region))").format(
-            sql.Identifier(target)))
-    yield target, meta
-    with pg_conn.cursor() as cur:
-        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(target)))
-        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(meta)))
+    def tables(schema: sql.Identifier) -> list[sql.Composable]:
+        return [sql.SQL("CREATE TABLE {}.orders (id bigint PRIMARY KEY, region text, amount numeric(12,2),"
+                        " memo text)").format(schema),
+                sql.SQL("CREATE TABLE {}.region_totals (region text, orders bigint NOT NULL,"
+                        " amount_total numeric NOT NULL, UNIQUE NULLS NOT DISTINCT (region))").format(schema)]
+
+    with cdc_schemas(pg_conn, f"cdc_a_{unique_name}", f"cdc_am_{unique_name}", tables) as names:
+        yield names
 
 
 def decode(k, v):
