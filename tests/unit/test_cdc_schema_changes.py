@@ -92,3 +92,23 @@ def test_every_refusal_of_a_batch_is_named_at_once() -> None:
     with pytest.raises(SchemaChangeRefused) as caught:
         plan_schema_changes(T, "mirror", {"a": None, "b": None})
     assert "'a'" in str(caught.value) and "'b'" in str(caught.value)
+
+
+def test_shapes_staged_by_the_executors_plan_the_batch() -> None:
+    from spark_apps.eos_stream.cdc.envelope import Change
+    from spark_apps.eos_stream.cdc.mirror import shape_cell
+    from spark_apps.eos_stream.cdc.schema_changes import plan_from_shapes
+
+    same = Change("public.accounts", "u", {"id": 1}, None, {"id": 1, "owner": "a", "balance": 1}, frozenset({"opened"}))
+    assert shape_cell(T, same) is None  # the common case stages nothing
+    grown = Change("public.accounts", "c", {"id": 2}, None,
+                   {"id": 2, "owner": "b", "balance": 1, "opened": None, "fee": 3},
+                   row_schema={"fee": propagated("NUMERIC", "12", "2")})
+    lacking = Change("public.accounts", "u", {"id": 3}, None, {"id": 3, "owner": "c", "opened": None})
+    shapes = {shape_cell(T, grown), shape_cell(T, lacking)}
+    plan = plan_from_shapes(T, "mirror", [s for s in shapes if s])
+    assert plan.new_columns == {"fee": "numeric(12,2)"} and plan.dropped == ["balance"]
+    untyped = Change("public.accounts", "c", {"id": 4}, None,
+                     {"id": 4, "owner": "d", "balance": 1, "opened": None, "nick": "x"})
+    with pytest.raises(SchemaChangeRefused, match="'nick'"):
+        plan_from_shapes(T, "mirror", [shape_cell(T, untyped) or ""])

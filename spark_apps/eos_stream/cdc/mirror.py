@@ -136,7 +136,8 @@ def apply_compacted(rows: dict[tuple, dict[str, Any]], target: MirrorTarget, mer
 # --- staging ----------------------------------------------------------------
 
 STAGE_COLUMNS = ("_topic", "_partition", "_offset", "_key", "_value", "_error",
-                 "_target", "_op", "_keys", "_after", "_unchanged", "_before")
+                 "_target", "_op", "_keys", "_after", "_unchanged", "_before", "_shape")
+_BODY_CELLS = len(STAGE_COLUMNS) - 6
 _STAGE_TYPES = {"_partition": "integer", "_offset": "bigint", "_key": "bytea", "_value": "bytea"}
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _NULL = "\\N"
@@ -169,12 +170,28 @@ def _copy_cell(value: str | bytes | None) -> str:
     return value.translate(_COPY_ESCAPES)
 
 
+def shape_cell(target: MirrorTarget, change: Change) -> str | None:
+    """NULL when the change carries exactly the target's columns (the common case, at the
+    cost of a set comparison); else its columns with their event types and the known
+    columns it lacks, for the driver's schema-change plan (``schema_changes.plan_from_shapes``)."""
+    if change.after is None:
+        return None
+    carried = set(change.after) | change.unchanged
+    if carried == set(target.columns):
+        return None
+    from spark_apps.eos_stream.cdc.schema_changes import event_type  # schema_changes imports this module
+
+    schemas = change.row_schema or {}
+    return json.dumps({"columns": {c: event_type(schemas.get(c)) for c in sorted(carried - set(target.columns))},
+                       "lacking": sorted(set(target.columns) - carried)}, sort_keys=True)
+
+
 def change_cells(target: MirrorTarget, change: Change) -> list[str | None]:
     """The stage cells after the coordinates, raw bytes and error of a decoded change."""
     key = dict(zip(target.key, key_of(target, change), strict=True))
     before = _row_json(change.before) if target.feeds_aggregates and change.before is not None else None
     return [target.table, change.op, _row_json(key), None if change.after is None else _row_json(change.after),
-            json.dumps(sorted(change.unchanged)), before]
+            json.dumps(sorted(change.unchanged)), before, shape_cell(target, change)]
 
 
 def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[[bytes | None, bytes | None], Any],
@@ -188,9 +205,9 @@ def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[
             target = None if change is None else route(change.table)
             if change is not None and target is None:
                 raise EnvelopeError(f"no mirror target for source table {change.table!r}")
-            body = [None] * 6 if change is None or target is None else change_cells(target, change)
+            body = [None] * _BODY_CELLS if change is None or target is None else change_cells(target, change)
             raw = (key, value) if keep_raw else (None, None)
             cells = [topic, str(partition), str(offset), *raw, None, *body]
         except EnvelopeError as exc:
-            cells = [topic, str(partition), str(offset), key, value, str(exc), *[None] * 6]
+            cells = [topic, str(partition), str(offset), key, value, str(exc), *[None] * _BODY_CELLS]
         yield "\t".join(_copy_cell(c) for c in cells) + "\n"

@@ -20,6 +20,7 @@ carry (each with its Connect schema when the converter sends one):
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -160,3 +161,21 @@ def plan_schema_changes(target: MirrorTarget, target_schema: str, seen: Mapping[
     if refusals:
         raise SchemaChangeRefused("; ".join(refusals))
     return plan
+
+
+def plan_from_shapes(target: MirrorTarget, target_schema: str, shapes: Iterable[str]) -> SchemaPlan:
+    """The plan for the distinct ``_shape`` cells of the target's staged changes
+    (``SELECT DISTINCT _shape FROM stage WHERE _target = ... AND _shape IS NOT NULL``)."""
+    types: dict[str, str | None] = {}
+    lacking: set[str] = set()
+    for shape in shapes:
+        decoded = json.loads(shape)
+        lacking.update(decoded["lacking"])
+        for column, pg_type in decoded["columns"].items():
+            if types.get(column) not in (None, pg_type) and pg_type is not None:
+                raise SchemaChangeRefused(f"column {column!r} of {target.source} arrives as {types[column]} and as "
+                                          f"{pg_type} in one batch: ALTER the target column, then restart")
+            types[column] = types.get(column) or pg_type
+    seen = {c: None if t is None else FieldSchema("string", None, {"__debezium.source.column.type": t})
+            for c, t in types.items()}
+    return plan_schema_changes(target, target_schema, seen, lacking)
