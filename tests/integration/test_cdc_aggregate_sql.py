@@ -16,11 +16,11 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream.cdc.aggregate_sql import prune_empty_groups
+from spark_apps.eos_stream.cdc.aggregate_sql import aggregate_ddl, prune_empty_groups
 from spark_apps.eos_stream.cdc.deltas import ChangeAggregate, apply_deltas, deltas_from_changes, group_by
 from spark_apps.eos_stream.cdc.envelope import decoder
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS, MirrorTarget, stage_column_types, staging_lines
-from spark_apps.eos_stream.cdc.mirror_sql import apply_mirror_statement
+from spark_apps.eos_stream.cdc.mirror_sql import apply_mirror_statement, target_ddl
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_table
 from tests.helpers.cdc_schemas import cdc_schemas
 from tests.unit.cdc_samples import PLACEHOLDER, key, value
@@ -79,10 +79,7 @@ def next_batch(rng: random.Random, source: dict[int, dict], offset: int) -> list
 @pytest.fixture
 def schemas(pg_conn, unique_name: str):
     def tables(schema: sql.Identifier) -> list[sql.Composable]:
-        return [sql.SQL("CREATE TABLE {}.orders (id bigint PRIMARY KEY, region text, amount numeric(12,2),"
-                        " memo text)").format(schema),
-                sql.SQL("CREATE TABLE {}.region_totals (region text, orders bigint NOT NULL,"
-                        " amount_total numeric NOT NULL, UNIQUE NULLS NOT DISTINCT (region))").format(schema)]
+        return [target_ddl(ORDERS, schema.string), aggregate_ddl(TOTALS, ORDERS, schema.string)]
 
     with cdc_schemas(pg_conn, f"cdc_a_{unique_name}", f"cdc_am_{unique_name}", tables) as names:
         yield names

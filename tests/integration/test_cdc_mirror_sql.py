@@ -25,7 +25,7 @@ from spark_apps.eos_stream.cdc.mirror import (
     stage_column_types,
     staging_lines,
 )
-from spark_apps.eos_stream.cdc.mirror_sql import apply_mirror_statement
+from spark_apps.eos_stream.cdc.mirror_sql import apply_mirror_statement, target_ddl
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_table
 from tests.helpers.cdc_schemas import cdc_schemas
 from tests.unit.cdc_samples import FULL_ROW, PLACEHOLDER, ROW_TYPES, key, key_with_schema, value, with_schema
@@ -105,11 +105,7 @@ def batch_two() -> list[tuple[str, int, int, bytes | None, bytes | None]]:
 @pytest.fixture
 def schemas(pg_conn, unique_name: str):
     def tables(schema: sql.Identifier) -> list[sql.Composable]:
-        return [sql.SQL("CREATE TABLE {}.{} ({}, PRIMARY KEY ({}))").format(
-            schema, sql.Identifier(t.table),
-            sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(pg_type))
-                               for c, pg_type in t.columns.items()),
-            sql.SQL(", ").join(sql.Identifier(k) for k in t.key)) for t in (CUSTOMERS, LINES)]
+        return [target_ddl(t, schema.string) for t in (CUSTOMERS, LINES)]
 
     with cdc_schemas(pg_conn, f"cdc_t_{unique_name}", f"cdc_m_{unique_name}", tables) as names:
         yield names

@@ -66,3 +66,14 @@ def prune_empty_groups(aggregate: ChangeAggregate, target_schema: str) -> sql.Co
     """Removes the groups the batch left with no rows (run after the apply, in its transaction)."""
     return sql.SQL("DELETE FROM {} WHERE {} = 0").format(
         _qualified(target_schema, aggregate.table), sql.Identifier(aggregate.count_column))
+
+
+def aggregate_ddl(aggregate: ChangeAggregate, mirror: MirrorTarget, target_schema: str) -> sql.Composed:
+    """CREATE TABLE IF NOT EXISTS for an aggregate: its group columns typed as the mirror's,
+    unique with NULLS NOT DISTINCT (PostgreSQL 15+), the count and the sums as numeric."""
+    columns = [sql.SQL("{} {}").format(sql.Identifier(g), sql.SQL(mirror.columns[g])) for g in aggregate.group_by]
+    columns.append(sql.SQL("{} bigint NOT NULL").format(sql.Identifier(aggregate.count_column)))
+    columns += [sql.SQL("{} numeric NOT NULL").format(sql.Identifier(c)) for c in aggregate.sums]
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, UNIQUE NULLS NOT DISTINCT ({}))").format(
+        _qualified(target_schema, aggregate.table), sql.SQL(", ").join(columns),
+        sql.SQL(", ").join(sql.Identifier(g) for g in aggregate.group_by))

@@ -182,3 +182,13 @@ def apply_mirror_statement(targets: Sequence[MirrorTarget], *, stage: sql.Compos
         " SELECT count(*) FILTER (WHERE _error IS NULL) - {held}, count(*) FILTER (WHERE _error IS NOT NULL) + {held}"
         " FROM fresh").format(held=held))
     return sql.Composed(parts)
+
+
+def target_ddl(target: MirrorTarget, target_schema: str) -> sql.Composed:
+    """CREATE TABLE IF NOT EXISTS for a mirror target: its columns, the key as primary key.
+    No other constraint: the mirror applies a batch's keys in one statement, and a unique
+    or foreign key of the source could fail on an order within the batch the source never had."""
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
+        _qualified(target_schema, target.table),
+        sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in target.columns.items()),
+        _idents(target.key))
