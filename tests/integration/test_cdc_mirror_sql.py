@@ -223,3 +223,28 @@ def test_a_value_the_database_refuses_fails_the_statement_as_a_data_error(pg_dsn
     records = [(TOPIC, 0, 0, key(id=1), value("c", None, row(1, born="2022-13-45")))]
     with pytest.raises(psycopg2.DataError):  # a data error: the sink's isolation finds the record
         apply(pg_dsn, target, meta, records)
+
+
+def test_an_unchanged_toast_value_is_kept_by_its_pointer_not_rewritten(pg_conn, pg_dsn: str, schemas) -> None:
+    """The upsert passes the stored value through, and PostgreSQL reuses its out-of-line copy:
+    the TOAST relation does not grow over updates that leave the column unread (it does grow
+    when a value is written again, the control below)."""
+    target, meta = schemas
+    incompressible = "".join(f"{i:08x}{(i * 2654435761) % 2**32:08x}" for i in range(40_000))  # 640 kB
+    apply(pg_dsn, target, meta, [(TOPIC, 0, 0, key(id=1), value("c", None, row(1, notes=incompressible)))])
+
+    def toast_bytes() -> int:
+        with pg_conn.cursor() as cur:
+            cur.execute("SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = %s::regclass",
+                        (f"{target}.customers",))
+            return int(cur.fetchone()[0])
+
+    stored_once = toast_bytes()
+    assert stored_once >= 300_000  # out of line (hex compresses to about 3/4)
+    for offset in range(1, 11):
+        apply(pg_dsn, target, meta, [(TOPIC, 0, offset, key(id=1),
+                                      value("u", None, row(1, name=f"n{offset}", notes=PLACEHOLDER)))])
+    assert toast_bytes() == stored_once
+    assert stored(pg_conn, target, CUSTOMERS)[(1,)]["notes"] == incompressible
+    apply(pg_dsn, target, meta, [(TOPIC, 0, 11, key(id=1), value("u", None, row(1, notes=incompressible + "!")))])
+    assert toast_bytes() > stored_once  # the control: a value written again takes new TOAST space
