@@ -248,3 +248,19 @@ def test_an_unchanged_toast_value_is_kept_by_its_pointer_not_rewritten(pg_conn, 
     assert stored(pg_conn, target, CUSTOMERS)[(1,)]["notes"] == incompressible
     apply(pg_dsn, target, meta, [(TOPIC, 0, 11, key(id=1), value("u", None, row(1, notes=incompressible + "!")))])
     assert toast_bytes() > stored_once  # the control: a value written again takes new TOAST space
+
+
+def test_two_keys_swapped_through_a_third_in_one_batch(pg_conn, pg_dsn: str, schemas) -> None:
+    """UPDATE ... SET id = 3 WHERE id = 1; SET id = 1 WHERE id = 2; SET id = 2 WHERE id = 3, as
+    Debezium sends it: a delete and a create per key change, all in one statement's batch."""
+    target, meta = schemas
+    apply(pg_dsn, target, meta, [(TOPIC, 0, 0, key(id=1), value("c", None, row(1, name="one"))),
+                                 (TOPIC, 0, 1, key(id=2), value("c", None, row(2, name="two")))])
+    moves = [(1, 3, "one"), (2, 1, "two"), (3, 2, "one")]
+    records = []
+    for old, new, name in moves:
+        records += [(TOPIC, 0, 2 + len(records), key(id=old), value("d", row(old, name=name), None)),
+                    (TOPIC, 0, 3 + len(records), key(id=old), None),
+                    (TOPIC, 0, 4 + len(records), key(id=new), value("c", None, row(new, name=name)))]
+    assert apply(pg_dsn, target, meta, records) == (9, 0)
+    assert {k: r["name"] for k, r in stored(pg_conn, target, CUSTOMERS).items()} == {(1,): "two", (2,): "one"}
