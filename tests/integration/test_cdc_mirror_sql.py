@@ -257,7 +257,7 @@ def test_two_keys_swapped_through_a_third_in_one_batch(pg_conn, pg_dsn: str, sch
     apply(pg_dsn, target, meta, [(TOPIC, 0, 0, key(id=1), value("c", None, row(1, name="one"))),
                                  (TOPIC, 0, 1, key(id=2), value("c", None, row(2, name="two")))])
     moves = [(1, 3, "one"), (2, 1, "two"), (3, 2, "one")]
-    records = []
+    records: list = []
     for old, new, name in moves:
         records += [(TOPIC, 0, 2 + len(records), key(id=old), value("d", row(old, name=name), None)),
                     (TOPIC, 0, 3 + len(records), key(id=old), None),

@@ -140,3 +140,13 @@ def test_pg_text_encodes_arrays_bytes_and_dates() -> None:
     assert values.pg_text(datetime.date(2022, 1, 8)) == "2022-01-08"
     assert values.pg_text([[1, 2], [3, None]]) == '{{"1","2"},{"3",NULL}}'
     assert values.pg_text(True) == "t" and values.pg_text(None) is None
+
+
+def test_every_placeholder_form_debezium_writes_is_recognised() -> None:
+    forms = values.Placeholders()
+    assert forms.matches(PLACEHOLDER) and forms.matches("X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==")
+    assert forms.matches([PLACEHOLDER]) and forms.matches(list(PLACEHOLDER.encode()))
+    assert forms.matches(["b68a35a7-17ad-35b3-af2a-ae46edb4545a"])  # uuid[]: the UUID Debezium documents
+    assert not forms.matches([]) and not forms.matches("x") and not forms.matches(None)
+    custom = values.Placeholders("~unavailable~")
+    assert custom.matches("~unavailable~") and not custom.matches(PLACEHOLDER)

@@ -5,13 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
-from spark_apps.eos_stream.cdc.schema_changes import (
-    SchemaChangeRefused,
-    event_type,
-    holds,
-    normalize,
-    plan_schema_changes,
-)
+from spark_apps.eos_stream.cdc.pg_types import event_type, holds, normalize
+from spark_apps.eos_stream.cdc.schema_changes import SchemaChangeRefused, plan_schema_changes
 from spark_apps.eos_stream.cdc.values import FieldSchema
 
 T = MirrorTarget("public.accounts", "accounts", ("id",),

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_apps.eos_stream.cdc.deltas import ChangeAggregate
-from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget, check_pg_type
-from spark_apps.eos_stream.cdc.schema_changes import event_type, normalize
+from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
+from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type, normalize
 from spark_apps.eos_stream.cdc.values import DEFAULT_PLACEHOLDER, FieldSchema
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
@@ -68,7 +68,7 @@ def _columns(path: str, value: Any) -> dict[str, str]:
         raise _fail(path, "must map column names to PostgreSQL types")
     try:
         return {c: check_pg_type(c, t) for c, t in value.items()}
-    except MirrorError as exc:
+    except TypeNameError as exc:
         raise _fail(path, str(exc)) from exc
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from spark_apps.eos_stream.cdc.values import ColumnValueError, FieldSchema, Placeholders, decode_value
 
 OPS = ("c", "r", "u", "d")
+_DEFAULT_PLACEHOLDERS = Placeholders()
 
 
 class EnvelopeError(ValueError):
@@ -166,13 +167,13 @@ def _typed_row(row: dict[str, Any] | None, types: Mapping[str, str], schemas: Ma
     return out, frozenset(unavailable)
 
 
-def decode_change(raw: RawChange, types: Mapping[str, str], placeholder: str | None = None) -> Change:
+def decode_change(raw: RawChange, types: Mapping[str, str], placeholders: Placeholders | None = None) -> Change:
     """Types a parsed envelope by ``types`` (column -> PostgreSQL type) and the event's own schema.
 
     The placeholder is looked for only where Debezium writes it: in the ``after`` of an
     update and the ``before`` of an update or delete. An insert or a snapshot read always
     carries every value, so a text that happens to spell the placeholder there is data."""
-    placeholders = Placeholders(placeholder) if placeholder else Placeholders()
+    placeholders = placeholders or _DEFAULT_PLACEHOLDERS
     try:
         key, _ = _typed_row(raw.key, types, raw.key_schema, None)
         after, unchanged = _typed_row(raw.after, types, raw.row_schema, placeholders if raw.op == "u" else None)
@@ -190,6 +191,7 @@ def decoder(types_of: Callable[[str], Mapping[str, str] | None],
     """A record decoder for one pipeline: ``types_of(source_table)`` gives the target's
     column types, or None for a table the pipeline does not mirror (an error: its topic
     was subscribed, so the definition should name it)."""
+    placeholders = Placeholders(placeholder) if placeholder else _DEFAULT_PLACEHOLDERS
 
     def decode(key: bytes | None, value: bytes | None) -> Change | None:
         raw = parse_envelope(key, value)
@@ -198,6 +200,6 @@ def decoder(types_of: Callable[[str], Mapping[str, str] | None],
         types = types_of(raw.source_table)
         if types is None:
             raise EnvelopeError(f"no mirror target for source table {raw.source_table!r}")
-        return decode_change(raw, types, placeholder)
+        return decode_change(raw, types, placeholders)
 
     return decode

@@ -15,27 +15,17 @@ can still apply a key's good changes and quarantine only the one the database re
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_apps.eos_stream.cdc.envelope import Change, EnvelopeError
+from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type
 from spark_apps.eos_stream.cdc.values import pg_text
-
-# A PostgreSQL type as a definition may name it. Types go into SQL as text (psycopg2.sql
-# cannot quote a type), so anything beyond words, a (p[,s]) modifier and [] is refused.
-_PG_TYPE = re.compile(r"^[a-z][a-z0-9_]*( [a-z][a-z0-9_]*)*( ?\(\d+( ?, ?\d+)?\))?( with(out)? time zone)?(\[\])*$")
 
 
 class MirrorError(ValueError):
     """A mirror definition is wrong; the message says how to fix it."""
-
-
-def check_pg_type(column: str, pg_type: str) -> str:
-    if not _PG_TYPE.match(pg_type.strip().lower()):
-        raise MirrorError(f"column {column!r}: {pg_type!r} is not a PostgreSQL type name a mirror accepts")
-    return pg_type.strip().lower()
 
 
 @dataclass(frozen=True)
@@ -61,7 +51,10 @@ class MirrorTarget:
         missing = [k for k in self.key if k not in self.columns]
         if missing:
             raise MirrorError(f"mirror of {self.source!r}: key columns {missing} are not among its columns")
-        object.__setattr__(self, "columns", {c: check_pg_type(c, t) for c, t in self.columns.items()})
+        try:
+            object.__setattr__(self, "columns", {c: check_pg_type(c, t) for c, t in self.columns.items()})
+        except TypeNameError as exc:
+            raise MirrorError(f"mirror of {self.source!r}: {exc}") from exc
 
     @property
     def value_columns(self) -> list[str]:
@@ -179,8 +172,6 @@ def shape_cell(target: MirrorTarget, change: Change) -> str | None:
     carried = set(change.after) | change.unchanged
     if carried == set(target.columns):
         return None
-    from spark_apps.eos_stream.cdc.schema_changes import event_type  # schema_changes imports this module
-
     schemas = change.row_schema or {}
     return json.dumps({"columns": {c: event_type(schemas.get(c)) for c in sorted(carried - set(target.columns))},
                        "lacking": sorted(set(target.columns) - carried)}, sort_keys=True)

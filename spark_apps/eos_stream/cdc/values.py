@@ -90,33 +90,30 @@ def element_type(pg_type: str) -> str | None:
     return text[:-2].strip() if text.endswith("[]") else None
 
 
-@dataclass(frozen=True)
 class Placeholders:
     """The forms an unchanged TOASTed value takes, per kind of column (Debezium's
     ``UnchangedToastedReplicationMessageColumn``): the placeholder text, its bytes (bytea,
     base64 in JSON), a one-element list for text arrays, one element per byte for integer
-    arrays, and the name-based UUID of its bytes for uuid arrays."""
+    arrays, and the name-based UUID of its bytes for uuid arrays. Computed once per decoder:
+    every column of every update is checked against them."""
 
-    text: str = DEFAULT_PLACEHOLDER
+    def __init__(self, text: str = DEFAULT_PLACEHOLDER) -> None:
+        self.text = text
+        self._strings = (text, base64.b64encode(text.encode()).decode())
+        self._lists = ([text], [_name_uuid(text.encode())], list(text.encode()))
 
     def matches(self, raw: Any) -> bool:
         if isinstance(raw, str):
-            return raw in (self.text, self._base64)
-        if isinstance(raw, list) and raw:
-            return raw in ([self.text], [self._uuid], list(self.text.encode()))
-        return False
+            return raw in self._strings
+        return isinstance(raw, list) and bool(raw) and raw in self._lists
 
-    @property
-    def _base64(self) -> str:
-        return base64.b64encode(self.text.encode()).decode()
 
-    @property
-    def _uuid(self) -> str:
-        # Java's UUID.nameUUIDFromBytes: an MD5 with version 3 and the IETF variant.
-        digest = bytearray(hashlib.md5(self.text.encode(), usedforsecurity=False).digest())
-        digest[6] = (digest[6] & 0x0F) | 0x30
-        digest[8] = (digest[8] & 0x3F) | 0x80
-        return str(uuid.UUID(bytes=bytes(digest)))
+def _name_uuid(name: bytes) -> str:
+    """Java's UUID.nameUUIDFromBytes: an MD5 with version 3 and the IETF variant."""
+    digest = bytearray(hashlib.md5(name, usedforsecurity=False).digest())
+    digest[6] = (digest[6] & 0x0F) | 0x30
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return str(uuid.UUID(bytes=bytes(digest)))
 
 
 def _fail(column: str, expected: str, raw: Any) -> ColumnValueError:
