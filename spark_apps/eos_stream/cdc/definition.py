@@ -24,7 +24,7 @@ or by a pattern over Debezium's per-table topics ``<topic_prefix>.<schema>.<tabl
 
 A pattern's tables take their key from the record key's schema and their column types from
 the value's schema (``schemas.enable=true``, with ``column.propagate.source.type`` for the
-types a plain string cannot tell; ``schema_changes.event_type``); its ``columns`` may name
+types a plain string cannot tell; ``pg_types.event_type``); its ``columns`` may name
 types the events do not. Every table routes to its own target under one driver and one set of
 offsets: changes route by their ``source`` schema and table, whatever topic carried them.
 """
