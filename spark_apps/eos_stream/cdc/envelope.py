@@ -1,0 +1,205 @@
+"""Debezium change events: the key and value a connector writes to Kafka, decoded into a
+typed :class:`Change`.
+
+The JSON converter writes each with or without its Connect schema
+(``{"schema": ..., "payload": ...}`` when ``schemas.enable=true``); both are read. The value
+is an envelope: ``op`` (``c`` create, ``r`` snapshot read, ``u`` update, ``d`` delete),
+``before`` and ``after`` (the row's columns), ``source`` (``schema``, ``table``, ``lsn``,
+``txId``, ...). A delete is followed by a tombstone (same key, no value) for log
+compaction; it carries nothing the delete did not, and decodes to None.
+
+Every refusal is an :class:`EnvelopeError`: the record's fault, dead-lettered with its
+coordinates like any other record a parser refuses (``records.RecordError``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from spark_apps.eos_stream.cdc.values import ColumnValueError, FieldSchema, Placeholders, decode_value
+
+OPS = ("c", "r", "u", "d")
+_DEFAULT_PLACEHOLDERS = Placeholders()
+
+
+class EnvelopeError(ValueError):
+    """Why one change record cannot be applied; stored with it in the dead-letter table."""
+
+
+@dataclass(frozen=True)
+class RawChange:
+    """An envelope read but not yet typed: what routing needs (the source table) and the
+    raw column values, with the event's column schemas when it carries them."""
+
+    source_table: str  # "schema.table"
+    op: str
+    key: dict[str, Any]
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    lsn: int | None
+    tx_id: int | None
+    snapshot: bool
+    key_schema: dict[str, FieldSchema] | None
+    row_schema: dict[str, FieldSchema] | None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row change, typed by the target's column types.
+
+    :param unchanged: columns of ``after`` Debezium could not read (unchanged TOASTed values,
+        sent as ``__debezium_unavailable_value``): absent from ``after``, never written; the
+        mirror keeps what it stores.
+    :param before_unavailable: the same for ``before``.
+    """
+
+    table: str
+    op: str
+    key: dict[str, Any]
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    unchanged: frozenset[str] = frozenset()
+    before_unavailable: frozenset[str] = frozenset()
+    lsn: int | None = None
+    tx_id: int | None = None
+    row_schema: dict[str, FieldSchema] | None = field(default=None, compare=False)
+
+
+def _json(value: bytes, what: str) -> Any:
+    try:
+        return json.loads(value, parse_float=Decimal)
+    except RecursionError as exc:
+        raise EnvelopeError(f"malformed {what} JSON: nested too deeply") from exc
+    except (UnicodeError, ValueError) as exc:
+        raise EnvelopeError(f"malformed {what} JSON: {exc}") from exc
+
+
+def _unwrap(document: Any, what: str) -> tuple[Any, Mapping[str, Any] | None]:
+    """(payload, schema) of a converter's output, with or without its schema wrapper."""
+    if isinstance(document, dict) and set(document) == {"schema", "payload"}:
+        schema = document["schema"]
+        if schema is not None and not isinstance(schema, Mapping):
+            raise EnvelopeError(f"{what} schema must be a JSON object")
+        return document["payload"], schema
+    return document, None
+
+
+def _struct_fields(schema: Mapping[str, Any] | None) -> dict[str, FieldSchema] | None:
+    if schema is None or not isinstance(schema.get("fields"), list):
+        return None
+    return {str(f.get("field")): FieldSchema.from_json(f) for f in schema["fields"] if isinstance(f, Mapping)}
+
+
+def _row_schema(value_schema: Mapping[str, Any] | None) -> dict[str, FieldSchema] | None:
+    """The row's column schemas: the ``after`` (else ``before``) struct of the envelope's schema."""
+    if value_schema is None:
+        return None
+    structs = {f.get("field"): f for f in value_schema.get("fields") or [] if isinstance(f, Mapping)}
+    for side in ("after", "before"):
+        fields = _struct_fields(structs.get(side))
+        if fields is not None:
+            return fields
+    return None
+
+
+def _row(payload: Mapping[str, Any], side: str) -> dict[str, Any] | None:
+    row = payload.get(side)
+    if row is not None and not isinstance(row, dict):
+        raise EnvelopeError(f"{side!r} must be a JSON object or null, got {type(row).__name__}")
+    return row
+
+
+def _optional_int(source: Mapping[str, Any], name: str) -> int | None:
+    value = source.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_envelope(key: bytes | None, value: bytes | None) -> RawChange | None:
+    """Reads one Kafka record of a Debezium topic; None for a tombstone."""
+    if value is None:
+        return None
+    payload, value_schema = _unwrap(_json(value, "value"), "value")
+    if not isinstance(payload, dict):
+        raise EnvelopeError(f"change event must be a JSON object, got {type(payload).__name__}")
+    op = payload.get("op")
+    if op not in OPS:
+        raise EnvelopeError(f"change event has op {op!r}, not one of {OPS} (is this a Debezium topic?)")
+    source = payload.get("source")
+    if not isinstance(source, dict) or not isinstance(source.get("table"), str):
+        raise EnvelopeError("change event has no source.table")
+    before, after = _row(payload, "before"), _row(payload, "after")
+    if op in ("c", "r", "u") and after is None:
+        raise EnvelopeError(f"a {op!r} change must carry 'after'")
+    if key is None:
+        raise EnvelopeError("change record has no key: the source table needs a primary key "
+                            "(or the connector's message.key.columns) to be mirrored")
+    key_payload, key_schema = _unwrap(_json(key, "key"), "key")
+    if not isinstance(key_payload, dict) or not key_payload:
+        raise EnvelopeError("change record key must be a non-empty JSON object of the key columns")
+    schema_name = source.get("schema")
+    table = f"{schema_name}.{source['table']}" if isinstance(schema_name, str) else source["table"]
+    snapshot = source.get("snapshot") not in (None, False, "false")
+    return RawChange(table, op, key_payload, before, after, _optional_int(source, "lsn"),
+                     _optional_int(source, "txId"), snapshot, _struct_fields(key_schema), _row_schema(value_schema))
+
+
+def _typed_row(row: dict[str, Any] | None, types: Mapping[str, str], schemas: Mapping[str, FieldSchema] | None,
+               placeholders: Placeholders | None) -> tuple[dict[str, Any] | None, frozenset[str]]:
+    """The row's values decoded by their column types, and the columns that held the
+    unchanged-TOAST placeholder (left out). A column the target does not know yet keeps
+    its raw value: the schema-change rules judge it (``schema_changes``)."""
+    if row is None:
+        return None, frozenset()
+    out: dict[str, Any] = {}
+    unavailable = set()
+    for column, raw in row.items():
+        if placeholders is not None and placeholders.matches(raw):
+            unavailable.add(column)
+            continue
+        pg_type = types.get(column)
+        schema = schemas.get(column) if schemas else None
+        known = pg_type is not None or schema is not None
+        out[column] = decode_value(column, raw, pg_type or "text", schema) if known else raw
+    return out, frozenset(unavailable)
+
+
+def decode_change(raw: RawChange, types: Mapping[str, str], placeholders: Placeholders | None = None) -> Change:
+    """Types a parsed envelope by ``types`` (column -> PostgreSQL type) and the event's own schema.
+
+    The placeholder is looked for only where Debezium writes it: in the ``after`` of an
+    update and the ``before`` of an update or delete. An insert or a snapshot read always
+    carries every value, so a text that happens to spell the placeholder there is data."""
+    placeholders = placeholders or _DEFAULT_PLACEHOLDERS
+    try:
+        key, _ = _typed_row(raw.key, types, raw.key_schema, None)
+        after, unchanged = _typed_row(raw.after, types, raw.row_schema, placeholders if raw.op == "u" else None)
+        before, before_unavailable = _typed_row(raw.before, types, raw.row_schema,
+                                                placeholders if raw.op in ("u", "d") else None)
+    except ColumnValueError as exc:
+        raise EnvelopeError(f"{raw.source_table}: {exc}") from exc
+    assert key is not None
+    return Change(raw.source_table, raw.op, key, before, after, unchanged, before_unavailable,
+                  raw.lsn, raw.tx_id, raw.row_schema)
+
+
+def decoder(types_of: Callable[[str], Mapping[str, str] | None],
+            placeholder: str | None = None) -> Callable[[bytes | None, bytes | None], Change | None]:
+    """A record decoder for one pipeline: ``types_of(source_table)`` gives the target's
+    column types, or None for a table the pipeline does not mirror (an error: its topic
+    was subscribed, so the definition should name it)."""
+    placeholders = Placeholders(placeholder) if placeholder else _DEFAULT_PLACEHOLDERS
+
+    def decode(key: bytes | None, value: bytes | None) -> Change | None:
+        raw = parse_envelope(key, value)
+        if raw is None:
+            return None
+        types = types_of(raw.source_table)
+        if types is None:
+            raise EnvelopeError(f"no mirror target for source table {raw.source_table!r}")
+        return decode_change(raw, types, placeholders)
+
+    return decode

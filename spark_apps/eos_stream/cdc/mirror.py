@@ -1,0 +1,204 @@
+"""Mirror targets: a source table's changes kept as the rows of a target table.
+
+A mirror target holds, for every key, the row of the key's last change in Kafka order:
+a create, snapshot read or update writes the row (an upsert), a delete removes it. A
+primary-key change arrives from Debezium as a delete of the old key and a create of the
+new one; they are changes of two keys, and both apply.
+
+This module holds the target's definition, the per-batch compaction as a reference model
+(``compact``: what ``mirror_sql`` computes in the database, over the staged changes), and
+the staging lines of a change batch. Changes are staged one line per Kafka record, never
+compacted before staging, so that poison isolation (``sink/batch_sink.py``, transition 6)
+can still apply a key's good changes and quarantine only the one the database refuses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_apps.eos_stream.cdc.envelope import Change, EnvelopeError
+from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type
+from spark_apps.eos_stream.cdc.values import pg_text
+
+
+class MirrorError(ValueError):
+    """A mirror definition is wrong; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class MirrorTarget:
+    """One source table mirrored into one target table.
+
+    :param source: the source table, ``schema.table`` as Debezium's ``source`` names it.
+    :param table: the target table (in the pipeline's target schema).
+    :param key: the key columns (the source's primary key; composite allowed), in key order.
+    :param columns: every column -> its PostgreSQL type, the key columns included.
+    :param feeds_aggregates: stage ``before`` too (``deltas``).
+    """
+
+    source: str
+    table: str
+    key: tuple[str, ...]
+    columns: Mapping[str, str]
+    feeds_aggregates: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise MirrorError(f"mirror of {self.source!r}: a mirror needs key columns (the source's primary key)")
+        missing = [k for k in self.key if k not in self.columns]
+        if missing:
+            raise MirrorError(f"mirror of {self.source!r}: key columns {missing} are not among its columns")
+        try:
+            object.__setattr__(self, "columns", {c: check_pg_type(c, t) for c, t in self.columns.items()})
+        except TypeNameError as exc:
+            raise MirrorError(f"mirror of {self.source!r}: {exc}") from exc
+
+    @property
+    def value_columns(self) -> list[str]:
+        return [c for c in self.columns if c not in self.key]
+
+
+Position = tuple[int, int]  # (partition, offset): Kafka order; a key's changes share one partition
+
+
+@dataclass
+class Merged:
+    """A key's changes of one batch, compacted: the last op, the row it leaves (columns the
+    changes did not carry are absent: the stored value stays), and the columns still unread.
+
+    :param full: the row starts from a full image of this batch (a create, snapshot read or
+        delete): the stored row is another row's past and lends it nothing."""
+
+    op: str
+    after: dict[str, Any] | None
+    unchanged: frozenset[str]
+    position: Position
+    full: bool = False
+
+
+def key_of(target: MirrorTarget, change: Change) -> tuple:
+    try:
+        return tuple(change.key[k] for k in target.key)
+    except KeyError as exc:
+        raise EnvelopeError(f"{change.table}: the record key lacks key column {exc.args[0]!r}") from exc
+
+
+def _merge(held: Merged | None, change: Change, position: Position) -> Merged:
+    if change.op == "d":
+        return Merged("d", None, frozenset(), position, full=True)
+    after = dict(change.after or {})
+    if held is None or held.op == "d" or change.op in ("c", "r"):
+        return Merged(change.op, after, change.unchanged, position, full=change.op != "u" or held is not None)
+    # An update: a column it could not read keeps the last value the batch gave it, if any.
+    assert held.after is not None
+    row = {**held.after, **after}
+    return Merged("u", row, frozenset(c for c in change.unchanged if c not in row), position, held.full)
+
+
+def compact(target: MirrorTarget, changes: Iterable[tuple[Position, Change]]) -> dict[tuple, Merged]:
+    """The last change of each key wins, in Kafka order; an update's unreadable columns
+    take the last value an earlier change of the same batch gave them."""
+    merged: dict[tuple, Merged] = {}
+    for position, change in sorted(changes, key=lambda item: item[0]):
+        key = key_of(target, change)
+        merged[key] = _merge(merged.get(key), change, position)
+    return merged
+
+
+def apply_compacted(rows: dict[tuple, dict[str, Any]], target: MirrorTarget, merged: Mapping[tuple, Merged]) -> list:
+    """The reference model of the apply: ``rows`` (key -> stored row) after one batch.
+    Returns the keys quarantined: an update leaving a column unread for a key with no row."""
+    quarantined = []
+    for key, change in merged.items():
+        if change.op == "d":
+            rows.pop(key, None)
+            continue
+        assert change.after is not None
+        stored = None if change.full else rows.get(key)
+        if stored is None and change.op == "u" and change.unchanged:
+            quarantined.append(key)
+            continue
+        base = stored or dict.fromkeys(target.columns)
+        rows[key] = {**base, **{c: v for c, v in change.after.items() if c in target.columns}}
+    return quarantined
+
+
+# --- staging ----------------------------------------------------------------
+
+STAGE_COLUMNS = ("_topic", "_partition", "_offset", "_key", "_value", "_error",
+                 "_target", "_op", "_keys", "_after", "_unchanged", "_before", "_shape")
+_BODY_CELLS = len(STAGE_COLUMNS) - 6
+_STAGE_TYPES = {"_partition": "integer", "_offset": "bigint", "_key": "bytea", "_value": "bytea"}
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_NULL = "\\N"
+
+
+def stage_column_types() -> list[tuple[str, str]]:
+    """(name, type) of a mirror batch's stage, in COPY order: text but the coordinates and
+    raw bytes. Values are cast in the apply, where the database judges them."""
+    return [(c, _STAGE_TYPES.get(c, "text")) for c in STAGE_COLUMNS]
+
+
+def _row_json(row: Mapping[str, Any]) -> str:
+    """A row's values as a JSON object of their PostgreSQL text (a jsonb in the apply).
+    jsonb cannot hold a NUL, and no UTF-8 a lone surrogate: refused here, as a record error."""
+    text = json.dumps({c: pg_text(v) for c, v in row.items()}, ensure_ascii=False, separators=(",", ":"))
+    if "\\u0000" in text:
+        raise EnvelopeError("a value contains a NUL character, which PostgreSQL text cannot store")
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise EnvelopeError(f"a value is not valid Unicode: {exc.reason}") from exc
+    return text
+
+
+def _copy_cell(value: str | bytes | None) -> str:
+    if value is None:
+        return _NULL
+    if isinstance(value, bytes):
+        return "\\\\x" + value.hex()
+    return value.translate(_COPY_ESCAPES)
+
+
+def shape_cell(target: MirrorTarget, change: Change) -> str | None:
+    """NULL when the change carries exactly the target's columns (the common case, at the
+    cost of a set comparison); else its columns with their event types and the known
+    columns it lacks, for the driver's schema-change plan (``schema_changes.plan_from_shapes``)."""
+    if change.after is None:
+        return None
+    carried = set(change.after) | change.unchanged
+    if carried == set(target.columns):
+        return None
+    schemas = change.row_schema or {}
+    return json.dumps({"columns": {c: event_type(schemas.get(c)) for c in sorted(carried - set(target.columns))},
+                       "lacking": sorted(set(target.columns) - carried)}, sort_keys=True)
+
+
+def change_cells(target: MirrorTarget, change: Change) -> list[str | None]:
+    """The stage cells after the coordinates, raw bytes and error of a decoded change."""
+    key = dict(zip(target.key, key_of(target, change), strict=True))
+    before = _row_json(change.before) if target.feeds_aggregates and change.before is not None else None
+    return [target.table, change.op, _row_json(key), None if change.after is None else _row_json(change.after),
+            json.dumps(sorted(change.unchanged)), before, shape_cell(target, change)]
+
+
+def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[[bytes | None, bytes | None], Any],
+                  records: Iterable[tuple[str, int, int, bytes | None, bytes | None]], keep_raw: bool) -> Iterator[str]:
+    """One COPY line per Kafka record: a change's cells, a tombstone's empty line (so the
+    stage still counts every record), or a refused record's error with its raw bytes."""
+    for topic, partition, offset, key, value in records:
+        cells: list[str | bytes | None]
+        try:
+            change = decode(key, value)
+            target = None if change is None else route(change.table)
+            if change is not None and target is None:
+                raise EnvelopeError(f"no mirror target for source table {change.table!r}")
+            body = [None] * _BODY_CELLS if change is None or target is None else change_cells(target, change)
+            raw = (key, value) if keep_raw else (None, None)
+            cells = [topic, str(partition), str(offset), *raw, None, *body]
+        except EnvelopeError as exc:
+            cells = [topic, str(partition), str(offset), key, value, str(exc), *[None] * _BODY_CELLS]
+        yield "\t".join(_copy_cell(c) for c in cells) + "\n"
