@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream import meta_tables
+from spark_apps.eos_stream.state import meta_tables
 
 
 @contextmanager

@@ -15,7 +15,6 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.cdc.envelope import decoder
 from spark_apps.eos_stream.cdc.mirror import (
     STAGE_COLUMNS,
@@ -27,6 +26,7 @@ from spark_apps.eos_stream.cdc.mirror import (
 )
 from spark_apps.eos_stream.cdc.mirror_sql import apply_mirror_statement, target_ddl
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, create_table
+from spark_apps.eos_stream.state import meta_tables
 from tests.helpers.cdc_schemas import cdc_schemas
 from tests.unit.cdc_samples import FULL_ROW, PLACEHOLDER, ROW_TYPES, key, key_with_schema, value, with_schema
 

@@ -30,11 +30,11 @@ from collections.abc import Sequence
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream import meta_tables
 from spark_apps.eos_stream.cdc.aggregate_sql import aggregate_cte
 from spark_apps.eos_stream.cdc.deltas import ChangeAggregate
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
 from spark_apps.eos_stream.sink import apply_sql
+from spark_apps.eos_stream.state import meta_tables
 
 
 def _qualified(schema: str, table: str) -> sql.Composed:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type, holds
 from spark_apps.eos_stream.cdc.values import FieldSchema
-from spark_apps.eos_stream.ddl import AddColumn
+from spark_apps.eos_stream.state.ddl import AddColumn
 
 
 class SchemaChangeRefused(RuntimeError):
