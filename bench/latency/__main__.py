@@ -91,7 +91,8 @@ def cases_of(args: argparse.Namespace) -> list[Case]:
     deliveries, triggers, rates = args.deliveries, args.triggers, args.rates
     if args.quick:
         deliveries, triggers, rates = ["exactly_once", "at_least_once"], [0.0, 1.0], [2000]
-    return [Case(d, t, r, args.warmup, args.measure) for d, t, r in itertools.product(deliveries, triggers, rates)]
+    return [Case(d, t, r, args.warmup, args.measure, keep_logs=args.keep_logs)
+            for d, t, r in itertools.product(deliveries, triggers, rates)]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -108,6 +109,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="exactly_once and at_least_once, triggers 0 s and 1 s, 2k/s (with --runs 1 and a "
                         "shorter --warmup/--measure it fits in minutes)")
+    p.add_argument("--keep-logs", type=Path, help="copy each app's log into this directory")
     p.add_argument("--note", default="", help="recorded with the results (e.g. what else ran on the machine)")
     p.add_argument("--output", default=str(ROOT / "bench" / "results" / "latency.json"))
     return p

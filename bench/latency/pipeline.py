@@ -3,6 +3,8 @@ of its processes, a graceful stop, an exactness check and the clean-up."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 import subprocess
 import threading
@@ -42,6 +44,7 @@ class Case:
     interval: float = 0.05  # a producer transaction every 50 ms
     poll: float = 0.02  # the watcher's period
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the app
+    keep_logs: Path | None = None  # where each app's log is copied (None: not kept)
 
     @property
     def trigger_interval(self) -> str:
@@ -206,9 +209,28 @@ class ProbedPipeline:
             self.run.kill()
         exact = self._exactness()
         batches = self.run.events("batch")
+        spark_ms = self._spark_durations()
+        if self.case.keep_logs:
+            self.case.keep_logs.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.run.log_path, self.case.keep_logs / f"{self.config['pipeline']}.log")
         self._forget()
         return {**self.result(), "memory": memory, "exact": exact, "batches": len(batches),
-                "batch_timings_ms": _median_timings(batches), "exit_code": self.run.process.returncode}
+                "sink_ms": _median_timings([b.get("timings_ms", {}) for b in batches[1:]]),
+                "spark_ms": spark_ms, "app_log": self.config["pipeline"] if self.case.keep_logs else None,
+                "exit_code": self.run.process.returncode}
+
+    def _spark_durations(self) -> dict[str, float]:
+        """Spark's durationMs per batch (latestOffset, walCommit, addBatch, commitOffsets,
+        triggerExecution...), median over the batches after the first."""
+        conn = pg_connect(self.stack)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("SELECT durations_ms FROM {} WHERE pipeline = %s ORDER BY batch_id").format(
+                    meta_tables.table(self.config["meta_schema"], meta_tables.PROGRESS)), (self.config["pipeline"],))
+                rows = [d if isinstance(d, dict) else json.loads(d or "{}") for (d,) in cur.fetchall()]
+        finally:
+            conn.close()
+        return _median_timings(rows[1:])
 
     def result(self) -> dict[str, Any]:
         transactions = self.watcher.transactions
@@ -257,6 +279,6 @@ class ProbedPipeline:
 
 
 def _median_timings(batches: list[dict[str, Any]]) -> dict[str, float]:
-    """The sink's per-batch timings, median over the batches after the first."""
-    keys = sorted({k for b in batches[1:] for k in b.get("timings_ms", {})})
-    return {k: statistics.median(b["timings_ms"].get(k, 0) for b in batches[1:]) for k in keys}
+    """Per key, the median over ``batches`` (a key a batch lacks counts 0)."""
+    keys = sorted({k for b in batches for k in b})
+    return {k: statistics.median(b.get(k, 0) for b in batches) for k in keys}
