@@ -139,6 +139,7 @@ class StreamSettings(_Section):
     trigger: str = default_of("trigger")
     trigger_interval: str = default_of("trigger_interval")
     max_offsets_per_trigger: PositiveInt = default_of("max_offsets_per_trigger")
+    driver_write_max_records: NonNegativeInt = default_of("driver_write_max_records")
     max_batch_attempts: PositiveInt = default_of("max_batch_attempts")
     transient_retry_seconds: NonNegativeFloat = default_of("transient_retry_seconds")
     create_targets: bool = default_of("create_targets")

@@ -91,7 +91,8 @@ def cases_of(args: argparse.Namespace) -> list[Case]:
     deliveries, triggers, rates = args.deliveries, args.triggers, args.rates
     if args.quick:
         deliveries, triggers, rates = ["exactly_once", "at_least_once"], [0.0, 1.0], [2000]
-    return [Case(d, t, r, args.warmup, args.measure, keep_logs=args.keep_logs)
+    app = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.app)}
+    return [Case(d, t, r, args.warmup, args.measure, keep_logs=args.keep_logs, app=app)
             for d, t, r in itertools.product(deliveries, triggers, rates)]
 
 
@@ -109,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="exactly_once and at_least_once, triggers 0 s and 1 s, 2k/s (with --runs 1 and a "
                         "shorter --warmup/--measure it fits in minutes)")
+    p.add_argument("--app", nargs="*", default=[], metavar="KEY=JSON",
+                   help="app config keys over the bench's, e.g. driver_write_max_records=20000")
     p.add_argument("--keep-logs", type=Path, help="copy each app's log into this directory")
     p.add_argument("--note", default="", help="recorded with the results (e.g. what else ran on the machine)")
     p.add_argument("--output", default=str(ROOT / "bench" / "results" / "latency.json"))
@@ -122,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         "command": " ".join(["python -m bench.latency", *(argv if argv is not None else sys.argv[1:])]),
         "code": git_commit(ROOT), "machine": machine(), "spark_master": "local[2]",
         "method": __doc__.split("Method", 1)[1].strip() if __doc__ else "", "note": args.note,
-        "pipelines": args.pipelines, "runs": args.runs, "load_average_at_start": load_average(), "cases": []}
+        "pipelines": args.pipelines, "runs": args.runs, "app": args.app,
+        "load_average_at_start": load_average(), "cases": []}
     for case in cases_of(args):
         runs = []
         for index in range(args.runs):

@@ -45,6 +45,7 @@ class Case:
     poll: float = 0.02  # the watcher's period
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the app
     keep_logs: Path | None = None  # where each app's log is copied (None: not kept)
+    app: dict[str, Any] = field(default_factory=dict)  # app config keys over the bench's
 
     @property
     def trigger_interval(self) -> str:
@@ -174,7 +175,7 @@ class ProbedPipeline:
         self.config = pipeline_config(
             stack, tmp, name, delivery=case.delivery, spec=f"spark_apps.ledger.spec:{SPECS[case.delivery]}",
             topics=[self.topic], trigger="processingTime", trigger_interval=case.trigger_interval,
-            max_offsets_per_trigger=1_000_000)
+            max_offsets_per_trigger=1_000_000, **case.app)
         self.run: AppRun | None = None
         self.memory: MemorySampler | None = None
         self.watcher = Watcher(lambda: pg_connect(stack), self.config["target_schema"], self.topic,

@@ -36,7 +36,7 @@ from spark_apps.eos_stream.pyspark_pairing import PysparkPairingError, check_pys
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import StagedBatch
 from spark_apps.eos_stream.sink.offsets_store import TopicPartition
-from spark_apps.eos_stream.sink.part_writer import part_writer
+from spark_apps.eos_stream.sink.part_writer import driver_part_writer, part_writer
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.sink.staging import range_stager
@@ -139,6 +139,7 @@ def run_stream(config: PipelineConfig) -> int:
                                                     kafka_security.executor_options(config.kafka_options),
                                                     f"eos-stage-{config.pipeline}")
     rows_read = RowsRead()
+    write_in_driver = driver_part_writer(dsn, config.spec, config.target_schema, kafka_settings)
 
     sink = driver.sink()
     # The database is these modes' replay point, so a batch may be checkpointed by
@@ -178,8 +179,12 @@ def run_stream(config: PipelineConfig) -> int:
             return staged
 
         def write_parts(prefix: str) -> list[dict[str, Any]]:
-            """Each Spark task writes its share of the ranges as a prepared part; their results return."""
-            results = on_tasks(part_writer(dsn, config.spec, config.target_schema, prefix, kafka_settings))
+            """Each Spark task writes its share of the ranges as a prepared part, or the driver writes
+            a batch of at most ``driver_write_max_records`` as one; their results return."""
+            if ranges and sum(r.end - r.start for r in ranges) <= config.driver_write_max_records:
+                results = write_in_driver(prefix, ranges)  # no Spark job: its scheduling is a small batch's cost
+            else:
+                results = on_tasks(part_writer(dsn, config.spec, config.target_schema, prefix, kafka_settings))
             rows_read.record(batch_id, sum(r["rows"] for r in results))
             return results
 
