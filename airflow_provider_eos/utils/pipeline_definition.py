@@ -109,6 +109,7 @@ class StreamSettings(Section):
     trigger: str = default_of("trigger")
     trigger_interval: str = default_of("trigger_interval")
     max_offsets_per_trigger: int = default_of("max_offsets_per_trigger")
+    driver_write_max_records: int = default_of("driver_write_max_records")
     max_batch_attempts: int = default_of("max_batch_attempts")
     transient_retry_seconds: float = default_of("transient_retry_seconds")
     create_targets: bool = default_of("create_targets")

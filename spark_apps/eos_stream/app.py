@@ -38,7 +38,7 @@ from spark_apps.eos_stream.run.entry import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.run.pyspark_pairing import check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
-from spark_apps.eos_stream.sink.part_writer import part_writer
+from spark_apps.eos_stream.sink.part_writer import driver_part_writer, part_writer
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.staging import range_stager
 from spark_apps.eos_stream.sink.writer import StagedBatch
@@ -159,6 +159,7 @@ class StreamRun:
         self.kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
                                                              kafka_security.executor_options(config.kafka_options),
                                                              f"eos-stage-{config.pipeline}")
+        self.write_in_driver = driver_part_writer(self.dsn, config.spec, config.target_schema, self.kafka_settings)
         return records
 
     def _start_query(self) -> Any:
@@ -249,10 +250,14 @@ class _BatchWrite:
         return staged
 
     def write_parts(self, prefix: str) -> list[dict[str, Any]]:
-        """Each Spark task writes its share of the ranges as a prepared part; their results return."""
+        """Each Spark task writes its share of the ranges as a prepared part, or the driver writes a
+        batch of at most ``driver_write_max_records`` as one; their results return."""
         stream, config = self.stream, self.stream.config
-        results = self.on_tasks(part_writer(stream.dsn, config.spec, config.target_schema, prefix,
-                                            stream.kafka_settings))
+        if self.ranges and sum(r.end - r.start for r in self.ranges) <= config.driver_write_max_records:
+            results = stream.write_in_driver(prefix, self.ranges)  # no Spark job: a small batch's main cost
+        else:
+            results = self.on_tasks(part_writer(stream.dsn, config.spec, config.target_schema, prefix,
+                                                stream.kafka_settings))
         stream.rows_read.record(self.batch_id, sum(r["rows"] for r in results))
         return results
 

@@ -28,6 +28,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "delivery": ({"delivery": "maybe"}, {"delivery": "maybe"}),
     "trigger": ({"stream": {"trigger": "continuous"}}, {"trigger": "continuous"}),
     "max_offsets_per_trigger": ({"stream": {"max_offsets_per_trigger": 0}}, {"max_offsets_per_trigger": 0}),
+    "driver_write_max_records": ({"stream": {"driver_write_max_records": -1}}, {"driver_write_max_records": -1}),
     "max_batch_attempts": ({"stream": {"max_batch_attempts": 0}}, {"max_batch_attempts": 0}),
     "transient_retry_seconds": ({"stream": {"transient_retry_seconds": -1}}, {"transient_retry_seconds": -1}),
     "spec": ({"spec": "spark_apps.ledger.spec:LEDGR"}, {"spec": "spark_apps.ledger.spec:LEDGR"}),

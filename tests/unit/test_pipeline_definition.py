@@ -146,11 +146,13 @@ def test_find_definition_by_name(tmp_path: Path) -> None:
 
 
 def test_app_config_carries_the_definition_and_never_a_password() -> None:
-    d = parse_definition({**MINIMAL, "stream": {"trigger": "availableNow", "max_batch_attempts": 5}}, source="x")
+    d = parse_definition({**MINIMAL, "stream": {"trigger": "availableNow", "max_batch_attempts": 5,
+                                                "driver_write_max_records": 20_000}}, source="x")
     config = d.app_config(kafka_bootstrap="k:9092", postgres={"host": "pg", "port": 5432, "dbname": "d", "user": "u"},
                           run_seconds=30)
     assert config["pipeline"] == "orders" and config["kafka_bootstrap"] == "k:9092" and config["run_seconds"] == 30
     assert config["trigger"] == "availableNow" and config["max_batch_attempts"] == 5
+    assert config["driver_write_max_records"] == 20_000
     from spark_apps.eos_stream.run.config import from_dict
 
     assert from_dict(config).validate().pipeline == "orders"  # the app accepts every key it gets

@@ -92,6 +92,10 @@ class PipelineConfig:
     :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, dead letters...).
+    :param driver_write_max_records: exactly_once: a batch of at most this many offsets is
+        written as one prepared part by the driver itself, without a Spark job (0: always by
+        Spark tasks). A Spark job's scheduling is most of a small batch's write; a large batch
+        is written faster by the tasks in parallel.
     :param max_batch_attempts: failed attempts of one batch before it is
         processed record by record and failing records are quarantined.
     :param create_targets: create the spec's target tables if missing.
@@ -120,6 +124,7 @@ class PipelineConfig:
     trigger: str = "processingTime"
     trigger_interval: str = "5 seconds"
     max_offsets_per_trigger: int = 20000
+    driver_write_max_records: int = 0
     checkpoint_dir: str = "/tmp/eos-checkpoints"
     target_schema: str = "public"
     meta_schema: str = "eos"

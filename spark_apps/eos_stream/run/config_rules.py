@@ -67,6 +67,10 @@ def _positive(name: str, least: int) -> Callable[[PipelineConfig], str | None]:
     return check
 
 
+def _not_negative(config: PipelineConfig) -> str | None:
+    return None if config.driver_write_max_records >= 0 else "driver_write_max_records must be 0 or more"
+
+
 def _transient_retry(config: PipelineConfig) -> str | None:
     if config.transient_retry_seconds < 0:
         return "transient_retry_seconds must be 0 or more (0: no retry in the driver)"
@@ -97,6 +101,7 @@ RULES: tuple[Rule, ...] = (
     Rule("delivery", _delivery),
     Rule("trigger", _trigger),
     Rule("max_offsets_per_trigger", _positive("max_offsets_per_trigger", 1)),
+    Rule("driver_write_max_records", _not_negative),
     Rule("max_batch_attempts", _positive("max_batch_attempts", 1)),
     Rule("transient_retry_seconds", _transient_retry),
     Rule("spec", lambda config: None),  # made by loading the spec: see refusals()

@@ -178,3 +178,24 @@ def part_writer(dsn_kwargs: dict[str, Any], spec_ref: str, target_schema: str, p
 
     return write
 
+
+def driver_part_writer(dsn_kwargs: dict[str, Any], spec_ref: str, target_schema: str,
+                       kafka_settings: dict[str, Any]) -> Callable[[str, list[kafka_ranges.OffsetRange]], list[dict]]:
+    """Writes a whole batch as one part in this process, the driver, as the Spark-less replay
+    does (one task, P1-P6): a small batch then costs no Spark job, whose scheduling is most of
+    a small batch's write (``python -m bench.latency``). The part is ``<prefix>driver:0``; a batch is
+    written by the driver or by its tasks, never both. Returns ``[part_result]``."""
+    spec = load_spec(spec_ref)
+
+    def write(prefix: str, ranges: list[kafka_ranges.OffsetRange]) -> list[dict[str, Any]]:
+        started = time.perf_counter()
+        consumer = kafka_ranges.worker_consumer(kafka_settings)
+        try:
+            result = write_part(dsn_kwargs, spec, target_schema, f"{prefix}driver:0", consumer, ranges)
+        except BaseException:
+            kafka_ranges.drop_worker_consumer(kafka_settings)  # a failed read may leave it mid-fetch
+            raise
+        return [{**result, "ms": round((time.perf_counter() - started) * 1000)}]
+
+    return write
+

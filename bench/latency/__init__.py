@@ -1,0 +1,1 @@
+"""The visibility-latency benchmark (``python -m bench.latency``): see ``__main__``."""
