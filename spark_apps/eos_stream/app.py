@@ -213,7 +213,7 @@ class StreamRun:
         if sink.fenced is not None:
             raise fencing.Fenced(sink.fenced)
         if query.exception() is not None:
-            raise RuntimeError(f"streaming query failed: {query.exception()}")
+            raise RuntimeError(f"streaming query failed: {query.exception()}") from query.exception()
         self.spark.stop()
         emit("finished", pipeline=config.pipeline, run_id=self.run_id)
         return EXIT_OK
