@@ -47,7 +47,7 @@ def parse_partitions(values: list[str]) -> set[TopicPartition] | None:
     for value in values:
         topic, _, number = value.rpartition(":")
         if not topic or not number.isdigit():
-            raise ValueError(f"--partition {value!r}: expected TOPIC:PARTITION, e.g. orders:0")
+            raise ValueError(f"--partition {value!r}: expected TOPIC:PARTITION, e.g. events:0")
         found.add((topic, int(number)))
     return found or None
 
