@@ -57,13 +57,13 @@ class _JavaThrowable:
     def __init__(self, name: str, message: str, cause: _JavaThrowable | None = None) -> None:
         self.name, self.message, self.cause = name, message, cause
 
-    def getClass(self) -> Any:  # noqa: N802 (Java's names)
+    def getClass(self) -> Any:  # Java's names, as py4j exposes them
         return type("C", (), {"getName": lambda _self: self.name})()
 
-    def getMessage(self) -> str:  # noqa: N802
+    def getMessage(self) -> str:
         return self.message
 
-    def getCause(self) -> _JavaThrowable | None:  # noqa: N802
+    def getCause(self) -> _JavaThrowable | None:
         return self.cause
 
     def equals(self, other: Any) -> bool:

@@ -102,21 +102,24 @@ def root_cause(exc: BaseException) -> str:
     return f"{cause} (SQLSTATE {code})" if code and code not in cause else cause
 
 
-def _data_lost(exc: BaseException) -> str | None:
+def _data_lost(exc: BaseException, config: PipelineConfig | None) -> str | None:
     """The message of a run that failed because Kafka lost records it had to read, or None:
     the claim's check (``lost_data.DataLost``), or Spark's source failing on it mid-stream."""
     if isinstance(exc, lost_data.DataLost):
         return str(exc)
     texts = [f"{name}: {message}" for name, message in cause_chain(exc)]
-    if lost_data.is_spark_data_loss(texts):
-        return f"Kafka no longer holds records the stream had to read: {root_cause(exc)}. {lost_data.WAY_OUT}"
-    return None
+    if not lost_data.is_spark_data_loss(texts):
+        return None
+    pipeline = config.pipeline if config is not None else "<pipeline>"
+    return (f"pipeline {pipeline!r}: Kafka no longer holds records the stream had to read: "
+            f"{root_cause(exc).rstrip('.')}. {lost_data.way_out(pipeline, config.checkpoint_dir if config else None)}")
 
 
 def main(argv: list[str] | None, run: Callable[[PipelineConfig], int],
          before: Callable[[], None] | None = None) -> int:
     """Runs the pipeline with ``run`` (after ``before``, a check of the environment) and turns
     its errors into the exit codes of ``app``'s docstring."""
+    config: PipelineConfig | None = None
     try:
         if before is not None:
             before()
@@ -136,7 +139,7 @@ def main(argv: list[str] | None, run: Callable[[PipelineConfig], int],
         print(f"eos-stream: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:
-        lost = _data_lost(exc)
+        lost = _data_lost(exc, config)
         if lost is not None:
             emit("error", kind=lost_data.DATA_LOST_KIND, message=lost[:4000])
             print(f"eos-stream: data lost: {lost}", file=sys.stderr)
