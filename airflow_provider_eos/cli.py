@@ -22,6 +22,10 @@
     pipeline's Airflow connections. The audit and the app take it as ``--config FILE``. With
     ``--no-connections`` both stay empty and no connection is looked up.
 
+``eos offsets reset NAME --to earliest --reason "..." [--yes]``
+    moves a pipeline's stored offsets past records Kafka no longer holds, recording each skipped
+    range for the audit (``cli_offsets``; docs/streaming_app.md, "Lost data").
+
 ``eos --version`` prints the provider's version.
 
 Each line says ``ok`` or ``FAIL`` and what was found; nothing prints a secret.
@@ -196,7 +200,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     show.add_argument("--dir", help="definition directory (default: [eos] pipeline_config_dir)")
     show.add_argument("--no-connections", action="store_true",
                       help="leave Kafka's bootstrap servers and the database empty; look up no connection")
+    from airflow_provider_eos import cli_offsets
+
+    cli_offsets.add_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "offsets":
+        return cli_offsets.reset(args, out)
     if args.command == "validate":
         return validate(args.directory, out)
     if args.command == "config":

@@ -25,6 +25,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_eos.utils import provider_config
+from spark_apps.eos_stream.kafka.lost_data import DATA_LOST_KIND, EXIT_DATA_LOST
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # The app's exit when the database fenced it (``spark_apps.eos_stream.state.fencing.EXIT_FENCED``; not
@@ -33,9 +34,8 @@ EXIT_FENCED = 3
 # The exit of a run that found a stored offset Kafka no longer holds (retention deleted the
 # records, or the topic was recreated): no restart can succeed. The app reports it with this
 # exit, or with an ``EOS-ERROR`` line of kind ``data_lost`` (its message names each partition,
-# the stored offset and the log's start).
-EXIT_DATA_LOST = 4
-DATA_LOST_KIND = "data_lost"
+# the stored offset and the log's start): ``EXIT_DATA_LOST`` and ``DATA_LOST_KIND``, imported above
+# from the app's module that defines them (it needs nothing but the standard library).
 EVENT_PREFIX = "EOS-"
 _JSON = json.JSONDecoder()
 PASSWORD_ENV = "EOS_PG_PASSWORD"

@@ -6,7 +6,9 @@ Exit codes: 0 finished or stopped on request (also before the first batch);
 1 failed (retryable: a supervisor restarts it); 2 configuration error
 (retrying will not help); 3 fenced (``fencing.EXIT_FENCED``: this driver no
 longer owns the target; start again from the database's offsets, unless a
-stop or a recovery holds the pipeline).
+stop or a recovery holds the pipeline); 4 data lost (``lost_data.EXIT_DATA_LOST``: a
+stored offset Kafka no longer holds, or Spark's source lost records mid-stream; no
+restart can help, ``eos offsets reset`` is the way out).
 Lines starting with ``EOS-`` are machine-readable progress for the supervisor.
 """
 
@@ -214,7 +216,7 @@ class StreamRun:
         if sink.fenced is not None:
             raise fencing.Fenced(sink.fenced)
         if query.exception() is not None:
-            raise RuntimeError(f"streaming query failed: {query.exception()}")
+            raise RuntimeError(f"streaming query failed: {query.exception()}") from query.exception()
         self.spark.stop()
         emit("finished", pipeline=config.pipeline, run_id=self.run_id)
         return EXIT_OK

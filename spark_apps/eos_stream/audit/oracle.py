@@ -79,7 +79,7 @@ from spark_apps.eos_stream.audit.rules import (
     PENDING_POLICIES,
     PartitionRange,
 )
-from spark_apps.eos_stream.audit.snapshot import read_cut, read_snapshot
+from spark_apps.eos_stream.audit.snapshot import read_accepted_gaps, read_cut, read_snapshot
 from spark_apps.eos_stream.audit.trials import as_the_database_reads, try_dead_letters
 from spark_apps.eos_stream.errors import dead_letter_class
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
@@ -147,6 +147,7 @@ def _audit_once(config: PipelineConfig, spec: PipelineSpec, *, timeout: float, d
         # Workers read Kafka while this process reads the rest of the snapshot (one read: Kafka after it).
         with KafkaRead(task, workers) as reading:
             snap = read_snapshot(conn, config, spec, aggregates, earliest, cut)
+            snap.accepted_gaps = read_accepted_gaps(conn, config)
             conn.commit()
             side = reading.side()
         as_the_database_reads(conn, spec, aggregates, side)

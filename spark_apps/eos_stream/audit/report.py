@@ -11,6 +11,7 @@ from spark_apps.eos_stream.audit.kafka import KafkaSide
 from spark_apps.eos_stream.audit.rules import (
     PartitionRange,
     Position,
+    accepted_gap_offsets,
     as_number,
     carrier_for,
     compare_rows,
@@ -18,6 +19,7 @@ from spark_apps.eos_stream.audit.rules import (
     goal_shortfall,
     keep_latest,
     tail_counts_as_missing,
+    without_accepted_gaps,
     wrong_keys,
 )
 from spark_apps.eos_stream.audit.snapshot import Snapshot
@@ -315,6 +317,8 @@ def build_report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Ag
     :param goal: the offsets the stored ones must have reached, if any."""
     stores = MODES[config.delivery].stores_offsets
     counted = _counted(side, tail_counts_as_missing(pending, running, has_goal=goal is not None))
+    counted.valid = without_accepted_gaps(counted.valid, snap.accepted_gaps)
+    counted.malformed = without_accepted_gaps(counted.malformed, snap.accepted_gaps)
     kafka = _kafka_section(ranges, counted)
     partitions = _rows_section(snap, ranges, counted, stores)
     dead = _dead_letter_section(snap, ranges, side, trials, counted, stores)
@@ -344,11 +348,14 @@ def build_report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Ag
         "unverified_aggregates": len(aggregate.unverified),
         "goal_shortfall": sum(shortfall.values()),
         "retired_topics": len(retired),
+        "accepted_gap_offsets": accepted_gap_offsets(snap.accepted_gaps),
     }
     return {
         "pipeline": config.pipeline, "ok": not mismatches, "mismatches": mismatches, "summary": summary,
         "aggregates": aggregate.totals, "partitions": partitions.part, "kafka": kafka.part,
         "unverified": aggregate.unverified,
+        # Ranges skipped on purpose (eos offsets reset): not expected in the targets, not a mismatch.
+        "accepted_gaps": snap.accepted_gaps,
         "goal": None if goal is None else {
             f"{t}:{p}": {"goal": want, "stored_offset": snap.stored.get((t, p)), "short": shortfall.get((t, p), 0)}
             for (t, p), want in sorted(goal.items())},

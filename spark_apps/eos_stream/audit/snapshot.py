@@ -49,6 +49,8 @@ class Snapshot:
     below_latest: list[dict[tuple, dict[str, tuple[Position, Any]]]]
     # partitions of topics no longer in the definition that hold offsets, rows or dead letters
     retired: set[TopicPartition] = field(default_factory=set)
+    # ranges skipped on purpose by ``eos offsets reset`` (``read_accepted_gaps``)
+    accepted_gaps: list[dict[str, Any]] = field(default_factory=list)
 
 
 def fetch(conn, query: sql.Composable, params: tuple = ()) -> list[tuple]:
@@ -122,6 +124,19 @@ def read_cut(conn, config: PipelineConfig) -> _Cut:
             meta_tables.table(config.meta_schema, meta_tables.DEAD_LETTERS)), (config.pipeline,))
     }
     return _Cut(running, stored, dead)
+
+
+def read_accepted_gaps(conn, config: PipelineConfig) -> list[dict[str, Any]]:
+    """The pipeline's accepted gaps (``meta_tables.ACCEPTED_GAPS``), oldest first; none when the
+    table predates this version."""
+    gaps = meta_tables.table(config.meta_schema, meta_tables.ACCEPTED_GAPS)
+    if fetch(conn, sql.SQL("SELECT to_regclass(%s)"), (gaps.as_string(conn),)) == [(None,)]:
+        return []
+    columns = ("topic", "partition", "from_offset", "to_offset", "log_start", "log_end", "reason", "accepted_by",
+               "accepted_at")
+    rows = fetch(conn, sql.SQL("SELECT {} FROM {} WHERE pipeline = %s ORDER BY id").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)), gaps), (config.pipeline,))
+    return [{**dict(zip(columns, row, strict=True)), "accepted_at": str(row[-1])} for row in rows]
 
 
 def read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget],

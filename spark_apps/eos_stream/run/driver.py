@@ -14,6 +14,7 @@ from typing import Any
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.kafka import lost_data
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
@@ -151,6 +152,12 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
     conn.rollback()
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
+    if mode.stores_offsets:
+        # The resume point must still be in Kafka: a stored offset below the log start (retention)
+        # or past its end (a recreated topic) fails here, before Spark, naming each partition.
+        lost_data.check_stored_offsets(config.pipeline, config.kafka_bootstrap, config.librdkafka_options(),
+                                       stored, sorted(starting))
+        laps.lap("log_bounds")
     write_parts, why = preflight.prepared_parts(conn, spec, mode)
     emit("resume", stored_offsets=offsets_to_json(stored), stale_stages_dropped=dropped,
          in_doubt_committed=[t["gid"] for t in in_doubt], parts_committed=resolved_parts["committed"],

@@ -36,6 +36,10 @@ LSO_WATCH = "lso_watch"
 # Prepared parts a committed batch decided (``sink.parts``), until each is committed.
 # Operational state: a snapshot waits until its pipeline has none, and never carries it.
 DECIDED_PARTS = "decided_parts"
+# Offset ranges skipped on purpose (``eos offsets reset``): records Kafka no longer held when the
+# pipeline's stored offsets were moved past them, with who did it and why. Written in the same
+# transaction as the offset change; the audit reports them as an accepted gap, not as missing.
+ACCEPTED_GAPS = "accepted_gaps"
 
 _SCHEMA_DDL = """CREATE SCHEMA IF NOT EXISTS {schema}"""
 _EPOCHS_DDL = """CREATE TABLE IF NOT EXISTS {schema}.{epochs} (
@@ -106,6 +110,18 @@ _DDL = [
         batch_id    bigint      NOT NULL,
         decided_at  timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (pipeline, gid))""",
+    """CREATE TABLE IF NOT EXISTS {schema}.{accepted_gaps} (
+        id           bigserial   PRIMARY KEY,
+        pipeline     text        NOT NULL,
+        topic        text        NOT NULL,
+        partition    integer     NOT NULL,
+        from_offset  bigint      NOT NULL,
+        to_offset    bigint      NOT NULL,
+        log_start    bigint      NOT NULL,
+        log_end      bigint      NOT NULL,
+        reason       text        NOT NULL,
+        accepted_by  text        NOT NULL,
+        accepted_at  timestamptz NOT NULL DEFAULT now())""",
 ]
 # Columns added since the first release, for tables made by older versions:
 # (table, column, type). Only the app adds them, at start, through ddl.run_ddl.
@@ -125,6 +141,7 @@ def _names(schema: str) -> dict[str, sql.Identifier]:
         "epochs": sql.Identifier(EPOCHS),
         "lso_watch": sql.Identifier(LSO_WATCH),
         "decided_parts": sql.Identifier(DECIDED_PARTS),
+        "accepted_gaps": sql.Identifier(ACCEPTED_GAPS),
     }
 
 
