@@ -76,7 +76,8 @@ def demo_run(stack: dict[str, str], spark_cluster: str, tmp_path_factory: pytest
     # The console shows stages and the report; the story's log holds the rest (tracebacks included).
     console_log = STATE_DIR / "demo" / "story.log"
     # The console as a user sees it, kept for the README's sample report.
-    (STATE_DIR / "demo" / "console.txt").write_text(completed.stdout)
+    console_log.parent.mkdir(parents=True, exist_ok=True)
+    (console_log.parent / "console.txt").write_text(completed.stdout)
     log_tail = console_log.read_text()[-4000:] if console_log.is_file() else ""
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:] + log_tail
     # A clean console: no librdkafka line (%4|...), no raw log lines among the stages and the report.
