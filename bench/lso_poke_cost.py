@@ -90,35 +90,9 @@ def main() -> int:
     topics = {1: f"eos_bench_lso_1p_{suffix}", 100: f"eos_bench_lso_100p_{suffix}"}
     for fut in admin.create_topics([NewTopic(t, n, 1) for n, t in topics.items()], operation_timeout=60).values():
         fut.result(60)
-    results = []
     try:
-        producer = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": 5})
-        for n, topic in topics.items():  # a few records per partition, so offsets are not all 0
-            for p in range(n):
-                for i in range(3):
-                    producer.produce(topic, value=f"{i}".encode(), partition=p)
-        producer.flush(30)
-
-        hook = KafkaOffsetsHook(kafka_config_id=conn_id)
-        for n, topic in topics.items():
-            hook.partition_offsets([topic])  # waits for leaders of a fresh topic
-            for variant, include_earliest in (("poke", False), ("full", True)):
-                samples = timed(lambda t=topic, e=include_earliest: hook.partition_offsets([t], e), args.pokes)
-                row = {
-                    "partitions": n,
-                    "variant": variant,
-                    "requests": "metadata + 2 ListOffsets" if variant == "poke" else "metadata + 3 ListOffsets",
-                    "pokes": args.pokes,
-                    "median_ms": round(statistics.median(samples), 2),
-                    "p90_ms": round(sorted(samples)[int(0.9 * (len(samples) - 1))], 2),
-                    "min_ms": round(min(samples), 2),
-                    "max_ms": round(max(samples), 2),
-                }
-                results.append(row)
-                print(
-                    f"{n:>4} partitions  {variant:<4}  median {row['median_ms']:7.2f} ms  "
-                    f"p90 {row['p90_ms']:7.2f} ms  ({row['requests']}, {args.pokes} pokes)"
-                )
+        _fill(args.bootstrap, topics)
+        results = _measure(KafkaOffsetsHook(kafka_config_id=conn_id), topics, args.pokes)
     finally:
         for fut in admin.delete_topics(list(topics.values()), operation_timeout=60).values():
             try:
@@ -138,6 +112,41 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def _fill(bootstrap: str, topics: dict[int, str]) -> None:
+    """A few records per partition, so offsets are not all 0."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for n, topic in topics.items():
+        for p in range(n):
+            for i in range(3):
+                producer.produce(topic, value=f"{i}".encode(), partition=p)
+    producer.flush(30)
+
+
+def _measure(hook: KafkaOffsetsHook, topics: dict[int, str], pokes: int) -> list[dict]:
+    """Per topic, ``pokes`` timed calls of a sensor's poke and of the full read."""
+    results = []
+    for n, topic in topics.items():
+        hook.partition_offsets([topic])  # waits for leaders of a fresh topic
+        for variant, include_earliest in (("poke", False), ("full", True)):
+            samples = timed(lambda t=topic, e=include_earliest: hook.partition_offsets([t], e), pokes)
+            row = {
+                "partitions": n,
+                "variant": variant,
+                "requests": "metadata + 2 ListOffsets" if variant == "poke" else "metadata + 3 ListOffsets",
+                "pokes": pokes,
+                "median_ms": round(statistics.median(samples), 2),
+                "p90_ms": round(sorted(samples)[int(0.9 * (len(samples) - 1))], 2),
+                "min_ms": round(min(samples), 2),
+                "max_ms": round(max(samples), 2),
+            }
+            results.append(row)
+            print(
+                f"{n:>4} partitions  {variant:<4}  median {row['median_ms']:7.2f} ms  "
+                f"p90 {row['p90_ms']:7.2f} ms  ({row['requests']}, {pokes} pokes)"
+            )
+    return results
 
 
 if __name__ == "__main__":

@@ -76,12 +76,7 @@ def last_run_rate(stack: dict[str, str], config: dict[str, Any]) -> dict[str, An
 
 
 def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict[str, Any]:
-    from airflow_provider_eos.hooks.pg_tools import PgToolsHook
-    from airflow_provider_eos.operators.replay import ReplayOperator
-    from airflow_provider_eos.operators.restore import RestoreOperator
     from airflow_provider_eos.operators.snapshot import SnapshotOperator
-    from airflow_provider_eos.state.stop_requests import set_stop_request
-    from airflow_provider_eos.utils.pipeline_definition import StreamSettings
 
     name = f"bench{uuid.uuid4().hex[:8]}"
     config = pipeline_config(stack, tmp, name, max_offsets_per_trigger=max(20_000, events // 5))
@@ -113,6 +108,31 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     steady_seconds = time.monotonic() - clock
     out["steady"] = {**last_run_rate(stack, config), "seconds": round(steady_seconds, 1),
                      "wall_rows_per_s": round(extra / steady_seconds, 1)}
+    out.update(_restore_and_replay(stack, config, common, store, engine, extra, name))
+    steady_rate, replay_rate = out["steady"]["in_batch_rows_per_s"], out["replay"]["in_batch_rows_per_s"]
+    out["replay_vs_steady_in_batch"] = round(replay_rate / steady_rate, 2) if steady_rate and replay_rate else None
+    out["replay_vs_steady_wall"] = round(out["replay"]["wall_rows_per_s"] / out["steady"]["wall_rows_per_s"], 2)
+    clock = time.monotonic()
+    report = audit(config, tmp)
+    out["audit_seconds"] = round(time.monotonic() - clock, 1)
+    out["audit_ok"] = report["ok"]
+    # What a recovery costs from the restore on: restore + replay + audit.
+    out["recovery_seconds"] = round(out["restore_seconds"] + out["replay_seconds"] + out["audit_seconds"], 1)
+    _forget(stack, config)
+    return out
+
+
+def _restore_and_replay(stack: dict[str, str], config: dict[str, Any], common: dict[str, Any], store: Path,
+                        engine: str, extra: int, name: str) -> dict[str, Any]:
+    """The stream stopped, the snapshot restored and the ``extra`` events since it replayed: each
+    step's time, and the replay's rates."""
+    from airflow_provider_eos.hooks.pg_tools import PgToolsHook
+    from airflow_provider_eos.operators.replay import ReplayOperator
+    from airflow_provider_eos.operators.restore import RestoreOperator
+    from airflow_provider_eos.state.stop_requests import set_stop_request
+    from airflow_provider_eos.utils.pipeline_definition import StreamSettings
+
+    out: dict[str, Any] = {}
     hook = PgToolsHook(postgres_conn_id=PG_CONN, meta_schema=config["meta_schema"])
     set_stop_request(hook, config["pipeline"], True)
     clock = time.monotonic()
@@ -133,16 +153,6 @@ def one_size(stack: dict[str, str], events: int, tmp: Path, engine: str) -> dict
     in_batch = last_run_rate(stack, config) if ran == "spark" else {"in_batch_rows_per_s": None}
     out["replay"] = {**in_batch, "seconds": out["replay_seconds"],
                      "wall_rows_per_s": round(extra / out["replay_seconds"], 1)}
-    steady_rate, replay_rate = out["steady"]["in_batch_rows_per_s"], out["replay"]["in_batch_rows_per_s"]
-    out["replay_vs_steady_in_batch"] = round(replay_rate / steady_rate, 2) if steady_rate and replay_rate else None
-    out["replay_vs_steady_wall"] = round(out["replay"]["wall_rows_per_s"] / out["steady"]["wall_rows_per_s"], 2)
-    clock = time.monotonic()
-    report = audit(config, tmp)
-    out["audit_seconds"] = round(time.monotonic() - clock, 1)
-    out["audit_ok"] = report["ok"]
-    # What a recovery costs from the restore on: restore + replay + audit.
-    out["recovery_seconds"] = round(out["restore_seconds"] + out["replay_seconds"] + out["audit_seconds"], 1)
-    _forget(stack, config)
     return out
 
 

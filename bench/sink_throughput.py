@@ -408,30 +408,9 @@ def recovery_from(path: Path) -> tuple[dict[str, float | None], str]:
     return {key: report.get(key) for key in keys}, f"{path.name}, code {report.get('code', 'not recorded')}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--batch", type=int, default=100_000, help="maxOffsetsPerTrigger")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=12)
-    parser.add_argument("--figures", default=",".join([*MODES, *SPARK_PEERS, *PYTHON_PEERS]))
-    parser.add_argument("--recovery", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sink_throughput.json"))
-    parser.add_argument("--baseline", type=Path,
-                        help="another checkout (e.g. a git worktree of an older commit): its app runs "
-                             f"{', '.join(BASELINE_MODES)} too, in the same rounds, as <mode>@baseline")
-    args = parser.parse_args()
-    chosen = args.figures.split(",")
-    if args.baseline:
-        chosen += [f"{name}{BASELINE_SUFFIX}" for name in chosen if name in BASELINE_MODES]
-    unknown = {name.removesuffix(BASELINE_SUFFIX) for name in chosen} - {*MODES, *SPARK_PEERS, *PYTHON_PEERS}
-    if unknown:
-        raise SystemExit(f"unknown figures {sorted(unknown)}")
-    stack = local_stack()
-    topic, tag = ledger_topic(stack, "ledger", args.events)
-    tmp = Path("/tmp") / f"eos-bench-{tag}"
-    tmp.mkdir(parents=True)
-
+def _run_rounds(args: argparse.Namespace, chosen: list[str], stack: dict[str, str], topic: str, tag: str,
+                tmp: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every chosen figure measured once per round, in an order shuffled anew each round."""
     rng = random.Random(args.seed)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
     for round_number in range(args.runs):
@@ -459,6 +438,34 @@ def main() -> None:
             runs[unit].append(result)
             print(json.dumps({"round": round_number, "figure": unit,
                               **{k: v for k, v in result.items() if k != "phases"}}), flush=True)
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=100_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=12)
+    parser.add_argument("--figures", default=",".join([*MODES, *SPARK_PEERS, *PYTHON_PEERS]))
+    parser.add_argument("--recovery", default=str(ROOT / "bench" / "results" / "recovery_times.json"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sink_throughput.json"))
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (e.g. a git worktree of an older commit): its app runs "
+                             f"{', '.join(BASELINE_MODES)} too, in the same rounds, as <mode>@baseline")
+    args = parser.parse_args()
+    chosen = args.figures.split(",")
+    if args.baseline:
+        chosen += [f"{name}{BASELINE_SUFFIX}" for name in chosen if name in BASELINE_MODES]
+    unknown = {name.removesuffix(BASELINE_SUFFIX) for name in chosen} - {*MODES, *SPARK_PEERS, *PYTHON_PEERS}
+    if unknown:
+        raise SystemExit(f"unknown figures {sorted(unknown)}")
+    stack = local_stack()
+    topic, tag = ledger_topic(stack, "ledger", args.events)
+    tmp = Path("/tmp") / f"eos-bench-{tag}"
+    tmp.mkdir(parents=True)
+
+    runs = _run_rounds(args, chosen, stack, topic, tag, tmp)
 
     figures = {name: summarize(r) for name, r in runs.items() if r}
     phases = {name: median_phases(r) for name, r in runs.items()

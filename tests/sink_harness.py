@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import random
+from dataclasses import fields, replace
 from typing import Any
 
 from psycopg2 import sql
@@ -16,6 +17,7 @@ from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.modes import MODES
+from spark_apps.eos_stream.sink.settings import SinkSettings
 from spark_apps.eos_stream.sink.staging import copy_from_chunks
 from spark_apps.ledger.generator import _event
 from spark_apps.ledger.spec import LEDGER
@@ -30,7 +32,8 @@ class LedgerSink:
 
     :param names: (target schema, meta schema, pipeline), e.g. a test pipeline config's, so the
         audit can read what the sink wrote; default: names made from ``unique_name``.
-    :param sink_options: passed to ``BatchSink`` over the defaults below.
+    :param sink_options: ``SinkSettings`` fields over the defaults below, or ``BatchSink``'s
+        callbacks (``reconnect``, ``reconnect_guard``, ``notify``).
     """
 
     def __init__(self, stack: dict, unique_name: str, delivery: str = "exactly_once",
@@ -47,9 +50,12 @@ class LedgerSink:
         mode = MODES[delivery]
         preflight.ensure_meta_tables(self.conn, self.meta)
         preflight.create_targets(self.conn, LEDGER, self.target, mode)
-        options: dict[str, Any] = {"max_batch_attempts": 3, "transient_retry_seconds": 30, **sink_options}
-        self.sink = BatchSink(conn=self.conn, guard_conn=self.guard, spec=LEDGER, mode=mode, pipeline=self.pipeline,
-                              target_schema=self.target, meta_schema=self.meta, **options)
+        settings = SinkSettings(spec=LEDGER, mode=mode, pipeline=self.pipeline, target_schema=self.target,
+                                meta_schema=self.meta, max_batch_attempts=3, transient_retry_seconds=30)
+        named = {f.name for f in fields(SinkSettings)}
+        settings = replace(settings, **{k: v for k, v in sink_options.items() if k in named})
+        self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard,
+                              **{k: v for k, v in sink_options.items() if k not in named})
 
     def __enter__(self) -> LedgerSink:
         return self

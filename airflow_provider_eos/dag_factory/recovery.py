@@ -149,6 +149,40 @@ def announce_recovered(pipeline: str, postgres_conn_id: str, meta_schema: str, d
     return payload
 
 
+def _stop_the_stream(definition: PipelineDefinition, conns: ResolvedConnections, common: dict[str, Any],
+                     locked: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The steps before anything is chosen: the gate on Kafka's stable offsets, the recovery lock,
+    and the stream stopped and fenced."""
+    # Deferred to the triggerer: waiting on a stuck partition holds no worker slot.
+    gate = LastStableOffsetLagSensor(task_id="gate", topics=list(definition.topics), kafka_config_id=conns.kafka,
+                                     watch_mode="gate", poke_interval=2, timeout=600, deferrable=DEFERRABLE)
+    lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=DEFAULT_LOCK_TTL, plan_only=DRY_RUN,
+                                **common)
+    # The stop request and an epoch bump, then a deferred wait until neither the pipeline's
+    # supervisor nor a driver runs (the trigger keeps the recovery lock's heartbeat).
+    stop = StopPipelineOperator(task_id="stop_stream", fence=True, quiet_seconds="{{ params.quiet_seconds }}",
+                                plan_only=DRY_RUN, deferrable=DEFERRABLE, **locked)
+    return gate, lock, stop
+
+
+def _choose_and_restore(conns: ResolvedConnections, checked: Any, common: dict[str, Any],
+                        locked: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The snapshot chosen once, its offsets checked against Kafka's retention, and its restore."""
+    # The one choice of the run: every later step is handed this ChosenSnapshot (manifest and store).
+    choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}",
+                             snapshot_store=checked["snapshot_store"],
+                             allow_table_changes="{{ params.allow_table_changes }}", plan_only=True, **common)
+    retention = RetentionCheckOperator(task_id="retention_check", snapshot=choose.output,
+                                       kafka_config_id=conns.kafka, **common)
+    # keep_old: the replaced tables stay aside until replay and audit prove the new state (finalize
+    # drops them) or one of them fails (rollback puts them back).
+    restore = RestoreOperator(task_id="restore", snapshot=choose.output, keep_old=True,
+                              kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
+                              allow_table_changes="{{ params.allow_table_changes }}",
+                              plan_only=DRY_RUN, **locked)
+    return choose, retention, restore
+
+
 def _replay_and_audit(definition: PipelineDefinition, conns: ResolvedConnections,
                       locked: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The steps after the restore that prove it: the replay, the wait until the stored offsets
@@ -220,27 +254,8 @@ def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | 
     ) as dag:
         # multiple_outputs: each setting is its own XCom, wired by key below.
         checked: Any = check_conf()
-        # Deferred to the triggerer: waiting on a stuck partition holds no worker slot.
-        gate = LastStableOffsetLagSensor(task_id="gate", topics=list(definition.topics), kafka_config_id=conns.kafka,
-                                         watch_mode="gate", poke_interval=2, timeout=600, deferrable=DEFERRABLE)
-        lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=DEFAULT_LOCK_TTL, plan_only=DRY_RUN,
-                                    **common)
-        # The stop request and an epoch bump, then a deferred wait until neither the pipeline's
-        # supervisor nor a driver runs (the trigger keeps the recovery lock's heartbeat).
-        stop = StopPipelineOperator(task_id="stop_stream", fence=True, quiet_seconds="{{ params.quiet_seconds }}",
-                                    plan_only=DRY_RUN, deferrable=DEFERRABLE, **locked)
-        # The one choice of the run: every later step is handed this ChosenSnapshot (manifest and store).
-        choose = RestoreOperator(task_id="choose_snapshot", snapshot="{{ params.snapshot }}",
-                                 snapshot_store=checked["snapshot_store"],
-                                 allow_table_changes="{{ params.allow_table_changes }}", plan_only=True, **common)
-        retention = RetentionCheckOperator(task_id="retention_check", snapshot=choose.output,
-                                           kafka_config_id=conns.kafka, **common)
-        # keep_old: the replaced tables stay aside until replay and audit prove the new state (finalize
-        # drops them) or one of them fails (rollback puts them back).
-        restore = RestoreOperator(task_id="restore", snapshot=choose.output, keep_old=True,
-                                  kafka_config_id=conns.kafka, quiet_seconds="{{ params.quiet_seconds }}",
-                                  allow_table_changes="{{ params.allow_table_changes }}",
-                                  plan_only=DRY_RUN, **locked)
+        gate, lock, stop = _stop_the_stream(definition, conns, common, locked)
+        choose, retention, restore = _choose_and_restore(conns, checked, common, locked)
         replay, caught_up, audit = _replay_and_audit(definition, conns, locked)
         # Also sweeps this target's asides older than the deployment's retention (failed recoveries never undone).
         finalize = FinalizeRestoreOperator(task_id="finalize", restored=restore.output,

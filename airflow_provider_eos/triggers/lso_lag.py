@@ -18,12 +18,12 @@ from airflow_provider_eos.utils.lso_watch import (
 
 HEALTH = "health"
 GATE = "gate"
-MODES = (HEALTH, GATE)
+WATCH_MODES = (HEALTH, GATE)
 
 
 def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in WATCH_MODES:
+        raise ValueError(f"mode must be one of {WATCH_MODES}, got {mode!r}")
     return mode
 
 

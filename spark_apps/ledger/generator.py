@@ -79,50 +79,70 @@ def produce_ledger(
     """
     rng = random.Random(seed)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    producer = Producer(with_python_logging({
-        "bootstrap.servers": bootstrap,
-        "transactional.id": transactional_id or f"ledger-gen-{uuid.uuid4().hex[:8]}",
-        "linger.ms": 20,
-        "compression.type": "lz4",
-    }))
-    producer.init_transactions(30)
+    producer = transactional_producer(bootstrap, transactional_id or f"ledger-gen-{uuid.uuid4().hex[:8]}")
     summary = ProduceSummary()
     seq = first_seq
+    specials = _specials(malformed, poison, start)
+    while summary.committed < events:
+        summary.transactions += 1
+        abort = abort_every > 0 and summary.transactions % abort_every == 0
+        size = batch_size if abort else min(batch_size, events - summary.committed)
+        batch = [_event(rng, seq + index, accounts, start) for index in range(size)]
+        seq += size
+        if not abort and specials and summary.transactions % 3 == 1:
+            batch.append(_count_special(summary, specials.pop()))
+        send_transaction(producer, topic, batch, abort=abort)
+        if abort:
+            summary.aborted += size
+            seq -= size  # aborted events never happened: reuse their sequence numbers
+        else:
+            summary.committed += size
+    for special in specials:  # any not yet placed go in one last transaction
+        send_transaction(producer, topic, [_count_special(summary, special)], abort=False)
+    return summary
+
+
+def _specials(malformed: int, poison: int, start: datetime) -> list[tuple[str, bytes]]:
+    """The records the pipeline must quarantine: ``malformed`` that are not JSON, ``poison`` whose
+    account id the database refuses."""
     specials: list[tuple[str, bytes]] = [("bad", b"{not json") for _ in range(malformed)]
     specials += [
         ("poison", json.dumps({"event_id": str(uuid.uuid4()), "account_id": "x" * (ACCOUNT_ID_MAX + 36),
                                "amount_cents": 1, "ts": start.isoformat(), "seq": -1}).encode())
         for _ in range(poison)
     ]
-    while summary.committed < events:
-        summary.transactions += 1
-        abort = abort_every > 0 and summary.transactions % abort_every == 0
-        producer.begin_transaction()
-        size = batch_size if abort else min(batch_size, events - summary.committed)
-        for _ in range(size):
-            key, value = _event(rng, seq, accounts, start)
-            producer.produce(topic, key=key.encode(), value=value)
-            seq += 1
-        if not abort and specials and summary.transactions % 3 == 1:
-            key, value = specials.pop()
-            producer.produce(topic, key=key.encode(), value=value)
-            summary.malformed += key == "bad"
-            summary.poison += key == "poison"
-        if abort:
-            producer.flush(30)
-            producer.abort_transaction(30)
-            summary.aborted += size
-            seq -= size  # aborted events never happened: reuse their sequence numbers
-        else:
-            producer.commit_transaction(30)
-            summary.committed += size
-    for key, value in specials:  # any not yet placed go in one last transaction
-        producer.begin_transaction()
+    return specials
+
+
+def _count_special(summary: ProduceSummary, special: tuple[str, bytes]) -> tuple[str, bytes]:
+    key, _value = special
+    summary.malformed += key == "bad"
+    summary.poison += key == "poison"
+    return special
+
+
+def transactional_producer(bootstrap: str, transactional_id: str) -> Producer:
+    """A producer whose transactions are initialised, batching and compressing as a busy one would."""
+    producer = Producer(with_python_logging({
+        "bootstrap.servers": bootstrap,
+        "transactional.id": transactional_id,
+        "linger.ms": 20,
+        "compression.type": "lz4",
+    }))
+    producer.init_transactions(30)
+    return producer
+
+
+def send_transaction(producer: Producer, topic: str, records: list[tuple[str, bytes]], *, abort: bool) -> None:
+    """``records`` (key, value) in one Kafka transaction, committed, or aborted when ``abort``."""
+    producer.begin_transaction()
+    for key, value in records:
         producer.produce(topic, key=key.encode(), value=value)
+    if abort:
+        producer.flush(30)
+        producer.abort_transaction(30)
+    else:
         producer.commit_transaction(30)
-        summary.malformed += key == "bad"
-        summary.poison += key == "poison"
-    return summary
 
 
 def main() -> None:

@@ -18,10 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 
-from confluent_kafka import Producer
-
-from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.ledger.generator import ensure_topic
+from spark_apps.ledger.generator import ensure_topic, send_transaction, transactional_producer
 
 TOPIC = "orders.events"
 SKUS = tuple(f"sku-{n:04d}" for n in range(60))
@@ -81,42 +78,50 @@ def produce_orders(
     """
     rng = random.Random(seed)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    producer = Producer(with_python_logging({
-        "bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4",
-        "transactional.id": transactional_id or f"orders-gen-{uuid.uuid4().hex[:8]}"}))
-    producer.init_transactions(30)
+    producer = transactional_producer(bootstrap, transactional_id or f"orders-gen-{uuid.uuid4().hex[:8]}")
     summary = OrdersSummary()
     seq = first_seq
     while summary.committed < events:
         summary.transactions += 1
         abort = abort_every > 0 and summary.transactions % abort_every == 0
-        batch: list[tuple[str, bytes]] = []
-        for _ in range(orders_per_transaction):
-            batch += _order(rng, seq + len(batch), start)
-            if not abort and summary.committed + len(batch) >= events:
-                del batch[events - summary.committed:]
-                break
+        batch = _orders(rng, seq, start, orders_per_transaction, None if abort else events - summary.committed)
         seq += len(batch)
         good = len(batch)
-        if not abort and summary.malformed < malformed:
-            batch.append((f"malformed-{summary.malformed}", b"{not json"))
-            summary.malformed += 1
-        if not abort and summary.rejected < rejected:
-            bad = json.loads(batch[0][1])
-            bad.update({"order_id": f"rejected-{summary.rejected}", "quantity": 0, "seq": -1 - summary.rejected})
-            batch.append((bad["order_id"], json.dumps(bad).encode()))
-            summary.rejected += 1
-        producer.begin_transaction()
-        for key, value in batch:
-            producer.produce(topic, key=key.encode(), value=value)
+        if not abort:
+            batch += _bad_lines(summary, batch, malformed, rejected)
+        send_transaction(producer, topic, batch, abort=abort)
         if abort:
-            producer.flush(30)
-            producer.abort_transaction(30)
             summary.aborted += len(batch)
         else:
-            producer.commit_transaction(30)
             summary.committed += good
     return summary
+
+
+def _orders(rng: random.Random, seq: int, start: datetime, orders: int, room: int | None) -> list[tuple[str, bytes]]:
+    """The lines of ``orders`` orders from ``seq`` on, cut short at ``room`` lines (None: no bound)."""
+    batch: list[tuple[str, bytes]] = []
+    for _ in range(orders):
+        batch += _order(rng, seq + len(batch), start)
+        if room is not None and len(batch) >= room:
+            del batch[room:]
+            break
+    return batch
+
+
+def _bad_lines(summary: OrdersSummary, good: list[tuple[str, bytes]], malformed: int,
+               rejected: int) -> list[tuple[str, bytes]]:
+    """One malformed and one rejected line while fewer than asked were sent (a rejected one made
+    from the first of the ``good`` lines), counted in ``summary``."""
+    bad_lines = []
+    if summary.malformed < malformed:
+        bad_lines.append((f"malformed-{summary.malformed}", b"{not json"))
+        summary.malformed += 1
+    if summary.rejected < rejected:
+        bad = json.loads(good[0][1])
+        bad.update({"order_id": f"rejected-{summary.rejected}", "quantity": 0, "seq": -1 - summary.rejected})
+        bad_lines.append((bad["order_id"], json.dumps(bad).encode()))
+        summary.rejected += 1
+    return bad_lines
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.sink.part_writer import write_part
+from spark_apps.eos_stream.sink.settings import SinkSettings
 from spark_apps.eos_stream.sink.staging import stage_ranges
 from spark_apps.eos_stream.state import fencing
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
@@ -92,9 +93,10 @@ class _Pipeline:
         self.conn.autocommit = False
         preflight.ensure_meta_tables(self.conn, meta)
         self.epoch = fencing.bump_epoch(self.conn, meta, name, by="test", reason="test")
-        self.sink = BatchSink(conn=self.conn, guard_conn=self.guard, spec=spec, mode=MODES["exactly_once"],
-                              pipeline=name, target_schema=target, meta_schema=meta, max_batch_attempts=3,
-                              epoch=self.epoch, transient_retry_seconds=10, prepared_parts=True)
+        settings = SinkSettings(spec=spec, mode=MODES["exactly_once"], pipeline=name, target_schema=target,
+                                meta_schema=meta, max_batch_attempts=3, epoch=self.epoch, transient_retry_seconds=10,
+                                prepared_parts=True)
+        self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard)
 
     def dsn(self) -> dict[str, Any]:
         return {"host": self.stack["EOS_PG_HOST"], "port": int(self.stack["EOS_PG_PORT"]),

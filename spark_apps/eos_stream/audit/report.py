@@ -298,6 +298,35 @@ def _retired_section(snap: Snapshot) -> dict[str, dict[str, Any]]:
     return retired
 
 
+def _summary(snap: Snapshot, ranges: dict[TopicPartition, PartitionRange], trials: Mapping[DeadLetterKey, str],
+             counted: _Counted, partitions: _Section, dead: _DeadLetters, aggregate: _Aggregates,
+             shortfall: Mapping[TopicPartition, int], retired: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report's summary: the sections' counts, summed."""
+    rows = partitions.part.values()
+    return {
+        "committed_records": sum(counted.committed.values()),
+        "duplicated": sum(p["duplicated"] for p in rows),
+        "missing": sum(p["missing"] for p in rows),
+        "unexpected": sum(p["unexpected"] for p in rows),
+        "dead_lettered": sum(1 for t, p, _o in snap.dead if (t, p) not in snap.retired),
+        "malformed_not_quarantined": dead.not_quarantined,
+        "wrongly_quarantined": len(dead.wrongly),
+        "dead_letters_not_in_kafka": len(dead.not_in_kafka),
+        "dead_letters_by_class": dict(sorted(dead.by_class.items())),
+        # What each dead letter's own insert did when tried (and rolled back): applies, refused:<SQLSTATE>...
+        "dead_letter_trials": dict(sorted(Counter(trials.values()).items())),
+        "rows_below_earliest": sum(p["rows_below_earliest"] for p in rows),
+        "beyond_offsets": sum(p["beyond_offsets"] for p in rows) + dead.beyond_offsets,
+        "not_yet_applied": sum(counted.not_yet_applied.values()),
+        "retention_gap_offsets": sum(r.retention_gap for r in ranges.values()),
+        "offsets_ahead": sum(r.offsets_ahead for r in ranges.values()),
+        "unverified_aggregates": len(aggregate.unverified),
+        "goal_shortfall": sum(shortfall.values()),
+        "retired_topics": len(retired),
+        "accepted_gap_offsets": accepted_gap_offsets(snap.accepted_gaps),
+    }
+
+
 def build_report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[AggregateTarget], snap: Snapshot,
             ranges: dict[TopicPartition, PartitionRange], side: KafkaSide, trials: Mapping[DeadLetterKey, str], *,
             running: bool, pending: str, goal: Mapping[TopicPartition, int] | None = None) -> dict[str, Any]:
@@ -327,29 +356,7 @@ def build_report(config: PipelineConfig, spec: PipelineSpec, aggregates: list[Ag
     mismatches = [*kafka.mismatches, *partitions.mismatches, *dead.mismatches, *aggregate.mismatches,
                   *(f"goal_not_reached:{t}:{p}" for t, p in shortfall)]
     retired = _retired_section(snap)
-    rows = partitions.part.values()
-    summary = {
-        "committed_records": sum(counted.committed.values()),
-        "duplicated": sum(p["duplicated"] for p in rows),
-        "missing": sum(p["missing"] for p in rows),
-        "unexpected": sum(p["unexpected"] for p in rows),
-        "dead_lettered": sum(1 for t, p, _o in snap.dead if (t, p) not in snap.retired),
-        "malformed_not_quarantined": dead.not_quarantined,
-        "wrongly_quarantined": len(dead.wrongly),
-        "dead_letters_not_in_kafka": len(dead.not_in_kafka),
-        "dead_letters_by_class": dict(sorted(dead.by_class.items())),
-        # What each dead letter's own insert did when tried (and rolled back): applies, refused:<SQLSTATE>...
-        "dead_letter_trials": dict(sorted(Counter(trials.values()).items())),
-        "rows_below_earliest": sum(p["rows_below_earliest"] for p in rows),
-        "beyond_offsets": sum(p["beyond_offsets"] for p in rows) + dead.beyond_offsets,
-        "not_yet_applied": sum(counted.not_yet_applied.values()),
-        "retention_gap_offsets": sum(r.retention_gap for r in ranges.values()),
-        "offsets_ahead": sum(r.offsets_ahead for r in ranges.values()),
-        "unverified_aggregates": len(aggregate.unverified),
-        "goal_shortfall": sum(shortfall.values()),
-        "retired_topics": len(retired),
-        "accepted_gap_offsets": accepted_gap_offsets(snap.accepted_gaps),
-    }
+    summary = _summary(snap, ranges, trials, counted, partitions, dead, aggregate, shortfall, retired)
     return {
         "pipeline": config.pipeline, "ok": not mismatches, "mismatches": mismatches, "summary": summary,
         "aggregates": aggregate.totals, "partitions": partitions.part, "kafka": kafka.part,

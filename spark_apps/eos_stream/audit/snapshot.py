@@ -144,16 +144,8 @@ def read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates: 
     """The rest of the database's side, in the transaction ``read_cut`` opened: the same snapshot,
     however long after the cut it is read (the first statement fixed it)."""
     stored, dead = cut.stored, cut.dead
-    rows: dict[str, dict[TopicPartition, Counter]] = {}
-    for row_target in (t for t in spec.targets if isinstance(t, RowTarget)):
-        # Each partition's offsets as one array, counted here: a million rows cost one value
-        # each to fetch and count, not a tuple and a dict entry apiece.
-        present: dict[TopicPartition, Counter] = defaultdict(Counter)
-        for t, p, offsets in fetch(conn, sql.SQL(
-                "SELECT kafka_topic, kafka_partition, array_agg(kafka_offset) FROM {} GROUP BY 1, 2").format(
-                _target(config, row_target.table))):
-            present[(t, p)] = Counter(map(int, offsets))
-        rows[row_target.table] = present
+    rows = {target.table: _row_offsets(conn, config, target.table)
+            for target in spec.targets if isinstance(target, RowTarget)}
     retired = retired_topics(config.topics, [*stored, *((t, p) for t, p, _o in dead),
                                              *(tp for present in rows.values() for tp in present)])
     actual: list[dict[tuple, dict[str, Any]]] = []
@@ -164,44 +156,82 @@ def read_snapshot(conn, config: PipelineConfig, spec: PipelineSpec, aggregates: 
     gone = [(t, p, e) for (t, p), e in sorted(earliest.items()) if e > 0]
     gone += [(t, p, ALL_OFFSETS) for t, p in sorted(retired)]
     for target in aggregates:
-        columns, width = target.columns, len(target.group_by)
-        actual.append({
-            tuple(row[:width]): dict(zip(columns, row[width:], strict=True))
-            for row in fetch(conn, sql.SQL("SELECT {}, {} FROM {}").format(
-                sql.SQL(", ").join(map(sql.Identifier, target.group_by)),
-                sql.SQL(", ").join(map(sql.Identifier, columns)), _target(config, target.table)))
-        })
+        actual.append(_aggregate_rows(conn, config, target))
         carrier = carrier_for(spec, target)
         sums: dict[tuple, Counter] = defaultdict(Counter)
         latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
         if carrier is not None and gone:
-            keys = sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(k)) for k in target.group_by)
-            totals = sql.SQL(", ").join(
-                sql.SQL("count(*)") if source is None else sql.SQL("sum(r.{})").format(sql.Identifier(source))
-                for source in target.increments.values())
-            increments = list(target.increments)
-            for row in (_below_earliest(conn, config, carrier, gone, sql.SQL("{keys}, {totals}"),
-                                        sql.SQL(" GROUP BY {keys}"), keys=keys, totals=totals)
-                        if increments else []):
-                sums[tuple(row[:width])] = Counter(
-                    {c: as_number(v) for c, v in zip(increments, row[width:], strict=True)})
-            if target.latest:
-                # Each key's last row below the earliest offsets, per partition: kept only where
-                # Kafka holds no later record of the key (keep_latest compares positions).
-                values = sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(v)) for v in target.latest.values())
-                for row in _below_earliest(
-                        conn, config, carrier, gone,
-                        sql.SQL("DISTINCT ON ({keys}, r.kafka_topic, r.kafka_partition) {keys}, r.kafka_topic,"
-                                " r.kafka_partition, r.kafka_offset, {values}"),
-                        sql.SQL(" ORDER BY {keys}, r.kafka_topic, r.kafka_partition, r.kafka_offset DESC"),
-                        keys=keys, values=values):
-                    topic, partition, offset = row[width], int(row[width + 1]), int(row[width + 2])
-                    for column, value in zip(target.latest, row[width + 3:], strict=True):
-                        keep_latest(latest[(tuple(row[:width]), (topic, partition))], column,
-                                    latest_position(topic, partition, offset, retired), value)
+            sums = _sums_below_earliest(conn, config, carrier, target, gone)
+            latest = _latest_below_earliest(conn, config, carrier, target, gone, retired)
         below_latest.append(latest)
         below.append(None if carrier is None else sums)
     return Snapshot(cut.running, stored, dead, rows, actual, below, below_latest, retired)
+
+
+def _row_offsets(conn, config: PipelineConfig, table: str) -> dict[TopicPartition, Counter]:
+    """How many rows a row target holds of each offset, per partition."""
+    # Each partition's offsets as one array, counted here: a million rows cost one value
+    # each to fetch and count, not a tuple and a dict entry apiece.
+    present: dict[TopicPartition, Counter] = defaultdict(Counter)
+    for t, p, offsets in fetch(conn, sql.SQL(
+            "SELECT kafka_topic, kafka_partition, array_agg(kafka_offset) FROM {} GROUP BY 1, 2").format(
+            _target(config, table))):
+        present[(t, p)] = Counter(map(int, offsets))
+    return present
+
+
+def _aggregate_rows(conn, config: PipelineConfig, target: AggregateTarget) -> dict[tuple, dict[str, Any]]:
+    """An aggregate table as it is: its columns per key."""
+    columns, width = target.columns, len(target.group_by)
+    return {
+        tuple(row[:width]): dict(zip(columns, row[width:], strict=True))
+        for row in fetch(conn, sql.SQL("SELECT {}, {} FROM {}").format(
+            sql.SQL(", ").join(map(sql.Identifier, target.group_by)),
+            sql.SQL(", ").join(map(sql.Identifier, columns)), _target(config, target.table)))
+    }
+
+
+def _carrier_keys(target: AggregateTarget) -> sql.Composed:
+    return sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(k)) for k in target.group_by)
+
+
+def _sums_below_earliest(conn, config: PipelineConfig, carrier: RowTarget, target: AggregateTarget,
+                         gone: list[tuple[str, int, int]]) -> dict[tuple, Counter]:
+    """Each key's increments summed over the carrier's rows that Kafka no longer holds."""
+    sums: dict[tuple, Counter] = defaultdict(Counter)
+    increments, width = list(target.increments), len(target.group_by)
+    if not increments:
+        return sums
+    totals = sql.SQL(", ").join(
+        sql.SQL("count(*)") if source is None else sql.SQL("sum(r.{})").format(sql.Identifier(source))
+        for source in target.increments.values())
+    for row in _below_earliest(conn, config, carrier, gone, sql.SQL("{keys}, {totals}"),
+                               sql.SQL(" GROUP BY {keys}"), keys=_carrier_keys(target), totals=totals):
+        sums[tuple(row[:width])] = Counter({c: as_number(v) for c, v in zip(increments, row[width:], strict=True)})
+    return sums
+
+
+def _latest_below_earliest(conn, config: PipelineConfig, carrier: RowTarget, target: AggregateTarget,
+                           gone: list[tuple[str, int, int]],
+                           retired: set[TopicPartition]) -> dict[tuple, dict[str, tuple[Position, Any]]]:
+    """Each key's last row below the earliest offsets, per partition: kept only where Kafka holds
+    no later record of the key (keep_latest compares positions)."""
+    latest: dict[tuple, dict[str, tuple[Position, Any]]] = defaultdict(dict)
+    if not target.latest:
+        return latest
+    width, keys = len(target.group_by), _carrier_keys(target)
+    values = sql.SQL(", ").join(sql.SQL("r.{}").format(sql.Identifier(v)) for v in target.latest.values())
+    for row in _below_earliest(
+            conn, config, carrier, gone,
+            sql.SQL("DISTINCT ON ({keys}, r.kafka_topic, r.kafka_partition) {keys}, r.kafka_topic,"
+                    " r.kafka_partition, r.kafka_offset, {values}"),
+            sql.SQL(" ORDER BY {keys}, r.kafka_topic, r.kafka_partition, r.kafka_offset DESC"),
+            keys=keys, values=values):
+        topic, partition, offset = row[width], int(row[width + 1]), int(row[width + 2])
+        for column, value in zip(target.latest, row[width + 3:], strict=True):
+            keep_latest(latest[(tuple(row[:width]), (topic, partition))], column,
+                        latest_position(topic, partition, offset, retired), value)
+    return latest
 
 
 def latest_position(topic: str, partition: int, offset: int, retired: set[TopicPartition]) -> Position:

@@ -105,8 +105,6 @@ def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
     :raises RuntimeError: a trial failed, ``TRIAL_ATTEMPTS`` times, with an error that says nothing
         of the record (a lock timeout, a lost connection): the audit cannot decide, so it says so.
     """
-    import psycopg2
-
     outcomes: dict[DeadLetterKey, str] = {}
     tried = {}
     for coordinates, (key, value) in sorted(records.items()):
@@ -129,31 +127,40 @@ def try_dead_letters(config: PipelineConfig, spec: PipelineSpec,
             statement = apply_sql.apply_batch_statement(
                 spec, stage=stage, target_schema=config.target_schema, meta_schema=config.meta_schema,
                 skip_applied=False, dedupe=False, upsert_rows=False, only_record=True)
-            for (topic, partition, offset), (key, value) in tried.items():
-                lines = "".join(staging_lines(spec, [(topic, partition, offset, key, value)], keep_raw=True))
-                for attempt in range(1, TRIAL_ATTEMPTS + 1):
-                    cur.execute("SAVEPOINT eos_audit_trial")
-                    try:
-                        staging.copy_from_chunks(cur, stage, staging_columns(spec), iter([lines.encode()]))
-                        cur.execute(statement, {"pipeline": config.pipeline, "topic": topic,
-                                                "partition": partition, "offset": offset})
-                        outcome = APPLIES
-                    except psycopg2.Error as exc:
-                        if dead_letter_class(exc.pgcode, "").startswith(("not_data", "parse")):
-                            if attempt < TRIAL_ATTEMPTS:
-                                cur.execute("ROLLBACK TO SAVEPOINT eos_audit_trial")
-                                time.sleep(attempt)
-                                continue
-                            raise RuntimeError(
-                                f"audit: cannot decide whether dead letter {topic}[{partition}]@{offset} is poison: "
-                                f"its trial insert failed {TRIAL_ATTEMPTS} times with SQLSTATE {exc.pgcode}, not a "
-                                f"data error ({str(exc).strip().splitlines()[0]}); rerun the audit") from exc
-                        outcome = REFUSED + str(exc.pgcode)
-                    cur.execute("ROLLBACK TO SAVEPOINT eos_audit_trial")
-                    outcomes[(topic, partition, offset)] = outcome
-                    break
+            for coordinates, (key, value) in tried.items():
+                outcomes[coordinates] = _try_one(cur, spec, stage, statement, config.pipeline, coordinates,
+                                                 key, value)
     finally:
         if not conn.closed:  # a lost connection rolled back by itself; its error is the one to raise
             conn.rollback()  # the stage, and every trial insert, never existed
         conn.close()
     return outcomes
+
+
+def _try_one(cur: Any, spec: PipelineSpec, stage: sql.Composed, statement: sql.Composed, pipeline: str,
+             coordinates: DeadLetterKey, key: bytes | None, value: bytes | None) -> str:
+    """One record's trial inside a savepoint, rolled back after it: its COPY line into the
+    stage, then the apply statement restricted to it; retried while the error says nothing of
+    the record."""
+    topic, partition, offset = coordinates
+    lines = "".join(staging_lines(spec, [(topic, partition, offset, key, value)], keep_raw=True))
+    for attempt in range(1, TRIAL_ATTEMPTS + 1):
+        cur.execute("SAVEPOINT eos_audit_trial")
+        try:
+            staging.copy_from_chunks(cur, stage, staging_columns(spec), iter([lines.encode()]))
+            cur.execute(statement, {"pipeline": pipeline, "topic": topic, "partition": partition, "offset": offset})
+            outcome = APPLIES
+        except psycopg2.Error as exc:
+            if dead_letter_class(exc.pgcode, "").startswith(("not_data", "parse")):
+                if attempt < TRIAL_ATTEMPTS:
+                    cur.execute("ROLLBACK TO SAVEPOINT eos_audit_trial")
+                    time.sleep(attempt)
+                    continue
+                raise RuntimeError(
+                    f"audit: cannot decide whether dead letter {topic}[{partition}]@{offset} is poison: "
+                    f"its trial insert failed {TRIAL_ATTEMPTS} times with SQLSTATE {exc.pgcode}, not a "
+                    f"data error ({str(exc).strip().splitlines()[0]}); rerun the audit") from exc
+            outcome = REFUSED + str(exc.pgcode)
+        cur.execute("ROLLBACK TO SAVEPOINT eos_audit_trial")
+        return outcome
+    raise AssertionError("unreachable: the last attempt returns or raises")

@@ -27,6 +27,7 @@ from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
 from spark_apps.eos_stream.sink.modes import DeliveryMode
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.sink.postgres import connect
+from spark_apps.eos_stream.sink.settings import SinkSettings
 from spark_apps.eos_stream.sink.staging import drop_stages
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.control import hold_running_lock, stop_requested
@@ -60,23 +61,10 @@ class Driver:
         return connect(self.dsn, describe=self.config.postgres.describe())
 
     def sink(self) -> BatchSink:
-        config = self.config
-        return BatchSink(
-            conn=self.conn,
-            guard_conn=self.guard_conn,
-            spec=self.spec,
-            mode=self.mode,
-            pipeline=config.pipeline,
-            target_schema=config.target_schema,
-            meta_schema=config.meta_schema,
-            max_batch_attempts=config.max_batch_attempts,
-            epoch=self.epoch,
-            transient_retry_seconds=config.transient_retry_seconds,
-            reconnect=self.connect,
-            reconnect_guard=self.reconnect_guard,
-            notify=emit,
-            prepared_parts=self.prepared_parts,
-        )
+        settings = SinkSettings.of(self.config, self.spec, self.mode, epoch=self.epoch,
+                                   prepared_parts=self.prepared_parts)
+        return BatchSink(settings, conn=self.conn, guard_conn=self.guard_conn, reconnect=self.connect,
+                         reconnect_guard=self.reconnect_guard, notify=emit)
 
     def reconnect_guard(self) -> PgConnection:
         """A new guard connection that holds the running lock again: the old

@@ -48,6 +48,27 @@ def apply_batch_statement(
 
     Binds %(pipeline)s; returns (applied, dead_lettered) counts.
     """
+    fresh = _fresh_records(spec, stage, meta_schema, skip_applied=skip_applied, dedupe=dedupe,
+                           only_record=only_record, only_range=only_range)
+    parts = [sql.SQL("WITH fresh AS MATERIALIZED ({})").format(fresh)]
+    for index, target in enumerate(spec.targets):
+        table = _qualified(target_schema, target.table)
+        if isinstance(target, RowTarget):
+            statement = _rows_from_records(table, target, upsert_rows)
+        else:
+            statement = _aggregate_from_records(table, target, {f.name: f.pg_type for f in spec.fields})
+        parts.append(sql.SQL(", {} AS ({})").format(sql.Identifier(f"t{index}"), statement))
+    parts.append(sql.SQL(", dlq AS ({})").format(dead_letters_statement(sql.SQL("fresh"), meta_schema)))
+    parts.append(sql.SQL(
+        " SELECT count(*) FILTER (WHERE _error IS NULL), count(*) FILTER (WHERE _error IS NOT NULL) FROM fresh"
+    ))
+    return sql.Composed(parts)
+
+
+def _fresh_records(spec: PipelineSpec, stage: sql.Composed, meta_schema: str, *, skip_applied: bool,
+                   dedupe: bool, only_record: bool, only_range: bool) -> sql.Composed:
+    """The SELECT of the staged records the batch applies, typed (``apply_batch_statement``'s
+    switches say which)."""
     offsets = meta_tables.table(meta_schema, meta_tables.OFFSETS)
     conditions = [sql.SQL("TRUE")]
     join = sql.SQL("")
@@ -68,32 +89,23 @@ def apply_batch_statement(
             " AND (s._topic, s._partition, s._offset) <= (%(last_topic)s, %(last_partition)s, %(last_offset)s)"
         ))
     distinct = sql.SQL("DISTINCT ON (s._topic, s._partition, s._offset) ") if dedupe else sql.SQL("")
-    fresh = sql.SQL("SELECT {distinct}{columns} FROM {stage} s{join} WHERE {where}").format(
+    return sql.SQL("SELECT {distinct}{columns} FROM {stage} s{join} WHERE {where}").format(
         distinct=distinct, columns=typed_stage_columns(spec), stage=stage, join=join,
         where=sql.SQL(" AND ").join(conditions),
     )
 
-    parts = [sql.SQL("WITH fresh AS MATERIALIZED ({})").format(fresh)]
-    for index, target in enumerate(spec.targets):
-        table = _qualified(target_schema, target.table)
-        if isinstance(target, RowTarget):
-            statement = sql.SQL(
-                "INSERT INTO {table} ({cols}) SELECT _topic, _partition, _offset, {fields}"
-                " FROM fresh WHERE _error IS NULL{conflict}"
-            ).format(
-                table=table,
-                cols=_ident_list([*SOURCE_COLUMNS, *target.columns]),
-                fields=_ident_list(target.columns),
-                conflict=sql.SQL(" ON CONFLICT DO NOTHING") if upsert_rows else sql.SQL(""),
-            )
-        else:
-            statement = _aggregate_from_records(table, target, {f.name: f.pg_type for f in spec.fields})
-        parts.append(sql.SQL(", {} AS ({})").format(sql.Identifier(f"t{index}"), statement))
-    parts.append(sql.SQL(", dlq AS ({})").format(dead_letters_statement(sql.SQL("fresh"), meta_schema)))
-    parts.append(sql.SQL(
-        " SELECT count(*) FILTER (WHERE _error IS NULL), count(*) FILTER (WHERE _error IS NOT NULL) FROM fresh"
-    ))
-    return sql.Composed(parts)
+
+def _rows_from_records(table: sql.Composed, target: RowTarget, upsert_rows: bool) -> sql.Composed:
+    """The INSERT of a row target's rows from the fresh records that parsed."""
+    return sql.SQL(
+        "INSERT INTO {table} ({cols}) SELECT _topic, _partition, _offset, {fields}"
+        " FROM fresh WHERE _error IS NULL{conflict}"
+    ).format(
+        table=table,
+        cols=_ident_list([*SOURCE_COLUMNS, *target.columns]),
+        fields=_ident_list(target.columns),
+        conflict=sql.SQL(" ON CONFLICT DO NOTHING") if upsert_rows else sql.SQL(""),
+    )
 
 
 def typed_stage_columns(spec: PipelineSpec) -> sql.Composed:

@@ -91,14 +91,13 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import PipelineSpec
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.committer import BatchCommitter
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
-from spark_apps.eos_stream.sink.modes import DeliveryMode
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
+from spark_apps.eos_stream.sink.settings import SinkSettings
 from spark_apps.eos_stream.sink.staging import create_stage, stage_prefix, stage_table
 from spark_apps.eos_stream.sink.writer import BatchResult, BatchWriter, StagedBatch
 from spark_apps.eos_stream.state import fencing
@@ -131,13 +130,10 @@ def _fault_injection() -> Callable[[str, int], None]:
 class BatchSink:
     """One micro-batch in, one database transaction out.
 
+    :param settings: what the sink is set to (``SinkSettings``: the pipeline, its
+        schemas, spec and mode, the epoch, the retry bounds, prepared parts).
     :param conn: driver connection used for the apply transaction.
     :param guard_conn: a second connection, autocommit, for attempt counting.
-    :param epoch: the pipeline epoch this driver got when it started
-        (``fencing.bump_epoch``); every batch proves it is still current.
-        None skips the ownership check (tests of the apply path alone).
-    :param transient_retry_seconds: how long one batch is retried in the
-        driver after transient errors before the run fails (0: never retried).
     :param reconnect: opens a new apply connection when a transient error
         broke the old one (None: the retry fails if the connection is gone).
     :param reconnect_guard: opens a new guard connection when the old one
@@ -145,8 +141,6 @@ class BatchSink:
         (None: the retry fails if the guard connection is gone).
     :param notify: called as ``notify(event, **fields)`` for each transient
         retry (the app prints it as an ``EOS-RETRY`` line).
-    :param prepared_parts: batches may arrive written as prepared parts
-        (``WrittenParts``, P1-P6); needs ``epoch``.
 
     ``process`` takes fill_stage, a callable(stage_name, keep_raw) that makes
     the executors COPY the batch into the staging table and returns the rows
@@ -157,37 +151,30 @@ class BatchSink:
 
     def __init__(
         self,
+        settings: SinkSettings,
         *,
         conn: PgConnection,
         guard_conn: PgConnection,
-        spec: PipelineSpec,
-        mode: DeliveryMode,
-        pipeline: str,
-        target_schema: str,
-        meta_schema: str,
-        max_batch_attempts: int,
-        epoch: int | None = None,
-        transient_retry_seconds: float = 300.0,
         reconnect: Callable[[], PgConnection] | None = None,
         reconnect_guard: Callable[[], PgConnection] | None = None,
         notify: Callable[..., None] | None = None,
-        prepared_parts: bool = False,
     ) -> None:
+        self.settings = settings
         self.conn = conn
-        self.spec = spec
-        self.mode = mode
-        self.pipeline = pipeline
-        self.meta_schema = meta_schema
-        self.target_schema = target_schema
-        self.prepared_parts = prepared_parts and epoch is not None
+        self.spec = spec = settings.spec
+        self.mode = mode = settings.mode
+        self.pipeline = pipeline = settings.pipeline
+        self.meta_schema = meta_schema = settings.meta_schema
+        self.target_schema = target_schema = settings.target_schema
+        self.prepared_parts = settings.prepared_parts
         # Parts of a batch that fell back to staging but could not be rolled back on a
         # broken connection: rolled back by the retry, before it writes (P3).
         self._abandoned_parts: list[str] = []
         self.offsets = OffsetsStore(meta_schema, pipeline)
-        self.guard = PoisonGuard(guard_conn, meta_schema, pipeline, max_batch_attempts)
-        self.writer = BatchWriter(conn, spec, mode, self.offsets, target_schema, meta_schema, epoch)
+        self.guard = PoisonGuard(guard_conn, meta_schema, pipeline, settings.max_batch_attempts)
+        self.writer = BatchWriter(conn, spec, mode, self.offsets, target_schema, meta_schema, settings.epoch)
         self.committer = BatchCommitter()
-        self.transient_retry_seconds = transient_retry_seconds
+        self.transient_retry_seconds = settings.transient_retry_seconds
         self._reconnect = reconnect
         self._reconnect_guard = reconnect_guard
         self._notify = notify or (lambda event, **fields: None)

@@ -1,0 +1,35 @@
+"""The demo's two pipelines by name: their topics, schemas and DAG ids, and where its logs go.
+
+The DAGs are built by the DAG factory from .local/pipelines/*.yaml (scripts/airflow.sh); the
+story checks at its start that those definitions still say what these names say.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow_provider_eos.links.spark_ui import SparkDriverUILink
+from demo.env_files import STATE_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE = "ledger"
+TOPIC = "ledger.events"
+META, TARGET = "eos", "public"
+# The ledger's DAGs, built by the DAG factory from .local/pipelines/ledger.yaml (scripts/airflow.sh).
+STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY = (f"eos_{kind}__{PIPELINE}"
+                                           for kind in ("stream", "stop", "health", "snapshot", "recovery"))
+# The second pipeline (.local/pipelines/orders.yaml): its stream and stop DAGs are the ones used.
+ORDERS_PIPELINE, ORDERS_TOPIC = "orders", "orders.events"
+ORDERS_META, ORDERS_TARGET = "orders_eos", "orders"
+ORDERS_STREAM, ORDERS_STOP = f"eos_stream__{ORDERS_PIPELINE}", f"eos_stop__{ORDERS_PIPELINE}"
+SPARK_UI_LINK = SparkDriverUILink.name
+# dags/eos_downstream_example.py: scheduled on the ledger's target assets; unpausing it starts the
+# pipeline's committed-offsets watcher on the triggerer.
+DOWNSTREAM = f"eos_example_downstream__{PIPELINE}"
+DAGS = [STREAM, STOP, HEALTH, SNAPSHOT, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DOWNSTREAM]
+# Unpaused just before first use: unpausing a scheduled DAG starts a run for its latest interval.
+UNPAUSE_AT_START = [STREAM, STOP, HEALTH, RECOVERY, ORDERS_STREAM, ORDERS_STOP, DOWNSTREAM]
+
+# Where the console's log (stderr, Python logging, librdkafka) and failed tasks' logs go.
+CONSOLE_LOG = STATE_DIR / "demo" / "story.log"
+TASK_LOGS = STATE_DIR / "demo" / "task-logs"

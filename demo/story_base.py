@@ -1,0 +1,265 @@
+"""What every stage of the story stands on: the stack and Airflow started, the database and the
+REST API at hand, DAG runs awaited and their failures kept, Spark drivers found, audits run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg2
+from psycopg2 import sql
+
+from demo.airflow_api import AirflowApi
+from demo.console import Console, failure_summary, save_task_log
+from demo.env_files import STATE_DIR, read_env_file
+from demo.lso_sampler import LsoSampler
+from demo.names import (
+    DAGS,
+    META,
+    ORDERS_META,
+    ORDERS_PIPELINE,
+    ORDERS_TARGET,
+    ORDERS_TOPIC,
+    PIPELINE,
+    ROOT,
+    SPARK_UI_LINK,
+    TARGET,
+    TASK_LOGS,
+    TOPIC,
+    UNPAUSE_AT_START,
+)
+from spark_apps.eos_stream.audit.oracle import audit
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
+from spark_apps.ledger.spec import LEDGER
+from spark_apps.orders.spec import LINES_TABLE, ORDERS, SALES_TABLE
+
+
+class StoryBase:
+    """The story's machinery; its stages are in ``orders_stages``, ``ledger_stages`` and
+    ``airflow_views``."""
+
+    # Set by ``start``: the stack's and Airflow's settings, the API client, the login.
+    stack: dict[str, str]
+    api: AirflowApi
+    spark_master: str
+    started_ms: int
+    ui: str
+    login: tuple[str, str]
+    login_hint: str
+    # Set by the stages: the LSO sampler, the streams' runs and Spark UIs, the report's file.
+    sampler: LsoSampler
+    orders_run: str
+    stream_run: str
+    spark_ui: dict[str, dict[str, Any]]
+    behind_at_kill: int
+    health_run: str
+    report_path: Path
+
+    def __init__(self, events: int, open_txn_timeout_ms: int, spark_cluster: bool = False) -> None:
+        self.events = events
+        self.open_txn_timeout_ms = open_txn_timeout_ms
+        self.spark_cluster = spark_cluster
+        self.console = Console(total=18)
+        self.timings: dict[str, float] = {}
+        self.runs: dict[str, str] = {}
+        self.deferred: set[str] = set()
+        # dag_id -> failed task -> the end of its log, for each run that failed
+        self.failure_logs: dict[str, dict[str, str]] = {}
+        # dag_id -> failed task -> why, in one line, and where its whole log is
+        self.failures: dict[str, dict[str, str]] = {}
+        self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+
+    def sh(self, *command: str, env: dict[str, str] | None = None) -> None:
+        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                       env=None if env is None else {**os.environ, **env})
+
+    def db(self):
+        conn = psycopg2.connect(host=self.stack["EOS_PG_HOST"], port=self.stack["EOS_PG_PORT"],
+                                dbname=self.stack["EOS_PG_DB"], user=self.stack["EOS_PG_USER"],
+                                password=self.stack["EOS_PG_PASSWORD"])
+        conn.autocommit = True
+        return conn
+
+    def query(self, statement: sql.Composable | str, params: tuple = ()) -> list[tuple]:
+        conn = self.db()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement, params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def wait_until(self, what: str, condition, budget: float) -> float:
+        started = time.monotonic()
+        while not condition():
+            elapsed = time.monotonic() - started
+            if elapsed > budget:
+                self.console.done_waiting()
+                raise TimeoutError(f"gave up waiting for {what} after {budget:.0f}s")
+            self.console.waiting(what, elapsed, budget)
+            time.sleep(1)
+        self.console.done_waiting()
+        return time.monotonic() - started
+
+    def run_dag(self, dag_id: str, conf: dict[str, Any], budget: float, expect: str = "success") -> str:
+        run_id = self.api.trigger(dag_id, conf)
+
+        def tick(elapsed: float) -> None:
+            # A deferrable sensor shows as 'deferred' while its trigger runs on the triggerer. Any
+            # run of the DAG counts: a scheduled run that started first does the watching (the
+            # triggered one, queued behind it by max_active_runs=1, then resumes its finding).
+            for ti in self.api.deferred_tasks(dag_id):
+                self.deferred.add(f"{dag_id}.{ti['task_id']}")
+            self.console.waiting(f"{dag_id} running", elapsed, budget)
+
+        state = self.api.wait(dag_id, run_id, budget, tick=tick)
+        self.console.done_waiting()
+        self.runs[f"{dag_id} ({run_id})"] = state
+        logs: dict[str, list[str]] = {}  # this run's failed tasks -> their logs
+        if state == "failed":
+            failed = [ti for ti in self.api.task_instances(dag_id, run_id) if ti["state"] == "failed"]
+            logs = {ti["task_id"]: self.task_log(dag_id, run_id, ti) for ti in failed}
+            # For the report (one line and a path each) and --json (the whole text).
+            self.failure_logs[dag_id] = {task: "\n".join(lines) for task, lines in logs.items()}
+            self.failures[dag_id] = {
+                task: f"{failure_summary(lines)} (log: {save_task_log(TASK_LOGS, dag_id, task, lines)})"
+                for task, lines in logs.items()}
+        if state != expect:
+            tails = "".join(f"\n--- {task}: last 60 lines\n" + "\n".join(lines[-60:]) for task, lines in logs.items())
+            raise RuntimeError(f"{dag_id} ended {state}, expected {expect} (failed tasks: {list(logs)}){tails}")
+        return run_id
+
+    def task_log(self, dag_id: str, run_id: str, ti: dict[str, Any]) -> list[str]:
+        """A failed task's log, read through Airflow's API: a failure in CI says why without the
+        deployment's files."""
+        try:
+            return self.api.task_log(dag_id, run_id, ti["task_id"], ti["try_number"])
+        except Exception as exc:  # the run's failure is the news; a log that cannot be read only says so
+            return [f"(its log could not be read: {exc})"]
+
+    def spark_ui_of(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        """The stream task's "Spark driver UI" link, read through Airflow's API while the
+        task runs, and whether the driver's UI answers there."""
+        link = None
+
+        def linked() -> bool:
+            nonlocal link
+            link = self.api.extra_links(dag_id, run_id, "run_pipeline").get(SPARK_UI_LINK) or None
+            return link is not None
+
+        self.wait_until(f"{dag_id}'s Spark UI link", linked, 120)
+        assert link is not None
+        try:
+            with urllib.request.urlopen(f"{link.rstrip('/')}/StreamingQuery/", timeout=10) as response:
+                serves = response.status == 200 and "Streaming Query" in response.read().decode(errors="replace")
+        except OSError:
+            serves = False
+        return {"link": link, "serves": serves}
+
+    def stored_offsets(self, meta: str, pipeline: str) -> dict[tuple[str, int], int]:
+        """The pipeline's stored next offset per (topic, partition)."""
+        return {(t, p): o for t, p, o in self.query(
+            sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
+                sql.Identifier(meta)), (pipeline,))}
+
+    def spark_drivers(self, pipeline: str = PIPELINE) -> list[psutil.Process]:
+        """The pipeline's Spark drivers: spark-submit names its application ``eos-<pipeline>``."""
+        found = []
+        for process in psutil.process_iter(["cmdline", "name"]):
+            cmdline = process.info["cmdline"] or []
+            if ("java" in (process.info["name"] or "") and "eos_stream/app.py" in " ".join(cmdline)
+                    and f"eos-{pipeline}" in cmdline):
+                found.append(process)
+        return found
+
+    def start(self) -> dict[str, str]:
+        """Starts the stack and Airflow's services, waits for the DAGs, starts from a clean slate.
+
+        :returns: airflow.env's settings."""
+        c = self.console
+        c.stage("starting the local stack (Kafka KRaft, PostgreSQL" + (", a Spark standalone master and worker"
+                if self.spark_cluster else "") + ") and Airflow (api-server, scheduler, dag-processor, triggerer)")
+        self.sh("bash", "scripts/stack.sh", "start")
+        if self.spark_cluster:
+            self.sh("bash", "scripts/stack.sh", "start-spark")
+        # A fresh start, so the services read the current airflow.env (spark_default: local[*] or the master).
+        self.sh("bash", "scripts/airflow.sh", "stop")
+        self.sh("bash", "scripts/airflow.sh", "start",
+                env={"EOS_SPARK_MASTER": "cluster" if self.spark_cluster else "local"})
+        self.stack = read_env_file(STATE_DIR / "stack.env")
+        airflow_env = read_env_file(STATE_DIR / "airflow.env")
+        spark_conn = json.loads(airflow_env["AIRFLOW_CONN_SPARK_DEFAULT"])
+        self.spark_master = spark_conn["host"] + (f":{spark_conn['port']}" if spark_conn.get("port") else "")
+        self.started_ms = int(time.time() * 1000)
+        passwords_file = Path(airflow_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+        password = json.loads(passwords_file.read_text())["admin"]
+        self.ui = airflow_env["AIRFLOW__API__BASE_URL"]
+        self.login = ("admin", password)
+        # The password stays in its file: never on the console or in a log.
+        self.login_hint = f"login: admin / the password in {passwords_file}"
+
+        c.stage(f"Airflow UI: {self.ui}  ({self.login_hint}); waiting for the DAGs to parse")
+        self.api = AirflowApi(self.ui, *self.login)
+        self.api.wait_for_dags(DAGS)
+        self.check_definitions(Path(airflow_env["AIRFLOW__EOS__PIPELINE_CONFIG_DIR"]))
+        self.reset()
+        for dag_id in UNPAUSE_AT_START:
+            self.api.unpause(dag_id)
+        return airflow_env
+
+    def check_definitions(self, directory: Path) -> None:
+        """The demo drives and audits what the pipeline definitions (scripts/airflow.sh) describe:
+        a definition that drifted from the names below fails here, not as a wrong audit later."""
+        from airflow_provider_eos.utils.definition_folder import find_definition
+
+        for name, topic, target, meta, spec in (
+                (PIPELINE, TOPIC, TARGET, META, "spark_apps.ledger.spec:LEDGER"),
+                (ORDERS_PIPELINE, ORDERS_TOPIC, ORDERS_TARGET, ORDERS_META, "spark_apps.orders.spec:ORDERS")):
+            definition = find_definition(directory, name)
+            found = (definition.topics, definition.target_schema, definition.meta_schema, definition.spec)
+            if found != ([topic], target, meta, spec):
+                raise RuntimeError(f"pipeline {name!r} in {directory}: topics, target and meta schema, spec are "
+                                   f"{found}; the demo expects {([topic], target, meta, spec)}")
+
+    def reset(self) -> None:
+        """A rerun starts from a clean slate: the demo's topic, tables, offsets and snapshots."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(with_python_logging({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]}))
+        if TOPIC in admin.list_topics(timeout=10).topics:
+            admin.delete_topics([TOPIC])[TOPIC].result(30)
+            self.wait_until("old demo topic deleted", lambda: TOPIC not in admin.list_topics(timeout=10).topics, 60)
+        self.query(sql.SQL("DROP TABLE IF EXISTS {t}.ledger_events, {t}.account_balances").format(
+            t=sql.Identifier(TARGET)))
+        self.query(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(META)))
+        if ORDERS_TOPIC in admin.list_topics(timeout=10).topics:
+            admin.delete_topics([ORDERS_TOPIC])[ORDERS_TOPIC].result(30)
+            self.wait_until("old orders topic deleted",
+                            lambda: ORDERS_TOPIC not in admin.list_topics(timeout=10).topics, 60)
+        self.query(sql.SQL("DROP TABLE IF EXISTS {t}.{lines}, {t}.{sales}").format(
+            t=sql.Identifier(ORDERS_TARGET), lines=sql.Identifier(LINES_TABLE), sales=sql.Identifier(SALES_TABLE)))
+        self.query(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(ORDERS_META)))
+        for folder in ("snapshots", "checkpoints", "checkpoints-orders"):
+            subprocess.run(["rm", "-rf", str(STATE_DIR / folder)], check=True)
+
+    def final_audit(self, pipeline: str = PIPELINE) -> dict[str, Any]:
+        ledger = pipeline == PIPELINE
+        config = PipelineConfig(
+            pipeline=pipeline, topics=[TOPIC if ledger else ORDERS_TOPIC],
+            kafka_bootstrap=self.stack["EOS_KAFKA_BOOTSTRAP"], spec="spark_apps.ledger.spec:LEDGER" if ledger
+            else "spark_apps.orders.spec:ORDERS", target_schema=TARGET if ledger else ORDERS_TARGET,
+            meta_schema=META if ledger else ORDERS_META,
+            postgres=PostgresTarget(host=self.stack["EOS_PG_HOST"], port=int(self.stack["EOS_PG_PORT"]),
+                                    dbname=self.stack["EOS_PG_DB"], user=self.stack["EOS_PG_USER"],
+                                    password=self.stack["EOS_PG_PASSWORD"]),
+        )
+        # Called once the stream has caught up with the LSO: whatever Kafka
+        # committed and the target lacks is missing, not "not yet applied".
+        return audit(config, LEDGER if ledger else ORDERS, pending="missing")
