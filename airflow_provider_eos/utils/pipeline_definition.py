@@ -142,7 +142,7 @@ class PipelineDefinition(Section):
     :param name: keys offsets, progress, locks, snapshots and the DAG ids.
     :param topics: Kafka topics the stream reads (``read_committed``).
     :param spec: ``module:ATTRIBUTE`` of the app's PipelineSpec (what the records hold and
-        which targets they feed).
+        which targets they feed), or ``mirror:<file>`` naming a mirror definition (docs/cdc.md).
     :param delivery: one of the app's delivery modes.
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, epochs, dead letters...).
@@ -167,8 +167,10 @@ class PipelineDefinition(Section):
     @field_validator("spec")
     @classmethod
     def _spec_reference(cls, value: str) -> str:
+        if value.startswith("mirror:") and value.removeprefix("mirror:").strip():
+            return value  # a mirror definition: a YAML or JSON file, or the section inline (docs/cdc.md)
         if not SPEC_REFERENCE.fullmatch(value):
-            raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE")
+            raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE, or mirror:<definition file>")
         return value
 
     @field_validator("target_schema", "meta_schema")
