@@ -21,7 +21,9 @@ LEDGER = "spark_apps.ledger.spec:LEDGER"
 # A spec the app cannot create tables for: create_targets must be refused at once.
 NO_DDL = dataclasses.replace(LEDGER_EVENTS_ONLY, target_ddl=None)
 
-MIRROR = 'mirror:{"topic_prefix": "app", "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]}'
+# A mirror pipeline's inline definition: refused in a mode without stored offsets.
+MIRROR = "mirror:" + json.dumps({"topic_prefix": "app",
+                                 "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]})
 # Per rule: (the definition's keys that break it, the app config's keys that break it).
 EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "pipeline": ({"name": "no spaces"}, {"pipeline": "no spaces"}),
