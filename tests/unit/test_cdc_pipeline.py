@@ -42,7 +42,7 @@ def test_an_inline_definition_builds_a_spec_with_its_targets_and_ddl() -> None:
     assert spec.mirror.target_tables() == ["customers", "lines", "sku_totals"]
     assert stage_column_types(spec) == spec.mirror.stage_column_types()
     assert [c for c, _ in stage_column_types(spec)] == list(STAGE_COLUMNS)
-    assert spec.target_ddl is not None and len(spec.target_ddl("t", False)) == 3
+    assert spec.target_ddl is not None and len(spec.target_ddl("t", False)) == 4
 
 
 def test_a_yaml_file_with_a_mirror_section_builds_the_same_targets(tmp_path: Path) -> None:

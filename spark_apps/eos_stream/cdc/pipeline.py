@@ -84,7 +84,8 @@ class MirrorBatches:
 
     def target_ddl(self, target_schema: str, _unique_coordinates: bool) -> list:
         tables = self.definition.tables
-        return ([mirror_sql.target_ddl(t, target_schema) for t in tables.values()]
+        schema = sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target_schema))
+        return ([schema] + [mirror_sql.target_ddl(t, target_schema) for t in tables.values()]
                 + [aggregate_sql.aggregate_ddl(a, tables[a.source], target_schema) for a in self.definition.aggregates])
 
     def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]:
