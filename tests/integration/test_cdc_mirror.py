@@ -245,6 +245,28 @@ def high_watermarks(bootstrap: str, topics: list[str]) -> dict[str, int]:
         consumer.close()
 
 
+def change_counts(bootstrap: str, topic: str, end: int) -> Counter:
+    """The topic's records below ``end`` by op, tombstones, and updates that left a TOASTed value unread."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-mirror-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    counts: Counter = Counter()
+    try:
+        while True:
+            message = consumer.poll(5.0)
+            if message is None or message.error() or message.offset() >= end:
+                break
+            value = message.value()
+            op = "tombstone" if value is None else json.loads(value)["payload"]["op"]
+            counts[op] += 1
+            counts["unchanged TOAST"] += bool(value and b"__debezium_unavailable_value" in value)
+            if message.offset() == end - 1:
+                break
+    finally:
+        consumer.close()
+    return counts
+
+
 def stored_offsets(conn: Any, config: dict[str, Any]) -> dict[str, int]:
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT topic, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
@@ -313,15 +335,19 @@ def test_a_mirror_pipeline_equals_its_source_through_a_driver_kill(
                 return False
 
         wait_until("the change topics", topics_written)
+        # The first driver dies by SIGKILL before its fourth batch commits (sink/batch_sink.py's fault
+        # points), while the workload runs: it starts once the driver applied the snapshot.
+        runs.append(start_app(config, tmp_path, env_extra={"EOS_FAULT_POINT": "before_commit",
+                                                           "EOS_FAULT_AT_BATCH": "4"}, label="killed"))
+        wait_until("the snapshot applied", lambda: runs[0].events("batch") or runs[0].process.poll() is not None,
+                   timeout=300)
         started = time.monotonic()
         thread.start()
-        # The first driver dies by SIGKILL before its fourth batch commits (sink/batch_sink.py's fault points).
-        runs.append(start_app(config, tmp_path, env_extra={"EOS_FAULT_POINT": "before_commit",
-                                                               "EOS_FAULT_AT_BATCH": "4"}, label="killed"))
         # -9: the app SIGKILLed its own process group (its last line may die with the JVM that relays it).
         assert runs[0].wait(300) == -9, runs[0].log()[-3000:]
         assert len(runs[0].events("batch")) == 3, runs[0].log()[-3000:]
         killed_at = time.monotonic() - started
+        assert thread.is_alive(), f"the driver was killed {killed_at:.0f}s in, after the workload"
         runs.append(start_app(config, tmp_path, label="restarted"))
         thread.join(WORKLOAD_SECONDS + 60)
         assert workload.error is None, workload.error
@@ -348,6 +374,9 @@ def test_a_mirror_pipeline_equals_its_source_through_a_driver_kill(
             cur.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters").format(sql.Identifier(config["meta_schema"])))
             assert cur.fetchone() == (0,)
         assert runs[-1].events("resume")[0]["write_path"] == "staged"
+        ops = change_counts(env["EOS_KAFKA_BOOTSTRAP"], topics[0], stored_offsets(target, config)[topics[0]])
+        print(f"{topics[0]}: {ops}")
+        assert ops["unchanged TOAST"] > 0 and ops["d"] > 0 and ops["u"] > 0, ops  # the test saw what it tests
 
         # Negative control: the first half of each topic again, below the stored offsets.
         half = {t: end // 2 for t, end in stored_offsets(target, config).items()}
