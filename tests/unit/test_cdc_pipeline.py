@@ -105,3 +105,18 @@ def test_exactly_once_and_two_phase_take_a_mirror() -> None:
         config = from_dict({"pipeline": "p", "topics": ["t"], "spec": "mirror:" + json.dumps(SECTION),
                             "delivery": delivery})
         assert delivery_mode(config.validate(), load_spec(config.spec)).stores_offsets
+
+
+def test_a_pipeline_definition_with_a_mirror_section_yields_the_apps_mirror_spec() -> None:
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError, parse_definition
+
+    data = {"name": "shop", "topics": ["app.public.customers", "app.public.lines"], "mirror": SECTION,
+            "target_schema": "shop", "meta_schema": "shop_eos", "checkpoint_dir": "/ck/shop"}
+    definition = parse_definition(data, source="shop.yaml")
+    config = definition.app_config(kafka_bootstrap="k:9092", postgres={"host": "h"})
+    spec = load_spec(config["spec"])
+    assert spec.mirror is not None and spec.mirror.target_tables() == ["customers", "lines", "sku_totals"]
+    with pytest.raises(PipelineDefinitionError, match="mirror_needs_stored_offsets|cannot keep a mirror"):
+        parse_definition({**data, "delivery": "at_least_once"}, source="shop.yaml")
+    with pytest.raises(PipelineDefinitionError, match="either a spec or a mirror section"):
+        parse_definition({**data, "spec": "a.b:C"}, source="shop.yaml")
