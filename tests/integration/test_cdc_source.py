@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, TypeVar
+from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
@@ -19,7 +20,18 @@ from tests.helpers.cdc_source import Source, drop_slot, wait_until, write_source
 
 CONNECT_CONN = "eos_cdc_connect_test"
 SOURCE_CONN = "eos_cdc_source_test"
-T = TypeVar("T")
+
+
+@pytest.fixture
+def connections(connect: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    host, port = connect["EOS_CONNECT_URL"].removeprefix("http://").split(":")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", json.dumps(
+        {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"}))
+    # The cluster's superuser: the slot's age reads pg_ls_waldir() (superuser or pg_monitor).
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SOURCE_CONN.upper()}", json.dumps({
+        "conn_type": "postgres", "host": connect["EOS_PG_HOST"], "port": int(connect["EOS_PG_PORT"]),
+        "login": connect["EOS_PG_USER"], "password": connect["EOS_PG_PASSWORD"],
+        "schema": connect["EOS_SOURCE_PG_DB"]}))
 
 
 def connector_config(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
