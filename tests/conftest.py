@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg2 import sql as psycopg2_sql
 
 from demo.env_files import STATE_DIR, read_env_file
+from tests.helpers.cdc_source import Source, source_connection
 from tests.helpers.locks import file_lock
 from tests.helpers.spark_cds import TEST_SPARK_SUBMIT_OPTS, driver_archive_opts
 
@@ -30,12 +33,19 @@ SHARED_AIRFLOW_MODULES = frozenset({
     "test_howto_own_spec.py",
 })
 SHARED_AIRFLOW_UNIT = "shared-airflow"
+# Modules that use the Kafka Connect worker (the ``connect`` fixture): the session that started it
+# stops it at its end, so they run on one worker, one after another.
+CONNECT_MODULES = frozenset({"test_cdc_source.py", "test_cdc_mirror.py"})
+CONNECT_UNIT = "kafka-connect"
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of work a test belongs to on the xdist workers: its module, or the shared one."""
+    """The unit of work a test belongs to on the xdist workers: its module, or a shared one."""
     module = nodeid.split("::", 1)[0]
-    return SHARED_AIRFLOW_UNIT if Path(module).name in SHARED_AIRFLOW_MODULES else module
+    name = Path(module).name
+    if name in SHARED_AIRFLOW_MODULES:
+        return SHARED_AIRFLOW_UNIT
+    return CONNECT_UNIT if name in CONNECT_MODULES else module
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without the plugin
@@ -120,3 +130,35 @@ def spark_cluster(stack: dict[str, str]) -> Iterator[str]:
     finally:
         if not running:
             subprocess.run(["bash", script, "stop-spark"], check=False, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def connect(stack: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The stack's Kafka Connect worker (scripts/stack.sh start-connect): started, and stopped at
+    the session's end, unless it already runs. Session-scoped: starting it costs most of a minute."""
+    script = str(ROOT / "scripts" / "stack.sh")
+    with file_lock(STATE_DIR / "connect.lock"):
+        status = subprocess.run(["bash", script, "status"], capture_output=True, text=True, check=True, timeout=60)
+        running = "connect: running" in status.stdout
+        if not running:
+            started = time.monotonic()
+            subprocess.run(["bash", script, "start-connect"], check=True, timeout=180)
+            print(f"kafka connect started in {time.monotonic() - started:.1f}s")
+    try:
+        yield stack
+    finally:
+        if not running:
+            subprocess.run(["bash", script, "stop-connect"], check=False, timeout=120)
+
+
+@pytest.fixture
+def source(connect: dict[str, str], unique_name: str) -> Iterator[Source]:
+    """The CDC source database with a fresh schema (dropped at the end)."""
+    conn = source_connection(connect)
+    schema = f"cdc_{unique_name}"
+    with conn.cursor() as cur:
+        cur.execute(psycopg2_sql.SQL("CREATE SCHEMA {}").format(psycopg2_sql.Identifier(schema)))
+    yield Source(conn, schema)
+    with conn.cursor() as cur:
+        cur.execute(psycopg2_sql.SQL("DROP SCHEMA {} CASCADE").format(psycopg2_sql.Identifier(schema)))
+    conn.close()

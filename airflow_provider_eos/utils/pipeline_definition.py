@@ -143,7 +143,8 @@ class PipelineDefinition(Section):
     :param name: keys offsets, progress, locks, snapshots and the DAG ids.
     :param topics: Kafka topics the stream reads (``read_committed``).
     :param spec: ``module:ATTRIBUTE`` of the app's PipelineSpec (what the records hold and
-        which targets they feed).
+        which targets they feed), or ``mirror:<file>`` naming a mirror definition; a ``mirror``
+        section in the definition's file sets it to the section, inline (docs/cdc.md).
     :param delivery: one of the app's delivery modes.
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, epochs, dead letters...).
@@ -165,11 +166,26 @@ class PipelineDefinition(Section):
     spark: SparkSettings = SparkSettings()
     airflow: AirflowSettings = AirflowSettings()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mirror_section(cls, data: Any) -> Any:
+        """A ``mirror`` section (docs/cdc.md) is a mirror pipeline's spec, inline: the definition
+        needs neither Python nor a second file. The app gets it as ``spec: "mirror:<JSON>"``."""
+        if isinstance(data, Mapping) and "mirror" in data:
+            data = dict(data)
+            section = data.pop("mirror")
+            if "spec" in data:
+                raise ValueError("a definition names either a spec or a mirror section, not both")
+            data["spec"] = "mirror:" + json.dumps(section, sort_keys=True, default=str)
+        return data
+
     @field_validator("spec")
     @classmethod
     def _spec_reference(cls, value: str) -> str:
+        if value.startswith("mirror:") and value.removeprefix("mirror:").strip():
+            return value  # a mirror definition: a YAML or JSON file, or the section inline (docs/cdc.md)
         if not SPEC_REFERENCE.fullmatch(value):
-            raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE")
+            raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE, or mirror:<definition file>")
         return value
 
     @field_validator("target_schema", "meta_schema")

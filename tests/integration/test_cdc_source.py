@@ -8,56 +8,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import psycopg2
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
-from demo.env_files import STATE_DIR
-from tests.conftest import ROOT
-from tests.helpers.locks import file_lock
+from tests.helpers.cdc_source import Source, drop_slot, wait_until, write_source
 
 CONNECT_CONN = "eos_cdc_connect_test"
 SOURCE_CONN = "eos_cdc_source_test"
-T = TypeVar("T")
-
-
-def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120.0, interval: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {result!r})")
-        time.sleep(interval)
-
-
-@pytest.fixture(scope="session")
-def connect(stack: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The stack's Connect worker: started (and stopped at the session's end) unless it already
-    runs. (When a second module needs it, it belongs in tests/conftest.py, as the Spark cluster fixture is.)"""
-    script = str(ROOT / "scripts" / "stack.sh")
-    with file_lock(STATE_DIR / "connect.lock"):
-        status = subprocess.run(["bash", script, "status"], capture_output=True, text=True, check=True, timeout=60)
-        running = "connect: running" in status.stdout
-        if not running:
-            started = time.monotonic()
-            subprocess.run(["bash", script, "start-connect"], check=True, timeout=180)
-            print(f"kafka connect started in {time.monotonic() - started:.1f}s")
-    try:
-        yield stack
-    finally:
-        if not running:
-            subprocess.run(["bash", script, "stop-connect"], check=False, timeout=120)
 
 
 @pytest.fixture
@@ -70,29 +32,6 @@ def connections(connect: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Non
         "conn_type": "postgres", "host": connect["EOS_PG_HOST"], "port": int(connect["EOS_PG_PORT"]),
         "login": connect["EOS_PG_USER"], "password": connect["EOS_PG_PASSWORD"],
         "schema": connect["EOS_SOURCE_PG_DB"]}))
-
-
-@dataclass
-class Source:
-    """An autocommit connection to the source database, and the test's schema in it."""
-
-    conn: Any
-    schema: str
-
-
-@pytest.fixture
-def source(connect: dict[str, str], unique_name: str) -> Iterator[Source]:
-    """The source database with a fresh schema (dropped at the end)."""
-    conn = psycopg2.connect(host=connect["EOS_PG_HOST"], port=connect["EOS_PG_PORT"], user=connect["EOS_PG_USER"],
-                            password=connect["EOS_PG_PASSWORD"], dbname=connect["EOS_SOURCE_PG_DB"])
-    conn.autocommit = True
-    schema = f"cdc_{unique_name}"
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    yield Source(conn, schema)
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    conn.close()
 
 
 def connector_config(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
@@ -170,34 +109,6 @@ def run_check(operator: Any) -> tuple[bool, str, dict[str, Any]]:
     except Exception as err:  # the failure is the outcome under test
         return False, str(err), ti.xcom["eos_check"]
     return True, ti.xcom["eos_check"]["message"], ti.xcom["eos_check"]
-
-
-def write_source(source: Source, statements: list[str]) -> None:
-    """One multi-row transaction on the source schema."""
-    conn = source.conn
-    conn.autocommit = False
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SET LOCAL search_path = {}").format(sql.Identifier(source.schema)))
-        for statement in statements:
-            cur.execute(statement)
-    conn.commit()
-    conn.autocommit = True
-
-
-def drop_slot(source: Source, slot: str) -> None:
-    """Drops the connector's slot once its WAL sender has let go: a slot left behind would hold
-    the stack's WAL for ever."""
-    def released() -> bool:
-        with source.conn.cursor() as cur:
-            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-            row = cur.fetchone()
-            if row is None:
-                return True
-            if row[0]:
-                return False
-            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            return True
-    wait_until(f"slot {slot} released", released, timeout=60)
 
 
 def test_debezium_changes_arrive_exactly_once_and_health_checks_name_what_is_wrong(

@@ -21,6 +21,9 @@ LEDGER = "spark_apps.ledger.spec:LEDGER"
 # A spec the app cannot create tables for: create_targets must be refused at once.
 NO_DDL = dataclasses.replace(LEDGER_EVENTS_ONLY, target_ddl=None)
 
+# A mirror pipeline's inline definition: refused in a mode without stored offsets.
+MIRROR = "mirror:" + json.dumps({"topic_prefix": "app",
+                                 "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]})
 # Per rule: (the definition's keys that break it, the app config's keys that break it).
 EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "pipeline": ({"name": "no spaces"}, {"pipeline": "no spaces"}),
@@ -31,6 +34,8 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "driver_write_max_records": ({"stream": {"driver_write_max_records": -1}}, {"driver_write_max_records": -1}),
     "max_batch_attempts": ({"stream": {"max_batch_attempts": 0}}, {"max_batch_attempts": 0}),
     "transient_retry_seconds": ({"stream": {"transient_retry_seconds": -1}}, {"transient_retry_seconds": -1}),
+    "mirror_needs_stored_offsets": ({"spec": MIRROR, "delivery": "at_least_once"},
+                                    {"spec": MIRROR, "delivery": "at_least_once"}),
     "spec": ({"spec": "spark_apps.ledger.spec:LEDGR"}, {"spec": "spark_apps.ledger.spec:LEDGR"}),
     "aggregates_need_exactly_once": ({"delivery": "idempotent"}, {"delivery": "idempotent"}),
     "create_targets_needs_ddl": ({"spec": f"{__name__}:NO_DDL", "stream": {"create_targets": True}},

@@ -1,1 +1,1 @@
-"""Change data capture: Debezium change events mirrored into PostgreSQL tables (docs/cdc_mirror.md)."""
+"""Change data capture: Debezium change events mirrored into PostgreSQL tables (docs/cdc.md)."""

@@ -3,7 +3,7 @@
 
 An insert adds its row, a delete subtracts it, an update adds ``after - before``; a change
 of a group column moves the row's contribution from one group to the other. Three ways to
-get there, of which the mirror uses the last (docs/cdc_mirror.md, "Aggregates"):
+get there, of which the mirror uses the last (docs/cdc.md, "Aggregates over a change stream"):
 
 * ``deltas_from_changes``: every change, with Debezium's ``before``. Exact only with a
   complete ``before``, which Debezium sends only for a table with ``REPLICA IDENTITY FULL``

@@ -1,4 +1,4 @@
-"""What a mirror does when the source's columns change (docs/cdc_mirror.md, "Schema changes").
+"""What a mirror does when the source's columns change (docs/cdc.md, "Schema changes").
 
 Decided per batch, on the driver, before the apply, from the columns the batch's changes
 carry (each with its Connect schema when the converter sends one):

@@ -4,7 +4,7 @@ PostgreSQL's text input.
 A value's encoding is told by the change event's schema when the converter carries one
 (``schemas.enable=true``: the field's Connect type, semantic name and parameters), and
 otherwise by the column's PostgreSQL type in the mirror definition. The connector settings
-this module expects (docs/cdc_mirror.md, "Connector settings"):
+this module expects (docs/cdc.md, "Connector settings"):
 
 * ``decimal.handling.mode=string``: a numeric arrives as its exact decimal text, which needs
   no schema to read. ``precise`` (the default) writes the unscaled integer as base64 bytes

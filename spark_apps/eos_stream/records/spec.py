@@ -9,8 +9,9 @@ names it in the app's config as ``module:attribute``. The other packages under
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 # PostgreSQL types the record parser knows how to validate and encode for COPY.
 SUPPORTED_TYPES = ("text", "bigint", "integer", "numeric", "double precision", "boolean", "timestamptz")
@@ -100,6 +101,25 @@ class AggregateTarget:
 
 Target = RowTarget | AggregateTarget
 
+# A run's apply of one staged batch: run(cur, dedupe, only_range, params) -> (applied, dead-lettered).
+BatchRun = Callable[[Any, bool, bool, dict], tuple[int, int]]
+
+
+class MirrorApply(Protocol):
+    """How a change stream's mirror (``cdc/``) is staged and applied, for the sink, which knows
+    no mirror: the executors stage each Kafka record as one line of ``stage_column_types``,
+    and the batch's transaction runs what ``batch_run`` returns, on the stage, as the row
+    pipeline runs its apply statement (isolation included: ``only_range``)."""
+
+    def stage_column_types(self) -> list[tuple[str, str]]: ...
+
+    def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]: ...
+
+    def target_tables(self) -> list[str]: ...
+
+    def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
+                  skip_applied: bool) -> BatchRun: ...
+
 
 @dataclass(frozen=True)
 class PipelineSpec:
@@ -114,6 +134,8 @@ class PipelineSpec:
         statements (``psycopg2.sql`` objects, or ``ddl.AddColumn`` for columns
         added later) that creates the targets; used only when the app is asked
         to create them.
+    :param mirror: a change stream's mirror instead of ``fields`` and ``targets``
+        (``MirrorApply``; a ``mirror:`` reference builds one, see ``load_spec``).
     """
 
     name: str
@@ -121,6 +143,7 @@ class PipelineSpec:
     targets: tuple[Target, ...]
     transform: Callable[[dict], dict] | None = None
     target_ddl: Callable[[str, bool], list] | None = field(default=None, compare=False)
+    mirror: MirrorApply | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         names = {f.name for f in self.fields}
@@ -145,8 +168,18 @@ class PipelineSpec:
         return any(t.aggregate for t in self.targets)
 
 
+# Spec references of a kind that needs no Python: ``kind:argument`` is built by the kind's
+# factory, named like any spec (``module:ATTRIBUTE``), so this room imports none of them.
+SPEC_KINDS = {"mirror": "spark_apps.eos_stream.cdc.pipeline:mirror_spec"}
+
+
 def load_spec(reference: str) -> PipelineSpec:
-    """Imports ``package.module:ATTRIBUTE`` and checks it is a PipelineSpec."""
+    """Imports ``package.module:ATTRIBUTE`` and checks it is a PipelineSpec; a reference
+    ``mirror:<definition file or inline JSON>`` builds a mirror pipeline's spec."""
+    kind, _, argument = reference.partition(":")
+    if kind in SPEC_KINDS:
+        factory_module, _, factory_name = SPEC_KINDS[kind].partition(":")
+        return getattr(importlib.import_module(factory_module), factory_name)(argument)
     module_name, _, attribute = reference.partition(":")
     if not attribute:
         raise SpecError(f"spec {reference!r} must look like 'package.module:ATTRIBUTE'")

@@ -89,6 +89,20 @@ def aggregates_problem(config: PipelineConfig, spec: PipelineSpec) -> str | None
     return None
 
 
+def mirror_delivery_problem(config: PipelineConfig, spec: PipelineSpec | None = None) -> str | None:
+    """A mirror needs stored offsets: without them a replay moves a row back in time until the
+    key's newer change arrives again (the at-least-once JDBC sinks' defect)."""
+    from spark_apps.eos_stream.sink.modes import MODES
+
+    mirror = config.spec.startswith("mirror:") or (spec is not None and spec.mirror is not None)
+    mode = MODES.get(config.delivery)
+    if mirror and mode is not None and not mode.stores_offsets:
+        return (f"delivery {config.delivery!r} cannot keep a mirror equal to its source: without offsets stored "
+                "with the rows, a replay applies a key's older change after its newer one. Use 'exactly_once' "
+                "(or 'two_phase')")
+    return None
+
+
 def _create_targets_needs_ddl(config: PipelineConfig, spec: PipelineSpec) -> str | None:
     if config.create_targets and spec.target_ddl is None:
         return f"create_targets is set but spec {spec.name!r} has no target_ddl; create its tables yourself"
@@ -104,6 +118,7 @@ RULES: tuple[Rule, ...] = (
     Rule("driver_write_max_records", _not_negative),
     Rule("max_batch_attempts", _positive("max_batch_attempts", 1)),
     Rule("transient_retry_seconds", _transient_retry),
+    Rule("mirror_needs_stored_offsets", mirror_delivery_problem),
     Rule("spec", lambda config: None),  # made by loading the spec: see refusals()
     Rule("aggregates_need_exactly_once", aggregates_problem, needs_spec=True),
     Rule("create_targets_needs_ddl", _create_targets_needs_ddl, needs_spec=True),

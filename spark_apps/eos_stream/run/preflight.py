@@ -16,7 +16,7 @@ from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
 from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
 from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig
-from spark_apps.eos_stream.run.config_rules import aggregates_problem
+from spark_apps.eos_stream.run.config_rules import aggregates_problem, mirror_delivery_problem
 from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
 from spark_apps.eos_stream.sink.modes import MODES, DeliveryMode
 from spark_apps.eos_stream.state import meta_tables
@@ -28,7 +28,7 @@ class KafkaUnavailable(RuntimeError):
 
 
 def delivery_mode(config: PipelineConfig, spec: PipelineSpec) -> DeliveryMode:
-    problem = aggregates_problem(config, spec)
+    problem = aggregates_problem(config, spec) or mirror_delivery_problem(config, spec)
     if problem:
         raise ConfigError(problem)
     return MODES[config.delivery]
@@ -54,6 +54,8 @@ def prepared_parts(conn: PgConnection, spec: PipelineSpec, mode: DeliveryMode) -
 
     if mode.name != "exactly_once":
         return False, f"delivery {mode.name!r} writes the staged way"
+    if spec.mirror is not None:
+        return False, "a mirror upserts and deletes by key, which only the staged way's apply statement does"
     if os.environ.get(PREPARED_PARTS_ENV, "1") == "0":
         return False, f"{PREPARED_PARTS_ENV}=0"
     if not parts.supported(spec):
@@ -113,14 +115,15 @@ def _unique_column_sets(conn: PgConnection, schema: str, table: str) -> list[set
 
 def check_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, mode: DeliveryMode) -> None:
     """Every target exists, and has the unique keys its writes rely on."""
+    tables = [t.table for t in spec.targets] + (spec.mirror.target_tables() if spec.mirror is not None else [])
     with conn.cursor() as cur:
-        for target in spec.targets:
+        for table in tables:
             cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.{}").format(
-                sql.Identifier(target_schema), sql.Identifier(target.table)).as_string(cur),))
+                sql.Identifier(target_schema), sql.Identifier(table)).as_string(cur),))
             row = cur.fetchone()
             if row is None or row[0] is None:
                 raise ConfigError(
-                    f"target table {target_schema}.{target.table} does not exist in the target database; "
+                    f"target table {target_schema}.{table} does not exist in the target database; "
                     "create it (the spec's target_ddl) or run with create_targets=true"
                 )
     conn.rollback()

@@ -41,7 +41,9 @@ def stage_column_types(spec: PipelineSpec) -> list[tuple[str, str]]:
     database's verdict on a value comes back with its SQLSTATE and can
     quarantine exactly that record. A typed stage would have the executors'
     COPY judge the values instead, and a refusal there fails a Spark task,
-    whole, with no record to blame."""
+    whole, with no record to blame. A mirror stages its change records its own way."""
+    if spec.mirror is not None:
+        return spec.mirror.stage_column_types()
     types = {**_PG_COLUMN_TYPES, **{f.name: "text" for f in spec.fields}}
     return [(c, types[c]) for c in staging_columns(spec)]
 
@@ -127,6 +129,9 @@ def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
 
     Without raw bytes (every batch but an isolated one) Arrow parses and encodes
     the records it can vouch for (``batch_lines``), Python the rest."""
+    if spec.mirror is not None:
+        yield from spec.mirror.staging_chunks(_counted(batches, counts), keep_raw)
+        return
     fast = not keep_raw and batch_lines.supported(spec)
     for batch in batches:
         counts["staged"] += batch.num_rows
@@ -134,6 +139,12 @@ def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
             yield from batch_lines.batch_lines(batch, spec)
         else:
             yield "".join(staging_lines(spec, batch_lines.arrow_records(batch), keep_raw)).encode()
+
+
+def _counted(batches: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
+    for batch in batches:
+        counts["staged"] += batch.num_rows
+        yield batch
 
 
 def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
@@ -193,7 +204,8 @@ def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stag
         conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
         try:
             with conn, conn.cursor() as cur:
-                copy_from_chunks(cur, stage_table(meta_schema, stage_name), staging_columns(spec), chunks)
+                copy_from_chunks(cur, stage_table(meta_schema, stage_name), [c for c, _ in stage_column_types(spec)],
+                                 chunks)
         finally:
             conn.close()
     except psycopg2.Error as exc:

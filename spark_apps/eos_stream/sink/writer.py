@@ -15,7 +15,7 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import PipelineSpec
+from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec
 from spark_apps.eos_stream.sink import apply_sql
 from spark_apps.eos_stream.sink.in_doubt import prepare_failure, transaction_id
 from spark_apps.eos_stream.sink.modes import DeliveryMode
@@ -73,6 +73,7 @@ class BatchWriter:
         self.mode = mode
         self.offsets = offsets
         self.meta_schema = meta_schema
+        self.target_schema = target_schema
         self.epoch = epoch
         self._statement = functools.partial(
             apply_sql.apply_batch_statement,
@@ -97,15 +98,28 @@ class BatchWriter:
         params = {"pipeline": self.offsets.pipeline}
 
         def apply(cur) -> tuple[int, int]:
+            run = self._batch_run(cur, stage)
             if record_by_record:
-                return self._apply_each(cur, stage, params)
+                return self._apply_each(cur, stage, params, run)
             dedupe = self.mode.dedupe and not self._staged_once(cur, stage, staged_rows)
-            cur.execute(self._statement(stage=stage, dedupe=dedupe), params)
+            return run(cur, dedupe, False, params)
+
+        return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
+
+    def _batch_run(self, cur, stage: sql.Composed) -> BatchRun:
+        """How this batch's transaction applies the stage: the spec's statement, or a mirror's
+        (``PipelineSpec.mirror``, which first makes the batch's schema changes on ``cur``)."""
+        if self.spec.mirror is not None:
+            return self.spec.mirror.batch_run(cur, stage, target_schema=self.target_schema,
+                                              meta_schema=self.meta_schema, skip_applied=self.mode.stores_offsets)
+
+        def run(cur, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
+            cur.execute(self._statement(stage=stage, dedupe=dedupe, only_range=only_range), params)
             row = cur.fetchone()
             assert row is not None
             return int(row[0]), int(row[1])
 
-        return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
+        return run
 
     def _in_batch_transaction(
         self,
@@ -178,7 +192,7 @@ class BatchWriter:
             # resolved at the next start; an unprepared one died with the session.
             pass
 
-    def _apply_each(self, cur, stage: sql.Composed, params: dict) -> tuple[int, int]:
+    def _apply_each(self, cur, stage: sql.Composed, params: dict, run: BatchRun) -> tuple[int, int]:
         """Applies the batch while isolating the records the database rejects
         (failure transition 6). Only coordinates come to the driver."""
         cur.execute(sql.SQL("CREATE INDEX ON {} (_topic, _partition, _offset)").format(stage))
@@ -186,11 +200,11 @@ class BatchWriter:
         coordinates = cur.fetchall()
         if not coordinates:
             return 0, 0
-        statement = self._statement(stage=stage, dedupe=self.mode.dedupe, only_range=True)
         quarantine = apply_sql.quarantine_record_statement(stage, self.meta_schema)
-        return self._isolate(cur, statement, quarantine, params, coordinates)
+        return self._isolate(cur, functools.partial(run, cur, self.mode.dedupe, True), quarantine, params,
+                             coordinates)
 
-    def _isolate(self, cur, statement: sql.Composed, quarantine: sql.Composed, params: dict,
+    def _isolate(self, cur, apply_range: Callable[[dict], tuple[int, int]], quarantine: sql.Composed, params: dict,
                  coordinates: list[tuple[str, int, int]]) -> tuple[int, int]:
         """Applies the records at ``coordinates`` (sorted) under a savepoint;
         a data error halves the range until the failing record stands alone,
@@ -201,11 +215,9 @@ class BatchWriter:
                   "last_topic": last[0], "last_partition": last[1], "last_offset": last[2]}
         cur.execute("SAVEPOINT eos_range")
         try:
-            cur.execute(statement, bounds)
-            row = cur.fetchone()
-            assert row is not None
+            counts = apply_range(bounds)
             cur.execute("RELEASE SAVEPOINT eos_range")
-            return int(row[0]), int(row[1])
+            return counts
         except psycopg2.Error as exc:
             if errors.classify(exc) != "data":
                 # Not a record's fault (a lock timeout, a lost connection, a
@@ -221,8 +233,8 @@ class BatchWriter:
                                          "error": error, "sqlstate": errors.sqlstate_of(exc)})
                 return 0, 1
         half = len(coordinates) // 2
-        applied, dead = self._isolate(cur, statement, quarantine, params, coordinates[:half])
-        more_applied, more_dead = self._isolate(cur, statement, quarantine, params, coordinates[half:])
+        applied, dead = self._isolate(cur, apply_range, quarantine, params, coordinates[:half])
+        more_applied, more_dead = self._isolate(cur, apply_range, quarantine, params, coordinates[half:])
         return applied + more_applied, dead + more_dead
 
 

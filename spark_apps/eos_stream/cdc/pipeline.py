@@ -1,0 +1,161 @@
+"""A mirror pipeline's spec: the change stream's mirror plugged into the sink's staged path.
+
+``mirror_spec`` builds the :class:`PipelineSpec` that a config's ``spec: "mirror:<definition>"``
+names (``records.spec.load_spec``): the definition is a YAML or JSON file (its ``mirror``
+section, or the section alone), or the section inline as JSON. No Python is needed.
+
+The sink knows no mirror: it calls :class:`MirrorBatches` through ``PipelineSpec.mirror``.
+On the executors, each Kafka record becomes one stage line (``mirror.staging_lines``); in the
+batch's transaction, the driver makes the batch's schema changes, runs the mirror's apply
+statement (``mirror_sql``: stored offsets, one copy per coordinate, an isolated range, as the
+row pipeline's) and removes the aggregate groups left empty. The offsets are stored by the
+sink in that same transaction, so a batch applies whole, with its offsets, or not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from psycopg2 import sql
+
+from spark_apps.eos_stream.cdc import aggregate_sql, envelope, mirror, mirror_sql, schema_changes
+from spark_apps.eos_stream.cdc.definition import MirrorDefinition, parse_mirror
+from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
+from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.records import batch_lines
+from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec, SpecError
+from spark_apps.eos_stream.state.ddl import run_ddl
+
+
+def read_definition(argument: str) -> Mapping[str, Any]:
+    """The ``mirror`` section a ``mirror:`` reference names: inline JSON (``{...}``), or a
+    YAML or JSON file holding the section, or a pipeline definition with a ``mirror`` key."""
+    text = argument.strip()
+    if not text.startswith("{"):
+        try:
+            with open(text) as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise SpecError(f"cannot read the mirror definition {argument!r}: {exc}") from exc
+    try:
+        import yaml  # JSON is YAML too
+
+        document = yaml.safe_load(text)
+    except ImportError:
+        document = json.loads(text)
+    except Exception as exc:
+        raise SpecError(f"the mirror definition {argument[:200]!r} is not valid YAML or JSON: {exc}") from exc
+    if isinstance(document, Mapping) and isinstance(document.get("mirror"), Mapping):
+        document = document["mirror"]
+    if not isinstance(document, Mapping):
+        raise SpecError(f"the mirror definition {argument[:200]!r} must be a mapping (the mirror section)")
+    return document
+
+
+def mirror_spec(argument: str) -> PipelineSpec:
+    """The spec of a mirror pipeline from its definition (``read_definition``)."""
+    try:
+        definition = parse_mirror(read_definition(argument))
+    except MirrorError as exc:
+        raise SpecError(f"mirror definition: {exc}") from exc
+    if definition.patterns:
+        raise SpecError("mirror definition: tables named by source_pattern are not streamed yet (their targets "
+                        "come from the first change event of each topic); list each table under tables")
+    batches = MirrorBatches(definition)
+    return PipelineSpec(name=f"mirror:{definition.topic_prefix}", fields=(), targets=(),
+                        target_ddl=batches.target_ddl, mirror=batches)
+
+
+class MirrorBatches:
+    """``records.spec.MirrorApply`` for one mirror definition: picklable (plain values), as
+    the executors rebuild it from the spec reference anyway."""
+
+    def __init__(self, definition: MirrorDefinition) -> None:
+        self.definition = definition
+
+    def stage_column_types(self) -> list[tuple[str, str]]:
+        return mirror.stage_column_types()
+
+    def target_tables(self) -> list[str]:
+        return [t.table for t in self.definition.tables.values()] + [a.table for a in self.definition.aggregates]
+
+    def target_ddl(self, target_schema: str, _unique_coordinates: bool) -> list:
+        tables = self.definition.tables
+        schema = sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(target_schema))
+        return ([schema] + [mirror_sql.target_ddl(t, target_schema) for t in tables.values()]
+                + [aggregate_sql.aggregate_ddl(a, tables[a.source], target_schema) for a in self.definition.aggregates])
+
+    def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]:
+        """The COPY text of a task's Arrow batches: one line per Kafka record."""
+        definition = self.definition
+
+        def types_of(source: str) -> Mapping[str, str] | None:
+            target = definition.route(source)
+            return None if target is None else target.columns
+
+        decode = envelope.decoder(types_of, definition.placeholder)
+        for batch in batches:
+            lines = mirror.staging_lines(definition.route, decode, batch_lines.arrow_records(batch), keep_raw)
+            yield "".join(lines).encode()
+
+    def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
+                  skip_applied: bool) -> BatchRun:
+        """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
+        apply of the stage (or of one isolated range of it) to the targets they leave."""
+        targets = self._targets_for_batch(cur, stage, target_schema)
+        aggregates = self.definition.aggregates
+
+        def run(cur: Any, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
+            cur.execute(mirror_sql.apply_mirror_statement(
+                targets, stage=stage, target_schema=target_schema, meta_schema=meta_schema,
+                skip_applied=skip_applied, dedupe=dedupe, only_range=only_range, aggregates=aggregates), params)
+            row = cur.fetchone()
+            assert row is not None
+            for aggregate in aggregates:
+                cur.execute(aggregate_sql.prune_empty_groups(aggregate, target_schema))
+            return int(row[0]), int(row[1])
+
+        return run
+
+    def _targets_for_batch(self, cur: Any, stage: Any, target_schema: str) -> list[MirrorTarget]:
+        """The targets as this batch must write them: the definition's, with the columns the
+        target tables gained since (added by an earlier batch) and the ones this batch adds.
+        A refused change (``SchemaChangeRefused``) fails the batch at once: no record is at fault."""
+        cur.execute(sql.SQL("SELECT DISTINCT _target, _shape FROM {} WHERE _shape IS NOT NULL").format(stage))
+        shapes: dict[str, list[str]] = {}
+        for table, shape in cur.fetchall():
+            shapes.setdefault(table, []).append(shape)
+        targets = list(self.definition.tables.values())
+        if not shapes:
+            return targets  # every change carries exactly the definition's columns
+        stored = _stored_columns(cur, target_schema, list(shapes))
+        planned = []
+        for target in targets:
+            if target.table in shapes:
+                target = dataclasses.replace(target, columns={**stored.get(target.table, {}), **target.columns})
+                plan = schema_changes.plan_from_shapes(target, target_schema, shapes[target.table])
+                if plan.add:
+                    run_ddl(cur, plan.add)
+                    target = dataclasses.replace(target, columns={**target.columns, **plan.new_columns})
+                    emit("mirror_columns_added", table=target.table, columns=plan.new_columns)
+                if plan.dropped:
+                    emit("mirror_columns_kept", table=target.table, columns=plan.dropped,
+                         why="changes of the source table no longer carry them; the mirror keeps what it holds")
+            planned.append(target)
+        return planned
+
+
+def _stored_columns(cur: Any, schema: str, tables: list[str]) -> dict[str, dict[str, str]]:
+    """Each target table's columns and types as the database holds them."""
+    cur.execute(
+        "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+        " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        (schema, tables))
+    found: dict[str, dict[str, str]] = {}
+    for table, column, pg_type in cur.fetchall():
+        found.setdefault(table, {})[column] = pg_type
+    return found

@@ -1,0 +1,122 @@
+"""A mirror pipeline's spec (spark_apps/eos_stream/cdc/pipeline.py): built from a declarative
+definition named by ``spec: "mirror:<file or inline>"``, staged one line per Kafka record, refused
+where it cannot be exact. The apply runs on the real stack in tests/integration/test_cdc_mirror.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
+from spark_apps.eos_stream.records.spec import SpecError, load_spec
+from spark_apps.eos_stream.run.config import ConfigError, from_dict
+from spark_apps.eos_stream.run.preflight import delivery_mode
+from spark_apps.eos_stream.sink.staging import copy_chunks, stage_column_types
+
+SECTION = {"topic_prefix": "app", "tables": [
+    {"source": "public.customers", "key": ["id"], "columns": {"id": "bigint", "name": "text", "notes": "text"}},
+    {"source": "public.lines", "key": ["order_id", "line_no"],
+     "columns": {"order_id": "bigint", "line_no": "integer", "sku": "text", "qty": "integer"}}],
+    "aggregates": [{"source": "public.lines", "target": "sku_totals", "group_by": ["sku"], "sums": {"q": "qty"}}]}
+YAML = """
+mirror:
+  topic_prefix: app
+  tables:
+    - source: public.customers
+      key: [id]
+      columns: {id: bigint, name: text, notes: text}
+"""
+
+
+def _envelope(op: str, table: str, key: dict, after: dict | None) -> tuple[bytes, bytes]:
+    value = {"op": op, "before": None, "after": after, "source": {"schema": "public", "table": table}}
+    return json.dumps(key).encode(), json.dumps(value).encode()
+
+
+def test_an_inline_definition_builds_a_spec_with_its_targets_and_ddl() -> None:
+    spec = load_spec("mirror:" + json.dumps(SECTION))
+    assert spec.mirror is not None and spec.fields == () and spec.targets == ()
+    assert spec.mirror.target_tables() == ["customers", "lines", "sku_totals"]
+    assert stage_column_types(spec) == spec.mirror.stage_column_types()
+    assert [c for c, _ in stage_column_types(spec)] == list(STAGE_COLUMNS)
+    assert spec.target_ddl is not None and len(spec.target_ddl("t", False)) == 4
+
+
+def test_a_yaml_file_with_a_mirror_section_builds_the_same_targets(tmp_path: Path) -> None:
+    path = tmp_path / "mirror.yaml"
+    path.write_text(YAML)
+    spec = load_spec(f"mirror:{path}")
+    assert spec.mirror is not None and spec.mirror.target_tables() == ["customers"]
+
+
+def test_a_definition_file_that_is_no_mapping_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "list.yaml").write_text("[1, 2]")
+    with pytest.raises(SpecError, match="must be a mapping"):
+        load_spec(f"mirror:{tmp_path / 'list.yaml'}")
+
+
+@pytest.mark.parametrize(("argument", "message"), [
+    ("/no/such/file.yaml", "cannot read the mirror definition"),
+    ('{"topic_prefix": "app"}', "mirror definition: mirror.tables: must list"),
+    (json.dumps({"topic_prefix": "app", "tables": [{"source_pattern": "inv.*"}]}), "not streamed yet"),
+])
+def test_a_bad_definition_is_refused_naming_what_is_wrong(argument: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        load_spec(f"mirror:{argument}")
+
+
+def test_the_executors_stage_one_line_per_record_tombstones_and_refusals_included() -> None:
+    spec = load_spec("mirror:" + json.dumps(SECTION))
+    records = [_envelope("c", "customers", {"id": 1}, {"id": 1, "name": "a", "notes": "n"}),
+               (json.dumps({"id": 1}).encode(), None),  # a tombstone
+               _envelope("u", "lines", {"order_id": 1, "line_no": 2},
+                         {"order_id": 1, "line_no": 2, "sku": "x", "qty": 3}),
+               (b"{}", b"not json")]
+    batch = pa.record_batch([pa.array(["t"] * 4), pa.array([0] * 4, pa.int32()), pa.array(range(4), pa.int64()),
+                             pa.array([k for k, _ in records], pa.binary()),
+                             pa.array([v for _, v in records], pa.binary())],
+                            names=["topic", "partition", "offset", "key", "value"])
+    counts = {"staged": 0}
+    text = b"".join(bytes(c) for c in copy_chunks([batch], spec, False, counts)).decode()
+    lines = [line.split("\t") for line in text.splitlines()]
+    assert counts["staged"] == 4 and len(lines) == 4 and all(len(line) == len(STAGE_COLUMNS) for line in lines)
+    error = STAGE_COLUMNS.index("_error")
+    target = STAGE_COLUMNS.index("_target")
+    assert [line[target] for line in lines] == ["customers", "\\N", "lines", "\\N"]
+    assert [line[error] == "\\N" for line in lines] == [True, True, True, False]
+    assert "malformed value JSON" in lines[3][error]
+
+
+@pytest.mark.parametrize("delivery", ["at_least_once", "idempotent"])
+def test_a_mirror_is_refused_in_a_mode_without_stored_offsets(delivery: str) -> None:
+    config = from_dict({"pipeline": "p", "topics": ["app.public.customers"], "spec": "mirror:" + json.dumps(SECTION),
+                        "delivery": delivery})
+    with pytest.raises(ConfigError, match="cannot keep a mirror equal to its source"):
+        config.validate()
+    with pytest.raises(ConfigError, match="cannot keep a mirror equal to its source"):
+        delivery_mode(config, load_spec(config.spec))
+
+
+def test_exactly_once_and_two_phase_take_a_mirror() -> None:
+    for delivery in ("exactly_once", "two_phase"):
+        config = from_dict({"pipeline": "p", "topics": ["t"], "spec": "mirror:" + json.dumps(SECTION),
+                            "delivery": delivery})
+        assert delivery_mode(config.validate(), load_spec(config.spec)).stores_offsets
+
+
+def test_a_pipeline_definition_with_a_mirror_section_yields_the_apps_mirror_spec() -> None:
+    from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError, parse_definition
+
+    data = {"name": "shop", "topics": ["app.public.customers", "app.public.lines"], "mirror": SECTION,
+            "target_schema": "shop", "meta_schema": "shop_eos", "checkpoint_dir": "/ck/shop"}
+    definition = parse_definition(data, source="shop.yaml")
+    config = definition.app_config(kafka_bootstrap="k:9092", postgres={"host": "h"})
+    spec = load_spec(config["spec"])
+    assert spec.mirror is not None and spec.mirror.target_tables() == ["customers", "lines", "sku_totals"]
+    with pytest.raises(PipelineDefinitionError, match="cannot keep a mirror equal to its source"):
+        parse_definition({**data, "delivery": "at_least_once"}, source="shop.yaml")
+    with pytest.raises(PipelineDefinitionError, match="either a spec or a mirror section"):
+        parse_definition({**data, "spec": "a.b:C"}, source="shop.yaml")
