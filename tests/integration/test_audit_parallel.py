@@ -64,7 +64,7 @@ def _own_workers() -> set[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"audit_worker" in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"eos_stream.audit.worker" in cmdline:
             found.add(int(entry.name))
     return found
 

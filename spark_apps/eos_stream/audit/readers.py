@@ -2,7 +2,7 @@
 
 Judging a record (``records.parse_record``) is pure Python, so one process reading a
 million records is bound by one core. A big read is dealt out instead: each worker
-process (``audit_worker``) reads and judges a share of the partitions, and the parent
+process (``audit.worker``) reads and judges a share of the partitions, and the parent
 merges their partial sides (``audit_kafka.merge_sides``), which is the side one process
 reading them all would have built. The parent meanwhile reads the database's side.
 
