@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 # Lines of a task's log that say why it failed, most telling first.
+# A raised exception as Python prints it ("AirflowException: ..."): the cause itself.
+_RAISED = re.compile(r"\b\w*(?:Error|Exception|Timeout)\w*: \S")
+# Else a line that speaks of a failure. Airflow's own closing lines ("emitted OpenLineage `FAIL`
+# event") come after the cause, so the raised exception is looked for first.
 _CAUSE = re.compile(r"\b\w*(?:Error|Exception)\b|\bfailed\b|\bFAIL\b|\bERROR\b", re.IGNORECASE)
 
 
@@ -65,13 +69,14 @@ def quiet_console(log_file: Path) -> TextIO:
 
 
 def failure_summary(log_lines: list[str]) -> str:
-    """One line that says why a task failed: the last line of its log naming an error, else its
-    last line."""
+    """One line that says why a task failed: the last exception its log shows raised, else the last
+    line naming an error, else its last line."""
     lines = [line.strip() for line in log_lines if line.strip()]
     if not lines:
         return "(its log is empty)"
+    raised = [line for line in lines if _RAISED.search(line)]
     telling = [line for line in lines if _CAUSE.search(line)]
-    line = (telling or lines)[-1]
+    line = (raised or telling or lines)[-1]
     return line if len(line) <= 160 else line[:157] + "..."
 
 

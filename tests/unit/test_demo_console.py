@@ -25,6 +25,14 @@ def test_the_summary_is_the_last_line_that_names_the_error() -> None:
     assert len(failure_summary(["Error: " + "x" * 500])) == 160
 
 
+def test_airflows_closing_lines_do_not_hide_the_raised_exception() -> None:
+    """A real health task's log ends with OpenLineage's `FAIL` event line, after the exception."""
+    closing = ["info ::group::Post Execute", "info Successfully emitted OpenLineage `FAIL` event of id `01a2`",
+               "info ::endgroup::"]
+    assert failure_summary(HEALTH_LOG + closing) == (
+        "AirflowException: Kafka partitions with a stuck last stable offset: ledger.events[2] (31 s)")
+
+
 def test_the_whole_log_goes_to_a_file(tmp_path: Path) -> None:
     path = save_task_log(tmp_path / "task-logs", "eos_health__ledger", "check_lso", HEALTH_LOG)
     assert path.read_text().splitlines() == HEALTH_LOG
