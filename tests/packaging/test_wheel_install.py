@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -64,7 +65,17 @@ def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
-def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: Path) -> None:
+def _airflow_floor() -> str:
+    """The oldest Airflow the package declares (setup.cfg's ``apache-airflow>=X.Y``), as X.Y.0."""
+    found = re.search(r"apache-airflow>=([0-9]+\.[0-9]+)(?:\.([0-9]+))?", (ROOT / "setup.cfg").read_text())
+    assert found, "setup.cfg declares no apache-airflow>= floor"
+    return f"{found.group(1)}.{found.group(2) or 0}"
+
+
+# The newest Airflow the package index has, and the oldest the package declares: the floor is a
+# promise only if a fresh install of it also registers the provider and builds the DAGs.
+@pytest.mark.parametrize("airflow", ["newest", "floor"])
+def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: Path, airflow: str) -> None:
     started = time.monotonic()
     wheels = tmp_path / "wheels"
     env = {**os.environ, "UV_CACHE_DIR": str(STATE_DIR / "uv-cache")}
@@ -95,7 +106,8 @@ def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: P
     python = venv / "bin" / "python"
     # No constraints, no pins of ours: uv resolves the extra's pins together with Airflow's and the
     # Spark provider's own requirements (pyspark-client among them).
-    _run([str(UV), "pip", "install", "-q", "--python", str(python), f"{wheel}[spark]"], env=env, timeout=600)
+    pinned = [f"apache-airflow=={_airflow_floor()}"] if airflow == "floor" else []
+    _run([str(UV), "pip", "install", "-q", "--python", str(python), f"{wheel}[spark]", *pinned], env=env, timeout=600)
     installed = time.monotonic() - started - built
 
     definitions = tmp_path / "pipelines"
@@ -110,6 +122,8 @@ def test_the_wheel_installs_into_a_fresh_airflow_without_constraints(tmp_path: P
     report = json.loads(line[len("RESULT "):])
     print(f"\nwheel built in {built:.1f}s, installed with [spark] in {installed:.1f}s (uv, no constraints): {report}")
     assert report["provider"] and report["airflow"].startswith("3.")
+    if airflow == "floor":
+        assert report["airflow"] == _airflow_floor(), report
     assert {"snapshot_store", "pipeline_config_dir", "kafka_conn_id", "spark_jars"} <= set(report["eos_config"])
     assert report["pipeline_config_dir"] == "/opt/eos/pipelines"  # the declared default, seen by Airflow
     assert report["dags"] == sorted(f"eos_{kind}__shop" for kind in ("health", "recovery", "snapshot", "stop",
