@@ -26,6 +26,7 @@ from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.modes import MODES
+from spark_apps.eos_stream.sink.settings import SinkSettings
 from spark_apps.eos_stream.sink.staging import copy_from_chunks, stage_column_types, stage_table
 from spark_apps.eos_stream.state.ddl import run_ddl
 from tests.streaming import pg_connect
@@ -68,9 +69,10 @@ class _Mirror:
             run_ddl(cur, self.spec.target_ddl(self.target, False))
         self.conn.commit()
         self.staged_raw: list[bool] = []
-        self.sink = BatchSink(conn=self.conn, guard_conn=self.guard, spec=self.spec, mode=MODES["exactly_once"],
-                              pipeline=self.name, target_schema=self.target, meta_schema=self.meta,
-                              max_batch_attempts=max_batch_attempts, transient_retry_seconds=0)
+        settings = SinkSettings(spec=self.spec, mode=MODES["exactly_once"], pipeline=self.name,
+                                target_schema=self.target, meta_schema=self.meta,
+                                max_batch_attempts=max_batch_attempts, transient_retry_seconds=0)
+        self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard)
 
     def apply(self, batch_id: int, records: list[tuple[bytes, bytes | None]], start: int = 0) -> Any:
         """Applies ``records`` at offsets ``start``... as one batch."""
