@@ -71,7 +71,9 @@ def quiet_console(log_file: Path) -> TextIO:
 def failure_summary(log_lines: list[str]) -> str:
     """One line that says why a task failed: the last exception its log shows raised, else the last
     line naming an error, else its last line."""
-    lines = [line.strip() for line in log_lines if line.strip()]
+    # An entry read through Airflow's API may hold several lines (an exception's message does):
+    # the summary is one physical line.
+    lines = [line.strip() for entry in log_lines for line in entry.splitlines() if line.strip()]
     if not lines:
         return "(its log is empty)"
     raised = [line for line in lines if _RAISED.search(line)]

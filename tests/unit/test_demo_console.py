@@ -25,6 +25,13 @@ def test_the_summary_is_the_last_line_that_names_the_error() -> None:
     assert len(failure_summary(["Error: " + "x" * 500])) == 160
 
 
+def test_an_entry_of_several_lines_gives_one_line() -> None:
+    """Airflow's API returns an exception's message with its newlines in one log entry."""
+    entry = "  AirflowException: Kafka partitions with a stuck last stable offset:\nLSO lag report: 4 partition(s)"
+    assert failure_summary(["INFO start", entry, "info ::endgroup::"]) == (
+        "AirflowException: Kafka partitions with a stuck last stable offset:")
+
+
 def test_airflows_closing_lines_do_not_hide_the_raised_exception() -> None:
     """A real health task's log ends with OpenLineage's `FAIL` event line, after the exception."""
     closing = ["info ::group::Post Execute", "info Successfully emitted OpenLineage `FAIL` event of id `01a2`",
