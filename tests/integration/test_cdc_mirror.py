@@ -27,7 +27,7 @@ from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.sink.staging import create_stage, stage_ranges
-from tests.helpers.cdc_source import Source, drop_slot, source_connection, wait_until, write_source
+from tests.helpers.cdc_source import Source, connector_config, drop_slot, source_connection, wait_until, write_source
 from tests.streaming import AppRun, pg_connect, pipeline_config, start_app
 
 CONNECT_CONN = "eos_cdc_mirror_connect"
@@ -48,6 +48,12 @@ SOURCE_DDL = [
 ]
 
 
+def mirror_connector(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
+    """The project's connector over the mirror's tables, naming each column's source type (a
+    column added mid-stream is then typed by its events)."""
+    return connector_config(env, schema, slot, list(TABLES), **{"column.propagate.source.type": ".*"})
+
+
 def mirror_definition(schema: str) -> dict[str, Any]:
     return {"mirror": {
         "topic_prefix": schema,
@@ -65,30 +71,6 @@ def mirror_definition(schema: str) -> dict[str, Any]:
                         "sums": {"qty_total": "qty", "amount": "price"}}],
     }}
 
-
-def connector_config(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
-    return {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": 1,
-        "plugin.name": "pgoutput",
-        "database.hostname": env["EOS_PG_HOST"],
-        "database.port": env["EOS_PG_PORT"],
-        "database.user": env["EOS_SOURCE_PG_USER"],
-        "database.password": f"${{file:{env['EOS_CONNECT_SOURCE_SECRETS']}:password}}",
-        "database.dbname": env["EOS_SOURCE_PG_DB"],
-        "topic.prefix": schema,
-        "table.include.list": ",".join(f"{schema}.{t}" for t in TABLES),
-        "slot.name": slot,
-        "publication.name": env["EOS_SOURCE_PUBLICATION"],
-        "publication.autocreate.mode": "disabled",
-        "snapshot.mode": "initial",
-        "exactly.once.support": "required",
-        "decimal.handling.mode": "string",
-        "column.propagate.source.type": ".*",
-        "heartbeat.interval.ms": 1000,
-        "topic.creation.default.replication.factor": 1,
-        "topic.creation.default.partitions": 1,
-    }
 
 
 class Workload:
@@ -325,7 +307,7 @@ def test_a_mirror_pipeline_equals_its_source_through_a_driver_kill(
     thread = threading.Thread(target=workload.run, args=(WORKLOAD_SECONDS,), daemon=True)
     target = pg_connect(env)
     try:
-        hook.put_connector_config(connector, connector_config(env, schema, slot))
+        hook.put_connector_config(connector, mirror_connector(env, schema, slot))
         wait_until(f"{connector} RUNNING", lambda: not hook.connector_problems(connector))
 
         def topics_written() -> bool:

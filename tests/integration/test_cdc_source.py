@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
-from tests.helpers.cdc_source import Source, drop_slot, wait_until, write_source
+from tests.helpers.cdc_source import Source, connector_config, drop_slot, wait_until, write_source
 
 CONNECT_CONN = "eos_cdc_connect_test"
 SOURCE_CONN = "eos_cdc_source_test"
@@ -33,31 +33,6 @@ def connections(connect: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Non
         "login": connect["EOS_PG_USER"], "password": connect["EOS_PG_PASSWORD"],
         "schema": connect["EOS_SOURCE_PG_DB"]}))
 
-
-def connector_config(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
-    """Debezium's PostgreSQL connector as this project configures it (docs/cdc.md, "Source side")."""
-    return {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": 1,
-        "plugin.name": "pgoutput",
-        "database.hostname": env["EOS_PG_HOST"],
-        "database.port": env["EOS_PG_PORT"],
-        "database.user": env["EOS_SOURCE_PG_USER"],
-        # Resolved inside the worker by its FileConfigProvider: never in the stored config.
-        "database.password": f"${{file:{env['EOS_CONNECT_SOURCE_SECRETS']}:password}}",
-        "database.dbname": env["EOS_SOURCE_PG_DB"],
-        "topic.prefix": schema,
-        "table.include.list": f"{schema}.accounts",
-        "slot.name": slot,
-        "publication.name": env["EOS_SOURCE_PUBLICATION"],
-        "publication.autocreate.mode": "disabled",
-        "snapshot.mode": "initial",
-        "exactly.once.support": "required",
-        "decimal.handling.mode": "string",
-        "heartbeat.interval.ms": 1000,
-        "topic.creation.default.replication.factor": 1,
-        "topic.creation.default.partitions": 1,
-    }
 
 
 def read_changes(bootstrap: str, topic: str, count: int, timeout: float = 120.0) -> list[tuple[Any, Any]]:
@@ -125,7 +100,7 @@ def test_debezium_changes_arrive_exactly_once_and_health_checks_name_what_is_wro
     ])
     hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
     try:
-        created = hook.put_connector_config(name, connector_config(connect, schema, slot))
+        created = hook.put_connector_config(name, connector_config(connect, schema, slot, ["accounts"]))
         assert created["name"] == name
         assert "${file:" in hook.get_connector_config(name)["database.password"]  # no password stored
         wait_until(f"{name} RUNNING", lambda: not hook.connector_problems(name))
