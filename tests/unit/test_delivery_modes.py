@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from spark_apps.eos_stream.run.config import DELIVERY_MODES
 from spark_apps.eos_stream.sink.in_doubt import GID_LIMIT, gid_prefix, transaction_id
 from spark_apps.eos_stream.sink.modes import MODES
 
 
-def test_every_configurable_mode_has_a_sink_mode() -> None:
-    assert set(DELIVERY_MODES) == set(MODES)
+def test_only_two_phase_splits_the_commit() -> None:
     assert [m for m in MODES.values() if m.two_phase] == [MODES["two_phase"]]
     # two_phase keeps every guard of exactly_once: it only splits the commit.
     eos, tpc = MODES["exactly_once"], MODES["two_phase"]

@@ -29,7 +29,6 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
-DELIVERY_MODES = ("at_least_once", "idempotent", "exactly_once", "two_phase")
 TRIGGERS = ("availableNow", "processingTime")
 # Switches that are gone, with what a config that still sets one is told. Each
 # measured slower than the one path that stayed (docs/benchmarks.md, "Removed switches").

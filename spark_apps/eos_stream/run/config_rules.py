@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from spark_apps.eos_stream.run.config import DELIVERY_MODES, PIPELINE_NAME, TRIGGERS, ConfigError
+from spark_apps.eos_stream.run.config import PIPELINE_NAME, TRIGGERS, ConfigError
+from spark_apps.eos_stream.sink.modes import MODES
 
 if TYPE_CHECKING:
     from spark_apps.eos_stream.records.spec import PipelineSpec
@@ -34,8 +35,8 @@ class Rule(NamedTuple):
 
 
 def _delivery(config: PipelineConfig) -> str | None:
-    if config.delivery not in DELIVERY_MODES:
-        return f"unknown delivery mode {config.delivery!r}; choose one of {', '.join(DELIVERY_MODES)}"
+    if config.delivery not in MODES:
+        return f"unknown delivery mode {config.delivery!r}; choose one of {', '.join(MODES)}"
     return None
 
 
