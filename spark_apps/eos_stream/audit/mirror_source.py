@@ -1,4 +1,4 @@
-"""The mirror audit: a mirror pipeline's targets against its source database.
+"""The source audit of a mirror: a mirror pipeline's targets against its source database.
 
 A mirror is right when every target table holds its source table's rows and every aggregate
 holds its ``GROUP BY`` over the source table. Source and target are usually two databases,
@@ -175,7 +175,7 @@ def _snapshot(conn: Any) -> None:
         cur.execute("SET LOCAL TimeZone = 'UTC'; SET LOCAL extra_float_digits = 3")
 
 
-def audit_mirror(source: Any, target: Any, definition: MirrorDefinition, target_schema: str) -> dict[str, Any]:
+def audit_against_source(source: Any, target: Any, definition: MirrorDefinition, target_schema: str) -> dict[str, Any]:
     """The report of every target of ``definition``: ``ok`` only when each equals its source."""
     _snapshot(source)
     _snapshot(target)
@@ -192,7 +192,7 @@ def audit_mirror(source: Any, target: Any, definition: MirrorDefinition, target_
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m spark_apps.eos_stream.audit.mirror --config pipeline.json --source DSN``:
+    """``python -m spark_apps.eos_stream.audit.mirror_source --config pipeline.json --source DSN``:
     prints the report as JSON; exits 0 when every target equals its source, 1 otherwise."""
     import argparse
 
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     from spark_apps.eos_stream.cdc.pipeline import read_definition
     from spark_apps.eos_stream.run.config import add_config_arguments, config_from_arguments
 
-    parser = argparse.ArgumentParser(prog="python -m spark_apps.eos_stream.audit.mirror",
+    parser = argparse.ArgumentParser(prog="python -m spark_apps.eos_stream.audit.mirror_source",
                                      description="Audit a mirror pipeline's targets against its source database")
     add_config_arguments(parser)
     parser.add_argument("--source", required=True,
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     definition = parse_mirror(read_definition(config.spec.removeprefix("mirror:")))
     source, target = psycopg2.connect(args.source), psycopg2.connect(**config.postgres.dsn_kwargs())
     try:
-        report = audit_mirror(source, target, definition, config.target_schema)
+        report = audit_against_source(source, target, definition, config.target_schema)
     finally:
         source.close()
         target.close()

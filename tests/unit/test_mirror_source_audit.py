@@ -1,12 +1,12 @@
 """The mirror audit's merge of two key-ordered sides (pure logic; the SQL side is in
-tests/integration/test_mirror_audit.py)."""
+tests/integration/test_mirror_source_audit.py)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
-from spark_apps.eos_stream.audit.mirror import Comparison, merge
+from spark_apps.eos_stream.audit.mirror_source import Comparison, merge
 
 
 def keyed(*rows: tuple) -> list:

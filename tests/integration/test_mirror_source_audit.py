@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream.audit.mirror import audit_mirror
+from spark_apps.eos_stream.audit.mirror_source import audit_against_source
 from spark_apps.eos_stream.cdc.definition import parse_mirror
 from tests.helpers.cdc_source import source_connection
 from tests.streaming import pipeline_config
@@ -75,7 +75,7 @@ def sides(stack: dict[str, str], pg_conn: Any, unique_name: str) -> Iterator[tup
 
 
 def audit(source: Any, target: Any, schema: str) -> dict[str, Any]:
-    report = audit_mirror(source, target, parse_mirror(definition(schema)), schema)
+    report = audit_against_source(source, target, parse_mirror(definition(schema)), schema)
     source.autocommit = target.autocommit = True
     return report
 
@@ -121,8 +121,9 @@ def test_the_cli_exits_by_the_verdict_and_refuses_a_password(stack: dict[str, st
     env = {**os.environ, "PGPASSWORD": stack["EOS_PG_PASSWORD"], "EOS_PG_PASSWORD": stack["EOS_PG_PASSWORD"]}
 
     def run(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.audit.mirror", "--config", str(config),
-                               *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.audit.mirror_source",
+                               "--config", str(config), *extra],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
     done = run("--source", dsn)
     assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stderr[-2000:]
