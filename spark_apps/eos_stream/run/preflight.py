@@ -7,6 +7,8 @@ seconds, instead of as a stack trace from inside a micro-batch.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from psycopg2 import sql
@@ -143,8 +145,10 @@ def check_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, mo
     conn.rollback()
 
 
-def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str, str], timeout: float = 15.0):
-    """Partitions per topic from the brokers' metadata.
+def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str, str], timeout: float = 15.0,
+                     pattern: str | None = None):
+    """Partitions per topic from the brokers' metadata: of ``topics``, and of every topic the
+    regex ``pattern`` matches (a subscription by pattern, ``PipelineSpec.subscription``).
 
     :raises ConfigError: the brokers refused the credentials (not retryable: the same
         credentials fail the same way), or a topic does not exist.
@@ -171,7 +175,7 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
                               "security options (sasl.username, sasl.password...) of the Kafka connection") from exc
         raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {exc}") from exc
     partitions: dict[str, list[int]] = {}
-    for topic in topics:
+    for topic in topics + matching_topics(metadata.topics, pattern, exclude=topics):
         found = metadata.topics.get(topic)
         problem = topic_metadata_problem(found)
         if problem == "missing":
@@ -183,6 +187,14 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
                                    "restarting broker): retried on the next start")
         partitions[topic] = sorted(found.partitions)
     return partitions
+
+
+def matching_topics(names: Iterable[str], pattern: str | None, exclude: Collection[str] = ()) -> list[str]:
+    """The names (a broker's topic list) a subscription regex matches in full, sorted."""
+    if pattern is None:
+        return []
+    regex = re.compile(pattern)
+    return sorted(n for n in names if regex.fullmatch(n) and n not in exclude)
 
 
 def is_compacted(cleanup_policy: str | None) -> bool:
