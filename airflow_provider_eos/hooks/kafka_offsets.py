@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from functools import cached_property
@@ -37,6 +38,23 @@ class KafkaUnreachableError(AirflowException):
 
 class KafkaTopicNotFoundError(AirflowException):
     """One of the requested topics does not exist."""
+
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def expand_patterns(topics: list[str], existing: Iterable[str]) -> list[str]:
+    """``topics`` with each entry that is no topic name (a regex) replaced by the ``existing``
+    topics it matches in full, each topic once, in order."""
+    names = sorted(existing)
+    expanded: list[str] = []
+    for entry in topics:
+        if _TOPIC_NAME.fullmatch(entry):
+            expanded.append(entry)
+        else:
+            regex = re.compile(entry)
+            expanded += [name for name in names if regex.fullmatch(name)]
+    return list(dict.fromkeys(expanded))
 
 
 class KafkaOffsetsHook(KafkaBaseHook):
@@ -80,7 +98,10 @@ class KafkaOffsetsHook(KafkaBaseHook):
     def list_partitions(self, topics: Iterable[str]) -> list[TopicPartitionKey]:
         """
         The current partitions of ``topics`` from cluster metadata (so partitions added
-        since the last call appear).
+        since the last call appear). An entry that cannot be a topic name (Kafka allows only
+        letters, digits, ``.``, ``_`` and ``-``) is a subscription regex, a mirror's pattern
+        (``PipelineSpec.subscription``): it stands for every topic it matches in full now,
+        none included.
 
         :raises KafkaUnreachableError: when the cluster does not answer in time.
         :raises KafkaTopicNotFoundError: when a topic does not exist.
@@ -96,7 +117,7 @@ class KafkaOffsetsHook(KafkaBaseHook):
             raise self._unreachable(err) from err
         missing: list[str] = []
         result: list[TopicPartitionKey] = []
-        for topic in topics:
+        for topic in expand_patterns(topics, metadata.topics):
             meta = metadata.topics.get(topic)
             problem = topic_metadata_problem(meta)
             if problem == "missing":
@@ -123,7 +144,7 @@ class KafkaOffsetsHook(KafkaBaseHook):
         High watermark, last stable offset and (optionally) earliest offset of every
         partition of ``topics``.
 
-        :param topics: topic names (not patterns).
+        :param topics: topic names, or subscription regexes (``list_partitions``).
         :param include_earliest: also read the retention start (a third request);
             the LSO lag does not need it.
         :return: ``{(topic, partition): PartitionOffsets}``

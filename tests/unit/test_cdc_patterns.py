@@ -97,3 +97,27 @@ def test_a_pattern_names_its_targets(target: str, expected: str) -> None:
     pattern = definition.pattern_for("inventory.stock")
     assert pattern is not None and pattern.target_name("inventory.stock") == expected
     assert definition.pattern_for("public.stock") is None
+
+
+def test_the_sensors_hook_expands_a_subscription_regex_to_the_topics_it_matches_now() -> None:
+    from airflow_provider_eos.hooks.kafka_offsets import expand_patterns
+
+    pattern = load_spec("mirror:" + json.dumps(SECTION)).subscription(["app.public.customers"])
+    assert pattern is not None
+    existing = ["app.inventory.stock", "app.public.customers", "app.inventory.bins", "app.public.other"]
+    assert expand_patterns(["app.public.customers", pattern], existing) == [
+        "app.public.customers", "app.inventory.bins", "app.inventory.stock"]
+    assert expand_patterns(["app.public.customers", pattern], ["app.public.customers"]) == ["app.public.customers"]
+    assert expand_patterns(["no.such.topic"], existing) == ["no.such.topic"]  # a name stays: missing is an error
+
+
+def test_a_mirror_by_pattern_has_its_sensors_watch_the_subscription() -> None:
+    from types import SimpleNamespace
+
+    from airflow_provider_eos.dag_factory.common import watched_topics
+
+    mirror = SimpleNamespace(topics=["app.public.customers"], spec="mirror:" + json.dumps(SECTION))
+    topics = watched_topics(mirror)  # type: ignore[arg-type]
+    assert topics[0] == "app.public.customers" and len(topics) == 2 and re.fullmatch(topics[1], "app.inventory.x")
+    rows = SimpleNamespace(topics=["ledger.x"], spec="spark_apps.ledger.spec:LEDGER")
+    assert watched_topics(rows) == ["ledger.x"]  # type: ignore[arg-type]
