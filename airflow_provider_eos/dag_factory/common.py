@@ -69,15 +69,3 @@ def refuse_undeclared_conf(context: Any, declared: Iterable[str]) -> None:
     """A run conf may tune how a run goes, never where it reads or writes: any key the DAG does
     not declare as a Param is refused before anything is touched."""
     provider_config.check_run_conf(context["dag_run"].conf, declared)
-
-
-def watched_topics(definition: PipelineDefinition) -> list[str]:
-    """The topics the sensors of a pipeline watch: its ``topics``, and a mirror's subscription
-    regex when its definition names tables by pattern (``KafkaOffsetsHook.list_partitions``
-    expands it to the topics it matches at each check, ones created later included)."""
-    from spark_apps.eos_stream.records.spec import load_spec
-
-    topics = list(definition.topics)
-    # Checked when the definitions were loaded (definition_checks), so the spec loads here.
-    pattern = load_spec(definition.spec).subscription(topics)
-    return topics if pattern is None else [*topics, pattern]

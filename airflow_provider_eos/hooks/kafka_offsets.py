@@ -136,6 +136,17 @@ class KafkaOffsetsHook(KafkaBaseHook):
             )
         return result
 
+    def resolve_topics(self, topics: Iterable[str]) -> list[str]:
+        """``topics`` with each subscription regex replaced by the topics it matches now."""
+        topics = list(dict.fromkeys(topics))
+        if all(_TOPIC_NAME.fullmatch(t) for t in topics):
+            return topics
+        try:
+            metadata = self.get_admin_client().list_topics(timeout=self.timeout)
+        except KafkaException as err:
+            raise self._unreachable(err) from err
+        return expand_patterns(topics, metadata.topics)
+
     # ------------------------------------------------------------------ offsets
     def partition_offsets(
         self, topics: Iterable[str], include_earliest: bool = True

@@ -111,13 +111,12 @@ def test_the_sensors_hook_expands_a_subscription_regex_to_the_topics_it_matches_
     assert expand_patterns(["no.such.topic"], existing) == ["no.such.topic"]  # a name stays: missing is an error
 
 
-def test_a_mirror_by_pattern_has_its_sensors_watch_the_subscription() -> None:
+def test_a_mirror_by_pattern_has_its_sensors_and_recovery_read_the_subscription() -> None:
     from types import SimpleNamespace
 
-    from airflow_provider_eos.dag_factory.common import watched_topics
+    from airflow_provider_eos.utils.subscription import subscribed_topics
 
     mirror = SimpleNamespace(topics=["app.public.customers"], spec="mirror:" + json.dumps(SECTION))
-    topics = watched_topics(mirror)  # type: ignore[arg-type]
+    topics = subscribed_topics(mirror)
     assert topics[0] == "app.public.customers" and len(topics) == 2 and re.fullmatch(topics[1], "app.inventory.x")
-    rows = SimpleNamespace(topics=["ledger.x"], spec="spark_apps.ledger.spec:LEDGER")
-    assert watched_topics(rows) == ["ledger.x"]  # type: ignore[arg-type]
+    assert subscribed_topics(SimpleNamespace(topics=["ledger.x"], spec="spark_apps.ledger.spec:LEDGER")) == ["ledger.x"]
