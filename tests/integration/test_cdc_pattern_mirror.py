@@ -4,6 +4,8 @@ names them by one ``source_pattern`` and lists none, so each target is created f
 events' schemas. An application changes two tables (a composite key, numeric, varchar(n),
 timestamptz), and once the driver streams, creates a third table, which Debezium publishes to a
 topic that did not exist when the driver subscribed: the driver reads it from its first offset.
+A first driver is SIGKILLed after its first batch's apply, before the commit: the targets that
+batch created are gone with its rows and offsets, and the next driver creates them again.
 After the workload stops and the stored offsets reach every change topic's last stable offset,
 every target equals its source (EXCEPT ALL both ways: 0 rows), with the source's key."""
 
@@ -101,6 +103,12 @@ def last_stable_offsets(bootstrap: str, prefix: str) -> dict[str, int]:
         consumer.close()
 
 
+def target_tables(conn: Any, schema: str) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT tablename::text FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,))
+        return [t for (t,) in cur.fetchall()]
+
+
 def stored_offsets(conn: Any, config: dict[str, Any]) -> dict[str, int]:
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT topic, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
@@ -142,10 +150,17 @@ def test_a_pattern_mirrors_every_table_a_table_created_after_the_start_included(
             return all(ends.get(t) for t in topics)
 
         wait_until("the first change topics", lambda: written(first_topics))
+        # SIGKILLed after its first batch's apply, before its commit: the targets that batch
+        # created in its transaction roll back with its rows and offsets.
+        runs.append(start_app(config, tmp_path, env_extra={"EOS_FAULT_POINT": "before_commit",
+                                                           "EOS_FAULT_AT_BATCH": "1"}, label="killed"))
+        assert runs[0].wait(300) == -9, runs[0].log()[-3000:]
+        print(f"killed run logged creating {[e['table'] for e in runs[0].events('mirror_target_created')]}")
+        assert target_tables(target, config["target_schema"]) == [] and stored_offsets(target, config) == {}
         runs.append(start_app(config, tmp_path, label="pattern"))
-        wait_until("the snapshot applied", lambda: runs[0].events("batch") or runs[0].process.poll() is not None,
+        wait_until("the snapshot applied", lambda: runs[1].events("batch") or runs[1].process.poll() is not None,
                    timeout=300)
-        assert runs[0].process.poll() is None, runs[0].log()[-4000:]
+        assert runs[1].process.poll() is None, runs[1].log()[-4000:]
         for round_ in range(1, 4):
             changes(source, rng, list(FIRST_TABLES), round_)
         late_topic = f"{schema}.{schema}.{LATE_TABLE}"
@@ -170,7 +185,7 @@ def test_a_pattern_mirrors_every_table_a_table_created_after_the_start_included(
         print(f"oracle (source rows, rows that differ): {oracle}")
         assert all(count > 0 and differ == 0 for count, differ in oracle.values()), oracle
         assert primary_key(target, config["target_schema"], "stock") == ["warehouse", "sku"]
-        created = {e["table"] for e in runs[0].events("mirror_target_created")}
+        created = {e["table"] for e in runs[1].events("mirror_target_created")}
         assert created == {*FIRST_TABLES, LATE_TABLE}, created
         with target.cursor() as cur:
             cur.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters").format(sql.Identifier(config["meta_schema"])))
