@@ -7,7 +7,8 @@ topic that did not exist when the driver subscribed: the driver reads it from it
 A first driver is SIGKILLed after its first batch's apply, before the commit: the targets that
 batch created are gone with its rows and offsets, and the next driver creates them again.
 After the workload stops and the stored offsets reach every change topic's last stable offset,
-every target equals its source (EXCEPT ALL both ways: 0 rows), with the source's key."""
+every target equals its source (EXCEPT ALL both ways: 0 rows), with the source's key, and the
+late table's text[], jsonb, date, bytea and time columns typed from its events."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ SOURCE_DDL = [
     " PRIMARY KEY (warehouse, sku))",
     "CREATE TABLE bins (id bigint PRIMARY KEY, label text, seen timestamptz)",
 ]
-LATE_DDL = f"CREATE TABLE {LATE_TABLE} (id bigint PRIMARY KEY, note text, amount numeric(20,6))"
+LATE_DDL = (f"CREATE TABLE {LATE_TABLE} (id bigint PRIMARY KEY, note text, amount numeric(20,6), tags text[],"
+            " doc jsonb, born date, blob bytea, wakes time)")
 
 
 def pattern_connector(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
@@ -59,8 +61,10 @@ def changes(source: Source, rng: random.Random, tables: list[str], round_: int) 
             wanted.append(("INSERT INTO bins VALUES (%s, %s, now() - %s * interval '1 minute')",
                            (key, f"b{key}", key)))
         if LATE_TABLE in tables:
-            wanted.append(("INSERT INTO late_notes VALUES (%s, %s, %s)",
-                           (key, f"n{key}", f"{rng.randint(0, 10**9)}.123456")))
+            wanted.append(("INSERT INTO late_notes VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                           (key, f"n{key}", f"{rng.randint(0, 10**9)}.123456", ["a", f"t{key}", None, "b c"],
+                            json.dumps({"k": key, "l": [1, None]}), f"2026-01-{key % 28 + 1:02d}",
+                            bytes([key % 256, 0, 255]), f"{key % 24:02d}:30:15.123456")))
     if round_ and "stock" in tables:
         wanted += [("UPDATE stock SET qty = qty + 1, price = NULL WHERE sku LIKE %s", ("sku-%1",)),
                    ("DELETE FROM stock WHERE sku = %s", (f"sku-{round_ * 10 - 8}",))]
@@ -75,11 +79,16 @@ def changes(source: Source, rng: random.Random, tables: list[str], round_: int) 
     write_source(source, statements)
 
 
+def _text(value: Any) -> str:
+    """A value comparable across connections (a bytea arrives as a memoryview)."""
+    return bytes(value).hex() if isinstance(value, memoryview) else str(value)
+
+
 def table_rows(conn: Any, schema: str, table: str) -> Counter:
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table)))
         names = [d[0] for d in cur.description]
-        return Counter(tuple(sorted(zip(names, map(str, row), strict=True))) for row in cur.fetchall())
+        return Counter(tuple(sorted(zip(names, map(_text, row), strict=True))) for row in cur.fetchall())
 
 
 def primary_key(conn: Any, schema: str, table: str) -> list[str]:
@@ -185,6 +194,13 @@ def test_a_pattern_mirrors_every_table_a_table_created_after_the_start_included(
         print(f"oracle (source rows, rows that differ): {oracle}")
         assert all(count > 0 and differ == 0 for count, differ in oracle.values()), oracle
         assert primary_key(target, config["target_schema"], "stock") == ["warehouse", "sku"]
+        with target.cursor() as cur:
+            cur.execute("SELECT column_name::text, data_type::text FROM information_schema.columns"
+                        " WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                        (config["target_schema"], LATE_TABLE))
+            assert cur.fetchall() == [("id", "bigint"), ("note", "text"), ("amount", "numeric"), ("tags", "ARRAY"),
+                                      ("doc", "jsonb"), ("born", "date"), ("blob", "bytea"),
+                                      ("wakes", "time without time zone")]
         created = {e["table"] for e in runs[1].events("mirror_target_created")}
         assert created == {*FIRST_TABLES, LATE_TABLE}, created
         with target.cursor() as cur:
