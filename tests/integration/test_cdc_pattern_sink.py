@@ -7,7 +7,8 @@ key's fields, columns and types: the value schema's) and applies every change; a
 PostgreSQL refuses is isolated and dead-lettered alone, as for a listed table. Applied again,
 nothing moves. A later batch whose schema carries a new column adds it. A batch that also
 holds a pattern table's record without schemas fails at once, naming the table and the fix,
-and leaves neither the other target it would have created nor any row or offset."""
+and leaves neither the other target it would have created nor any row or offset. Two source
+tables a pattern would mirror into one target fail the batch too."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def _account(key: int, owner: str) -> Record:
 class _PatternMirror:
     """A mirror pipeline's sink over fresh schemas; each batch's records at offsets counted per topic."""
 
-    def __init__(self, stack: dict[str, str], unique_name: str) -> None:
-        self.spec = load_spec("mirror:" + json.dumps(SECTION))
+    def __init__(self, stack: dict[str, str], unique_name: str, section: dict[str, Any] = SECTION) -> None:
+        self.spec = load_spec("mirror:" + json.dumps(section))
         assert self.spec.mirror is not None and self.spec.target_ddl is not None
         self.stack = stack
         self.target, self.meta, self.name = f"t_pat_{unique_name}", f"m_pat_{unique_name}", f"p_{unique_name}"
@@ -187,5 +188,20 @@ def test_a_pattern_table_without_schemas_fails_the_batch_leaving_no_table_row_or
         assert mirror.tables() == ["accounts"]  # inv_stock's CREATE rolled back with the batch
         assert mirror.query("SELECT count(*) FROM {}.accounts", mirror.target) == [(0,)]
         assert mirror.offsets() == {}
+    finally:
+        mirror.close()
+
+
+def test_two_source_tables_one_pattern_target_name_fail_the_batch_naming_both(
+        stack: dict[str, str], unique_name: str) -> None:
+    section = {"topic_prefix": "app", "tables": [{"source_pattern": "*.stock"}]}  # target {table}: both "stock"
+    mirror = _PatternMirror(stack, unique_name, section)
+    try:
+        other = ("app.archive.stock", *typed_record("archive", "stock", "c", {"warehouse": 1, "sku": "a"},
+                                                    {"warehouse": 1, "sku": "a", "qty": 1, "price": "1"}, STOCK))
+        with pytest.raises(SchemaChangeRefused, match=r"target table 'stock' would mirror \['archive\.stock', "
+                                                      r"'inventory\.stock'\].*\{schema\}_\{table\}"):
+            mirror.apply(0, [_stock("c", 1, "a", 5, "9.50"), other])
+        assert mirror.tables() == [] and mirror.offsets() == {}
     finally:
         mirror.close()
