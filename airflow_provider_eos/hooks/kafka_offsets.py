@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable
 from functools import cached_property
@@ -15,7 +14,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets, TopicPartitionKey
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
+from spark_apps.eos_stream.kafka.metadata import TOPIC_NAME, expand_patterns, topic_metadata_problem
 
 _UNREACHABLE_CODES = frozenset(
     {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
@@ -38,23 +37,6 @@ class KafkaUnreachableError(AirflowException):
 
 class KafkaTopicNotFoundError(AirflowException):
     """One of the requested topics does not exist."""
-
-
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
-
-
-def expand_patterns(topics: list[str], existing: Iterable[str]) -> list[str]:
-    """``topics`` with each entry that is no topic name (a regex) replaced by the ``existing``
-    topics it matches in full, each topic once, in order."""
-    names = sorted(existing)
-    expanded: list[str] = []
-    for entry in topics:
-        if _TOPIC_NAME.fullmatch(entry):
-            expanded.append(entry)
-        else:
-            regex = re.compile(entry)
-            expanded += [name for name in names if regex.fullmatch(name)]
-    return list(dict.fromkeys(expanded))
 
 
 class KafkaOffsetsHook(KafkaBaseHook):
@@ -139,7 +121,7 @@ class KafkaOffsetsHook(KafkaBaseHook):
     def resolve_topics(self, topics: Iterable[str]) -> list[str]:
         """``topics`` with each subscription regex replaced by the topics it matches now."""
         topics = list(dict.fromkeys(topics))
-        if all(_TOPIC_NAME.fullmatch(t) for t in topics):
+        if all(TOPIC_NAME.fullmatch(t) for t in topics):
             return topics
         try:
             metadata = self.get_admin_client().list_topics(timeout=self.timeout)

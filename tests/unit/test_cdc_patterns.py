@@ -100,7 +100,7 @@ def test_a_pattern_names_its_targets(target: str, expected: str) -> None:
 
 
 def test_the_sensors_hook_expands_a_subscription_regex_to_the_topics_it_matches_now() -> None:
-    from airflow_provider_eos.hooks.kafka_offsets import expand_patterns
+    from spark_apps.eos_stream.kafka.metadata import expand_patterns
 
     pattern = load_spec("mirror:" + json.dumps(SECTION)).subscription(["app.public.customers"])
     assert pattern is not None

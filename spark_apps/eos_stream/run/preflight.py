@@ -7,15 +7,13 @@ seconds, instead of as a stack trace from inside a micro-batch.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Collection, Iterable
 from typing import Any
 
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
+from spark_apps.eos_stream.kafka.metadata import matching_topics, topic_metadata_problem
 from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
 from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig
 from spark_apps.eos_stream.run.config_rules import aggregates_problem, mirror_delivery_problem
@@ -187,14 +185,6 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
                                    "restarting broker): retried on the next start")
         partitions[topic] = sorted(found.partitions)
     return partitions
-
-
-def matching_topics(names: Iterable[str], pattern: str | None, exclude: Collection[str] = ()) -> list[str]:
-    """The names (a broker's topic list) a subscription regex matches in full, sorted."""
-    if pattern is None:
-        return []
-    regex = re.compile(pattern)
-    return sorted(n for n in names if regex.fullmatch(n) and n not in exclude)
 
 
 def is_compacted(cleanup_policy: str | None) -> bool:
