@@ -116,14 +116,17 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
 
 
 def _kafka_check(definition: PipelineDefinition, connections: Any) -> str:
-    """The topics exist, with the connection's security the app gets."""
+    """The topics exist, with the connection's security the app gets (a mirror's pattern: the
+    topics it matches now)."""
     from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
+    from airflow_provider_eos.utils.subscription import subscription_of
     from spark_apps.eos_stream.kafka import security as kafka_security
     from spark_apps.eos_stream.run import preflight
 
     kafka = kafka_client_settings(connections.kafka)  # what the app itself gets
     kafka_security.java_options(kafka.security)  # Spark's source must be able to use them too
-    partitions = preflight.kafka_partitions(kafka.bootstrap, list(definition.topics), kafka.security)
+    partitions = preflight.kafka_partitions(kafka.bootstrap, list(definition.topics), kafka.security,
+                                            pattern=subscription_of(definition))
     return (f"connection {connections.kafka!r}: " +
             ", ".join(f"{topic} ({len(p)} partitions)" for topic, p in sorted(partitions.items())))
 

@@ -35,6 +35,7 @@ from airflow_provider_eos.operators.dead_letters import (
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor, StreamLivenessSensor
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
+from airflow_provider_eos.utils.subscription import subscribed_topics
 
 
 @task
@@ -68,7 +69,7 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
     ) as dag:
         checked = check_health_conf(list(params))
         lso = LastStableOffsetLagSensor(
-            task_id="lso_lag", topics=list(definition.topics), kafka_config_id=conns.kafka, watch_mode="health",
+            task_id="lso_lag", topics=subscribed_topics(definition), kafka_config_id=conns.kafka, watch_mode="health",
             stuck_after=health.stuck_after, poke_interval=min(health.poke_interval, health.stuck_after),
             timeout=health.sensor_timeout + health.stuck_after,
             # Stuck-since times kept in <meta>.lso_watch across runs: a run watches for minutes, a
@@ -82,7 +83,7 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
             poke_interval=health.poke_interval, timeout=health.sensor_timeout, deferrable=DEFERRABLE,
         )
         caught_up = StreamCaughtUpSensor(
-            task_id="caught_up", pipeline=definition.name, topics=list(definition.topics),
+            task_id="caught_up", pipeline=definition.name, topics=subscribed_topics(definition),
             meta_schema=definition.meta_schema, max_lag="{{ params.max_lag }}", kafka_config_id=conns.kafka,
             postgres_conn_id=conns.postgres, poke_interval=health.poke_interval, timeout=health.sensor_timeout,
             deferrable=DEFERRABLE,

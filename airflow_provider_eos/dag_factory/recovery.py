@@ -62,6 +62,7 @@ from airflow_provider_eos.utils.committed_position import committed_position
 from airflow_provider_eos.utils.definition_sections import ResolvedConnections
 from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
+from airflow_provider_eos.utils.subscription import subscribed_topics
 
 STEPS = ("gate", "lock", "stop_stream", "choose_snapshot", "retention_check", "restore", "replay",
          "wait_caught_up", "audit", "finalize")
@@ -154,7 +155,7 @@ def _stop_the_stream(definition: PipelineDefinition, conns: ResolvedConnections,
     """The steps before anything is chosen: the gate on Kafka's stable offsets, the recovery lock,
     and the stream stopped and fenced."""
     # Deferred to the triggerer: waiting on a stuck partition holds no worker slot.
-    gate = LastStableOffsetLagSensor(task_id="gate", topics=list(definition.topics), kafka_config_id=conns.kafka,
+    gate = LastStableOffsetLagSensor(task_id="gate", topics=subscribed_topics(definition), kafka_config_id=conns.kafka,
                                      watch_mode="gate", poke_interval=2, timeout=600, deferrable=DEFERRABLE)
     lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=DEFAULT_LOCK_TTL, plan_only=DRY_RUN,
                                 **common)
@@ -197,7 +198,7 @@ def _replay_and_audit(definition: PipelineDefinition, conns: ResolvedConnections
     # Stored offsets reach the LSO the replay started from (deferred; the replay already checked it
     # once, this is the database's word after the app has gone). A wait shorter than the lock's TTL.
     caught_up = StreamCaughtUpSensor(
-        task_id="wait_caught_up", pipeline=definition.name, topics=list(definition.topics),
+        task_id="wait_caught_up", pipeline=definition.name, topics=subscribed_topics(definition),
         meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
         replayed=replay.output, plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
     # Compared up to the offsets the target stores, which must have reached the replay's goal:

@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_provider_eos.utils.lso_watch import PartitionOffsets, TopicPartitionKey
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
+from spark_apps.eos_stream.kafka.metadata import TOPIC_NAME, expand_patterns, topic_metadata_problem
 
 _UNREACHABLE_CODES = frozenset(
     {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
@@ -80,7 +80,10 @@ class KafkaOffsetsHook(KafkaBaseHook):
     def list_partitions(self, topics: Iterable[str]) -> list[TopicPartitionKey]:
         """
         The current partitions of ``topics`` from cluster metadata (so partitions added
-        since the last call appear).
+        since the last call appear). An entry that cannot be a topic name (Kafka allows only
+        letters, digits, ``.``, ``_`` and ``-``) is a subscription regex, a mirror's pattern
+        (``PipelineSpec.subscription``): it stands for every topic it matches in full now,
+        none included.
 
         :raises KafkaUnreachableError: when the cluster does not answer in time.
         :raises KafkaTopicNotFoundError: when a topic does not exist.
@@ -96,7 +99,7 @@ class KafkaOffsetsHook(KafkaBaseHook):
             raise self._unreachable(err) from err
         missing: list[str] = []
         result: list[TopicPartitionKey] = []
-        for topic in topics:
+        for topic in expand_patterns(topics, metadata.topics):
             meta = metadata.topics.get(topic)
             problem = topic_metadata_problem(meta)
             if problem == "missing":
@@ -115,6 +118,17 @@ class KafkaOffsetsHook(KafkaBaseHook):
             )
         return result
 
+    def resolve_topics(self, topics: Iterable[str]) -> list[str]:
+        """``topics`` with each subscription regex replaced by the topics it matches now."""
+        topics = list(dict.fromkeys(topics))
+        if all(TOPIC_NAME.fullmatch(t) for t in topics):
+            return topics
+        try:
+            metadata = self.get_admin_client().list_topics(timeout=self.timeout)
+        except KafkaException as err:
+            raise self._unreachable(err) from err
+        return expand_patterns(topics, metadata.topics)
+
     # ------------------------------------------------------------------ offsets
     def partition_offsets(
         self, topics: Iterable[str], include_earliest: bool = True
@@ -123,7 +137,7 @@ class KafkaOffsetsHook(KafkaBaseHook):
         High watermark, last stable offset and (optionally) earliest offset of every
         partition of ``topics``.
 
-        :param topics: topic names (not patterns).
+        :param topics: topic names, or subscription regexes (``list_partitions``).
         :param include_earliest: also read the retention start (a third request);
             the LSO lag does not need it.
         :return: ``{(topic, partition): PartitionOffsets}``

@@ -25,6 +25,7 @@ from airflow_provider_eos.recovery.replay_engine import (
 )
 from airflow_provider_eos.state.activity import stream_activity
 from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.subscription import subscribed_topics
 from spark_apps.eos_stream.kafka.offsets import from_nested, to_nested
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
             finally:
                 conn.close()
             what = "from the database's stored offsets"
-        report = self.check_retention(needed, list(config.topics), what)
+        report = self.check_retention(needed, subscribed_topics(config), what)
         self.log.info("retention check passed for %s: %d records to replay", what, report["records_to_replay"])
         return report
 
@@ -207,7 +208,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         config = self.app_config()
         started = time.monotonic()
         before = self._stored(config)
-        retention = self.check_retention(before, list(config.topics), "from the restored offsets")
+        retention = self.check_retention(before, subscribed_topics(config), "from the restored offsets")
         lso_at_start = from_nested(retention["last_stable"])
         # Chosen from the retention check's count: no second look at Kafka.
         choice = choose_replay_engine(self.engine, retention.get("records_to_replay"), self.direct_max_records)

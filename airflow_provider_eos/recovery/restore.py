@@ -20,6 +20,7 @@ from airflow_provider_eos.recovery.guards import roll_back_in_doubt
 from airflow_provider_eos.recovery.manifest import LATEST, SnapshotError, SnapshotManifest, identity_problem
 from airflow_provider_eos.recovery.store import DUMP, SnapshotStore
 from airflow_provider_eos.recovery.tables import table_changes
+from airflow_provider_eos.utils.subscription import subscribed_topics
 
 if TYPE_CHECKING:
     from airflow_provider_eos.hooks.pg_tools import PgToolsHook
@@ -196,7 +197,7 @@ def _before_commit(scratch_run: Future | None, kafka_config_id: str, manifest: S
             scratch_run.result()
         timings["scratch_wait"] = round(time.monotonic() - waited, 3)
         report.update(retention.check_retention(
-            kafka_config_id, manifest.offsets(), list(config.topics),
+            kafka_config_id, manifest.offsets(), subscribed_topics(config),
             f"snapshot {manifest.snapshot_id} (re-checked at the swap)"))
 
     return before_commit

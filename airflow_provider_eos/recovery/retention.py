@@ -83,16 +83,19 @@ def check_retention(kafka_config_id: str, needed: dict[tuple[str, int], int], to
     CompactedTopicError when a topic is compacted (Kafka cannot give back every record).
 
     Offsets stored for topics no longer in the definition (a topic removed from it) are
-    not needed: nothing replays them, their rows stay as they are (``retired_topics``)."""
+    not needed: nothing replays them, their rows stay as they are (``retired_topics``).
+    ``topics`` may hold a mirror's subscription regex (``subscribed_topics``): the topics it
+    matches now are the pipeline's."""
     from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
     from spark_apps.eos_stream.audit.rules import retired_topics
     from spark_apps.eos_stream.run import preflight
     from spark_apps.eos_stream.run.config import ConfigError
 
+    hook = KafkaOffsetsHook(kafka_config_id=kafka_config_id)
+    topics = hook.resolve_topics(topics)  # a mirror's pattern: the topics it matches now
     retired = {tp: needed[tp] for tp in retired_topics(topics, needed)}
     needed = {tp: o for tp, o in needed.items() if tp not in retired}
     kafka = kafka_offsets(kafka_config_id, topics)  # first: a missing topic gets its own clear error
-    hook = KafkaOffsetsHook(kafka_config_id=kafka_config_id)
     try:
         preflight.refuse_compacted(hook.get_admin_client(), topics, "replay")
     except ConfigError as exc:

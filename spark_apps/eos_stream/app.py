@@ -146,9 +146,14 @@ class StreamRun:
     def _source(self) -> Any:
         """The query's Kafka source; sets where its first batch starts and the tasks' consumer settings."""
         config, mode, starting = self.config, self.mode, self.starting
+        # A mirror's pattern also reads topics created later: Spark's source finds them at each
+        # trigger and starts them at their earliest offset; the tasks read a partition the
+        # batch's start lacks from there too (kafka_ranges.offset_ranges).
+        pattern = self.spec.subscription(config.topics)
+        subscription = ("subscribePattern", pattern) if pattern else ("subscribe", ",".join(config.topics))
         reader = (
             self.spark.readStream.format("kafka").options(**_kafka_source_options(config))
-            .option("subscribe", ",".join(config.topics))
+            .option(*subscription)
             .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         )
         reader = reader.option("startingOffsets", offsets_to_json(starting) if mode.stores_offsets else "earliest")

@@ -61,7 +61,6 @@ def test_a_definition_file_that_is_no_mapping_is_refused(tmp_path: Path) -> None
 @pytest.mark.parametrize(("argument", "message"), [
     ("/no/such/file.yaml", "cannot read the mirror definition"),
     ('{"topic_prefix": "app"}', "mirror definition: mirror.tables: must list"),
-    (json.dumps({"topic_prefix": "app", "tables": [{"source_pattern": "inv.*"}]}), "not streamed yet"),
 ])
 def test_a_bad_definition_is_refused_naming_what_is_wrong(argument: str, message: str) -> None:
     with pytest.raises(SpecError, match=message):

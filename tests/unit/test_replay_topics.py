@@ -44,6 +44,9 @@ class _Hook:
     def get_admin_client(self) -> _Admin:
         return _Admin(self.policies)
 
+    def resolve_topics(self, topics: list[str]) -> list[str]:
+        return list(topics)  # names only here: no subscription regex
+
     def partition_offsets(self, topics: list[str], include_earliest: bool = False) -> dict:
         return {(t, p): PartitionOffsets(high_watermark=10, last_stable=10, earliest=0) for t in topics for p in (0, 1)}
 

@@ -109,6 +109,20 @@ class MirrorDefinition:
             r")\Z") for p in self.patterns]
         return "^(?:" + "|".join(parts) + ")$"
 
+    def subscription(self, topics: list[str]) -> str | None:
+        """The Kafka subscription (a regex, Spark's ``subscribePattern``) of a pipeline that reads
+        ``topics`` and every topic a pattern matches, created later too; None without patterns."""
+        pattern = self.topic_pattern()
+        if pattern is None:
+            return None
+        return "|".join(["^(?:" + "|".join(re.escape(t) for t in topics) + ")$", pattern] if topics else [pattern])
+
+    def pattern_for(self, source: str) -> TablePattern | None:
+        """The first pattern that matches a source table no entry lists, or None."""
+        if source in self.tables:
+            return None
+        return next((p for p in self.patterns if p.matches(source)), None)
+
     def route(self, source: str) -> MirrorTarget | None:
         """The target of a source table named explicitly (a pattern's are ``target_from_schema``'s)."""
         return self.tables.get(source)
@@ -197,7 +211,9 @@ def target_from_schema(pattern: TablePattern, source: str, key_fields: Mapping[s
     the one its event schema names. A column whose type neither tells is refused by name."""
     if not key_fields or not row_fields:
         raise MirrorError(f"{source}: a table mirrored by pattern {pattern.pattern!r} needs change events with "
-                          "schemas (schemas.enable=true on the connector's converters)")
+                          "schemas (key.converter.schemas.enable=true and value.converter.schemas.enable=true on the "
+                          "connector, with column.propagate.source.type), or list the table under tables with its "
+                          "key and columns")
     columns: dict[str, str] = {}
     untyped = []
     for column, schema in row_fields.items():

@@ -129,7 +129,7 @@ def apply_compacted(rows: dict[tuple, dict[str, Any]], target: MirrorTarget, mer
 # --- staging ----------------------------------------------------------------
 
 STAGE_COLUMNS = ("_topic", "_partition", "_offset", "_key", "_value", "_error",
-                 "_target", "_op", "_keys", "_after", "_unchanged", "_before", "_shape")
+                 "_target", "_op", "_keys", "_after", "_unchanged", "_before", "_shape", "_create")
 _BODY_CELLS = len(STAGE_COLUMNS) - 6
 _STAGE_TYPES = {"_partition": "integer", "_offset": "bigint", "_key": "bytea", "_value": "bytea"}
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -177,28 +177,60 @@ def shape_cell(target: MirrorTarget, change: Change) -> str | None:
                        "lacking": sorted(set(target.columns) - carried)}, sort_keys=True)
 
 
-def change_cells(target: MirrorTarget, change: Change) -> list[str | None]:
-    """The stage cells after the coordinates, raw bytes and error of a decoded change."""
+def change_cells(target: MirrorTarget, change: Change, create: str | None = None) -> list[str | None]:
+    """The stage cells after the coordinates, raw bytes and error of a decoded change.
+    ``create``: for a table a pattern names, what the driver needs to create its target
+    (``patterns.create_cell``)."""
     key = dict(zip(target.key, key_of(target, change), strict=True))
     before = _row_json(change.before) if target.feeds_aggregates and change.before is not None else None
     return [target.table, change.op, _row_json(key), None if change.after is None else _row_json(change.after),
-            json.dumps(sorted(change.unchanged)), before, shape_cell(target, change)]
+            json.dumps(sorted(change.unchanged)), before, shape_cell(target, change), create]
+
+
+Resolved = tuple[Change, MirrorTarget, str | None]  # a change, its target, its _create cell
+
+
+class TargetRefused(Exception):
+    """A record whose target cannot be made (``patterns``): not the record's fault but the
+    pipeline's, so it is staged with ``create`` (a refusal the driver raises for the batch)."""
+
+    def __init__(self, table: str, create: str) -> None:
+        super().__init__(create)
+        self.table, self.create = table, create
 
 
 def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[[bytes | None, bytes | None], Any],
                   records: Iterable[tuple[str, int, int, bytes | None, bytes | None]], keep_raw: bool) -> Iterator[str]:
+    """``resolved_staging_lines`` for the tables ``route`` names (by source table)."""
+
+    def resolve(key: bytes | None, value: bytes | None) -> Resolved | None:
+        change = decode(key, value)
+        if change is None:
+            return None
+        target = route(change.table)
+        if target is None:
+            raise EnvelopeError(f"no mirror target for source table {change.table!r}")
+        return change, target, None
+
+    return resolved_staging_lines(resolve, records, keep_raw)
+
+
+def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resolved | None],
+                           records: Iterable[tuple[str, int, int, bytes | None, bytes | None]],
+                           keep_raw: bool) -> Iterator[str]:
     """One COPY line per Kafka record: a change's cells, a tombstone's empty line (so the
-    stage still counts every record), or a refused record's error with its raw bytes."""
+    stage still counts every record), a refused record's error with its raw bytes, or a
+    record whose target cannot be made, with the refusal for the driver (``TargetRefused``)."""
     for topic, partition, offset, key, value in records:
         cells: list[str | bytes | None]
         try:
-            change = decode(key, value)
-            target = None if change is None else route(change.table)
-            if change is not None and target is None:
-                raise EnvelopeError(f"no mirror target for source table {change.table!r}")
-            body = [None] * _BODY_CELLS if change is None or target is None else change_cells(target, change)
+            resolved = resolve(key, value)
+            body = [None] * _BODY_CELLS if resolved is None else change_cells(resolved[1], resolved[0], resolved[2])
             raw = (key, value) if keep_raw else (None, None)
             cells = [topic, str(partition), str(offset), *raw, None, *body]
         except EnvelopeError as exc:
             cells = [topic, str(partition), str(offset), key, value, str(exc), *[None] * _BODY_CELLS]
+        except TargetRefused as refused:
+            cells = [topic, str(partition), str(offset), key, value, None, refused.table,
+                     *[None] * (_BODY_CELLS - 2), refused.create]
         yield "\t".join(_copy_cell(c) for c in cells) + "\n"

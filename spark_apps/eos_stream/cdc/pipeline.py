@@ -21,7 +21,7 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.cdc import aggregate_sql, envelope, mirror, mirror_sql, schema_changes
+from spark_apps.eos_stream.cdc import aggregate_sql, mirror, mirror_sql, patterns, schema_changes
 from spark_apps.eos_stream.cdc.definition import MirrorDefinition, parse_mirror
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.events import emit
@@ -61,9 +61,6 @@ def mirror_spec(argument: str) -> PipelineSpec:
         definition = parse_mirror(read_definition(argument))
     except MirrorError as exc:
         raise SpecError(f"mirror definition: {exc}") from exc
-    if definition.patterns:
-        raise SpecError("mirror definition: tables named by source_pattern are not streamed yet (their targets "
-                        "come from the first change event of each topic); list each table under tables")
     batches = MirrorBatches(definition)
     return PipelineSpec(name=f"mirror:{definition.topic_prefix}", fields=(), targets=(),
                         target_ddl=batches.target_ddl, mirror=batches)
@@ -79,6 +76,10 @@ class MirrorBatches:
     def stage_column_types(self) -> list[tuple[str, str]]:
         return mirror.stage_column_types()
 
+    def subscription(self, topics: list[str]) -> str | None:
+        """The Kafka subscription regex when the definition names tables by pattern, else None."""
+        return self.definition.subscription(topics)
+
     def target_tables(self) -> list[str]:
         return [t.table for t in self.definition.tables.values()] + [a.table for a in self.definition.aggregates]
 
@@ -90,15 +91,9 @@ class MirrorBatches:
 
     def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]:
         """The COPY text of a task's Arrow batches: one line per Kafka record."""
-        definition = self.definition
-
-        def types_of(source: str) -> Mapping[str, str] | None:
-            target = definition.route(source)
-            return None if target is None else target.columns
-
-        decode = envelope.decoder(types_of, definition.placeholder)
+        resolve = patterns.Router(self.definition).resolve
         for batch in batches:
-            lines = mirror.staging_lines(definition.route, decode, batch_lines.arrow_records(batch), keep_raw)
+            lines = mirror.resolved_staging_lines(resolve, batch_lines.arrow_records(batch), keep_raw)
             yield "".join(lines).encode()
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
@@ -106,6 +101,8 @@ class MirrorBatches:
         """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
         apply of the stage (or of one isolated range of it) to the targets they leave."""
         targets = self._targets_for_batch(cur, stage, target_schema)
+        if self.definition.patterns:
+            targets += patterns.batch_targets(cur, stage, target_schema, [t.table for t in targets])
         aggregates = self.definition.aggregates
 
         def run(cur: Any, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
@@ -131,7 +128,7 @@ class MirrorBatches:
         targets = list(self.definition.tables.values())
         if not shapes:
             return targets  # every change carries exactly the definition's columns
-        stored = _stored_columns(cur, target_schema, list(shapes))
+        stored = schema_changes.stored_columns(cur, target_schema, list(shapes))
         planned = []
         for target in targets:
             if target.table in shapes:
@@ -146,16 +143,3 @@ class MirrorBatches:
                          why="changes of the source table no longer carry them; the mirror keeps what it holds")
             planned.append(target)
         return planned
-
-
-def _stored_columns(cur: Any, schema: str, tables: list[str]) -> dict[str, dict[str, str]]:
-    """Each target table's columns and types as the database holds them."""
-    cur.execute(
-        "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
-        " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-        (schema, tables))
-    found: dict[str, dict[str, str]] = {}
-    for table, column, pg_type in cur.fetchall():
-        found.setdefault(table, {})[column] = pg_type
-    return found

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type, holds
@@ -101,3 +102,16 @@ def plan_from_shapes(target: MirrorTarget, target_schema: str, shapes: Iterable[
     seen = {c: None if t is None else FieldSchema("string", None, {"__debezium.source.column.type": t})
             for c, t in types.items()}
     return plan_schema_changes(target, target_schema, seen, lacking)
+
+
+def stored_columns(cur: Any, schema: str, tables: list[str]) -> dict[str, dict[str, str]]:
+    """Each target table's columns and types as the database holds them."""
+    cur.execute(
+        "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+        " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        (schema, tables))
+    found: dict[str, dict[str, str]] = {}
+    for table, column, pg_type in cur.fetchall():
+        found.setdefault(table, {})[column] = pg_type
+    return found

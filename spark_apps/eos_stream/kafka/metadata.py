@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection, Iterable
+
 from confluent_kafka import KafkaError
+
+# What Kafka allows in a topic's name: anything else in a list of topics is a subscription regex.
+TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def topic_metadata_problem(found: object | None) -> str | None:
@@ -19,3 +25,22 @@ def topic_metadata_problem(found: object | None) -> str | None:
     if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         return "missing"
     return str(error.name() or error.code())
+
+
+def matching_topics(names: Iterable[str], pattern: str | None, exclude: Collection[str] = ()) -> list[str]:
+    """The names (a broker's topic list) a subscription regex (``PipelineSpec.subscription``)
+    matches in full, sorted, but those in ``exclude``."""
+    if pattern is None:
+        return []
+    regex = re.compile(pattern)
+    return sorted(n for n in names if regex.fullmatch(n) and n not in exclude)
+
+
+def expand_patterns(topics: Iterable[str], existing: Iterable[str]) -> list[str]:
+    """``topics`` with each entry that is no topic name (a subscription regex) replaced by the
+    ``existing`` topics it matches in full; each topic once, in order."""
+    names = list(existing)
+    expanded: list[str] = []
+    for entry in topics:
+        expanded += [entry] if TOPIC_NAME.fullmatch(entry) else matching_topics(names, entry)
+    return list(dict.fromkeys(expanded))

@@ -117,6 +117,11 @@ class MirrorApply(Protocol):
 
     def target_tables(self) -> list[str]: ...
 
+    def subscription(self, topics: list[str]) -> str | None:
+        """A regex over topic names when the mirror reads every topic it matches, ``topics``
+        and topics created later included (Spark's ``subscribePattern``); None: ``topics``."""
+        ...
+
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool) -> BatchRun: ...
 
@@ -144,6 +149,10 @@ class PipelineSpec:
     transform: Callable[[dict], dict] | None = None
     target_ddl: Callable[[str, bool], list] | None = field(default=None, compare=False)
     mirror: MirrorApply | None = field(default=None, compare=False)
+
+    def subscription(self, topics: list[str]) -> str | None:
+        """The topic regex a pipeline reading ``topics`` subscribes to, or None (``topics`` alone)."""
+        return None if self.mirror is None else self.mirror.subscription(topics)
 
     def __post_init__(self) -> None:
         names = {f.name for f in self.fields}

@@ -150,8 +150,13 @@ def replay(config: PipelineConfig) -> int:
     _import_in_background("pandas")
     spec = load_spec(config.spec)
     mode = preflight.delivery_mode(config, spec)
-    preflight.refuse_compacted(AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
-                                            **config.librdkafka_options()})), list(config.topics), "replay")
+    admin = AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
+                                             **config.librdkafka_options()}))
+    topics = list(config.topics)
+    pattern = spec.subscription(topics)
+    if pattern:  # a mirror's pattern: the topics it matches now (the claim reads the same list)
+        topics += preflight.matching_topics(admin.list_topics(timeout=15).topics, pattern, exclude=topics)
+    preflight.refuse_compacted(admin, topics, "replay")
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct",
          preflight_ms=round((time.perf_counter() - entered) * 1000))

@@ -133,7 +133,10 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
         preflight.create_targets(conn, spec, config.target_schema, mode)
     preflight.check_targets(conn, spec, config.target_schema, mode)
     laps.lap("targets")
-    partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options())
+    # A subscription by pattern reads every topic it matches now (a topic created later is read
+    # from its first offset: Spark's source starts a partition it discovers at the earliest).
+    partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options(),
+                                            pattern=spec.subscription(config.topics))
     laps.lap("kafka_partitions")
     dropped = drop_stages(conn, config.meta_schema, config.pipeline)
 

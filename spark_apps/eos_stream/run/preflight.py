@@ -13,7 +13,7 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.kafka.metadata import topic_metadata_problem
+from spark_apps.eos_stream.kafka.metadata import matching_topics, topic_metadata_problem
 from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
 from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig
 from spark_apps.eos_stream.run.config_rules import aggregates_problem, mirror_delivery_problem
@@ -143,8 +143,10 @@ def check_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, mo
     conn.rollback()
 
 
-def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str, str], timeout: float = 15.0):
-    """Partitions per topic from the brokers' metadata.
+def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str, str], timeout: float = 15.0,
+                     pattern: str | None = None):
+    """Partitions per topic from the brokers' metadata: of ``topics``, and of every topic the
+    regex ``pattern`` matches (a subscription by pattern, ``PipelineSpec.subscription``).
 
     :raises ConfigError: the brokers refused the credentials (not retryable: the same
         credentials fail the same way), or a topic does not exist.
@@ -171,7 +173,7 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
                               "security options (sasl.username, sasl.password...) of the Kafka connection") from exc
         raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {exc}") from exc
     partitions: dict[str, list[int]] = {}
-    for topic in topics:
+    for topic in topics + matching_topics(metadata.topics, pattern, exclude=topics):
         found = metadata.topics.get(topic)
         problem = topic_metadata_problem(found)
         if problem == "missing":
