@@ -43,7 +43,7 @@ from spark_apps.eos_stream.cdc.mirror import MirrorTarget
 
 FETCH_ROWS = 10_000
 EXAMPLES = 5
-# (the key: per column (not NULL, its text), as the database orders it; the row's values)
+# (the key: per column (not NULL, its text), in the database's sort order; the row's values)
 Keyed = tuple[tuple[tuple[bool, str], ...], tuple[Any, ...]]
 
 
