@@ -129,7 +129,7 @@ def mirror(connect: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
     config = pipeline_config(stack, tmp, f"cdcaf{suffix}", topics=topics, spec=f"mirror:{tmp / 'mirror.yaml'}")
     slot, idle_slot, connector = f"dbz_af{suffix}", f"idle_af{suffix}", f"mirror-af{suffix}"
     write_definition(config, tmp / "pipelines", stream={"replay_engine": "direct"}, snapshot={"schedule": None},
-                     health={"stuck_after": 15, "poke_interval": 2, "sensor_timeout": 30},
+                     health={"stuck_after": 10, "poke_interval": 1, "sensor_timeout": 10},
                      cdc={"connectors": [connector], "kafka_connect_conn_id": CONNECT_CONN,
                           "replication_slots": [slot, idle_slot], "source_postgres_conn_id": SOURCE_CONN,
                           "max_held_bytes": MAX_HELD_BYTES})
