@@ -50,21 +50,9 @@ def audit_mirror(config: PipelineConfig, *, pending: str = "auto",
         conn.close()
     ranges = {tp: PartitionRange(earliest[tp], lso[tp], cut.stored.get(tp), True) for tp in partitions}
     tail_missing = tail_counts_as_missing(pending, cut.running, has_goal=goal is not None)
-    tail = {tp: max(0, rng.lso - max(rng.applied_end, rng.earliest)) for tp, rng in ranges.items()}
+    mismatches, summary = offsets_findings(ranges, cut.stored, goal, tail_missing)
+    summary.update(dead_letters=len(cut.dead), driver_running=cut.running)
     shortfall = goal_shortfall(cut.stored, goal or {})
-    mismatches = [*(f"retention_gap:{t}:{p}" for (t, p), r in ranges.items() if r.retention_gap),
-                  *(f"offsets_ahead:{t}:{p}" for (t, p), r in ranges.items() if r.offsets_ahead),
-                  *(f"missing:{t}:{p}" for (t, p), n in tail.items() if tail_missing and n),
-                  *(f"goal_not_reached:{t}:{p}" for t, p in shortfall)]
-    summary = {
-        "rows": "not compared", "why": ROWS_NOT_COMPARED,
-        "offsets_applied": sum(max(0, r.applied_end - r.earliest) for r in ranges.values()),
-        "offsets_above_stored": sum(tail.values()),
-        "records_above_stored_offsets": "missing" if tail_missing else "not_yet_applied",
-        "retention_gap_offsets": sum(r.retention_gap for r in ranges.values()),
-        "offsets_ahead": sum(r.offsets_ahead for r in ranges.values()),
-        "goal_short_by": sum(shortfall.values()), "dead_letters": len(cut.dead), "driver_running": cut.running,
-    }
     return {
         "pipeline": config.pipeline, "ok": not mismatches, "mismatches": mismatches, "summary": summary,
         "aggregates": {}, "unverified": {"mirror": ROWS_NOT_COMPARED},
@@ -74,3 +62,29 @@ def audit_mirror(config: PipelineConfig, *, pending: str = "auto",
             f"{t}:{p}": {"goal": want, "stored_offset": cut.stored.get((t, p)), "short": shortfall.get((t, p), 0)}
             for (t, p), want in sorted(goal.items())},
     }
+
+
+def offsets_findings(ranges: Mapping[TopicPartition, PartitionRange], stored: Mapping[TopicPartition, int],
+                     goal: Mapping[TopicPartition, int] | None, tail_missing: bool) -> tuple[list[str], dict[str, Any]]:
+    """The mismatches of a mirror's offsets (module docstring) and their summary.
+
+    :param ranges: per partition, Kafka's range and the stored offset.
+    :param stored: the stored next offsets.
+    :param goal: the offsets they must have reached (a replay's), if any.
+    :param tail_missing: whether committed offsets above the stored ones count as missing."""
+    tail = {tp: max(0, rng.lso - max(rng.applied_end, rng.earliest)) for tp, rng in ranges.items()}
+    shortfall = goal_shortfall(stored, goal or {})
+    mismatches = [*(f"retention_gap:{t}:{p}" for (t, p), r in sorted(ranges.items()) if r.retention_gap),
+                  *(f"offsets_ahead:{t}:{p}" for (t, p), r in sorted(ranges.items()) if r.offsets_ahead),
+                  *(f"missing:{t}:{p}" for (t, p), n in sorted(tail.items()) if tail_missing and n),
+                  *(f"goal_not_reached:{t}:{p}" for t, p in shortfall)]
+    summary = {
+        "rows": "not compared", "why": ROWS_NOT_COMPARED,
+        "offsets_applied": sum(max(0, r.applied_end - r.earliest) for r in ranges.values()),
+        "offsets_above_stored": sum(tail.values()),
+        "records_above_stored_offsets": "missing" if tail_missing else "not_yet_applied",
+        "retention_gap_offsets": sum(r.retention_gap for r in ranges.values()),
+        "offsets_ahead": sum(r.offsets_ahead for r in ranges.values()),
+        "goal_short_by": sum(shortfall.values()),
+    }
+    return mismatches, summary
