@@ -102,9 +102,7 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
             task_id="prepared_transactions", postgres_conn_id=conns.postgres,
             older_than_seconds="{{ params.prepared_older_than }}",
         )
-        checks = [lso, liveness, caught_up, dead_letters, in_doubt]
-        if definition.cdc is not None:
-            checks += cdc_source_checks(definition.cdc)
+        checks = [lso, liveness, caught_up, dead_letters, in_doubt, *cdc_source_checks(definition.cdc)]
         summary = StreamHealthSummaryOperator(
             task_id="summary", check_task_ids=[t.task_id for t in checks],
             liveness_task_id=liveness.task_id, caught_up_task_id=caught_up.task_id, pipeline=definition.name,
@@ -114,9 +112,12 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
     return dag
 
 
-def cdc_source_checks(cdc: CdcSourceSettings) -> list[Any]:
+def cdc_source_checks(cdc: CdcSourceSettings | None) -> list[Any]:
     """The checks of a change-data-capture source, in the DAG being built: its connectors, then
-    one task per replication slot (a slot each, so the summary names the one holding WAL)."""
+    one task per replication slot (a slot each, so the summary names the one holding WAL); none
+    without a ``cdc`` section."""
+    if cdc is None:
+        return []
     checks: list[Any] = [ConnectorHealthCheckOperator(
         task_id="connector", connectors=list(cdc.connectors), kafka_connect_conn_id=cdc.kafka_connect_conn_id)]
     for slot in cdc.replication_slots:
