@@ -203,7 +203,7 @@ def test_the_health_dag_names_a_paused_connector_and_a_slot_holding_wal(mirror: 
 
     mirror.hook.pause_connector(mirror.connector)
     wait_until("paused", lambda: mirror.hook.get_connector_status(mirror.connector)["connector"]["state"] == "PAUSED")
-    # ~20 MB of WAL that no reader of the idle slot (nor the paused connector) confirms.
+    # ~25 MiB of WAL that no reader of the idle slot (nor the paused connector) confirms.
     write_source(mirror.source, ["INSERT INTO filler SELECT g, repeat(md5(g::text), 12)"
                                  " FROM generate_series(1, 50000) g"])
     try:
