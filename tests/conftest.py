@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_AIRFLOW_MODULES = frozenset({
     "test_demo.py", "test_dags.py", "test_stack_airflow.py", "test_spark_cluster.py", "test_external_spec.py",
     "test_recovery_dag.py", "test_recovery_params.py", "test_metrics.py", "test_sasl_kafka.py",
-    "test_howto_own_spec.py",
+    "test_howto_own_spec.py", "test_cdc_airflow.py",
 })
 SHARED_AIRFLOW_UNIT = "shared-airflow"
 # Modules that use the Kafka Connect worker (the ``connect`` fixture): the session that started it

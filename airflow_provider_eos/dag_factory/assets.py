@@ -57,7 +57,7 @@ def pipeline_assets(definition: PipelineDefinition) -> PipelineAssets | None:
         db = EosPostgresHook(postgres_conn_id=conns.postgres).app_target()
         topics = [kafka_asset(server=server, topic=topic) for topic in definition.topics]
         uris = [postgres_asset(host=db["host"], port=int(db["port"]), database=db["dbname"],
-                               schema=definition.target_schema, table=t.table).uri for t in spec.targets]
+                               schema=definition.target_schema, table=table).uri for table in spec.target_tables()]
     except Exception as err:
         log.warning("eos: pipeline %s has no assets: %s", definition.name, err)
         return None

@@ -9,6 +9,11 @@ no progress rows, so a stale liveness with caught-up passing is reported as idle
 The summary also sends what the checks measured as metrics through Airflow's Stats
 (docs/metrics.md). Thresholds and timing come from the definition's ``health`` section; a run conf may tighten or
 loosen the three thresholds below for that run.
+
+A definition with a ``cdc`` section (a pipeline fed by Debezium) adds two checks of its source:
+each connector and its tasks RUNNING (``connector``), and the WAL each replication slot holds
+back, in bytes and age (``replication_slot__<slot>``). The LSO sensor watches the change topics
+as any topics: Connect's exactly-once source writes them in transactions (docs/cdc.md).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from airflow_provider_eos.dag_factory.common import (
     tags,
     task_defaults,
 )
+from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
 from airflow_provider_eos.operators.dead_letters import (
     DeadLetterCheckOperator,
     PreparedTransactionsCheckOperator,
@@ -34,6 +40,7 @@ from airflow_provider_eos.operators.dead_letters import (
 )
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor, StreamLivenessSensor
+from airflow_provider_eos.utils.definition_sections import CdcSourceSettings
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 from airflow_provider_eos.utils.subscription import subscribed_topics
 
@@ -96,7 +103,7 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
             task_id="prepared_transactions", postgres_conn_id=conns.postgres,
             older_than_seconds="{{ params.prepared_older_than }}",
         )
-        checks = [lso, liveness, caught_up, dead_letters, in_doubt]
+        checks = [lso, liveness, caught_up, dead_letters, in_doubt, *cdc_source_checks(definition.cdc)]
         summary = StreamHealthSummaryOperator(
             task_id="summary", check_task_ids=[t.task_id for t in checks],
             liveness_task_id=liveness.task_id, caught_up_task_id=caught_up.task_id, pipeline=definition.name,
@@ -104,3 +111,19 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
         checked >> checks
         checks >> summary
     return dag
+
+
+def cdc_source_checks(cdc: CdcSourceSettings | None) -> list[Any]:
+    """The checks of a change-data-capture source, in the DAG being built: its connectors, then
+    one task per replication slot (a slot each, so the summary names the one holding WAL); none
+    without a ``cdc`` section."""
+    if cdc is None:
+        return []
+    checks: list[Any] = [ConnectorHealthCheckOperator(
+        task_id="connector", connectors=list(cdc.connectors), kafka_connect_conn_id=cdc.kafka_connect_conn_id)]
+    for slot in cdc.replication_slots:
+        assert cdc.source_postgres_conn_id is not None  # the section refuses slots without it
+        checks.append(ReplicationSlotCheckOperator(
+            task_id=f"replication_slot__{slot}", slot_name=slot, postgres_conn_id=cdc.source_postgres_conn_id,
+            max_held_bytes=cdc.max_held_bytes, max_age_seconds=cdc.max_held_age_seconds))
+    return checks

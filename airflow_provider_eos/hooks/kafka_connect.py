@@ -11,7 +11,7 @@ import requests
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_eos.utils.cdc_health import connector_problems
+from airflow_provider_eos.utils.cdc_health import DEFAULT_KAFKA_CONNECT_CONN_ID, connector_problems
 
 
 class KafkaConnectError(AirflowException):
@@ -43,7 +43,7 @@ class KafkaConnectHook(BaseHook):
     """
 
     conn_name_attr = "kafka_connect_conn_id"
-    default_conn_name = "kafka_connect_default"
+    default_conn_name = DEFAULT_KAFKA_CONNECT_CONN_ID
     conn_type = "kafka_connect"
     hook_name = "Kafka Connect"
 

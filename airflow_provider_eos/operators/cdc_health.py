@@ -16,12 +16,12 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_provider_eos.hooks.kafka_connect import ConnectorUnhealthyError, KafkaConnectHook
 from airflow_provider_eos.hooks.replication_slot import ReplicationSlotHook
 from airflow_provider_eos.operators.base import CheckOutcomeMixin
-from airflow_provider_eos.utils.cdc_health import describe_slot, slot_problems
-
-# A stuck connector is to be seen hours before the source's disk fills: 1 GiB or one hour of
-# held WAL, whichever comes first, unless the deployment says otherwise.
-DEFAULT_MAX_HELD_BYTES = 1024**3
-DEFAULT_MAX_AGE_SECONDS = 3600.0
+from airflow_provider_eos.utils.cdc_health import (
+    DEFAULT_MAX_AGE_SECONDS,
+    DEFAULT_MAX_HELD_BYTES,
+    describe_slot,
+    slot_problems,
+)
 
 
 class ConnectorHealthCheckOperator(CheckOutcomeMixin, BaseOperator):

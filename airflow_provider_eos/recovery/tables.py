@@ -13,7 +13,8 @@ from airflow_provider_eos.recovery.lock import LOCK_TABLE
 
 
 def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tuple[str, str]], dict]:
-    """The pipeline's target tables (from its spec; all must exist) and every
+    """The pipeline's target tables (from its spec, a mirror's tables and aggregates included;
+    all must exist) and every
     bookkeeping table except staging leftovers and operational state: the
     control table (a restore must not undo a stop request), the epochs (a
     restore must never move an epoch back: a fenced driver would own the
@@ -24,7 +25,7 @@ def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tup
 
     spec = load_spec(config.spec)
     present = set(list_tables(conn, config.target_schema))
-    wanted = [t.table for t in spec.targets]
+    wanted = spec.target_tables()
     missing = [t for t in wanted if t not in present]
     if missing:
         raise AirflowException(
@@ -61,7 +62,7 @@ def table_changes(hook: PgToolsHook, conn: Any, config: Any, manifest: Any) -> d
     snapshot covers exactly what the pipeline has now."""
     from spark_apps.eos_stream.records.spec import load_spec
 
-    wanted = [(config.target_schema, t.table) for t in load_spec(config.spec).targets]
+    wanted = [(config.target_schema, table) for table in load_spec(config.spec).target_tables()]
     now = set(wanted) | {(config.meta_schema, t) for t in snapshot_meta_tables(hook, conn, config)}
     held = {(t.schema, t.table) for t in manifest.tables}
     return {"not_in_snapshot": [[s, t] for s, t in sorted(now - held)],

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 RUNNING = "RUNNING"
+# A stuck connector is to be seen hours before the source's disk fills: 1 GiB or one hour of
+# held WAL, whichever comes first, unless the deployment says otherwise.
+DEFAULT_MAX_HELD_BYTES = 1024**3
+DEFAULT_MAX_AGE_SECONDS = 3600.0
+# The Airflow connection to Kafka Connect's REST API unless a definition names another.
+DEFAULT_KAFKA_CONNECT_CONN_ID = "kafka_connect_default"
 # The lines of a FAILED task's Java trace a message keeps: the exception and where it was thrown,
 # enough to see the cause (the whole trace is in Connect's status and its worker log).
 TRACE_LINES = 12

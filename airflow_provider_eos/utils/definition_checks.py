@@ -58,7 +58,7 @@ def target_tables(definition: PipelineDefinition) -> set[str]:
         spec = load_spec(definition.spec)
     except ValueError:
         return set()
-    return {f"{definition.target_schema}.{target.table}" for target in spec.targets}
+    return {f"{definition.target_schema}.{table}" for table in spec.target_tables()}
 
 
 # What a newcomer sets to stop sharing each kind of place.

@@ -18,10 +18,18 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 
+from airflow_provider_eos.utils.cdc_health import (
+    DEFAULT_KAFKA_CONNECT_CONN_ID,
+    DEFAULT_MAX_AGE_SECONDS,
+    DEFAULT_MAX_HELD_BYTES,
+)
 from airflow_provider_eos.utils.schedules import schedule_problem
 
+# A PostgreSQL replication slot's name, as the server accepts it (Debezium's ``slot.name``).
+SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 # module.path:ATTRIBUTE, as the app's spec loader takes it.
 SPEC_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
@@ -91,6 +99,61 @@ class HealthSettings(Section):
     prepared_older_than: NonNegativeFloat = 60
     poke_interval: PositiveFloat = 10
     sensor_timeout: PositiveFloat = 120
+
+
+class CdcSourceSettings(Section):
+    """The change-data-capture source of a pipeline that reads Debezium's change topics: its
+    health DAG also checks the connectors and the source's replication slots (docs/cdc.md).
+
+    :param connectors: the Kafka Connect connectors that publish the pipeline's topics; each one
+        and every one of its tasks must be RUNNING.
+    :param kafka_connect_conn_id: the Airflow connection to Connect's REST API.
+    :param replication_slots: the source's slots the connectors read through (Debezium's
+        ``slot.name``); each must exist and hold back less than the limits below.
+    :param source_postgres_conn_id: the Airflow connection to the source database (the slots are
+        per database); its role needs ``pg_monitor`` for the age of the WAL a slot holds.
+    :param max_held_bytes: WAL a slot may hold back (current LSN minus its ``restart_lsn``).
+    :param max_held_age_seconds: age the oldest WAL a slot holds may reach; null: bytes only.
+    """
+
+    connectors: list[str]
+    kafka_connect_conn_id: str = DEFAULT_KAFKA_CONNECT_CONN_ID
+    replication_slots: list[str] = []
+    source_postgres_conn_id: str | None = None
+    max_held_bytes: PositiveInt = DEFAULT_MAX_HELD_BYTES
+    max_held_age_seconds: PositiveFloat | None = DEFAULT_MAX_AGE_SECONDS
+
+    @field_validator("connectors", "replication_slots")
+    @classmethod
+    def _distinct_names(cls, value: list[str]) -> list[str]:
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"named more than once: {', '.join(repeated)}")
+        if any(not name.strip() for name in value):
+            raise ValueError("a name is empty")
+        return value
+
+    @field_validator("connectors")
+    @classmethod
+    def _some_connector(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one connector")
+        return value
+
+    @field_validator("replication_slots")
+    @classmethod
+    def _slot_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not SLOT_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"{bad} are no replication slot names (lower-case letters, digits, '_', at most 63)")
+        return value
+
+    @model_validator(mode="after")
+    def _source_for_slots(self) -> CdcSourceSettings:
+        if self.replication_slots and not self.source_postgres_conn_id:
+            raise ValueError("replication_slots needs source_postgres_conn_id: the slots are in the source "
+                             "database, not the pipeline's target")
+        return self
 
 
 class SparkSettings(Section):

@@ -47,7 +47,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import (
     BaseModel,
@@ -66,6 +66,7 @@ from airflow_provider_eos.recovery.replay_engine import (
 from airflow_provider_eos.utils.definition_sections import (
     SPEC_REFERENCE,
     AirflowSettings,
+    CdcSourceSettings,
     ConnectionIds,
     HealthSettings,
     Section,
@@ -149,6 +150,8 @@ class PipelineDefinition(Section):
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, epochs, dead letters...).
     :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
+    :param cdc: the change-data-capture source behind the topics (Kafka Connect connectors, the
+        source's replication slots), which the health DAG then checks too; None: no such checks.
     """
 
     name: str
@@ -165,6 +168,7 @@ class PipelineDefinition(Section):
     health: HealthSettings = HealthSettings()
     spark: SparkSettings = SparkSettings()
     airflow: AirflowSettings = AirflowSettings()
+    cdc: CdcSourceSettings | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -261,7 +265,7 @@ class PipelineDefinition(Section):
 # The app's field names this model spells differently.
 APP_FIELD_RENAMES = {"pipeline": "name"}
 # What a definition holds that the app never sees, by place.
-DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health", "spark", "airflow"),
+DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health", "spark", "airflow", "cdc"),
                    "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine",
                               "replay_direct_max_records")}
 
@@ -318,6 +322,8 @@ def _section_at(path: tuple[Any, ...], model: type[BaseModel]) -> type[BaseModel
     """The model that holds the keys at ``path`` under ``model`` (``model`` itself for ``()``)."""
     for part in path:
         annotation = model.model_fields[str(part)].annotation
+        # An optional section (``cdc``) is its model or None.
+        annotation = next((a for a in get_args(annotation) if a is not type(None)), annotation)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             break
         model = annotation

@@ -74,6 +74,28 @@ def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
     assert restore.pipeline_config["pipeline"] == "beta" and restore.pipeline_config["target_schema"] == "t_beta"
 
 
+def test_a_cdc_source_adds_its_checks_to_the_health_summary(tmp_path: Path) -> None:
+    (tmp_path / "shop.yaml").write_text(json.dumps(_definition(
+        "shop", topics=["shop.public.customers", "shop.public.lines"],
+        cdc={"connectors": ["shop-source"], "kafka_connect_conn_id": "connect_shop",
+             "replication_slots": ["shop_a", "shop_b"], "source_postgres_conn_id": "shop_db",
+             "max_held_bytes": 1000, "max_held_age_seconds": None})))
+    (tmp_path / "plain.yaml").write_text(json.dumps(_definition("plain")))
+    dags = pipeline_dags(tmp_path)
+    health = dags["eos_health__shop"]
+    # The LSO sensor watches the change topics, as any topics.
+    assert health.get_task("lso_lag").topics == ["shop.public.customers", "shop.public.lines"]
+    connector = health.get_task("connector")
+    assert (connector.connectors, connector.kafka_connect_conn_id) == (["shop-source"], "connect_shop")
+    slots = [health.get_task(f"replication_slot__{slot}") for slot in ("shop_a", "shop_b")]
+    assert [(s.slot_name, s.postgres_conn_id, s.max_held_bytes, s.max_age_seconds) for s in slots] == [
+        ("shop_a", "shop_db", 1000, None), ("shop_b", "shop_db", 1000, None)]
+    summary = health.get_task("summary")
+    assert summary.check_task_ids[-3:] == ["connector", "replication_slot__shop_a", "replication_slot__shop_b"]
+    assert {"connector", "replication_slot__shop_a"} <= summary.upstream_task_ids
+    assert not {"connector", "replication_slot__shop_a"} & set(dags["eos_health__plain"].task_ids)
+
+
 def test_a_recovery_resumes_its_own_pipeline_and_no_other(two_pipelines: Path) -> None:
     dags = pipeline_dags(two_pipelines)
     for name in ("alpha", "beta"):

@@ -68,6 +68,13 @@ health: {stuck_after: 30, hanging_after: 600}
     ({"health": {"hanging_after": -1}}, "health.hanging_after"),
     ({"kafka_bootstrap": "host:9092"}, "kafka_bootstrap"),  # the connection's, never the definition's
     ({"postgres": {"password": "x"}}, "postgres"),
+    ({"cdc": {"connectors": []}}, "cdc.connectors"),
+    ({"cdc": {"connectors": ["a", "a"]}}, "cdc.connectors"),
+    ({"cdc": {"connectors": ["a"], "replication_slots": ["Bad-Slot"], "source_postgres_conn_id": "s"}},
+     "cdc.replication_slots"),
+    ({"cdc": {"connectors": ["a"], "replication_slots": ["slot"]}}, "cdc"),  # no source connection
+    ({"cdc": {"connectors": ["a"], "max_held_bytes": 0}}, "cdc.max_held_bytes"),
+    ({"cdc": {"connectors": ["a"], "slots": ["x"]}}, "cdc.slots"),
 ])
 def test_a_bad_field_is_named_in_the_error(change: dict, field: str) -> None:
     with pytest.raises(PipelineDefinitionError) as error:
@@ -164,3 +171,13 @@ def test_app_config_carries_the_definition_and_never_a_password() -> None:
 def test_a_removed_switch_is_refused_by_name(switch: str) -> None:
     with pytest.raises(PipelineDefinitionError, match=rf"stream: .*{switch} was removed \(.+\): delete it"):
         parse_definition({**MINIMAL, "stream": {switch: "staged"}}, source="orders.yaml")
+
+
+def test_a_cdc_section_names_its_source_and_an_unknown_key_its_neighbours() -> None:
+    d = parse_definition({**MINIMAL, "cdc": {"connectors": ["shop-source"], "replication_slots": ["shop_orders"],
+                                             "source_postgres_conn_id": "shop_source_db"}}, source="orders.yaml")
+    assert d.cdc is not None and (d.cdc.kafka_connect_conn_id, d.cdc.max_held_bytes) == ("kafka_connect_default",
+                                                                                           1024**3)
+    assert d.cdc.max_held_age_seconds == 3600 and parse_definition(MINIMAL, source="orders.yaml").cdc is None
+    with pytest.raises(PipelineDefinitionError, match="did you mean 'replication_slots'"):
+        parse_definition({**MINIMAL, "cdc": {"connectors": ["a"], "replication_slot": ["x"]}}, source="orders.yaml")

@@ -1,4 +1,5 @@
-"""The exactly-once oracle: what Kafka committed against what the database holds.
+"""The exactly-once oracle: what Kafka committed against what the database holds (a mirror
+pipeline's offsets only: ``audit/mirror.py``).
 
 Green only when the target is right, red only when it is wrong. The rules
 (also in ``docs/audit.md``; the pure ones live in ``audit_rules.py``):
@@ -116,6 +117,10 @@ def audit(config: PipelineConfig, spec: PipelineSpec, *, timeout: float = DEFAUL
     """
     if pending not in PENDING_POLICIES:
         raise ValueError(f"pending must be one of {PENDING_POLICIES}, got {pending!r}")
+    if spec.mirror is not None:  # its rows hold each key's last change: compared with its source, not Kafka
+        from spark_apps.eos_stream.audit.mirror import audit_mirror
+
+        return audit_mirror(config, pending=pending, goal=goal)
     deadline = time.monotonic() + timeout
     moved = ""
     for _attempt in range(ATTEMPTS):

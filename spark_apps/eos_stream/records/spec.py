@@ -176,6 +176,11 @@ class PipelineSpec:
     def has_aggregates(self) -> bool:
         return any(t.aggregate for t in self.targets)
 
+    def target_tables(self) -> list[str]:
+        """Every table the pipeline writes in its target schema: its targets', or a mirror's
+        tables and aggregates (what a snapshot takes, a restore puts back, preflight checks)."""
+        return [t.table for t in self.targets] + (self.mirror.target_tables() if self.mirror is not None else [])
+
 
 # Spec references of a kind that needs no Python: ``kind:argument`` is built by the kind's
 # factory, named like any spec (``module:ATTRIBUTE``), so this room imports none of them.

@@ -115,7 +115,7 @@ def _unique_column_sets(conn: PgConnection, schema: str, table: str) -> list[set
 
 def check_targets(conn: PgConnection, spec: PipelineSpec, target_schema: str, mode: DeliveryMode) -> None:
     """Every target exists, and has the unique keys its writes rely on."""
-    tables = [t.table for t in spec.targets] + (spec.mirror.target_tables() if spec.mirror is not None else [])
+    tables = spec.target_tables()
     with conn.cursor() as cur:
         for table in tables:
             cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.{}").format(
