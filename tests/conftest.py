@@ -33,8 +33,8 @@ SHARED_AIRFLOW_MODULES = frozenset({
     "test_howto_own_spec.py", "test_cdc_airflow.py",
 })
 SHARED_AIRFLOW_UNIT = "shared-airflow"
-# Modules that use the Kafka Connect worker (the ``connect`` fixture): the session that started it
-# stops it at its end, so they run on one worker, one after another.
+# Modules that use the Kafka Connect worker (the ``connect`` fixture) and may restart it: they run
+# on one worker, one after another.
 CONNECT_MODULES = frozenset({"test_cdc_source.py", "test_cdc_mirror.py"})
 CONNECT_UNIT = "kafka-connect"
 
@@ -134,8 +134,10 @@ def spark_cluster(stack: dict[str, str]) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def connect(stack: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The stack's Kafka Connect worker (scripts/stack.sh start-connect): started, and stopped at
-    the session's end, unless it already runs. Session-scoped: starting it costs most of a minute."""
+    """The stack's Kafka Connect worker (scripts/stack.sh start-connect), started unless it already
+    runs. Session-scoped: starting it costs most of a minute. A lone session stops what it started
+    at its end; under xdist the other worker's session may still use it, so scripts/test.sh stops
+    it after both (it knows whether it ran before)."""
     script = str(ROOT / "scripts" / "stack.sh")
     with file_lock(STATE_DIR / "connect.lock"):
         status = subprocess.run(["bash", script, "status"], capture_output=True, text=True, check=True, timeout=60)
@@ -147,7 +149,7 @@ def connect(stack: dict[str, str]) -> Iterator[dict[str, str]]:
     try:
         yield stack
     finally:
-        if not running:
+        if not running and "PYTEST_XDIST_WORKER" not in os.environ:
             subprocess.run(["bash", script, "stop-connect"], check=False, timeout=120)
 
 
