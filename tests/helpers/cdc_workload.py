@@ -206,8 +206,8 @@ class Workload:
             keys.add(vid)
             blob = psycopg2.Binary(bytes([0, 255, *r.randbytes(r.randint(0, 40))]))
             out.append(cur.mogrify(
-                "INSERT INTO visits VALUES (%s, date '2020-02-29' + %s, time '00:00' + %s * interval '1 microsecond',"
-                " %s, %s)",
+                "INSERT INTO visits VALUES (%s, date '2020-02-29' + %s::integer,"
+                " time '00:00' + %s::bigint * interval '1 microsecond', %s, %s)",
                 (vid, self._maybe(r.randint(-800, 4000)), self._maybe(r.randint(0, 86399999999)), self._maybe(blob),
                  self._maybe(f"v{vid} ✓"))))
         for vid in self._pick("visits", 2):

@@ -196,6 +196,7 @@ def run_with_fault(mirror: Mirror, label: str, new_column: NewColumn | None,
     thread.start()
     try:
         time.sleep(FAULT_AFTER)
+        assert thread.is_alive() and workload.error is None, f"the workload ended before the fault: {workload.error}"
         seen = fault()
         thread.join(WORKLOAD_SECONDS + 180)
         assert not thread.is_alive() and workload.error is None, workload.error
