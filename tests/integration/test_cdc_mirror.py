@@ -40,7 +40,7 @@ from tests.helpers.cdc_oracle import change_counts, compare, high_watermarks, re
 from tests.helpers.cdc_source import drop_slot, wait_until
 from tests.helpers.cdc_workload import KEYS, SOURCE_DDL, NewColumn, Workload, mirror_connector, mirror_definition
 from tests.helpers.cdc_workload import target_of as target_table
-from tests.helpers.stack_faults import Restart, kill_broker, kill_connect_worker, restart_postgres_immediate
+from tests.helpers.stack_faults import Restart, kill_broker, kill_connect_worker, restart_postgres_immediate, stack_sh
 from tests.streaming import AppRun, dead_letter_count, pg_connect, pipeline_config, start_app
 
 CONNECT_CONN = "eos_cdc_mirror_connect"
@@ -126,6 +126,8 @@ def mirror(connect: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
             for run in state.drivers:
                 run.kill()
             state.target.close()
+            stack_sh("start")  # a fault test that failed may have left the broker or the worker down
+            stack_sh("start-connect")
             state.hook.delete_connector(state.connector)
             workload.close()
             _drop_source(env, schema, state.slot)
