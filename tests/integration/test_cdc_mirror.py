@@ -170,7 +170,7 @@ def catch_up(mirror: Mirror, timeout: float = 300) -> float:
     marks = mirror.workload.marker()
 
     def caught_up() -> bool:
-        ensure_streaming(mirror)
+        mirror.supervise()
         if not _holds(mirror, marks):
             return False
         return stored_offsets(mirror.target, mirror.config) == high_watermarks(mirror.env["EOS_KAFKA_BOOTSTRAP"],
