@@ -13,6 +13,7 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
+from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.eos_stream.state.control import StopSignal
 from tests.streaming import pg_connect
@@ -73,8 +74,8 @@ def test_without_reconnect_a_cut_connection_raises(stack: dict[str, str], pg_con
 def test_an_outage_longer_than_allowed_raises(stack: dict[str, str], pg_conn: Any, meta: str) -> None:
     conn = pg_connect(stack)
 
-    def unreachable() -> Any:
-        raise psycopg2.OperationalError("the database system is starting up")
+    def unreachable() -> Any:  # as the driver's connect says it (sink/postgres.py)
+        raise TargetUnavailable("cannot connect to PostgreSQL: the database system is starting up")
 
     signal = StopSignal(conn, meta, "p", 0, epoch=0, reconnect=unreachable, outage_seconds=0)
     _cut(pg_conn, conn)

@@ -168,8 +168,8 @@ class StopSignal:
         assert self.reconnect is not None
         try:
             conn = self.reconnect()
-        except psycopg2.OperationalError:
-            return  # still down (or starting up): the next poll tries again
+        except Exception:  # still down or starting up (the driver's connect raises TargetUnavailable):
+            return  # the next poll tries again, and raises after outage_seconds
         conn.autocommit = True
         old, self.conn = self.conn, conn
         if not old.closed:
