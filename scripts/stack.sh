@@ -230,6 +230,16 @@ stop_postgres() {
   fi
 }
 
+# A crash and its recovery, for the tests' PostgreSQL fault: immediate mode writes no shutdown
+# checkpoint and cuts every client at once, so the start replays the WAL.
+restart_postgres_immediate() {
+  local bin; bin=$(pg_bin)
+  [ -f "$pg_data/postmaster.pid" ] || die "postgres is not running"
+  as_pg_owner "$bin/pg_ctl" -D "$pg_data" -m immediate -w stop > /dev/null \
+    || die "postgres did not stop: see $pg_dir/postgres.log"
+  start_postgres
+}
+
 stop_kafka() {
   if pid_alive "$kafka_pid"; then
     local pid; pid=$(cat "$kafka_pid")
@@ -346,11 +356,12 @@ case "${1:-}" in
   stop-spark) stop_spark ;;
   start-postgres) mkdir -p "$EOS_STATE_DIR"; start_postgres ;;
   stop-postgres) stop_postgres ;;
+  restart-postgres-immediate) restart_postgres_immediate ;;
   status)
     if pid_alive "$kafka_pid"; then echo "kafka: running (pid $(cat "$kafka_pid"))"; else echo "kafka: stopped"; fi
     if [ -f "$pg_data/postmaster.pid" ]; then echo "postgres: running"; else echo "postgres: stopped"; fi
     if pid_alive "$spark_master_pid"; then echo "spark: running ($(spark_master_url))"; else echo "spark: stopped"; fi
     connect_status ;;
   reset) stop_spark; stop_connect; stop_kafka; stop_postgres; rm -rf "$spark_dir" "$connect_dir"; rm -rf "$kafka_dir" "$pg_dir" "$EOS_STATE_DIR/stack.env"; log "state removed" ;;
-  *) echo "usage: $0 start|stop|status|reset|start-postgres|stop-postgres|start-spark|stop-spark|start-connect|stop-connect" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|reset|start-postgres|stop-postgres|restart-postgres-immediate|start-spark|stop-spark|start-connect|stop-connect" >&2; exit 2 ;;
 esac

@@ -206,8 +206,11 @@ class StreamRun:
 
     def _watch(self, query: Any) -> int:
         config, driver, sink, ahead = self.config, self.driver, self.sink, self.ahead
+        # A PostgreSQL restart cuts the control connection too: it is opened again, within the
+        # time a batch may spend on transient errors.
         stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
-                          epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
+                          epoch=driver.epoch, honour_requests=not config.ignore_stop_request,
+                          reconnect=driver.connect, outage_seconds=config.transient_retry_seconds)
         try:
             _supervise(query, stop, ahead, config.stop_poll_seconds)
         except Exception:
@@ -215,6 +218,7 @@ class StreamRun:
                 raise fencing.Fenced(sink.fenced) from None
             raise
         finally:
+            driver.control_conn = stop.conn  # the poll's connection now (a new one after a cut): closed with the driver
             if ahead is not None:
                 ahead.close()
             self.rows_read.close()  # a batch that never staged (A2, a failed run) no longer holds the listener

@@ -4,8 +4,10 @@ limit) and the running lock that tells the outside world a driver is alive."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
+import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
@@ -79,6 +81,9 @@ def stop_requested(conn: PgConnection, meta_schema: str, pipeline: str) -> str |
     return StopSignal(conn, meta_schema, pipeline, 0).requested()
 
 
+_UNKNOWN = object()  # a poll that could not reach the database
+
+
 class StopSignal:
     """Polled by the driver's main thread between awaits.
 
@@ -88,11 +93,20 @@ class StopSignal:
         changed (None: never fenced).
     :param honour_requests: False for the recovery's replay run, which runs
         while the recovery itself holds the stop request.
+    :param reconnect: opens a new connection when ``conn`` is lost (a PostgreSQL
+        restart). None: a lost connection raises at once.
+    :param outage_seconds: how long the database may stay unreachable before a
+        poll raises; until then a poll knows nothing and answers None. Safe: a
+        stop request waits in the database, and every batch checks the epoch.
     """
 
     def __init__(self, conn: PgConnection, meta_schema: str, pipeline: str, run_seconds: float,
-                 epoch: int | None = None, honour_requests: bool = True) -> None:
+                 epoch: int | None = None, honour_requests: bool = True,
+                 reconnect: Callable[[], PgConnection] | None = None, outage_seconds: float = 0.0) -> None:
         self.conn = conn
+        self.reconnect = reconnect
+        self.outage_seconds = outage_seconds
+        self.unreachable_since: float | None = None
         self.meta_schema = meta_schema
         self.pipeline = pipeline
         self.epoch = epoch
@@ -110,9 +124,8 @@ class StopSignal:
         running lock, and keep a successor waiting, until its next batch."""
         if self.epoch is None:
             return None
-        with self.conn.cursor() as cur:
-            now = fencing.current_epoch(cur, self.meta_schema, self.pipeline)
-        if now != self.epoch:
+        now = self._read(lambda cur: fencing.current_epoch(cur, self.meta_schema, self.pipeline))
+        if now is not _UNKNOWN and now != self.epoch:
             return (f"pipeline {self.pipeline!r} was fenced: its epoch is {now}, this driver started at "
                     f"epoch {self.epoch}")
         return None
@@ -122,12 +135,45 @@ class StopSignal:
             return "run_seconds elapsed"
         if not self.honour_requests:
             return None
-        with self.conn.cursor() as cur:
+        def read(cur: Any) -> Any:
             cur.execute(self.query_sql, (self.pipeline,))
-            row = cur.fetchone()
-        if row is not None and row[0] is not None:
+            return cur.fetchone()
+
+        row = self._read(read)
+        if row is not _UNKNOWN and row is not None and row[0] is not None:
             return f"stop requested at {row[0].isoformat()}"
         return None
+
+    def _read(self, read: Callable[[Any], Any]) -> Any:
+        """``read(cursor)`` on the control connection, or ``_UNKNOWN`` while the database is
+        unreachable: a lost connection is opened again (the next poll uses it), and the
+        outage raises once it lasts more than ``outage_seconds``."""
+        try:
+            with self.conn.cursor() as cur:
+                result = read(cur)
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+            if self.reconnect is None:
+                raise
+            now = time.monotonic()
+            if self.unreachable_since is None:
+                self.unreachable_since = now
+            if now - self.unreachable_since > self.outage_seconds:
+                raise
+            self._reopen()
+            return _UNKNOWN
+        self.unreachable_since = None
+        return result
+
+    def _reopen(self) -> None:
+        assert self.reconnect is not None
+        try:
+            conn = self.reconnect()
+        except Exception:  # still down or starting up (the driver's connect raises TargetUnavailable):
+            return  # the next poll tries again, and raises after outage_seconds
+        conn.autocommit = True
+        old, self.conn = self.conn, conn
+        if not old.closed:
+            old.close()
 
     @staticmethod
     def at_batch_boundary(query: Any, wait_seconds: float = 120.0) -> None:

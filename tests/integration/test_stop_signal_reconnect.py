@@ -1,0 +1,85 @@
+"""The driver's stop and epoch poll (``state/control.StopSignal``) against a real PostgreSQL whose
+server ends its connection, as a PostgreSQL restart does (seen in test_cdc_mirror.py's
+immediate restart: the batch's retries reconnected the sink, then this poll's dead connection
+made the driver exit). It opens a new connection and keeps polling; without ``reconnect``, and
+after ``outage_seconds`` of an unreachable database, it raises as before."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg2
+import pytest
+from psycopg2 import sql
+
+from spark_apps.eos_stream.sink.postgres import TargetUnavailable
+from spark_apps.eos_stream.state import meta_tables
+from spark_apps.eos_stream.state.control import StopSignal
+from tests.streaming import pg_connect
+
+
+@pytest.fixture
+def meta(stack: dict[str, str], pg_conn: Any, unique_name: str) -> Iterator[str]:
+    schema = f"m_stop_{unique_name}"
+    with pg_conn.cursor() as cur:
+        for statement in meta_tables.ddl_statements(schema):
+            cur.execute(statement)
+    yield schema
+    with pg_conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _cut(pg_conn: Any, conn: Any) -> None:
+    """The server ends ``conn``'s session, as a restart does."""
+    with pg_conn.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", (conn.get_backend_pid(),))
+        assert cur.fetchone() == (True,)
+
+
+def _request_stop(pg_conn: Any, schema: str, pipeline: str) -> None:
+    with pg_conn.cursor() as cur:
+        cur.execute(sql.SQL("INSERT INTO {} (pipeline, stop_requested_at) VALUES (%s, now())").format(
+            meta_tables.table(schema, meta_tables.CONTROL)), (pipeline,))
+
+
+def test_a_cut_control_connection_is_opened_again(stack: dict[str, str], pg_conn: Any, meta: str) -> None:
+    first = pg_connect(stack)
+    opened: list[Any] = []
+
+    def reconnect() -> Any:
+        opened.append(pg_connect(stack))
+        return opened[-1]
+
+    signal = StopSignal(first, meta, "p", 0, epoch=0, reconnect=reconnect, outage_seconds=60)
+    assert signal.requested() is None and signal.fenced() is None
+    _cut(pg_conn, first)
+    assert signal.requested() is None  # nothing known this poll; a new connection for the next
+    assert len(opened) == 1 and signal.conn is opened[0] and first.closed
+    _request_stop(pg_conn, meta, "p")
+    assert (signal.requested() or "").startswith("stop requested at")  # read on the new connection
+    assert signal.fenced() is None
+    signal.conn.close()
+
+
+def test_without_reconnect_a_cut_connection_raises(stack: dict[str, str], pg_conn: Any, meta: str) -> None:
+    conn = pg_connect(stack)
+    signal = StopSignal(conn, meta, "p", 0, epoch=0)
+    _cut(pg_conn, conn)
+    with pytest.raises((psycopg2.OperationalError, psycopg2.InterfaceError)):
+        signal.requested()
+    conn.close()
+
+
+def test_an_outage_longer_than_allowed_raises(stack: dict[str, str], pg_conn: Any, meta: str) -> None:
+    conn = pg_connect(stack)
+
+    def unreachable() -> Any:  # as the driver's connect says it (sink/postgres.py)
+        raise TargetUnavailable("cannot connect to PostgreSQL: the database system is starting up")
+
+    signal = StopSignal(conn, meta, "p", 0, epoch=0, reconnect=unreachable, outage_seconds=0)
+    _cut(pg_conn, conn)
+    assert signal.fenced() is None  # the outage begins: nothing known
+    with pytest.raises((psycopg2.OperationalError, psycopg2.InterfaceError)):
+        signal.fenced()  # longer than outage_seconds
+    conn.close()
