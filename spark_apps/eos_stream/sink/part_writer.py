@@ -106,18 +106,25 @@ def part_chunks(batches: Iterable[Any], spec: PipelineSpec, row_target: RowTarge
 def write_part(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str, consumer: Any,
                ranges: Iterable[kafka_ranges.OffsetRange]) -> dict[str, Any]:
     """Writes ``ranges`` as one prepared part named ``gid``; returns ``part_result``."""
-    row_target = next((t for t in spec.targets if isinstance(t, RowTarget)), None)
-    deltas = aggregate_deltas.empty(aggregate_targets(spec))
-    counts = {"rows": 0}
     readers = [kafka_ranges.record_batches(consumer, r) for r in ranges]
     try:
-        return _write(dsn_kwargs, spec, target_schema, gid, row_target, deltas, counts,
-                      part_chunks(itertools.chain.from_iterable(readers), spec, row_target, deltas, counts))
+        return write_part_batches(dsn_kwargs, spec, target_schema, gid, itertools.chain.from_iterable(readers))
     finally:
         # A part refused mid-range leaves that range's reader suspended: closed here, it unassigns
         # the consumer now, not at a garbage collection in the middle of the consumer's next read.
         for reader in readers:
             reader.close()
+
+
+def write_part_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str,
+                       batches: Iterable[Any]) -> dict[str, Any]:
+    """Writes Arrow batches of records (``kafka_ranges.message_batch``) as one prepared part
+    named ``gid``; returns ``part_result``."""
+    row_target = next((t for t in spec.targets if isinstance(t, RowTarget)), None)
+    deltas = aggregate_deltas.empty(aggregate_targets(spec))
+    counts = {"rows": 0}
+    return _write(dsn_kwargs, spec, target_schema, gid, row_target, deltas, counts,
+                  part_chunks(batches, spec, row_target, deltas, counts))
 
 
 def _write(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str,
