@@ -57,12 +57,15 @@ Exit codes are the app's (``app.main``).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from psycopg2 import sql
 
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
@@ -79,7 +82,7 @@ from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part_batches
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.staging import stage_batches
-from spark_apps.eos_stream.state import fencing
+from spark_apps.eos_stream.state import fencing, meta_tables
 from spark_apps.eos_stream.state.control import StopSignal
 
 # librdkafka's offset of a partition the consumer has handed nothing out of yet.
@@ -131,6 +134,45 @@ def check_messages(messages: list[Any], starts: dict[TopicPartition, int], ends:
                                f"{start}..{ends.get(tp)}")
 
 
+class Progress:
+    """The progress table's rows (``stream_progress``, as the Spark app writes one per batch): one
+    per ``stop_poll_seconds`` at most, summing the cycles committed since the last, so sensors and
+    health read a continuous pipeline as they read a Spark one without a row per cycle."""
+
+    def __init__(self, config: PipelineConfig, run_id: str) -> None:
+        self.pipeline, self.run_id = config.pipeline, run_id
+        self.insert = sql.SQL(
+            "INSERT INTO {} (pipeline, run_id, batch_id, input_rows, start_offsets, end_offsets,"
+            " durations_ms, batch_duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING").format(meta_tables.table(config.meta_schema, meta_tables.PROGRESS))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cycles, self.rows, self.last_batch = 0, 0, -1
+        self.starts: dict[TopicPartition, int] = {}
+        self.ends: dict[TopicPartition, int] = {}
+        self.since = time.monotonic()
+
+    def add(self, batch_id: int, cycle: Cycle, rows: int) -> None:
+        self.cycles, self.rows, self.last_batch = self.cycles + 1, self.rows + rows, batch_id
+        self.starts = {**cycle.starts, **self.starts}  # each partition's first start
+        self.ends.update(cycle.ends)
+
+    def record(self, conn: Any) -> None:
+        """Writes the row of the cycles since the last (none: nothing) and its EOS-PROGRESS line."""
+        if not self.cycles:
+            return
+        millis = round((time.monotonic() - self.since) * 1000)
+        with conn.cursor() as cur:
+            cur.execute(self.insert, (self.pipeline, self.run_id, self.last_batch, self.rows,
+                                      offsets_to_json(self.starts), offsets_to_json(self.ends),
+                                      json.dumps({"cycles": self.cycles, "triggerExecution": millis}), millis))
+        emit("progress", batch_id=self.last_batch, input_rows=self.rows, cycles=self.cycles,
+             rows_per_second=round(self.rows * 1000 / millis, 1) if millis else 0.0,
+             end_offsets=offsets_to_json(self.ends))
+        self._reset()
+
+
 class ContinuousRun:
     """One run of the engine: claim, then cycles until stopped, fenced or failed."""
 
@@ -141,6 +183,7 @@ class ContinuousRun:
         self.current = dict(driver.starting)
         self.batch_id = 0
         self.linger = config.continuous_linger_ms / 1000
+        self.progress = Progress(config, driver.run_id)
         self.stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
                                epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
 
@@ -163,6 +206,7 @@ class ContinuousRun:
             if cycle.ends and not cycle.messages:
                 self.commit(cycle)  # C5: idle, past markers only
             looked_at = time.monotonic()
+            self.progress.record(self.driver.control_conn)
             fenced = self.stop.fenced()
             if fenced:
                 raise fencing.Fenced(fenced)
@@ -171,6 +215,7 @@ class ContinuousRun:
                 last = self.read_cycle(0)
                 if last.ends:
                     self.commit(last)
+                self.progress.record(self.driver.control_conn)
                 return reason
 
     def read_cycle(self, idle_seconds: float) -> Cycle:
@@ -216,6 +261,7 @@ class ContinuousRun:
         result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=written)
         if self.group_offsets:
             self.commit_group_offsets(cycle.ends)
+        self.progress.add(batch_id, cycle, result.applied)
         self.current.update(cycle.ends)
         self.batch_id += 1
         emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
