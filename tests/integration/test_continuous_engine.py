@@ -84,8 +84,8 @@ def _wait_for_batches(run: AppRun, batches: int, timeout: float) -> None:
 def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[bool, list[dict]]:
     """Runs the engine until the planned kill; returns whether it was killed, and its resume events."""
     if "fault" in step:
-        run = start_continuous(config, tmp_path, label=label,
-                               env_extra={"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])})
+        faults = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
+        run = start_continuous(config, tmp_path, label=label, env_extra=faults)
         try:
             run.wait(120)
         except Exception:
