@@ -87,6 +87,8 @@ from spark_apps.eos_stream.state.control import StopSignal
 
 # librdkafka's offset of a partition the consumer has handed nothing out of yet.
 _NO_POSITION = -1001
+# librdkafka hands out at most this many messages per consume() call (it refuses more).
+_MAX_CONSUME = 100_000
 # The longest one poll waits while no record has come: a cycle's first record waits at most
 # this long in librdkafka's queue before the linger starts.
 _IDLE_POLL_SECONDS = 0.005
@@ -232,7 +234,8 @@ class ContinuousRun:
         while len(messages) < wanted:
             polled_at = time.monotonic()
             limit = deadline if deadline is not None else min(idle_until, polled_at + _IDLE_POLL_SECONDS)
-            for message in self.consumer.consume(wanted - len(messages), timeout=max(limit - polled_at, 0)):
+            batch = min(wanted - len(messages), _MAX_CONSUME)
+            for message in self.consumer.consume(batch, timeout=max(limit - polled_at, 0)):
                 error = message.error()
                 if error is None:
                     messages.append(message)
