@@ -120,6 +120,22 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
     return AppRun(process, log_path)
 
 
+def start_continuous(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
+                     label: str = "continuous", root: Path = ROOT) -> AppRun:
+    """Starts the continuous engine (``spark_apps.eos_stream.run.continuous``) of the checkout at
+    ``root`` on ``config`` (its trigger set to ``continuous``), in a process group of its own, as
+    the provider's hook does; its output goes to the run's log."""
+    config = {**config, "trigger": "continuous"}
+    config_path = tmp_path / f"{config['pipeline']}-{label}.json"
+    config_path.write_text(json.dumps(config))
+    log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "spark_apps.eos_stream.run.continuous", "--config",
+                                    str(config_path)], stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(env_extra or {})}, cwd=root, start_new_session=True)
+    return AppRun(process, log_path)
+
+
 def run_app(config: dict[str, Any], tmp_path: Path, timeout: float = 300, **kwargs: Any) -> AppRun:
     run = start_app(config, tmp_path, **kwargs)
     try:

@@ -43,7 +43,8 @@ def stream_params(definition: PipelineDefinition) -> dict[str, Param]:
                                          description=f"null: the definition's ({stream.max_offsets_per_trigger})"),
         "max_batch_attempts": Param(None, type=["null", "integer"], minimum=1,
                                     description=f"null: the definition's ({stream.max_batch_attempts})"),
-        "run_seconds": Param(0, type="number", minimum=0, description="processingTime: 0 = until stopped"),
+        "run_seconds": Param(0, type="number", minimum=0,
+                             description="processingTime and continuous: 0 = until stopped"),
         "max_restarts": Param(stream.max_restarts, type="integer", minimum=0),
         "restart_backoff": Param(stream.restart_backoff, type="number", minimum=0),
     }

@@ -39,6 +39,9 @@ EXIT_FENCED = 3
 EVENT_PREFIX = "EOS-"
 _JSON = json.JSONDecoder()
 PASSWORD_ENV = "EOS_PG_PASSWORD"
+# The trigger that runs the Spark-less continuous engine instead of spark-submit, and its module.
+CONTINUOUS = "continuous"
+CONTINUOUS_MODULE = "spark_apps.eos_stream.run.continuous"
 KAFKA_OPTIONS_ENV = "EOS_KAFKA_OPTIONS_JSON"
 
 
@@ -311,8 +314,12 @@ class EosStreamSubmitHook(SparkSubmitHook):
         return self._build_spark_submit_command(app_path())
 
     def run_app(self, config: dict[str, Any]) -> AppRunResult:
-        """Runs the app until it exits; never raises for the app's own failures."""
+        """Runs the app until it exits; never raises for the app's own failures. A config whose
+        trigger is ``continuous`` runs the Spark-less engine instead (:meth:`run_continuous`)."""
         from spark_apps.eos_stream.run.pyspark_pairing import installed_versions, pairing_problem
+
+        if config.get("trigger") == CONTINUOUS:
+            return self.run_continuous(config)
 
         # spark-submit comes from this environment's pyspark: refuse a mix of two Sparks before it starts.
         problem = pairing_problem(installed_versions())
@@ -336,6 +343,58 @@ class EosStreamSubmitHook(SparkSubmitHook):
             duration_s=round(time.monotonic() - started, 2),
             log_tail="\n".join(list(self._last_submit_log_lines)[-5:]),
         )
+
+    def run_continuous(self, config: dict[str, Any]) -> AppRunResult:
+        """Runs the continuous engine (``spark_apps.eos_stream.run.continuous``) in this worker, as
+        a child in a process group of its own (so :meth:`kill_process_group` ends it as it ends a
+        spark-submit), with the secrets in its environment only; its ``EOS-`` lines are read as
+        the app's. Never raises for the engine's own failures."""
+        self.events = []
+        command = [sys.executable, "-m", CONTINUOUS_MODULE, "--config", self.write_config(config)]
+        env = {**os.environ, **self._secret_env}
+        started = time.monotonic()
+        tail: list[str] = []
+        self._submit_sp = process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            bufsize=-1, universal_newlines=True, errors="replace")
+        assert process.stdout is not None
+        self.log.info("Started the continuous engine (pid %s): %s", process.pid, " ".join(command))
+        for raw in iter(process.stdout.readline, ""):
+            line = raw.rstrip("\n")
+            tail = [*tail[-4:], line]
+            self._on_line(line)
+        returncode = process.wait()
+        return AppRunResult(returncode=int(returncode), events=list(self.events),
+                            duration_s=round(time.monotonic() - started, 2), log_tail="\n".join(tail))
+
+    def _on_line(self, line: str) -> None:
+        """One output line of the engine: an ``EOS-`` event is recorded and passed on; a batch's is
+        not logged (one per cycle, tens a second), every other line is."""
+        event = parse_event(line.strip())
+        if event is not None:
+            self._record(event)
+            if self.on_event is not None:
+                try:
+                    self.on_event(*event)
+                except Exception:  # a logging callback must never stop the log reader
+                    self.log.exception("on_event callback failed for %s", event[0])
+            if event[0] == "batch":
+                return
+        self.log.info("%s", line)
+
+    def _record(self, event: tuple[str, dict[str, Any]]) -> None:
+        """Keeps ``event``; a batch's is folded into the previous batch's (its counts summed, its
+        end offsets kept, ``folded_batches`` counting them), so a run of weeks at tens of cycles a
+        second holds one batch event, not millions."""
+        kind, data = event
+        last = self.events[-1] if self.events else None
+        if kind != "batch" or last is None or last[0] != "batch":
+            self.events.append((kind, {**data, "folded_batches": 1} if kind == "batch" else data))
+            return
+        folded = last[1]
+        self.events[-1] = (kind, {**data, "folded_batches": int(folded.get("folded_batches", 1)) + 1,
+                                  **{key: int(folded.get(key) or 0) + int(data.get(key) or 0)
+                                     for key in ("applied", "dead_lettered")}})
 
     def _process_spark_submit_log(self, itr: Any) -> None:
         def tee() -> Any:

@@ -62,6 +62,8 @@ OWN_LOCK_RELEASE_SECONDS = 10.0
 RECOVERY_POLL_SECONDS = 5.0
 # How often a restart backoff looks for a stop request or a recovery before it ends.
 BACKOFF_POLL_SECONDS = 5.0
+# The triggers whose run goes on until a stop, a failure or ``run_seconds``.
+RUNS_UNTIL_STOPPED = ("processingTime", "continuous")
 
 
 
@@ -86,15 +88,17 @@ class StreamingPipelineOperator(BaseOperator):
     recovery are read again during the backoff and at its end, right before the restart (a
     stop request ends the backoff early, and the stop step waits for that). Each end is logged
     with its reason (the last ``EOS-ERROR`` line). ``trigger='availableNow'`` processes what is in
-    the topics (one incremental batch per DAG run) and succeeds; ``'processingTime'`` runs until a
-    stop is requested (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or
-    ``run_seconds`` have passed. ``on_kill`` ends the spark-submit process group (no JVM is left).
+    the topics (one incremental batch per DAG run) and succeeds; ``'processingTime'`` (Spark) and
+    ``'continuous'`` (the Spark-less engine, run by the hook in a process group of its own in this
+    worker, supervised the same way) run until a stop is requested
+    (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or ``run_seconds`` have
+    passed. ``on_kill`` ends the spark-submit's or the engine's process group (no JVM is left).
 
     :param definition: the pipeline (``PipelineDefinition``, or its dict form, validated once).
         Its ``stream`` section gives the trigger, the batch limits and the restart policy.
     :param tuning: templated: this run's values for keys of the definition's ``stream`` section
         (``None``: the definition's), e.g. the dict a DAG's ``resolve_run`` task returns.
-    :param run_seconds: processingTime: total time to run, across restarts (0: until stopped).
+    :param run_seconds: processingTime and continuous: total time to run, across restarts (0: until stopped).
     :param stop_poll_seconds: how often the app looks for a stop request (default: the app's).
     :param kafka_options: Kafka client options in librdkafka's names, over the Kafka connection's
         own security options (which the app always gets); passed through the environment because
@@ -238,7 +242,7 @@ class StreamingPipelineOperator(BaseOperator):
         keys; no secret."""
         self.validate()
         pg = pg or self.pg_hook()
-        processing = self.pipeline.stream.trigger == "processingTime"
+        processing = self.pipeline.stream.trigger in RUNS_UNTIL_STOPPED
         return self.pipeline.app_config(
             kafka_bootstrap=kafka_bootstrap_from_connection(self.connection("kafka")),
             postgres=pg.app_target(),
@@ -386,7 +390,7 @@ class StreamingPipelineOperator(BaseOperator):
         each step it decides."""
         pipeline = config["pipeline"]
         deadline = (time.monotonic() + float(config["run_seconds"])
-                    if config["trigger"] == "processingTime" and float(config["run_seconds"]) > 0 else None)
+                    if config["trigger"] in RUNS_UNTIL_STOPPED and float(config["run_seconds"]) > 0 else None)
         attempts: list[dict[str, Any]] = []
         results: list[AppRunResult] = []
         counters, policy = Counters(), self.policy()

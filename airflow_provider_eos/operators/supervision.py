@@ -213,7 +213,8 @@ def attempt_info(attempt: int, result: AppRunResult) -> dict[str, Any]:
         "reason": result.reason(),
         "duration_s": result.duration_s,
         "run_id": starts[-1].get("run_id") if starts else None,
-        "batches": len(batches),
+        # The continuous engine's batches arrive folded into one event (EosStreamSubmitHook._record).
+        "batches": sum(int(b.get("folded_batches", 1)) for b in batches),
         "rows_applied": sum(int(b.get("applied") or 0) for b in batches),
         "dead_lettered": sum(int(b.get("dead_lettered") or 0) for b in batches),
     }

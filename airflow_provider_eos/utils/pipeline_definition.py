@@ -93,8 +93,10 @@ class PipelineDefinitionError(ValueError):
 class StreamSettings(Section):
     """How the stream runs.
 
-    :param trigger: ``processingTime`` runs until stopped; ``availableNow`` processes what the
-        topics hold and ends (give it a ``schedule`` to run it periodically).
+    :param trigger: ``processingTime`` runs Spark micro-batches until stopped; ``continuous`` runs
+        the Spark-less engine until stopped, committing every few tens of milliseconds
+        (docs/latency.md); ``availableNow`` processes what the topics hold and ends (give it a
+        ``schedule`` to run it periodically).
     :param schedule: the stream DAG's schedule (cron or preset); ``None``: triggered by hand or
         by a recovery's resume. A continuous stream is started once and runs until stopped.
     :param replay_engine: how a recovery replays: ``auto`` (``direct`` up to
@@ -110,6 +112,7 @@ class StreamSettings(Section):
     trigger: str = default_of("trigger")
     trigger_interval: str = default_of("trigger_interval")
     max_offsets_per_trigger: int = default_of("max_offsets_per_trigger")
+    continuous_linger_ms: int = default_of("continuous_linger_ms")
     driver_write_max_records: int = default_of("driver_write_max_records")
     max_batch_attempts: int = default_of("max_batch_attempts")
     transient_retry_seconds: float = default_of("transient_retry_seconds")

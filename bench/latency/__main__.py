@@ -5,6 +5,7 @@ visible in every target of the batch, the aggregate included.
     .venv/bin/python -m bench.latency --quick              # exactly_once and at_least_once, 0 s and 1 s, 2k/s
     .venv/bin/python -m bench.latency --deliveries exactly_once --triggers 0 --rates 2000 --runs 1
     .venv/bin/python -m bench.latency --pipelines 4 --deliveries exactly_once --triggers 0 1
+    .venv/bin/python -m bench.latency --deliveries exactly_once --triggers 0 continuous --rates 2000 20000
 
 Method (``bench/latency/probe.py``): a transactional producer (confluent-kafka) commits a
 transaction every 50 ms, ledger events keyed by account, over 4 partitions, at ``--rates``
@@ -80,7 +81,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {f: _median([r.get(f) for r in runs]) for f in FIGURES}
     summary["exact"] = all(r["exact"]["ok"] for r in runs)
     if runs and "memory" in runs[0]:
-        for kind in ("driver_jvm", "driver_python", "python_worker", "total_median_mb"):
+        for kind in ("driver_jvm", "driver_python", "python_worker", "continuous_engine", "total_median_mb"):
             values = [r["memory"].get(kind) for r in runs]
             values = [v["median_mb"] if isinstance(v, dict) else v for v in values]
             summary[f"memory_{kind.removesuffix('_median_mb')}_mb"] = _median(values)
@@ -90,18 +91,26 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def cases_of(args: argparse.Namespace) -> list[Case]:
     deliveries, triggers, rates = args.deliveries, args.triggers, args.rates
     if args.quick:
-        deliveries, triggers, rates = ["exactly_once", "at_least_once"], [0.0, 1.0], [2000]
+        deliveries, triggers, rates = ["exactly_once", "at_least_once"], ["0", "1"], [2000]
     app = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.app)}
-    return [Case(d, t, r, args.warmup, args.measure, keep_logs=args.keep_logs, app=app)
+    return [Case(d, 0.0 if t == "continuous" else float(t), r, args.warmup, args.measure, keep_logs=args.keep_logs,
+                 app=app, engine="continuous" if t == "continuous" else "spark")
             for d, t, r in itertools.product(deliveries, triggers, rates)]
+
+
+def _trigger(value: str) -> str:
+    if value != "continuous":
+        float(value)  # a Spark interval in seconds
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--deliveries", nargs="+", choices=sorted(SPECS), default=sorted(SPECS))
-    p.add_argument("--triggers", nargs="+", type=float, default=[5.0, 1.0, 0.0],
-                   help="processingTime intervals in seconds (0: as fast as it goes)")
+    p.add_argument("--triggers", nargs="+", type=_trigger, default=["5", "1", "0", "continuous"],
+                   help="processingTime intervals in seconds (0: as fast as it goes), or 'continuous' "
+                        "(the Spark-less engine, spark_apps/eos_stream/run/continuous.py)")
     p.add_argument("--rates", nargs="+", type=int, default=[2000, 20000], help="events per second")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--pipelines", type=int, default=1, help="pipelines streaming at once")
@@ -134,17 +143,17 @@ def main(argv: list[str] | None = None) -> None:
             result = run_case(stack, case, args.pipelines, seed=index * 100)
             result["seconds"] = round(time.monotonic() - started, 1)
             result["load_average"] = load_average()
-            print(json.dumps({"delivery": case.delivery, "trigger_s": case.trigger_seconds, "rate": case.rate,
+            print(json.dumps({"delivery": case.delivery, "trigger": case.trigger_label, "rate": case.rate,
                               "run": index, **{k: v for k, v in result.items() if k != "pipelines"}}), flush=True)
             runs.append(result)
-        document["cases"].append({"delivery": case.delivery, "trigger_s": case.trigger_seconds, "rate": case.rate,
+        document["cases"].append({"delivery": case.delivery, "trigger": case.trigger_label, "rate": case.rate,
                                   **summarize(runs), "runs": runs})
     document["load_average_at_end"] = load_average()
     Path(args.output).write_text(json.dumps(document, indent=2) + "\n")
-    print(f"{'delivery':<14} {'trigger':>7} {'rate':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
+    print(f"{'delivery':<14} {'trigger':>10} {'rate':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
           f"{'exact':>5} {'MB/pipeline':>11}")
     for c in document["cases"]:
-        print(f"{c['delivery']:<14} {c['trigger_s']:>6g}s {c['rate']:>6} "
+        print(f"{c['delivery']:<14} {c['trigger']:>10} {c['rate']:>6} "
               + " ".join(f"{c[f]!s:>7}" for f in FIGURES)
               + f" {c['exact']!s:>5} {c.get('memory_total_mb')!s:>11}")
 

@@ -1,4 +1,4 @@
-"""One probed pipeline: its topic and targets, the app under spark-submit, the memory
+"""One probed pipeline: its topic and targets, the app under spark-submit (or the continuous engine), the memory
 of its processes, a graceful stop, an exactness check and the clean-up."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.streaming import AppRun, pg_connect, pipeline_config, start_app
+from tests.streaming import AppRun, pg_connect, pipeline_config, start_app, start_continuous
 
 # delivery -> the ledger spec it runs (idempotent accepts only row targets)
 SPECS = {"exactly_once": "LEDGER", "at_least_once": "LEDGER", "two_phase": "LEDGER",
@@ -47,6 +47,12 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the app
     keep_logs: Path | None = None  # where each app's log is copied (None: not kept)
     app: dict[str, Any] = field(default_factory=dict)  # app config keys over the bench's
+    engine: str = "spark"  # or "continuous": the Spark-less engine (trigger: continuous)
+
+    @property
+    def trigger_label(self) -> str:
+        """How the case's trigger is reported: "continuous", or the Spark interval as "0s"."""
+        return "continuous" if self.engine == "continuous" else f"{self.trigger_seconds:g}s"
 
     @property
     def trigger_interval(self) -> str:
@@ -96,6 +102,8 @@ def _kind(process: psutil.Process) -> str | None:
         return "python_worker"
     if "python" in process.name() and "app.py" in cmdline:
         return "driver_python"
+    if "python" in process.name() and "eos_stream.run.continuous" in cmdline:
+        return "continuous_engine"
     return None
 
 
@@ -175,7 +183,8 @@ class ProbedPipeline:
         self.topic = f"bench.latency.{name}"
         self.config = pipeline_config(
             stack, tmp, name, delivery=case.delivery, spec=f"spark_apps.ledger.spec:{SPECS[case.delivery]}",
-            topics=[self.topic], trigger="processingTime", trigger_interval=case.trigger_interval,
+            topics=[self.topic], trigger="continuous" if case.engine == "continuous" else "processingTime",
+            trigger_interval=case.trigger_interval,
             max_offsets_per_trigger=1_000_000, **case.app)
         self.run: AppRun | None = None
         self.memory: MemorySampler | None = None
@@ -187,7 +196,8 @@ class ProbedPipeline:
         _targets(self.stack, self.config)
         produce_ledger(self.stack["EOS_KAFKA_BOOTSTRAP"], SEED_EVENTS, topic=self.topic, batch_size=SEED_EVENTS,
                        transactional_id=f"seed-{self.config['pipeline']}")
-        self.run = start_app(self.config, self.tmp, env_extra=self.case.env or None, label=self.config["pipeline"])
+        start = start_continuous if self.case.engine == "continuous" else start_app
+        self.run = start(self.config, self.tmp, env_extra=self.case.env or None, label=self.config["pipeline"])
         _first_batch(self.run, startup_timeout)
 
     def probe(self) -> None:

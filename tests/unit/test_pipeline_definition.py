@@ -63,7 +63,7 @@ health: {stuck_after: 30, hanging_after: 600}
     ({"spec": "no_attribute"}, "spec"),
     ({"delivery": "exactly_twice"}, "delivery"),
     ({"target_schema": "Public; DROP"}, "target_schema"),
-    ({"stream": {"trigger": "continuous"}}, "stream.trigger"),
+    ({"stream": {"trigger": "always"}}, "stream.trigger"),
     ({"stream": {"max_offsets_per_trigger": 0}}, "stream.max_offsets_per_trigger"),
     ({"health": {"hanging_after": -1}}, "health.hanging_after"),
     ({"kafka_bootstrap": "host:9092"}, "kafka_bootstrap"),  # the connection's, never the definition's

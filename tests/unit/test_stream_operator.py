@@ -58,7 +58,7 @@ def test_a_definition_model_and_its_connections(conns):
     assert op.restart_policy() == (model.stream.max_restarts, model.stream.restart_backoff)
 
 
-@pytest.mark.parametrize("bad", [{"stream": {"trigger": "continuous"}}, {"delivery": "maybe"},
+@pytest.mark.parametrize("bad", [{"stream": {"trigger": "always"}}, {"delivery": "maybe"},
                                  {"pipeline": "x"}, {"spec": None}])
 def test_an_invalid_definition_fails_without_retry(conns, bad):
     op = StreamingPipelineOperator(task_id="t", definition={**definition(), **bad})

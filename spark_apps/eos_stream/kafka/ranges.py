@@ -164,15 +164,21 @@ def _chunks(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
 
 def record_batches(consumer: Any, r: OffsetRange) -> Generator[Any, None, None]:
     """The committed records of ``r`` as Arrow record batches of (topic, partition, offset, key, value)."""
+    for chunk in read_range(consumer, r):
+        yield message_batch(chunk, r.topic, r.partition)
+
+
+def message_batch(messages: list[Any], topic: str | None = None, partition: int | None = None) -> Any:
+    """confluent-kafka messages as one Arrow record batch of (topic, partition, offset, key,
+    value), in the order given: all of ``topic`` and ``partition`` when given (a range's), else
+    each message's own."""
     import pyarrow as pa
 
-    for chunk in read_range(consumer, r):
-        size = len(chunk)
-        yield pa.record_batch([
-            pa.array([r.topic] * size, pa.string()),
-            pa.array([r.partition] * size, pa.int32()),
-            pa.array([m.offset() for m in chunk], pa.int64()),
-            pa.array([m.key() for m in chunk], pa.binary()),
-            pa.array([m.value() for m in chunk], pa.binary()),
-        ], names=["topic", "partition", "offset", "key", "value"])
-
+    size = len(messages)
+    return pa.record_batch([
+        pa.array([topic] * size if topic is not None else [m.topic() for m in messages], pa.string()),
+        pa.array([partition] * size if partition is not None else [m.partition() for m in messages], pa.int32()),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        pa.array([m.key() for m in messages], pa.binary()),
+        pa.array([m.value() for m in messages], pa.binary()),
+    ], names=["topic", "partition", "offset", "key", "value"])

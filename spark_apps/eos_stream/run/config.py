@@ -29,7 +29,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
-TRIGGERS = ("availableNow", "processingTime")
+TRIGGERS = ("availableNow", "processingTime", "continuous")
 # Switches that are gone, with what a config that still sets one is told. Each
 # measured slower than the one path that stayed (docs/benchmarks.md, "Removed switches").
 REMOVED_OPTIONS = {
@@ -85,9 +85,14 @@ class PipelineConfig:
     :param kafka_bootstrap: bootstrap servers.
     :param spec: ``module:ATTRIBUTE`` of the PipelineSpec.
     :param delivery: at_least_once, idempotent, exactly_once or two_phase.
-    :param trigger: availableNow (process what is there, exit) or processingTime.
+    :param trigger: availableNow (process what is there, exit), processingTime (Spark
+        micro-batches every ``trigger_interval``) or continuous (no Spark: one process commits
+        a cycle every few tens of milliseconds, ``run/continuous.py``; docs/latency.md).
     :param trigger_interval: processingTime interval, e.g. "5 seconds".
-    :param max_offsets_per_trigger: bound on records per micro-batch.
+    :param max_offsets_per_trigger: bound on records per micro-batch (continuous: per cycle).
+    :param continuous_linger_ms: continuous: how long a cycle keeps polling after its first
+        record before it commits (0: it commits what librdkafka had queued). Longer: fewer,
+        larger transactions (less database load), each record visible later.
     :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, dead letters...).
@@ -98,7 +103,7 @@ class PipelineConfig:
     :param max_batch_attempts: failed attempts of one batch before it is
         processed record by record and failing records are quarantined.
     :param create_targets: create the spec's target tables if missing.
-    :param run_seconds: continuous mode stops by itself after this long (0: never).
+    :param run_seconds: a processingTime or continuous run stops by itself after this long (0: never).
     :param stop_poll_seconds: how often the driver looks for a stop request
         and for a changed pipeline epoch (a fenced driver exits within this).
     :param ignore_stop_request: neither check the stop request at start nor
@@ -123,6 +128,7 @@ class PipelineConfig:
     trigger: str = "processingTime"
     trigger_interval: str = "5 seconds"
     max_offsets_per_trigger: int = 20000
+    continuous_linger_ms: int = 20
     driver_write_max_records: int = 0
     checkpoint_dir: str = "/tmp/eos-checkpoints"
     target_schema: str = "public"

@@ -68,8 +68,10 @@ def _positive(name: str, least: int) -> Callable[[PipelineConfig], str | None]:
     return check
 
 
-def _not_negative(config: PipelineConfig) -> str | None:
-    return None if config.driver_write_max_records >= 0 else "driver_write_max_records must be 0 or more"
+def _not_negative(name: str) -> Callable[[PipelineConfig], str | None]:
+    def check(config: PipelineConfig) -> str | None:
+        return None if getattr(config, name) >= 0 else f"{name} must be 0 or more"
+    return check
 
 
 def _transient_retry(config: PipelineConfig) -> str | None:
@@ -116,7 +118,8 @@ RULES: tuple[Rule, ...] = (
     Rule("delivery", _delivery),
     Rule("trigger", _trigger),
     Rule("max_offsets_per_trigger", _positive("max_offsets_per_trigger", 1)),
-    Rule("driver_write_max_records", _not_negative),
+    Rule("driver_write_max_records", _not_negative("driver_write_max_records")),
+    Rule("continuous_linger_ms", _not_negative("continuous_linger_ms")),
     Rule("max_batch_attempts", _positive("max_batch_attempts", 1)),
     Rule("transient_retry_seconds", _transient_retry),
     Rule("mirror_needs_stored_offsets", mirror_delivery_problem),

@@ -118,7 +118,7 @@ def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartitio
         yield batch
 
 
-def _import_in_background(module: str) -> None:
+def import_in_background(module: str) -> None:
     """Imports ``module`` in a daemon thread. pyarrow imports pandas at the first array it builds
     from Python objects, about 0.8 s of a 20k-record replay's 2.5 s on the 2-core Intel VM: started
     here, that import runs while the main thread waits on Kafka and PostgreSQL (the compaction
@@ -147,7 +147,7 @@ def replay(config: PipelineConfig) -> int:
     from confluent_kafka.admin import AdminClient
 
     entered = time.perf_counter()
-    _import_in_background("pandas")
+    import_in_background("pandas")
     spec = load_spec(config.spec)
     mode = preflight.delivery_mode(config, spec)
     admin = AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,

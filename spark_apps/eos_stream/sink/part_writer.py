@@ -106,13 +106,9 @@ def part_chunks(batches: Iterable[Any], spec: PipelineSpec, row_target: RowTarge
 def write_part(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str, consumer: Any,
                ranges: Iterable[kafka_ranges.OffsetRange]) -> dict[str, Any]:
     """Writes ``ranges`` as one prepared part named ``gid``; returns ``part_result``."""
-    row_target = next((t for t in spec.targets if isinstance(t, RowTarget)), None)
-    deltas = aggregate_deltas.empty(aggregate_targets(spec))
-    counts = {"rows": 0}
     readers = [kafka_ranges.record_batches(consumer, r) for r in ranges]
     try:
-        return _write(dsn_kwargs, spec, target_schema, gid, row_target, deltas, counts,
-                      part_chunks(itertools.chain.from_iterable(readers), spec, row_target, deltas, counts))
+        return write_part_batches(dsn_kwargs, spec, target_schema, gid, itertools.chain.from_iterable(readers))
     finally:
         # A part refused mid-range leaves that range's reader suspended: closed here, it unassigns
         # the consumer now, not at a garbage collection in the middle of the consumer's next read.
@@ -120,9 +116,21 @@ def write_part(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: st
             reader.close()
 
 
+def write_part_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str,
+                       batches: Iterable[Any], conn: Any = None) -> dict[str, Any]:
+    """Writes Arrow batches of records (``kafka_ranges.message_batch``) as one prepared part
+    named ``gid``; returns ``part_result``. ``conn``: a connection of the caller's to write on
+    and leave open, ready for its next part (None: one of its own, closed after)."""
+    row_target = next((t for t in spec.targets if isinstance(t, RowTarget)), None)
+    deltas = aggregate_deltas.empty(aggregate_targets(spec))
+    counts = {"rows": 0}
+    return _write(dsn_kwargs, spec, target_schema, gid, row_target, deltas, counts,
+                  part_chunks(batches, spec, row_target, deltas, counts), conn)
+
+
 def _write(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str,
            row_target: RowTarget | None, deltas: aggregate_deltas.Deltas, counts: dict[str, int],
-           chunks: Iterator[memoryview]) -> dict[str, Any]:
+           chunks: Iterator[memoryview], given: Any = None) -> dict[str, Any]:
     if row_target is None:  # aggregates only: the deltas are the whole part, nothing to prepare
         try:
             for _ in chunks:
@@ -130,7 +138,7 @@ def _write(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, g
         except PartRefused as exc:
             return part_result(None, counts["rows"], refused=str(exc))
         return part_result(None, counts["rows"], deltas)
-    conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-part"})
+    conn = given if given is not None else psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-part"})
     try:
         conn.tpc_begin(gid)
         table = sql.SQL("{}.{}").format(sql.Identifier(target_schema), sql.Identifier(row_target.table))
@@ -146,7 +154,12 @@ def _write(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, g
                 conn.tpc_rollback()
             return part_result(None, counts["rows"], refused=f"the database refused the part: {errors.tagged(exc)}")
     finally:
-        conn.close()
+        if given is None:
+            conn.close()
+    if given is not None:
+        # psycopg2 takes no statement after tpc_prepare until reset: the part stays prepared in
+        # the database, for the decision and the committer, and the session is free again.
+        conn.reset()
     return part_result(gid, counts["rows"], deltas)
 
 

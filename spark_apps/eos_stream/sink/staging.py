@@ -151,8 +151,15 @@ def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: st
                  keep_raw: bool, consumer: Any, ranges: Iterable[kafka_ranges.OffsetRange]) -> int:
     """Reads offset ranges with ``consumer``, one after the other, and COPYs them into the
     stage in one transaction of its own; returns how many records it staged."""
-    counts = {"staged": 0}
     batches = itertools.chain.from_iterable(kafka_ranges.record_batches(consumer, r) for r in ranges)
+    return stage_batches(dsn_kwargs, spec, meta_schema, stage_name, keep_raw, batches)
+
+
+def stage_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
+                  keep_raw: bool, batches: Iterable[Any]) -> int:
+    """COPYs Arrow batches of (topic, partition, offset, key, value) into the stage in one
+    transaction of its own; returns how many records it staged."""
+    counts = {"staged": 0}
     _copy(dsn_kwargs, spec, meta_schema, stage_name, copy_chunks(batches, spec, keep_raw, counts))
     return counts["staged"]
 

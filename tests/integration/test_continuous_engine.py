@@ -1,0 +1,247 @@
+"""The continuous engine (``trigger: continuous``, spark_apps/eos_stream/run/continuous.py) against
+the real stack: SIGKILLed at random moments while a transactional producer writes (every fourth
+transaction aborted), then audited as the crash matrix audits the Spark app.
+
+exactly_once and two_phase must end with 0 duplicates, 0 missing, exact balances and every
+account's events in order; the same kills on at_least_once (whose offsets are the consumer
+group's, committed after the database's commit) must fail the same audit, which proves the
+audit can fail. Two kills of each plan are the sink's fault points (inside the commit, and right
+after it); the others land at random moments of the engine's life: in its claim, in a cycle's
+read, part, apply or commit, or between cycles. A poison record still goes to dead letters.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from psycopg2 import sql
+
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
+from spark_apps.eos_stream.state import meta_tables
+from spark_apps.ledger.generator import ensure_topic, produce_ledger
+from tests.helpers.kafka import delete_topics, wait_for_markers
+from tests.streaming import (
+    AppRun,
+    audit,
+    dead_letter_count,
+    ledger_order,
+    pg_connect,
+    pipeline_config,
+    start_continuous,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+EVENTS = 12_000
+# Events per producer session, and the pause between sessions: the production spans the kills.
+CHUNK, PAUSE = 300, 0.5
+KILLS = 10
+NEGATIVE_CONTROL_KILLS = 3
+
+
+class LedgerProducer(threading.Thread):
+    """Produces ``events`` committed ledger events to ``topic`` in sessions of ``CHUNK``
+    (transactions of 50, every fourth aborted), numbering them on across sessions so the
+    ordering oracle holds."""
+
+    def __init__(self, bootstrap: str, topic: str, events: int) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.events = bootstrap, topic, events
+        self.committed = self.aborted = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while self.committed < self.events:
+                size = min(CHUNK, self.events - self.committed)
+                produced = produce_ledger(self.bootstrap, size, topic=self.topic, batch_size=50, abort_every=4,
+                                          seed=self.committed, first_seq=self.committed)
+                self.committed += produced.committed
+                self.aborted += produced.aborted
+                time.sleep(PAUSE)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def _kill_plan(kills: int, seed: int) -> list[dict]:
+    """The sink's two fault points at the second cycle, then kills after 0-3 committed cycles
+    (0: during the claim or the first cycle) and a random delay."""
+    rng = random.Random(seed)
+    plan: list[dict] = [{"fault": "after_commit", "at_batch": 2}, {"fault": "before_commit", "at_batch": 2}]
+    plan += [{"after_batches": rng.randint(0, 3), "delay": rng.uniform(0.0, 0.4)} for _ in range(kills - 2)]
+    rng.shuffle(plan)
+    return plan
+
+
+def _wait_for_batches(run: AppRun, batches: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.process.poll() is None and len(run.events("batch")) < batches:
+        time.sleep(0.01)
+
+
+def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[bool, list[dict]]:
+    """Runs the engine until the planned kill; returns whether it was killed, and its resume events."""
+    if "fault" in step:
+        faults = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
+        run = start_continuous(config, tmp_path, label=label, env_extra=faults)
+        try:
+            run.wait(120)
+        except Exception:
+            run.kill()
+        return run.process.returncode == -9, run.events("resume")
+    run = start_continuous(config, tmp_path, label=label)
+    if step["after_batches"]:
+        _wait_for_batches(run, step["after_batches"], 120)
+    else:
+        time.sleep(0.5)  # the interpreter's start: the kill lands in the claim or the first cycle
+    time.sleep(step["delay"])
+    alive = run.process.poll() is None
+    run.kill()
+    assert alive, f"the engine exited before its kill ({run.process.returncode}):\n{run.log()[-3000:]}"
+    return True, run.events("resume")
+
+
+def _last_stable_offsets(bootstrap: str, topic: str) -> dict[str, int]:
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    wait_for_markers(bootstrap, topic)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = admin.list_topics(topic, timeout=15).topics[topic].partitions
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=15)
+    return {str(tp.partition): future.result().offset for tp, future in futures.items()}
+
+
+def _applied_offsets(stack: dict, config: dict, topic: str, partitions: list[str]) -> dict[str, int]:
+    """Where the pipeline would resume, per partition: the offsets stored with the rows, or in
+    at_least_once the engine's consumer group's committed offsets."""
+    if config["delivery"] == "at_least_once":
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"],
+                             "group.id": f"eos-continuous-{config['pipeline']}", "enable.auto.commit": False})
+        try:
+            committed = consumer.committed([TopicPartition(topic, int(p)) for p in partitions], timeout=15)
+        finally:
+            consumer.close()
+        return {str(tp.partition): tp.offset for tp in committed}
+    conn = pg_connect(stack)
+    try:
+        stored = OffsetsStore(config["meta_schema"], config["pipeline"]).load(conn)
+    finally:
+        conn.close()
+    return {str(p): offset for (t, p), offset in stored.items() if t == topic}
+
+
+def _run_until_caught_up(stack: dict, config: dict, tmp_path: Path, topic: str, label: str) -> AppRun:
+    """Runs the engine until its committed cycles reach every partition's last stable offset,
+    then stops it with a stop request (as StopPipelineOperator does); it must exit 0."""
+    lso = _last_stable_offsets(stack["EOS_KAFKA_BOOTSTRAP"], topic)
+    run = start_continuous(config, tmp_path, label=label)
+    deadline = time.monotonic() + 240
+    while _applied_offsets(stack, config, topic, sorted(lso)) != lso:
+        assert time.monotonic() < deadline and run.process.poll() is None, run.log()[-3000:]
+        time.sleep(0.5)
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("UPDATE {} SET stop_requested_at = now() WHERE pipeline = %s").format(
+                meta_tables.table(config["meta_schema"], meta_tables.CONTROL)), (config["pipeline"],))
+            if cur.rowcount == 0:
+                cur.execute(sql.SQL("INSERT INTO {} (pipeline, stop_requested_at) VALUES (%s, now())").format(
+                    meta_tables.table(config["meta_schema"], meta_tables.CONTROL)), (config["pipeline"],))
+    finally:
+        conn.close()
+    assert run.wait(120) == 0, run.log()[-3000:]
+    assert run.events("stopped")[-1]["reason"].startswith("stop requested at")
+    return run
+
+
+def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: int) -> tuple[dict, int, LedgerProducer]:
+    topic = f"ledger.{name}"
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=4)
+    config = pipeline_config(stack, tmp_path, name, delivery=delivery, topics=[topic], trigger="continuous",
+                             max_offsets_per_trigger=500, stop_poll_seconds=0.5)
+    producer = LedgerProducer(stack["EOS_KAFKA_BOOTSTRAP"], topic, EVENTS)
+    producer.start()
+    killed, resumes, while_producing = 0, [], 0
+    for index, step in enumerate(_kill_plan(kills, seed=hash(name) & 0xFFFF)):
+        done, found = _kill_once(config, tmp_path, step, f"{delivery}-{index}")
+        killed += done
+        while_producing += done and producer.is_alive()
+        resumes += found
+    # The kills are meant to land while the producer writes: most of them must have.
+    assert while_producing >= kills // 2, f"only {while_producing} of {killed} kills while the producer wrote"
+    producer.join(300)
+    assert producer.error is None and not producer.is_alive(), producer.error
+    final = _run_until_caught_up(stack, config, tmp_path, topic, f"{delivery}-final")
+    resumes += final.events("resume")
+    report = audit(config, tmp_path)
+    report["order"] = ledger_order(stack, config["target_schema"])
+    report["resumes"] = resumes
+    print(f"\n{delivery}: produced={producer.committed} aborted={producer.aborted} kills={killed} "
+          f"while_producing={while_producing} "
+          f"summary={report['summary']} order={report['order']}")
+    delete_topics(stack["EOS_KAFKA_BOOTSTRAP"], topic)
+    return report, killed, producer
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "two_phase"])
+def test_continuous_engine_is_exact_under_sigkills(stack: dict, tmp_path: Path, unique_name: str,
+                                                   delivery: str) -> None:
+    report, kills, producer = _run_matrix(stack, tmp_path, f"cont{unique_name}", delivery, KILLS)
+    assert kills >= KILLS and producer.aborted > 0
+    assert report["summary"]["committed_records"] == EVENTS
+    assert report["summary"]["duplicated"] == 0
+    assert report["summary"]["missing"] == 0
+    assert report["aggregates"]["account_balances"]["keys_wrong"] == 0  # sums and last_seq
+    assert report["order"]["split_accounts"] == 0 and report["order"]["out_of_order_accounts"] == 0
+    assert report["ok"] and report["exit_code"] == 0
+    # The stored offsets reached the last stable offset (past the last transaction's marker).
+    assert all(p["stored_offset"] == p["lso"] for p in report["kafka"].values()), report["kafka"]
+    if delivery == "exactly_once":
+        # The fault points landed on prepared parts: a later claim committed the decided ones (P4)
+        # and rolled back the undecided ones (P1).
+        assert {r["write_path"] for r in report["resumes"]} == {"prepared_parts"}
+        assert any(r["parts_committed"] for r in report["resumes"]), report["resumes"]
+        assert any(r["parts_rolled_back"] for r in report["resumes"]), report["resumes"]
+    else:  # the kill between PREPARE TRANSACTION and COMMIT PREPARED left a batch in doubt
+        assert any(r["in_doubt_committed"] for r in report["resumes"]), report["resumes"]
+
+
+def test_at_least_once_shows_duplicates_under_the_same_kills(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    report, kills, _ = _run_matrix(stack, tmp_path, f"calo{unique_name}", "at_least_once", NEGATIVE_CONTROL_KILLS)
+    assert kills >= NEGATIVE_CONTROL_KILLS
+    assert report["summary"]["duplicated"] > 0
+    assert report["aggregates"]["account_balances"]["keys_wrong"] > 0
+    assert report["order"]["out_of_order_accounts"] > 0  # a replayed cycle repeats an earlier seq
+    assert not report["ok"] and report["exit_code"] == 1
+
+
+def test_poison_goes_to_dead_letters(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    name = f"cpois{unique_name}"
+    topic = f"ledger.{name}"
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=2)
+    produced = produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], 2000, topic=topic, batch_size=100, abort_every=5,
+                              malformed=2, poison=2, seed=uuid.uuid4().int & 0xFFFF)
+    assert produced.malformed == 2 and produced.poison == 2
+    config = pipeline_config(stack, tmp_path, name, topics=[topic], trigger="continuous", max_batch_attempts=1,
+                             run_seconds=8, stop_poll_seconds=0.5)
+    run = start_continuous(config, tmp_path)
+    assert run.wait(120) == 0, run.log()[-3000:]
+    conn = pg_connect(stack)
+    try:
+        assert dead_letter_count(conn, config) == 4
+    finally:
+        conn.close()
+    report = audit(config, tmp_path)
+    assert report["ok"] and report["exit_code"] == 0, report
+    assert report["summary"]["duplicated"] == 0 and report["summary"]["missing"] == 0
+    assert any(b["dead_lettered"] for b in run.events("batch"))
+    delete_topics(stack["EOS_KAFKA_BOOTSTRAP"], topic)
