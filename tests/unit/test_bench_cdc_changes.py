@@ -91,7 +91,7 @@ def test_final_rows_are_the_records_applied_in_order(schemas: bool) -> None:
         if change.op == "d":
             del rows[table][change.key["id"]]
         else:
-            assert change.after is not None and not change.unchanged
+            assert value is not None and change.after is not None and not change.unchanged
             document = json.loads(value)
             rows[table][change.key["id"]] = typed_row((document["payload"] if schemas else document)["after"])
     assert rows == stream.final_rows()
