@@ -234,10 +234,29 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
         result["load_average"] = load_average()
         runs[figure].append(result)
         print(json.dumps({"tables": tables, "run": index, "figure": figure, **result}), flush=True)
+    return {"topics": len(stream.topics()), "final_rows": sum(len(t.rows) for t in stream.tables),
+            **tables_result(produced, runs)}
+
+
+def tables_result(produced: dict[str, int], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     changes = produced["c"] + produced["u"] + produced["d"]
-    figures = {f: summarize(r, changes) for f, r in runs.items()}
-    return {"topics": len(stream.topics()), "produced": produced, "final_rows": sum(len(t.rows) for t in stream.tables),
-            "figures": figures, "ratios": ratios(figures)}
+    figures = {f: summarize(r, changes) for f, r in runs.items() if r}
+    return {"produced": produced, "figures": figures, "ratios": ratios(figures)}
+
+
+def tables_from_log(path: Path) -> dict[str, dict[str, Any]]:
+    """Per table count, the figures of the runs a log of this bench printed (its stdout): a
+    bench cut short keeps the runs it finished."""
+    produced: dict[str, dict[str, int]] = {}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line) if line.startswith("{") else {}
+        if "produced" in entry:
+            produced[str(entry["tables"])] = entry["produced"]
+        elif "figure" in entry:
+            run = {k: v for k, v in entry.items() if k not in ("tables", "figure")}
+            runs.setdefault(str(entry["tables"]), {}).setdefault(entry["figure"], []).append(run)
+    return {tables: tables_result(produced[tables], runs[tables]) for tables in produced if tables in runs}
 
 
 def main() -> None:
@@ -251,15 +270,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--figures", default=",".join(FIGURES), type=lambda text: text.split(","))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cdc_throughput.json"))
+    parser.add_argument("--from-log", type=Path, help="no runs: the report of the runs a log of this bench printed")
     args = parser.parse_args()
     unknown = set(args.figures) - set(FIGURES)
     if unknown:
         raise SystemExit(f"unknown figures {sorted(unknown)}")
-    stack = local_stack()
     load_at_start = load_average()
-    tmp = Path("/tmp") / f"eos-cdc-bench-{time.strftime('%H%M%S')}"
-    tmp.mkdir(parents=True)
-    by_tables = {str(tables): bench_tables(args, stack, tables, tmp) for tables in args.tables}
+    if args.from_log:
+        by_tables = tables_from_log(args.from_log)
+    else:
+        stack = local_stack()
+        tmp = Path("/tmp") / f"eos-cdc-bench-{time.strftime('%H%M%S')}"
+        tmp.mkdir(parents=True)
+        by_tables = {str(tables): bench_tables(args, stack, tables, tmp) for tables in args.tables}
     report = {"command": " ".join([Path(sys.argv[0]).resolve().relative_to(ROOT).as_posix(), *sys.argv[1:]]),
               "code": git_commit(ROOT), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": machine(), "load_average_at_start": load_at_start, "load_average_at_end": load_average(),
@@ -270,7 +293,7 @@ def main() -> None:
         report["routing_cost_20_vs_1_tables"] = {
             figure: round(by_tables["20"]["figures"][figure]["batch_changes_per_second"]["median"]
                           / by_tables["1"]["figures"][figure]["batch_changes_per_second"]["median"], 3)
-            for figure in args.figures}
+            for figure in args.figures if figure in by_tables["20"]["figures"] and figure in by_tables["1"]["figures"]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{'tables':<8}{'figure':<14}{'launch changes/s':>18}{'batch changes/s':>18}")
