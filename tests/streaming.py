@@ -95,6 +95,17 @@ class AppRun:
                 if line.startswith(prefix)]
 
 
+def spark_submit(master: str, jars: str) -> list[str]:
+    """spark-submit with the settings every app run here has (a benchmark's Spark peer too)."""
+    return [str(SPARK_SUBMIT), "--master", master, "--jars", jars,
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.ui.showConsoleProgress=false",
+            "--conf", "spark.driver.host=127.0.0.1",
+            "--conf", "spark.driver.bindAddress=127.0.0.1",
+            "--conf", "spark.sql.shuffle.partitions=2",
+            "--driver-memory", "1g"]
+
+
 def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
               label: str = "run", root: Path = ROOT, master: str = "local[2]") -> AppRun:
     """Starts the app of the checkout at ``root`` (another one: a benchmark's baseline build)."""
@@ -103,17 +114,8 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
     log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            **(env_extra or {})}
-    command = [
-        str(SPARK_SUBMIT), "--master", master,
-        "--jars", os.environ["EOS_SPARK_JARS"],
-        "--conf", "spark.ui.enabled=false",
-        "--conf", "spark.ui.showConsoleProgress=false",
-        "--conf", "spark.driver.host=127.0.0.1",
-        "--conf", "spark.driver.bindAddress=127.0.0.1",
-        "--conf", "spark.sql.shuffle.partitions=2",
-        "--driver-memory", "1g",
-        str(root / APP.relative_to(ROOT)), "--config", str(config_path),
-    ]
+    command = [*spark_submit(master, os.environ["EOS_SPARK_JARS"]),
+               str(root / APP.relative_to(ROOT)), "--config", str(config_path)]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
                                    start_new_session=True)

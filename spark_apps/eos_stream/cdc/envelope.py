@@ -69,9 +69,13 @@ class Change:
     row_schema: dict[str, FieldSchema] | None = field(default=None, compare=False)
 
 
+# One decoder for every record: json.loads with parse_float builds a new one per call.
+_DECODER = json.JSONDecoder(parse_float=Decimal)
+
+
 def _json(value: bytes, what: str) -> Any:
     try:
-        return json.loads(value, parse_float=Decimal)
+        return _DECODER.decode(value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value)
     except RecursionError as exc:
         raise EnvelopeError(f"malformed {what} JSON: nested too deeply") from exc
     except (UnicodeError, ValueError) as exc:

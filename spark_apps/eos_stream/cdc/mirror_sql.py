@@ -8,7 +8,8 @@ Per target, over the batch's staged changes (``mirror.STAGE_COLUMNS``):
 3. ``m``: the row the key's changes leave, merged since its last full image (create,
    snapshot read or delete) in Kafka order, later values winning (``jsonb_object_agg``
    keeps a key's last value). A column no change carried (an unchanged TOASTed value, a
-   column dropped at the source) is absent, and the stored value stays;
+   column dropped at the source) is absent, and the stored value stays. A key whose last
+   change carries every column needs no merge: its ``after`` is the row;
 4. ``q``: an update whose unread columns no change of the batch supplied, for a key the
    target has no row of: it is quarantined (the mirror cannot know those values);
 5. ``u``: INSERT ... ON CONFLICT (key) DO UPDATE of every other non-delete key. A column
@@ -89,27 +90,47 @@ def _last(target: MirrorTarget, changes: str, name: str) -> sql.Composed:
     snapshot read or delete), where the merge of its row starts."""
     keys = _idents(target.key)
     return sql.SQL(
-        "{name} AS (SELECT DISTINCT ON ({keys}) {keys}, _topic, _partition, _offset, _key, _value, _op, _unchanged,"
+        "{name} AS (SELECT DISTINCT ON ({keys}) {keys}, _topic, _partition, _offset, _key, _value, _op, _after,"
+        " _unchanged,"
         " max(ARRAY[_partition::bigint, _offset]) FILTER (WHERE _op <> 'u') OVER (PARTITION BY {keys}) AS _reset"
         " FROM {changes} ORDER BY {keys}, _partition DESC, _offset DESC)"
     ).format(name=sql.Identifier(name), keys=keys, changes=sql.Identifier(changes))
 
 
+def _whole(target: MirrorTarget, last: str) -> sql.Composed:
+    """True for a key whose last change carries every column's value (no unchanged TOASTed
+    value, no column missing): the row it leaves is that change's ``after``, whatever came before."""
+    return sql.SQL("({last}._op <> 'd' AND {last}._unchanged = '[]'::jsonb AND {last}._after ?& {columns})").format(
+        last=sql.Identifier(last), columns=sql.SQL("ARRAY[{}]").format(
+            sql.SQL(", ").join(sql.Literal(c) for c in target.columns)))
+
+
 def _merged(target: MirrorTarget, changes: str, last: str, name: str) -> sql.Composed:
+    """The row each key's changes leave. Most keys' last change is whole (``_whole``): its
+    ``after`` is the row, and only the others are merged column by column (``jsonb_each`` of
+    every change since the key's last full image, the most expensive step of the apply)."""
+    whole = _whole(target, "l")
     return sql.SQL(
-        "{name} AS (SELECT {lkeys}, jsonb_object_agg(e.key, e.value ORDER BY c._partition, c._offset) AS _after"
+        "{name} AS (SELECT {lkeys}, l._after FROM {last} l WHERE {whole}"
+        " UNION ALL SELECT {lkeys}, jsonb_object_agg(e.key, e.value ORDER BY c._partition, c._offset) AS _after"
         " FROM {last} l JOIN {changes} c ON {same}"
         " CROSS JOIN LATERAL jsonb_each(c._after) e"
-        " WHERE l._op <> 'd' AND ARRAY[c._partition::bigint, c._offset] >= COALESCE(l._reset, ARRAY[-1, -1]::bigint[])"
+        " WHERE l._op <> 'd' AND NOT {whole}"
+        " AND ARRAY[c._partition::bigint, c._offset] >= COALESCE(l._reset, ARRAY[-1, -1]::bigint[])"
         " GROUP BY {lkeys})"
     ).format(name=sql.Identifier(name), lkeys=_idents(target.key, "l"), last=sql.Identifier(last),
-             changes=sql.Identifier(changes), same=_keys_match(target.key, "c", "l"))
+             changes=sql.Identifier(changes), same=_keys_match(target.key, "c", "l"), whole=whole)
 
 
 def _unreadable(last: str, merged: str) -> sql.Composed:
-    """True for an update that leaves a column unread that no change of the batch gave."""
+    """True for an update that leaves a column unread that no change of the batch gave.
+
+    Its first conditions read the last change alone, so the planner filters ``last`` before
+    joining it with ``merged``: the CTEs have no statistics, and a join of every update with
+    every merged row (a nested loop over both) was quadratic in the batch's keys."""
     return sql.SQL(
-        "({last}._op = 'u' AND EXISTS (SELECT 1 FROM jsonb_array_elements_text({last}._unchanged) x(c)"
+        "({last}._op = 'u' AND {last}._unchanged <> '[]'::jsonb"
+        " AND EXISTS (SELECT 1 FROM jsonb_array_elements_text({last}._unchanged) x(c)"
         " WHERE NOT {merged}._after ? x.c))").format(last=sql.Identifier(last), merged=sql.Identifier(merged))
 
 

@@ -43,7 +43,8 @@ def read_definition(argument: str) -> Mapping[str, Any]:
     try:
         import yaml  # JSON is YAML too
 
-        document = yaml.safe_load(text)
+        # libyaml's loader where built: each Spark task reads the definition again.
+        document = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except ImportError:
         document = json.loads(text)
     except Exception as exc:

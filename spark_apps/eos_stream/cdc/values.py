@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import functools
 import hashlib
 import uuid
 from collections.abc import Mapping
@@ -68,6 +69,7 @@ class FieldSchema:
                    cls.from_json(items) if isinstance(items, Mapping) else None)
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every value of every change: a table has few types
 def base_type(pg_type: str) -> str:
     """``numeric(20,6)`` -> ``numeric``, ``timestamp(3) with time zone`` -> ``timestamptz``."""
     text = pg_type.strip().lower()
@@ -84,6 +86,7 @@ def declared_precision(pg_type: str) -> int | None:
     return int(inside) if inside.strip().isdigit() else None
 
 
+@functools.lru_cache(maxsize=1024)
 def element_type(pg_type: str) -> str | None:
     """``text[]`` -> ``text``; None for a type that is no array."""
     text = pg_type.strip()

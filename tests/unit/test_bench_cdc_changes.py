@@ -1,0 +1,107 @@
+"""bench/cdc_changes.py: the generated change records have the shape Debezium's connector writes
+(compared with records the real connector wrote for the same table), the project's decoder reads
+them, and the final rows it reports are what applying the records in order leaves."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.cdc_changes import COLUMNS, ChangeStream, typed_row, value_schema, zoned_timestamp
+from spark_apps.eos_stream.cdc.envelope import decoder
+
+SAMPLE = json.loads((Path(__file__).with_name("debezium_bench_sample.json")).read_text())
+
+
+def _same_shape(made: Any, real: Any) -> bool:
+    """The same keys in the same order, and values of the same kinds (a null, of a nullable
+    column or field, matches any kind)."""
+    if isinstance(made, dict) and isinstance(real, dict):
+        return list(made) == list(real) and all(_same_shape(made[k], real[k]) for k in made)
+    return made is None or real is None or type(made) is type(real)
+
+
+def _records(schemas: bool, prefix: str) -> list[tuple[str, bytes, bytes | None]]:
+    return list(ChangeStream(1, 400, prefix=prefix, schema=SAMPLE["schema"], seed=3, schemas=schemas).records())
+
+
+@pytest.mark.parametrize("schemas", [False, True])
+def test_each_op_has_the_shape_the_real_connector_wrote(schemas: bool) -> None:
+    mode = "schema" if schemas else "noschema"
+    real = SAMPLE["records"][mode]
+    made = _records(schemas, SAMPLE["topic_prefix"][mode])
+    by_op: dict[str, Any] = {}
+    for _, key, value in made:
+        document = None if value is None else json.loads(value)
+        payload = None if document is None else (document["payload"] if schemas else document)
+        by_op.setdefault("tombstone" if payload is None else payload["op"], (key, document))
+    for record in real:
+        document = None if record["value"] is None else json.loads(record["value"])
+        payload = None if document is None else (document["payload"] if schemas else document)
+        key, generated = by_op["tombstone" if payload is None else payload["op"]]
+        assert _same_shape(json.loads(key), json.loads(record["key"]))
+        assert _same_shape(generated, document)
+        if schemas and document is not None:  # the converter's schema itself, names included
+            assert generated["schema"] == document["schema"]
+            assert json.loads(key)["schema"] == json.loads(record["key"])["schema"]
+    delete = next(json.loads(r["value"]) for r in real if r["value"] and '"op":"d"' in r["value"])
+    generated_delete = next(json.loads(v) for _, _, v in made if v and b'"op":"d"' in v)
+    if schemas:
+        delete, generated_delete = delete["payload"], generated_delete["payload"]
+    assert {k: v for k, v in generated_delete["before"].items() if k != "id"} == \
+        {k: v for k, v in delete["before"].items() if k != "id"}  # the zero values of a delete's before
+
+
+def test_the_value_schema_matches_the_connectors() -> None:
+    real = json.loads(next(r["value"] for r in SAMPLE["records"]["schema"] if r["value"]))
+    assert value_schema(SAMPLE["topic_prefix"]["schema"], SAMPLE["schema"], SAMPLE["table"]) == real["schema"]
+
+
+def test_zoned_timestamps_drop_trailing_zeros_as_java_does() -> None:
+    from datetime import datetime, timezone
+
+    assert zoned_timestamp(datetime(1970, 1, 1, tzinfo=timezone.utc)) == "1970-01-01T00:00:00Z"
+    assert zoned_timestamp(datetime(2026, 11, 27, 12, 0, 0, 120000, tzinfo=timezone.utc)) == "2026-11-27T12:00:00.12Z"
+    assert zoned_timestamp(datetime(2026, 11, 27, 12, 0, 0, 123456, tzinfo=timezone.utc)) == \
+        "2026-11-27T12:00:00.123456Z"
+
+
+@pytest.mark.parametrize("schemas", [False, True])
+def test_final_rows_are_the_records_applied_in_order(schemas: bool) -> None:
+    """The reference the bench compares targets with: each key's last change, decoded by the
+    project's own decoder (which must accept every record), applied in Kafka order."""
+    stream = ChangeStream(3, 1500, prefix="app", seed=9, schemas=schemas)
+    decode = decoder(lambda _table: COLUMNS)
+    rows: dict[str, dict[int, tuple]] = {name: {} for name in ("t00", "t01", "t02")}
+    ops: Counter = Counter()
+    keys_changed: Counter = Counter()
+    for topic, key, value in stream.records():
+        change = decode(key, value)
+        table = topic.rsplit(".", 1)[1]
+        if change is None:
+            ops["tombstone"] += 1
+            continue
+        ops[change.op] += 1
+        keys_changed[(table, change.key["id"])] += 1
+        assert change.table == f"public.{table}"
+        if change.op == "d":
+            del rows[table][change.key["id"]]
+        else:
+            assert value is not None and change.after is not None and not change.unchanged
+            document = json.loads(value)
+            rows[table][change.key["id"]] = typed_row((document["payload"] if schemas else document)["after"])
+    assert rows == stream.final_rows()
+    assert ops["c"] + ops["u"] + ops["d"] == 1500 and ops["tombstone"] == ops["d"]
+    assert {op: ops[op] for op in ("c", "u", "d")} == {op: stream.counts[op] for op in ("c", "u", "d")}
+    assert min(ops["u"], ops["d"]) > 150 and max(keys_changed.values()) > 3  # keys change more than once
+    assert all(rows[t] for t in rows)
+
+
+def test_the_stream_is_reproducible() -> None:
+    first = list(ChangeStream(2, 500, prefix="p", seed=5).records())
+    assert first == list(ChangeStream(2, 500, prefix="p", seed=5).records())
+    assert first != list(ChangeStream(2, 500, prefix="p", seed=6).records())
