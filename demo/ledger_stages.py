@@ -83,11 +83,7 @@ class LedgerStages(OrdersStages):
         return self.query("SELECT to_regclass(%s)", (f"{META}.stream_progress",))[0][0] is not None
 
     def progress_runs(self) -> int:
-        if not self.meta_ready():
-            return 0
-        rows = self.query(sql.SQL("SELECT count(DISTINCT run_id) FROM {}.stream_progress WHERE pipeline = %s").format(
-            sql.Identifier(META)), (PIPELINE,))
-        return int(rows[0][0]) if rows else 0
+        return self.driver_runs(META, PIPELINE)
 
     def stream_runs(self) -> list[str]:
         return [r["dag_run_id"] for r in self.api.recent_runs(STREAM)
