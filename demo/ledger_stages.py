@@ -16,6 +16,7 @@ from psycopg2 import sql
 from demo.feed import Feed
 from demo.lso_sampler import LsoSampler
 from demo.names import (
+    DRIVER_START_BUDGET,
     HEALTH,
     META,
     ORDERS_PIPELINE,
@@ -108,7 +109,8 @@ class LedgerStages(OrdersStages):
         c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for its first batches")
         # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
         self.stream_run = self.api.trigger(STREAM, {})
-        self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()), 240)
+        self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()),
+                        DRIVER_START_BUDGET)
         self.spark_ui = {STREAM: self.spark_ui_of(STREAM, self.stream_run),
                          ORDERS_STREAM: self.spark_ui_of(ORDERS_STREAM, self.orders_run)}
         c.stage("each stream task links to its own driver's Spark UI: "
@@ -132,7 +134,7 @@ class LedgerStages(OrdersStages):
             for child in process.children(recursive=True):
                 child.send_signal(signal.SIGKILL)
             process.send_signal(signal.SIGKILL)
-        self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, 240)
+        self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, DRIVER_START_BUDGET)
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
         return burst
 

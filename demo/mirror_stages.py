@@ -32,6 +32,7 @@ from demo.cdc_app import (
 from demo.env_files import STATE_DIR
 from demo.names import (
     CONNECTOR_PREFIX,
+    DRIVER_START_BUDGET,
     MIRROR_META,
     MIRROR_PIPELINE,
     MIRROR_STOP,
@@ -163,7 +164,8 @@ class MirrorStages(StoryBase):
         self.console.stage(f"SIGKILL of the Kafka Connect worker and of {MIRROR_PIPELINE}'s Spark driver while "
                            "the application writes; Connect is restarted, the operator restarts the driver")
         self.wait_until(f"{MIRROR_PIPELINE}'s first batches",
-                        lambda: self.mirror_driver_runs() >= 1 and bool(self.spark_drivers(MIRROR_PIPELINE)), 240)
+                        lambda: self.mirror_driver_runs() >= 1 and bool(self.spark_drivers(MIRROR_PIPELINE)),
+                        DRIVER_START_BUDGET)
         pid = int((STATE_DIR / "connect" / "connect.pid").read_text())
         worker = psutil.Process(pid)
         worker.send_signal(signal.SIGKILL)
@@ -187,7 +189,8 @@ class MirrorStages(StoryBase):
         self.connect_started()
         hook = self.connect_hook()
         self.wait_until(f"connector {self.connector} RUNNING", lambda: not hook.connector_problems(self.connector), 120)
-        self.wait_until(f"{MIRROR_PIPELINE}'s restarted driver's batches", lambda: self.mirror_driver_runs() >= 2, 240)
+        self.wait_until(f"{MIRROR_PIPELINE}'s restarted driver's batches", lambda: self.mirror_driver_runs() >= 2,
+                        DRIVER_START_BUDGET)
         self.mirror_faults["back_after_s"] = round(time.monotonic() - self.mirror_faults.pop("killed_at"), 1)
 
     def audit_and_stop_mirror(self) -> dict[str, Any]:

@@ -31,6 +31,9 @@ MIRROR_STREAM, MIRROR_STOP = f"eos_stream__{MIRROR_PIPELINE}", f"eos_stop__{MIRR
 # offsets under its name, so a rerun's connector, under a new name, snapshots the fresh tables.
 CONNECTOR_PREFIX, SLOT_PREFIX = "demo-shop", "demo_shop"
 SPARK_UI_LINK = SparkDriverUILink.name
+# Seconds a stream's new Spark driver may take to its first committed batch: well under a minute
+# on a quiet 2-core machine, several when three drivers start among other busy processes.
+DRIVER_START_BUDGET = 480
 # dags/eos_downstream_example.py: scheduled on the ledger's target assets; unpausing it starts the
 # pipeline's committed-offsets watcher on the triggerer.
 DOWNSTREAM = f"eos_example_downstream__{PIPELINE}"

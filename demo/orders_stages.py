@@ -8,7 +8,15 @@ from typing import Any
 from psycopg2 import sql
 
 from demo.feed import Feed
-from demo.names import ORDERS_META, ORDERS_PIPELINE, ORDERS_STOP, ORDERS_STREAM, ORDERS_TOPIC, RECOVERY
+from demo.names import (
+    DRIVER_START_BUDGET,
+    ORDERS_META,
+    ORDERS_PIPELINE,
+    ORDERS_STOP,
+    ORDERS_STREAM,
+    ORDERS_TOPIC,
+    RECOVERY,
+)
 from demo.story_base import StoryBase
 from spark_apps.orders.generator import OrdersSummary, produce_orders
 
@@ -69,7 +77,7 @@ class OrdersStages(StoryBase):
                                    malformed=1, rejected=2, seed=2027, transactional_id="demo-orders")]
         # Continuous, 3 s batches, its own target and meta schemas: all in orders.yaml.
         self.orders_run = self.api.trigger(ORDERS_STREAM, {})
-        self.wait_until("the orders stream's first batches", lambda: self.orders_batches() >= 1, 240)
+        self.wait_until("the orders stream's first batches", lambda: self.orders_batches() >= 1, DRIVER_START_BUDGET)
         feed = orders_feed(bootstrap, lines_per_tick=max(100, self.events // 50))
         feed.start()
         return produced, feed
