@@ -39,6 +39,18 @@ LAST_CHANGES = ["INSERT INTO customers VALUES (-1, 'last', 0, now(), NULL, NULL,
                 "INSERT INTO events VALUES (-1, 'last', now(), NULL)"]
 
 
+def holds_last_changes(conn: Any, target_schema: str) -> bool:
+    """The mirror holds ``LAST_CHANGES``'s rows: it applied every change committed before them. (The
+    change topics' last stable offsets, read just after the source's commit, may not hold them yet.)"""
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL(
+            "SELECT (SELECT count(*) FROM {s}.customers WHERE id = -1)"
+            " + (SELECT count(*) FROM {s}.{lines} WHERE order_id = -1 AND line_no = -1)"
+            " + (SELECT count(*) FROM {s}.events WHERE id = -1)").format(
+            s=sql.Identifier(target_schema), lines=sql.Identifier(TARGET_NAMES["order_lines"])))
+        return cur.fetchone()[0] == len(LAST_CHANGES)
+
+
 def mirror_definition(topic_prefix: str, schema: str) -> dict[str, Any]:
     """The mirror section of a pipeline definition (docs/cdc.md) over the three tables of ``schema``."""
     return {"mirror": {

@@ -27,6 +27,7 @@ from demo.cdc_app import (
     Workload,
     change_topics,
     compare,
+    holds_last_changes,
     write_transaction,
 )
 from demo.env_files import STATE_DIR
@@ -205,10 +206,11 @@ class MirrorStages(StoryBase):
             raise RuntimeError(f"the shop application failed: {self.workload.error}") from self.workload.error
         write_transaction(self.workload.conn, SOURCE_SCHEMA, LAST_CHANGES)
         topics = change_topics(TOPIC_PREFIX, SOURCE_SCHEMA)
-        self.wait_until(f"{MIRROR_PIPELINE} caught up with the LSO",
-                        lambda: self.caught_up_with(MIRROR_META, MIRROR_PIPELINE, topics), 300)
         target = self.db()
         try:
+            self.wait_until(f"{MIRROR_PIPELINE} caught up with the application's last transaction", lambda: (
+                holds_last_changes(target, MIRROR_TARGET)
+                and self.caught_up_with(MIRROR_META, MIRROR_PIPELINE, topics)), 300)
             compared = compare(self.workload.conn, SOURCE_SCHEMA, target, MIRROR_TARGET)
         finally:
             target.close()
