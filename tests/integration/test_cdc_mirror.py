@@ -24,7 +24,15 @@ from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
-from demo.cdc_app import LAST_CHANGES, SOURCE_DDL, TABLES, Workload, compare, mirror_definition
+from demo.cdc_app import (
+    LAST_CHANGES,
+    SOURCE_DDL,
+    TABLES,
+    Workload,
+    compare,
+    holds_last_changes,
+    mirror_definition,
+)
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.sink.staging import create_stage, stage_ranges
@@ -165,7 +173,8 @@ def test_a_mirror_pipeline_equals_its_source_through_a_driver_kill(
         def caught_up() -> bool:
             assert runs[-1].process.poll() is None, runs[-1].log()[-4000:]
             lso = high_watermarks(env["EOS_KAFKA_BOOTSTRAP"], topics)
-            return stored_offsets(target, config) == lso
+            # The offsets alone could be read before the last transaction reached Kafka.
+            return stored_offsets(target, config) == lso and holds_last_changes(target, config["target_schema"])
 
         wait_until("stored offsets at the change topics' last stable offsets", caught_up, timeout=300, interval=2)
         caught_up_after = time.monotonic() - stopped
