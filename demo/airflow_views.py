@@ -14,7 +14,19 @@ from psycopg2 import sql
 
 from demo import report as html_report
 from demo.env_files import STATE_DIR
-from demo.names import DOWNSTREAM, META, ORDERS_META, ORDERS_PIPELINE, ORDERS_STREAM, PIPELINE, RECOVERY, STREAM, TOPIC
+from demo.names import (
+    DOWNSTREAM,
+    META,
+    MIRROR_META,
+    MIRROR_PIPELINE,
+    ORDERS_META,
+    ORDERS_PIPELINE,
+    ORDERS_STREAM,
+    PIPELINE,
+    RECOVERY,
+    STREAM,
+    TOPIC,
+)
 from demo.story_base import StoryBase
 
 
@@ -108,7 +120,7 @@ class AirflowViews(StoryBase):
     def write_html(self, result: dict[str, Any], steps: list[tuple[str, float]]) -> None:
         wall_offset = time.time() - (time.monotonic() - self.sampler.started)
         throughput: dict[str, list[tuple[float, float]]] = {}
-        for pipeline, meta in ((PIPELINE, META), (ORDERS_PIPELINE, ORDERS_META)):
+        for pipeline, meta in ((PIPELINE, META), (ORDERS_PIPELINE, ORDERS_META), (MIRROR_PIPELINE, MIRROR_META)):
             rows = self.query(sql.SQL(
                 "SELECT extract(epoch FROM recorded_at), input_rows, batch_duration_ms FROM {}.stream_progress"
                 " WHERE pipeline = %s ORDER BY recorded_at").format(sql.Identifier(meta)), (pipeline,))
@@ -120,8 +132,9 @@ class AirflowViews(StoryBase):
         page = html_report.render({
             "exact": result["exact"],
             "summary": {k: v for k, v in result.items()
-                        if k not in ("recovery_steps_s", "orders", "spark", "assets", "lineage")},
+                        if k not in ("recovery_steps_s", "orders", "mirror", "spark", "assets", "lineage")},
             "orders": orders,
+            "mirror": result["mirror"],
             "spark": {"master": result["spark"]["master"],
                       **{app["id"]: f"{app['name']} ({app['cores']} core(s), {app['state']})"
                          for app in result["spark"]["applications"]}},

@@ -105,14 +105,30 @@ def _rows(out: TextIO, rows: dict[str, Any], expand: bool = False) -> None:
             print(f"{key:>32}: {value}", file=out)
 
 
+def _mirror_rows(out: TextIO, mirror: dict[str, Any]) -> None:
+    """The mirror's report: its faults, then each mirror table against its source and the
+    aggregate against its GROUP BY, in rows that differ (EXCEPT ALL both ways)."""
+    _section(out, "report: shop_mirror (a change stream)")
+    _rows(out, {k: v for k, v in mirror.items() if k not in ("tables", "aggregate", "exact")})
+    for table, seen in mirror["tables"].items():
+        print(f"{table + ' vs its source':>32}: {seen['source_rows']} rows, rows that differ: {seen['differ']}",
+              file=out)
+    aggregate = mirror["aggregate"]
+    print(f"{aggregate['table'] + ' vs GROUP BY ' + aggregate['group_by']:>32}: {aggregate['groups']} groups, "
+          f"rows that differ: {aggregate['differ']}", file=out)
+    print(f"{'exact':>32}: {mirror['exact']}", file=out)
+
+
 def print_report(result: dict[str, Any], downstream: str, out: TextIO | None = None) -> None:
-    """The terminal's report of both pipelines, the Spark applications, the assets and the lineage."""
+    """The terminal's report of the three pipelines, the Spark applications, the assets and the lineage."""
     out = out or sys.stdout
     _section(out, "report: ledger")
-    _rows(out, {k: v for k, v in result.items() if k not in ("orders", "exact", "spark", "assets", "lineage")})
+    _rows(out, {k: v for k, v in result.items()
+                if k not in ("orders", "mirror", "exact", "spark", "assets", "lineage")})
     _section(out, "report: orders")
     _rows(out, result["orders"], expand=True)
-    print(f"\n{'both pipelines exact':>32}: {result['exact']}", file=out)
+    _mirror_rows(out, result["mirror"])
+    print(f"\n{'all three pipelines exact':>32}: {result['exact']}", file=out)
     print(f"{'spark master':>32}: {result['spark']['master']}", file=out)
     for app in result["spark"]["applications"]:
         print(f"{app['id']:>32}  {app['name']} ({app['cores']} core(s), {app['state']})", file=out)

@@ -16,6 +16,7 @@ from psycopg2 import sql
 from demo.feed import Feed
 from demo.lso_sampler import LsoSampler
 from demo.names import (
+    DRIVER_START_BUDGET,
     HEALTH,
     META,
     ORDERS_PIPELINE,
@@ -83,11 +84,7 @@ class LedgerStages(OrdersStages):
         return self.query("SELECT to_regclass(%s)", (f"{META}.stream_progress",))[0][0] is not None
 
     def progress_runs(self) -> int:
-        if not self.meta_ready():
-            return 0
-        rows = self.query(sql.SQL("SELECT count(DISTINCT run_id) FROM {}.stream_progress WHERE pipeline = %s").format(
-            sql.Identifier(META)), (PIPELINE,))
-        return int(rows[0][0]) if rows else 0
+        return self.driver_runs(META, PIPELINE)
 
     def stream_runs(self) -> list[str]:
         return [r["dag_run_id"] for r in self.api.recent_runs(STREAM)
@@ -112,7 +109,8 @@ class LedgerStages(OrdersStages):
         c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for its first batches")
         # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
         self.stream_run = self.api.trigger(STREAM, {})
-        self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()), 240)
+        self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()),
+                        DRIVER_START_BUDGET)
         self.spark_ui = {STREAM: self.spark_ui_of(STREAM, self.stream_run),
                          ORDERS_STREAM: self.spark_ui_of(ORDERS_STREAM, self.orders_run)}
         c.stage("each stream task links to its own driver's Spark UI: "
@@ -136,7 +134,7 @@ class LedgerStages(OrdersStages):
             for child in process.children(recursive=True):
                 child.send_signal(signal.SIGKILL)
             process.send_signal(signal.SIGKILL)
-        self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, 240)
+        self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, DRIVER_START_BUDGET)
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
         return burst
 

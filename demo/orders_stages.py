@@ -8,9 +8,16 @@ from typing import Any
 from psycopg2 import sql
 
 from demo.feed import Feed
-from demo.names import ORDERS_META, ORDERS_PIPELINE, ORDERS_STOP, ORDERS_STREAM, ORDERS_TOPIC, RECOVERY
+from demo.names import (
+    DRIVER_START_BUDGET,
+    ORDERS_META,
+    ORDERS_PIPELINE,
+    ORDERS_STOP,
+    ORDERS_STREAM,
+    ORDERS_TOPIC,
+    RECOVERY,
+)
 from demo.story_base import StoryBase
-from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.orders.generator import OrdersSummary, produce_orders
 
 
@@ -58,17 +65,7 @@ class OrdersStages(StoryBase):
         }
 
     def orders_caught_up(self) -> bool:
-        from confluent_kafka import IsolationLevel, TopicPartition
-        from confluent_kafka.admin import AdminClient, OffsetSpec
-
-        if self.query("SELECT to_regclass(%s)", (f"{ORDERS_META}.kafka_offsets",))[0][0] is None:
-            return False
-        admin = AdminClient(with_python_logging({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]}))
-        partitions = admin.list_topics(ORDERS_TOPIC, timeout=10).topics[ORDERS_TOPIC].partitions
-        request = {TopicPartition(ORDERS_TOPIC, p): OffsetSpec.latest() for p in partitions}
-        result = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
-        stored = self.stored_offsets(ORDERS_META, ORDERS_PIPELINE)
-        return all(stored.get((ORDERS_TOPIC, tp.partition), -1) >= result[tp].result().offset for tp in request)
+        return self.caught_up_with(ORDERS_META, ORDERS_PIPELINE, [ORDERS_TOPIC])
 
     def start_orders(self, bootstrap: str) -> tuple[list[OrdersSummary], Feed]:
         """Order lines, then the orders stream, then the feed that keeps it busy to the end.
@@ -80,7 +77,7 @@ class OrdersStages(StoryBase):
                                    malformed=1, rejected=2, seed=2027, transactional_id="demo-orders")]
         # Continuous, 3 s batches, its own target and meta schemas: all in orders.yaml.
         self.orders_run = self.api.trigger(ORDERS_STREAM, {})
-        self.wait_until("the orders stream's first batches", lambda: self.orders_batches() >= 1, 240)
+        self.wait_until("the orders stream's first batches", lambda: self.orders_batches() >= 1, DRIVER_START_BUDGET)
         feed = orders_feed(bootstrap, lines_per_tick=max(100, self.events // 50))
         feed.start()
         return produced, feed

@@ -62,9 +62,22 @@ def _table(rows: dict[str, Any]) -> str:
     return f"<table>{cells}</table>"
 
 
+def _mirror(report: dict[str, Any]) -> dict[str, Any]:
+    """The mirror's report, each table and the aggregate on a line of its own."""
+    mirror = dict(report.get("mirror", {}))
+    for table, seen in mirror.pop("tables", {}).items():
+        mirror[f"{table} vs its source"] = f"{seen['source_rows']} rows, rows that differ: {seen['differ']}"
+    aggregate = mirror.pop("aggregate", None)
+    if aggregate:
+        mirror[f"{aggregate['table']} vs GROUP BY {aggregate['group_by']}"] = (
+            f"{aggregate['groups']} groups, rows that differ: {aggregate['differ']}")
+    return mirror
+
+
 def render(report: dict[str, Any]) -> str:
     """:param report: ``summary`` (the ledger's audit, dict), ``orders`` (the orders pipeline's
-    audit and what it did during the ledger's recovery, dict), ``lso_lag`` ({topic[partition]:
+    audit and what it did during the ledger's recovery, dict), ``mirror`` (the mirror's
+    comparison with its source, dict), ``lso_lag`` ({topic[partition]:
     [(seconds, lag)]}), ``throughput`` ({series: [(seconds, rows per second)]}),
     ``recovery_steps`` ([(task, seconds)]), ``runs`` ({dag: state}), ``spark`` ({"master": url,
     app id: what it was})."""
@@ -82,6 +95,7 @@ table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding
 <p class="verdict">{verdict}</p>
 <h2>Final audit: ledger (crashed, hung, snapshotted, damaged, recovered)</h2>{_table(report.get("summary", {}))}
 <h2>Final audit: orders (streamed the whole time, through the ledger's recovery)</h2>{_table(report.get("orders", {}))}
+<h2>Final comparison: shop_mirror (a change stream; Connect and its driver SIGKILLed)</h2>{_table(_mirror(report))}
 <h2>DAG runs</h2>{_table(report.get("runs", {}))}
 <h2>Spark (master, and the applications a standalone master ran)</h2>{_table(report.get("spark", {}))}
 <h2>LastStableOffsetLag per topic partition (records)</h2>

@@ -1,6 +1,6 @@
 """The main job: every promise of the project, on one machine, through Airflow.
 
-Starts the local stack and Airflow's real services (api-server, scheduler,
+Starts the local stack (with Kafka Connect) and Airflow's real services (api-server, scheduler,
 dag-processor, triggerer), then drives the DAGs through the REST API:
 
  1. produce ledger events transactionally (with aborted batches and a poison record);
@@ -18,6 +18,13 @@ the ledger's crash, hanging transaction and recovery, and is audited exactly at 
 feed commits order lines every 2 s, so the report can show that the orders stream committed
 batches while the ledger's recovery held the ledger stopped, with the same DAG run and the
 same Spark driver before and after.
+
+A third, ``shop_mirror``, is a change stream: an application keeps changing three tables of the
+source database in multi-row transactions; Debezium on Kafka Connect (its connector created
+through Connect's REST API) publishes each change; ``eos_stream__shop_mirror`` applies them to a
+mirror and an aggregate, from a declarative definition. The Connect worker and the mirror's
+driver are each SIGKILLed once while the application writes; at the end each mirror table is
+compared with its source and the aggregate with its GROUP BY.
 
     .venv/bin/python -m demo.story                   (what `make demo` runs: Spark on local[*])
     .venv/bin/python -m demo.story --spark-cluster   (`make demo SPARK=cluster`: on the local
@@ -40,12 +47,13 @@ sys.path.insert(0, str(ROOT))
 from demo.airflow_views import AirflowViews  # noqa: E402
 from demo.console import print_report, quiet_console  # noqa: E402
 from demo.ledger_stages import LedgerStages  # noqa: E402
+from demo.mirror_stages import MirrorStages  # noqa: E402
 from demo.names import CONSOLE_LOG, DOWNSTREAM, TASK_LOGS  # noqa: E402
 
 
-class Story(LedgerStages, AirflowViews):
+class Story(LedgerStages, MirrorStages, AirflowViews):
     """The story's stages in order: the ledger's (``ledger_stages``), the orders pipeline's
-    (``orders_stages``), and what Airflow saw (``airflow_views``)."""
+    (``orders_stages``), the mirror's (``mirror_stages``), and what Airflow saw (``airflow_views``)."""
 
     def run(self) -> dict[str, Any]:
         """The story's stages in order (each section prints its own), then the report of both pipelines."""
@@ -53,20 +61,27 @@ class Story(LedgerStages, AirflowViews):
         bootstrap = self.stack["EOS_KAFKA_BOOTSTRAP"]
         produced = self.produce(bootstrap)
         orders_produced, feed = self.start_orders(bootstrap)
+        self.start_mirror()
         self.start_ledger()
         burst = self.kill_the_driver(bootstrap)
+        # The mirror's faults overlap the ledger's hanging transaction: the worker's restart and the
+        # driver's are waited for after the health DAG's run.
+        self.kill_connect_and_the_mirror_driver()
         more = self.hang_a_transaction(bootstrap)
+        self.mirror_back()
         later = self.snapshot_then_produce(bootstrap)
         damaged = self.damage_the_target()
         recovery = self.recover(bootstrap)
         final = self.audit_the_ledger()
         orders_final = self.audit_and_stop_orders(feed, orders_produced)
+        mirror = self.audit_and_stop_mirror()
         self.stop_the_ledger()
         assets, lineage = self.airflow_views(airflow_env)
         self.wait_for_stream_runs()
         result = self.ledger_result(final, damaged, (produced, burst, more, later, *recovery.during), recovery.steps)
         result["orders"] = self.orders_result(orders_final, orders_produced, recovery.orders_through)
-        result["exact"] = final["ok"] and orders_final["ok"]
+        result["mirror"] = mirror
+        result["exact"] = final["ok"] and orders_final["ok"] and mirror["exact"]
         result["assets"] = assets
         result["lineage"] = lineage
         result["spark"] = {"master": self.spark_master, "applications": self.cluster_applications(),

@@ -16,22 +16,28 @@ import psycopg2
 from psycopg2 import sql
 
 from demo.airflow_api import AirflowApi
+from demo.cdc_app import change_topics
 from demo.console import Console, failure_summary, save_task_log
 from demo.env_files import STATE_DIR, read_env_file
 from demo.lso_sampler import LsoSampler
 from demo.names import (
     DAGS,
     META,
+    MIRROR_META,
+    MIRROR_PIPELINE,
+    MIRROR_TARGET,
     ORDERS_META,
     ORDERS_PIPELINE,
     ORDERS_TARGET,
     ORDERS_TOPIC,
     PIPELINE,
     ROOT,
+    SOURCE_SCHEMA,
     SPARK_UI_LINK,
     TARGET,
     TASK_LOGS,
     TOPIC,
+    TOPIC_PREFIX,
     UNPAUSE_AT_START,
 )
 from spark_apps.eos_stream.audit.oracle import audit
@@ -61,12 +67,14 @@ class StoryBase:
     behind_at_kill: int
     health_run: str
     report_path: Path
+    # scripts/stack.sh start-connect, running in the background (``start_connect``).
+    connect_start: subprocess.Popen | None = None
 
     def __init__(self, events: int, open_txn_timeout_ms: int, spark_cluster: bool = False) -> None:
         self.events = events
         self.open_txn_timeout_ms = open_txn_timeout_ms
         self.spark_cluster = spark_cluster
-        self.console = Console(total=18)
+        self.console = Console(total=22)
         self.timings: dict[str, float] = {}
         self.runs: dict[str, str] = {}
         self.deferred: set[str] = set()
@@ -169,6 +177,35 @@ class StoryBase:
             sql.SQL("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s").format(
                 sql.Identifier(meta)), (pipeline,))}
 
+    def driver_runs(self, meta: str, pipeline: str) -> int:
+        """The Spark drivers that committed batches of ``pipeline`` so far (each records its run id)."""
+        if self.query("SELECT to_regclass(%s)", (f"{meta}.stream_progress",))[0][0] is None:
+            return 0
+        rows = self.query(sql.SQL("SELECT count(DISTINCT run_id) FROM {}.stream_progress WHERE pipeline = %s").format(
+            sql.Identifier(meta)), (pipeline,))
+        return int(rows[0][0]) if rows else 0
+
+    def committed_ends(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """Each partition's last stable offset (a read_committed reader's end), for the topics that exist."""
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+
+        admin = AdminClient(with_python_logging({"bootstrap.servers": self.stack["EOS_KAFKA_BOOTSTRAP"]}))
+        listed = admin.list_topics(timeout=10).topics
+        request = {TopicPartition(topic, p): OffsetSpec.latest()
+                   for topic in topics if topic in listed for p in listed[topic].partitions}
+        if not request:
+            return {}
+        result = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED)
+        return {(tp.topic, tp.partition): result[tp].result().offset for tp in request}
+
+    def caught_up_with(self, meta: str, pipeline: str, topics: list[str]) -> bool:
+        """The pipeline's stored offsets reached every partition's last stable offset."""
+        if self.query("SELECT to_regclass(%s)", (f"{meta}.kafka_offsets",))[0][0] is None:
+            return False
+        ends, stored = self.committed_ends(topics), self.stored_offsets(meta, pipeline)
+        return bool(ends) and all(stored.get(tp, -1) >= offset for tp, offset in ends.items())
+
     def spark_drivers(self, pipeline: str = PIPELINE) -> list[psutil.Process]:
         """The pipeline's Spark drivers: spark-submit names its application ``eos-<pipeline>``."""
         found = []
@@ -179,14 +216,22 @@ class StoryBase:
                 found.append(process)
         return found
 
+    def start_connect(self) -> None:
+        """``scripts/stack.sh start-connect`` in the background: the worker joins its group while
+        other things happen (Airflow starting, a restart after its SIGKILL)."""
+        self.connect_start = subprocess.Popen(["bash", "scripts/stack.sh", "start-connect"], cwd=ROOT,
+                                              stdout=subprocess.DEVNULL)
+
     def start(self) -> dict[str, str]:
         """Starts the stack and Airflow's services, waits for the DAGs, starts from a clean slate.
 
         :returns: airflow.env's settings."""
         c = self.console
-        c.stage("starting the local stack (Kafka KRaft, PostgreSQL" + (", a Spark standalone master and worker"
-                if self.spark_cluster else "") + ") and Airflow (api-server, scheduler, dag-processor, triggerer)")
+        spark = ", a Spark standalone master and worker" if self.spark_cluster else ""
+        c.stage(f"starting the local stack (Kafka KRaft, PostgreSQL, Kafka Connect{spark}) and Airflow "
+                "(api-server, scheduler, dag-processor, triggerer)")
         self.sh("bash", "scripts/stack.sh", "start")
+        self.start_connect()
         if self.spark_cluster:
             self.sh("bash", "scripts/stack.sh", "start-spark")
         # A fresh start, so the services read the current airflow.env (spark_default: local[*] or the master).
@@ -227,6 +272,12 @@ class StoryBase:
             if found != ([topic], target, meta, spec):
                 raise RuntimeError(f"pipeline {name!r} in {directory}: topics, target and meta schema, spec are "
                                    f"{found}; the demo expects {([topic], target, meta, spec)}")
+        mirror = find_definition(directory, MIRROR_PIPELINE)
+        seen = (mirror.topics, mirror.target_schema, mirror.meta_schema, mirror.spec.startswith("mirror:"))
+        wanted = (change_topics(TOPIC_PREFIX, SOURCE_SCHEMA), MIRROR_TARGET, MIRROR_META, True)
+        if seen != wanted:
+            raise RuntimeError(f"pipeline {MIRROR_PIPELINE!r} in {directory}: topics, target and meta schema, a "
+                               f"mirror section are {seen}; the demo expects {wanted}")
 
     def reset(self) -> None:
         """A rerun starts from a clean slate: the demo's topic, tables, offsets and snapshots."""

@@ -69,6 +69,7 @@ write_env() {
 import json
 import os
 import shlex
+import sys
 from urllib.parse import quote
 
 e = os.environ
@@ -175,11 +176,31 @@ orders = {
     "snapshot": {"schedule": "@hourly", "keep_last": 24},
     "health": {"schedule": "*/5 * * * *", "stuck_after": 15, "poke_interval": 5, "sensor_timeout": 60},
 }
+# The third, a mirror of the source database's shop schema (demo/cdc_app.py's application, captured
+# by Debezium with topic.prefix shop): declarative, its mirror section inline, no Python spec.
+sys.path.insert(0, e["EOS_ROOT"])
+from demo.cdc_app import change_topics, mirror_definition  # noqa: E402
+
+shop_mirror = {
+    "name": "shop_mirror",
+    "topics": change_topics("shop", "shop"),
+    **mirror_definition("shop", "shop"),
+    "delivery": "exactly_once",
+    "target_schema": "shop_mirror",
+    "meta_schema": "shop_mirror_eos",
+    "checkpoint_dir": os.path.join(e["EOS_STATE_DIR"], "checkpoints-shop"),
+    "stream": {"trigger": "processingTime", "trigger_interval": "2 seconds", "max_offsets_per_trigger": 2000,
+               "restart_backoff": 3, "create_targets": True},
+    # Half of the others' executor memory: three streams fit the local cluster's worker.
+    "spark": {"executor_memory": "512m"},
+    "snapshot": {"schedule": "@hourly", "keep_last": 24},
+    "health": {"schedule": "@hourly", "stuck_after": 15, "poke_interval": 5, "sensor_timeout": 60},
+}
 if e["EOS_SPARK_MASTER"] == "cluster":
     # The cluster demo shows the recovery's replay as an application of the cluster too; by the
     # default (auto) its ~2000 records would be replayed in the worker, without Spark.
     ledger["stream"]["replay_engine"] = "spark"
-for definition in (ledger, orders):
+for definition in (ledger, orders, shop_mirror):
     with open(os.path.join(pipelines, f"{definition['name']}.yaml"), "w") as f:
         f.write("# Written by scripts/airflow.sh for the local stack; "
                 "see airflow_provider_eos/utils/pipeline_definition.py\n")

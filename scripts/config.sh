@@ -20,9 +20,10 @@ EOS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${EOS_SPARK_MASTER_UI_PORT:=18091}"
 : "${EOS_SPARK_WORKER_PORT:=17078}"
 : "${EOS_SPARK_WORKER_UI_PORT:=18092}"
-# The worker offers what two small pipelines need at once on a 2-core machine.
-: "${EOS_SPARK_WORKER_CORES:=2}"
-: "${EOS_SPARK_WORKER_MEMORY:=2g}"
+# The worker offers what the demo's three small streams need at once (a core each: they wait on
+# Kafka and PostgreSQL most of the time, so three fit a 2-core machine).
+: "${EOS_SPARK_WORKER_CORES:=3}"
+: "${EOS_SPARK_WORKER_MEMORY:=3g}"
 # Cores an application gets when it sets no spark.cores.max (the master's spark.deploy.defaultCores).
 : "${EOS_SPARK_DEFAULT_CORES:=1}"
 : "${EOS_KAFKA_LIBS:=$EOS_STATE_DIR/kafka-libs}"

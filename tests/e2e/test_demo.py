@@ -1,7 +1,9 @@
 """The main job end to end: Airflow's real api-server, scheduler, dag-processor
-and triggerer, driven through the REST API (not dag.test()). Two pipelines of
-different shapes run at once: the ledger goes through a crash, a hanging
-transaction and a recovery, while the orders pipeline streams undisturbed.
+and triggerer, driven through the REST API (not dag.test()). Three pipelines run
+at once: the ledger goes through a crash, a hanging transaction and a recovery,
+while the orders pipeline streams undisturbed, and a mirror of an application's
+tables (Debezium on Kafka Connect) streams through a SIGKILL of the Connect
+worker and one of its driver.
 
 It runs on the local Spark standalone cluster (``demo.story --spark-cluster``: the
 connection spark_default points at the master), so both streams and the recovery's
@@ -37,6 +39,11 @@ class DemoRun:
     result: dict
     watch: CmdlineWatch
     seconds: float
+    console: str
+
+
+def _source_password(stack: dict[str, str]) -> str:
+    return Path(stack["EOS_SOURCE_PG_PASSWORD_FILE"]).read_text().strip()
 
 
 def _secrets(stack: dict[str, str]) -> dict[str, str]:
@@ -45,6 +52,7 @@ def _secrets(stack: dict[str, str]) -> dict[str, str]:
     subprocess.run(["bash", "scripts/airflow.sh", "env"], cwd=ROOT, check=True, capture_output=True, timeout=120)
     home = Path(read_env_file(STATE_DIR / "airflow.env")["AIRFLOW_HOME"])
     return {"database password": stack["EOS_PG_PASSWORD"],
+            "source database password": _source_password(stack),
             "Airflow UI password": json.loads((home / "ui-passwords.json").read_text())["admin"],
             "Airflow JWT secret": (home / "jwt.secret").read_text().strip()}
 
@@ -82,7 +90,7 @@ def demo_run(stack: dict[str, str], spark_cluster: str, tmp_path_factory: pytest
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:] + log_tail
     # A clean console: no librdkafka line (%4|...), no raw log lines among the stages and the report.
     assert not re.search(r"^%\d\|", completed.stdout + completed.stderr, re.MULTILINE), completed.stderr[-2000:]
-    return DemoRun(json.loads(out.read_text()), watch, seconds)
+    return DemoRun(json.loads(out.read_text()), watch, seconds, completed.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +130,36 @@ def test_orders_streamed_through_the_ledger_recovery(demo_result: dict) -> None:
     assert through["batches_while_ledger_stopped"] >= 1 and through["records_while_ledger_stopped"] > 0
 
 
+def test_the_mirror_equals_its_source_through_connect_and_driver_kills(demo_run: DemoRun) -> None:
+    """The change stream: every mirror table equals its source table and the aggregate its GROUP BY
+    (EXCEPT ALL both ways, compared by the story once the stream reached the change topics' last
+    stable offsets), after the Connect worker and the stream's driver were each SIGKILLed."""
+    mirror = demo_run.result["mirror"]
+    assert mirror["exact"] is True and demo_run.result["exact"] is True
+    assert set(mirror["tables"]) == {"customers", "order_lines", "events"}, mirror["tables"]
+    assert all(seen["source_rows"] > 0 and seen["differ"] == 0 for seen in mirror["tables"].values()), mirror
+    aggregate = mirror["aggregate"]
+    assert aggregate["table"] == "sku_totals" and aggregate["groups"] > 0 and aggregate["differ"] == 0, aggregate
+    assert mirror["dead_lettered"] == 0
+    # The application kept writing through both kills: transactions before and after them.
+    assert 0 < int(mirror["connect_worker_sigkilled"].split(" after ")[1].split()[0]) < mirror["source_transactions"]
+    assert mirror["driver_sigkilled"].startswith("pid(s) [") and mirror["driver_runs"] >= 2, mirror
+    assert mirror["change_events_in_kafka"] > mirror["source_transactions"], mirror
+    # The console's report says it, one line per table and one for the aggregate.
+    for table in ("customers", "order_lines", "events"):
+        rows = re.search(rf"^ *{table} vs its source: (\d+) rows, rows that differ: 0$", demo_run.console, re.M)
+        assert rows and int(rows[1]) == mirror["tables"][table]["source_rows"], demo_run.console[-3000:]
+    assert re.search(r"^ *sku_totals vs GROUP BY sku: \d+ groups, rows that differ: 0$", demo_run.console, re.M)
+
+
+def test_the_source_password_is_in_no_log(stack: dict[str, str], demo_run: DemoRun) -> None:
+    """The connector's password is a reference the Connect worker resolves from its file: it is in
+    neither the worker's log nor the story's."""
+    password = _source_password(stack)
+    for log in (STATE_DIR / "connect" / "connect.log", STATE_DIR / "demo" / "story.log"):
+        assert password not in log.read_text(errors="replace"), log
+
+
 def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     states = {name.split(" ")[0]: state for name, state in demo_result["runs"].items()}
     assert states["eos_health__ledger"] == "failed"  # it caught the stuck LSO
@@ -134,6 +172,8 @@ def test_dag_runs_end_in_the_expected_states(demo_result: dict) -> None:
     assert states["eos_recovery__ledger"] == "success"
     assert states["eos_stop__orders"] == "success"
     assert states["eos_stream__orders"] == "success"  # it ended on the stop request, not before
+    # The mirror's one stream run outlived its driver's SIGKILL and ended on its stop request.
+    assert states["eos_stop__shop_mirror"] == "success" and states["eos_stream__shop_mirror"] == "success"
     # Every ledger stream run, the first and the one the recovery resumed, ran until a stop asked.
     ledger = [state for name, state in demo_result["runs"].items() if name.startswith("eos_stream__ledger ")]
     assert ledger == ["success", "success"], demo_result["runs"]
@@ -207,6 +247,7 @@ def test_the_html_report_renders(demo_result: dict, tmp_path: Path) -> None:
     html = report.read_text()
     assert "<svg" in html and "EXACTLY ONCE" in html
     assert "Final audit: ledger" in html and "Final audit: orders" in html
+    assert "Final comparison: shop_mirror" in html and "sku_totals vs GROUP BY sku" in html
     assert "orders.events[0]" in html and "orders rows/s" in html
     shot = tmp_path / "report.png"
     subprocess.run(
@@ -233,11 +274,12 @@ def test_both_streams_and_the_replay_ran_on_the_cluster(demo_run: DemoRun, spark
     names = Counter(app["name"] for app in apps)
     # The orders stream: one driver all along. The ledger: its first driver, the one that replaced the
     # SIGKILLed one, the one its recovery resumed. The recovery's replay: an application of its own.
+    # The mirror: its first driver and the one that replaced the SIGKILLed one.
     assert names["eos-orders"] == 1 and names["eos-replay-ledger"] == 1, names
-    assert names["eos-ledger"] >= 3, names
-    assert set(names) == {"eos-orders", "eos-ledger", "eos-replay-ledger"}, names
+    assert names["eos-ledger"] >= 3 and names["eos-shop_mirror"] >= 2, names
+    assert set(names) == {"eos-orders", "eos-ledger", "eos-replay-ledger", "eos-shop_mirror"}, names
     # None sets spark.cores.max: the master's spark.deploy.defaultCores (scripts/stack.sh) gives each
-    # one core, so two streams and the replay share the 2-core worker.
+    # one core, so three streams and the replay share the 3-core worker.
     assert {app["cores"] for app in apps} == {1}, apps
     # Executors launched by this cluster's worker were seen for every one of them (the replay's too).
     assert demo_run.watch.executors

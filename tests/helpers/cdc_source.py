@@ -67,34 +67,3 @@ def drop_slot(source: Source, slot: str) -> None:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             return True
     wait_until(f"slot {slot} released", released, timeout=60)
-
-
-
-
-def connector_config(env: dict[str, str], schema: str, slot: str, tables: list[str],
-                     **extra: Any) -> dict[str, Any]:
-    """Debezium's PostgreSQL connector as this project configures it (docs/cdc.md, "Source side"),
-    capturing ``tables`` of ``schema``; ``extra`` adds connector settings."""
-    return {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": 1,
-        "plugin.name": "pgoutput",
-        "database.hostname": env["EOS_PG_HOST"],
-        "database.port": env["EOS_PG_PORT"],
-        "database.user": env["EOS_SOURCE_PG_USER"],
-        # Resolved inside the worker by its FileConfigProvider: never in the stored config.
-        "database.password": f"${{file:{env['EOS_CONNECT_SOURCE_SECRETS']}:password}}",
-        "database.dbname": env["EOS_SOURCE_PG_DB"],
-        "topic.prefix": schema,
-        "table.include.list": ",".join(f"{schema}.{table}" for table in tables),
-        "slot.name": slot,
-        "publication.name": env["EOS_SOURCE_PUBLICATION"],
-        "publication.autocreate.mode": "disabled",
-        "snapshot.mode": "initial",
-        "exactly.once.support": "required",
-        "decimal.handling.mode": "string",
-        "heartbeat.interval.ms": 1000,
-        "topic.creation.default.replication.factor": 1,
-        "topic.creation.default.partitions": 1,
-        **extra,
-    }

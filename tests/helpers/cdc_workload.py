@@ -15,7 +15,8 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from tests.helpers.cdc_source import connector_config, source_connection
+from airflow_provider_eos.utils.debezium_config import postgres_connector_config
+from tests.helpers.cdc_source import source_connection
 
 KEYS = {  # source table -> its primary key
     "customers": ("id",),
@@ -55,7 +56,8 @@ def target_of(table: str) -> str:
 def mirror_connector(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
     """The project's connector over the mirror's tables, naming each column's source type (a
     column added mid-stream is then typed by its events)."""
-    return connector_config(env, schema, slot, list(KEYS), **{"column.propagate.source.type": ".*"})
+    return postgres_connector_config(env, schema, slot, [f"{schema}.{table}" for table in KEYS],
+                                     **{"column.propagate.source.type": ".*"})
 
 
 def mirror_definition(schema: str) -> dict[str, Any]:

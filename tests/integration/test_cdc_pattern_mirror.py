@@ -25,7 +25,8 @@ from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
-from tests.helpers.cdc_source import Source, connector_config, drop_slot, wait_until, write_source
+from airflow_provider_eos.utils.debezium_config import postgres_connector_config
+from tests.helpers.cdc_source import Source, drop_slot, wait_until, write_source
 from tests.streaming import AppRun, pg_connect, pipeline_config, start_app
 
 CONNECT_CONN = "eos_cdc_pattern_connect"
@@ -43,7 +44,7 @@ LATE_DDL = (f"CREATE TABLE {LATE_TABLE} (id bigint PRIMARY KEY, note text, amoun
 def pattern_connector(env: dict[str, str], schema: str, slot: str) -> dict[str, Any]:
     """Every table of ``schema``, the ones created later too, with each change's schemas."""
     json_converter = "org.apache.kafka.connect.json.JsonConverter"
-    return connector_config(env, schema, slot, [], **{
+    return postgres_connector_config(env, schema, slot, [], **{
         "table.include.list": f"{schema}\\..*", "column.propagate.source.type": ".*",
         "key.converter": json_converter, "key.converter.schemas.enable": "true",
         "value.converter": json_converter, "value.converter.schemas.enable": "true"})

@@ -16,7 +16,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
-from tests.helpers.cdc_source import Source, connector_config, drop_slot, wait_until, write_source
+from airflow_provider_eos.utils.debezium_config import postgres_connector_config
+from tests.helpers.cdc_source import Source, drop_slot, wait_until, write_source
 
 CONNECT_CONN = "eos_cdc_connect_test"
 SOURCE_CONN = "eos_cdc_source_test"
@@ -100,7 +101,8 @@ def test_debezium_changes_arrive_exactly_once_and_health_checks_name_what_is_wro
     ])
     hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
     try:
-        created = hook.put_connector_config(name, connector_config(connect, schema, slot, ["accounts"]))
+        created = hook.put_connector_config(
+            name, postgres_connector_config(connect, schema, slot, [f"{schema}.accounts"]))
         assert created["name"] == name
         assert "${file:" in hook.get_connector_config(name)["database.password"]  # no password stored
         wait_until(f"{name} RUNNING", lambda: not hook.connector_problems(name))

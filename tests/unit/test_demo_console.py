@@ -45,9 +45,18 @@ def test_the_whole_log_goes_to_a_file(tmp_path: Path) -> None:
     assert path.read_text().splitlines() == HEALTH_LOG
 
 
-def _result(health: str) -> dict:
-    return {"events_produced": 10, "health_failed_because": health, "exact": True,
+def _mirror(differ: int) -> dict:
+    return {"source_transactions": 40, "driver_runs": 2,
+            "tables": {"customers": {"source_rows": 12, "differ": 0},
+                       "order_lines": {"source_rows": 7, "differ": differ}},
+            "aggregate": {"table": "sku_totals", "group_by": "sku", "groups": 5, "differ": 0},
+            "exact": differ == 0}
+
+
+def _result(health: str, mirror_differ: int = 0) -> dict:
+    return {"events_produced": 10, "health_failed_because": health, "exact": mirror_differ == 0,
             "orders": {"rows_in_db": 3, "through_the_ledger_recovery": {"stream_runs": 1}},
+            "mirror": _mirror(mirror_differ),
             "spark": {"master": "local[*]", "applications": [], "driver_ui": {}},
             "assets": {"target_assets": ["postgres://t"], "changes": 2, "events": [], "downstream_runs": 1,
                        "downstream_told": 2},
@@ -88,3 +97,17 @@ print("the demo stopped: why", file=terminal, flush=True)
     written = log.read_text()
     assert "a librdkafka line" in written and "WARNING eos.kafka: a warning through logging" in written
     assert "a child on stderr" in written
+
+
+def test_the_report_ends_with_each_mirror_table_against_its_source() -> None:
+    out = io.StringIO()
+    print_report(_result("", mirror_differ=0), "eos_example_downstream__ledger", out)
+    text = out.getvalue()
+    assert f"{'customers vs its source':>32}: 12 rows, rows that differ: 0" in text
+    assert f"{'order_lines vs its source':>32}: 7 rows, rows that differ: 0" in text
+    assert f"{'sku_totals vs GROUP BY sku':>32}: 5 groups, rows that differ: 0" in text
+    assert f"{'source_transactions':>32}: 40" in text and "'tables'" not in text
+    out = io.StringIO()
+    print_report(_result("", mirror_differ=3), "eos_example_downstream__ledger", out)
+    assert f"{'order_lines vs its source':>32}: 7 rows, rows that differ: 3" in out.getvalue()
+    assert f"{'all three pipelines exact':>32}: False" in out.getvalue()

@@ -1,0 +1,44 @@
+"""Debezium's PostgreSQL connector as this project configures it (docs/cdc.md, "Connector
+settings"): one function, so that the demo and the tests create the same connector."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot: str, tables: list[str],
+                              **extra: Any) -> dict[str, Any]:
+    """The connector's config, capturing ``tables`` (``schema.table``) into topics
+    ``<topic_prefix>.<schema>.<table>``.
+
+    :param source: the source's settings as ``scripts/stack.sh`` writes them to ``stack.env``
+        (``EOS_PG_HOST``, ``EOS_PG_PORT``, ``EOS_SOURCE_PG_DB``, ``EOS_SOURCE_PG_USER``,
+        ``EOS_SOURCE_PUBLICATION``, ``EOS_CONNECT_SOURCE_SECRETS``).
+    :param slot: the replication slot the connector creates and holds.
+    :param extra: more connector settings, winning over these.
+    """
+    return {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": 1,
+        "plugin.name": "pgoutput",
+        "database.hostname": source["EOS_PG_HOST"],
+        "database.port": source["EOS_PG_PORT"],
+        "database.user": source["EOS_SOURCE_PG_USER"],
+        # Resolved inside the worker by its FileConfigProvider: the password is never in the
+        # stored config, on a command line or in a log.
+        "database.password": f"${{file:{source['EOS_CONNECT_SOURCE_SECRETS']}:password}}",
+        "database.dbname": source["EOS_SOURCE_PG_DB"],
+        "topic.prefix": topic_prefix,
+        "table.include.list": ",".join(tables),
+        "slot.name": slot,
+        "publication.name": source["EOS_SOURCE_PUBLICATION"],
+        "publication.autocreate.mode": "disabled",
+        "snapshot.mode": "initial",
+        "exactly.once.support": "required",
+        "decimal.handling.mode": "string",
+        "heartbeat.interval.ms": 1000,
+        "topic.creation.default.replication.factor": 1,
+        "topic.creation.default.partitions": 1,
+        **extra,
+    }
