@@ -35,7 +35,7 @@ Example ``payments.yaml``::
     meta_schema: payments_eos
     checkpoint_dir: s3a://bucket/checkpoints/payments
     connections: {kafka: kafka_payments, postgres: pg_payments}
-    stream: {trigger: processingTime, trigger_interval: 5 seconds}
+    stream: {trigger: processingTime, trigger_interval: 1 second}
     snapshot: {schedule: "@hourly", keep_last: 48}
     health: {schedule: "*/5 * * * *", hanging_after: 900}
 """

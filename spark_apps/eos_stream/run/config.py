@@ -88,7 +88,7 @@ class PipelineConfig:
     :param trigger: availableNow (process what is there, exit), processingTime (Spark
         micro-batches every ``trigger_interval``) or continuous (no Spark: one process commits
         a cycle every few tens of milliseconds, ``run/continuous.py``; docs/latency.md).
-    :param trigger_interval: processingTime interval, e.g. "5 seconds".
+    :param trigger_interval: processingTime interval, e.g. "1 second" (the default; docs/latency.md).
     :param max_offsets_per_trigger: bound on records per micro-batch (continuous: per cycle).
     :param continuous_linger_ms: continuous: how long a cycle keeps polling after its first
         record before it commits (0: it commits what librdkafka had queued). Longer: fewer,
@@ -126,7 +126,7 @@ class PipelineConfig:
     kafka_bootstrap: str = "127.0.0.1:9092"
     delivery: str = "exactly_once"
     trigger: str = "processingTime"
-    trigger_interval: str = "5 seconds"
+    trigger_interval: str = "1 second"
     max_offsets_per_trigger: int = 20000
     continuous_linger_ms: int = 20
     driver_write_max_records: int = 0
