@@ -200,11 +200,14 @@ class Workload:
             self.error = exc
 
 
-def _normal(value: Any) -> Any:
+def comparable(value: Any) -> Any:
+    """A value as the comparison counts it: documents by content, arrays as tuples, bytea as bytes."""
     if isinstance(value, dict):
         return json.dumps(value, sort_keys=True)
     if isinstance(value, list):
-        return tuple(_normal(v) for v in value)
+        return tuple(comparable(v) for v in value)
+    if isinstance(value, memoryview):  # bytea
+        return bytes(value)
     return value
 
 
@@ -212,7 +215,7 @@ def rows(conn: Any, schema: str, table: str, columns: tuple[str, ...]) -> Counte
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT {} FROM {}.{}").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(schema), sql.Identifier(table)))
-        return Counter(tuple(_normal(v) for v in row) for row in cur.fetchall())
+        return Counter(tuple(comparable(v) for v in row) for row in cur.fetchall())
 
 
 def differences(left: Counter, right: Counter) -> int:

@@ -13,33 +13,12 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from psycopg2 import sql
 
+from demo.cdc_app import comparable, differences, rows
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.sink.staging import create_stage, stage_ranges
 from tests.helpers.cdc_workload import AGGREGATES, KEYS, target_of
 from tests.streaming import pg_connect
-
-
-def _normal(value: Any) -> Any:
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    if isinstance(value, list):
-        return tuple(_normal(v) for v in value)
-    if isinstance(value, memoryview):
-        return bytes(value)
-    return value
-
-
-def rows(conn: Any, schema: str, table: str, columns: tuple[str, ...]) -> Counter:
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT {} FROM {}.{}").format(
-            sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(schema), sql.Identifier(table)))
-        return Counter(tuple(_normal(v) for v in row) for row in cur.fetchall())
-
-
-def differences(left: Counter, right: Counter) -> int:
-    """Rows of either side the other lacks (EXCEPT ALL both ways)."""
-    return sum((left - right).values()) + sum((right - left).values())
 
 
 def source_columns(conn: Any, schema: str, table: str) -> tuple[str, ...]:
@@ -58,7 +37,7 @@ def _group_by(conn: Any, schema: str, table: str, group_by: tuple[str, ...], sum
             sql.SQL(", ").join(columns), sql.SQL(", ").join(sql.SQL("COALESCE(sum({}), 0)").format(sql.Identifier(c))
                                                             for c in sums.values()),
             sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(columns)))
-        return Counter(tuple(_normal(v) for v in row) for row in cur.fetchall())
+        return Counter(tuple(comparable(v) for v in row) for row in cur.fetchall())
 
 
 def compare(source_conn: Any, schema: str, target_conn: Any, target_schema: str) -> dict[str, tuple[int, int]]:

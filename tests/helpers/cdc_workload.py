@@ -16,6 +16,7 @@ import psycopg2
 from psycopg2 import sql
 
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
+from demo.cdc_app import SOURCE_DDL as DEMO_SOURCE_DDL
 from tests.helpers.cdc_source import source_connection
 
 KEYS = {  # source table -> its primary key
@@ -30,14 +31,8 @@ _KEY_SELECT = {"rates": "currency, day - date '2026-01-01'"}
 _KEY_MATCH = {"customers": "id = %s", "order_lines": "order_id = %s AND line_no = %s", "events": "id = %s",
               "visits": "id = %s", "rates": "currency = %s AND day = date '2026-01-01' + %s"}
 TARGETS = {"order_lines": "lines"}  # a target named apart from its source; the others keep the source's name
-SOURCE_DDL = [
-    "CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, balance numeric(20,6) NOT NULL,"
-    " updated_at timestamptz NOT NULL, prefs jsonb, tags text[], notes text)",
-    # Out of line and uncompressed from 2 kB on: an update that leaves notes alone sends the placeholder.
-    "ALTER TABLE customers ALTER COLUMN notes SET STORAGE EXTERNAL",
-    "CREATE TABLE order_lines (order_id bigint, line_no integer, sku text NOT NULL, qty integer NOT NULL,"
-    " price numeric(12,2) NOT NULL, PRIMARY KEY (order_id, line_no))",
-    "CREATE TABLE events (id bigint PRIMARY KEY, kind text NOT NULL, at timestamptz NOT NULL, payload jsonb)",
+SOURCE_DDL = [  # the demo application's three tables, and two more
+    *DEMO_SOURCE_DDL,
     "CREATE TABLE visits (id bigint PRIMARY KEY, day date, starts time, blob bytea, note text)",
     "CREATE TABLE rates (currency text, day date, rate numeric(20,6) NOT NULL, volume numeric,"
     " PRIMARY KEY (currency, day))",
