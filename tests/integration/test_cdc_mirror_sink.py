@@ -22,14 +22,7 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc.schema_changes import SchemaChangeRefused
-from spark_apps.eos_stream.records.spec import load_spec
-from spark_apps.eos_stream.run import preflight
-from spark_apps.eos_stream.sink.batch_sink import BatchSink
-from spark_apps.eos_stream.sink.modes import MODES
-from spark_apps.eos_stream.sink.settings import SinkSettings
-from spark_apps.eos_stream.sink.staging import copy_from_chunks, stage_column_types, stage_table
-from spark_apps.eos_stream.state.ddl import run_ddl
-from tests.streaming import pg_connect
+from tests.helpers.mirror_sink import MirrorSink
 
 TOPIC = "app.public.accounts"
 SECTION = {"topic_prefix": "app", "tables": [
@@ -54,25 +47,13 @@ RECORDS = [
 ]
 
 
-class _Mirror:
+class _Mirror(MirrorSink):
     """A mirror pipeline's sink over fresh schemas, and a stage filler for Arrow batches."""
 
     def __init__(self, stack: dict[str, str], unique_name: str, max_batch_attempts: int = 1) -> None:
-        self.spec = load_spec("mirror:" + json.dumps(SECTION))
-        assert self.spec.mirror is not None and self.spec.target_ddl is not None
-        self.stack = stack
-        self.target, self.meta, self.name = f"t_mirror_{unique_name}", f"m_mirror_{unique_name}", f"m_{unique_name}"
-        self.conn, self.guard = pg_connect(stack), pg_connect(stack)
-        self.conn.autocommit = False
-        preflight.ensure_meta_tables(self.conn, self.meta)
-        with self.conn.cursor() as cur:
-            run_ddl(cur, self.spec.target_ddl(self.target, False))
-        self.conn.commit()
+        super().__init__(stack, SECTION, f"t_mirror_{unique_name}", f"m_mirror_{unique_name}", f"m_{unique_name}",
+                         max_batch_attempts)
         self.staged_raw: list[bool] = []
-        settings = SinkSettings(spec=self.spec, mode=MODES["exactly_once"], pipeline=self.name,
-                                target_schema=self.target, meta_schema=self.meta,
-                                max_batch_attempts=max_batch_attempts, transient_retry_seconds=0)
-        self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard)
 
     def apply(self, batch_id: int, records: list[tuple[bytes, bytes | None]], start: int = 0) -> Any:
         """Applies ``records`` at offsets ``start``... as one batch."""
@@ -84,26 +65,10 @@ class _Mirror:
 
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
             self.staged_raw.append(keep_raw)
-            stager = pg_connect(self.stack)
-            try:
-                with stager.cursor() as cur:
-                    copy_from_chunks(cur, stage_table(self.meta, stage_name),
-                                     [c for c, _ in stage_column_types(self.spec)],
-                                     self.spec.mirror.staging_chunks([batch], keep_raw))  # type: ignore[union-attr]
-            finally:
-                stager.close()
+            self.stage(stage_name, keep_raw, batch)
             return len(records)
 
         return self.sink.process(batch_id, {(TOPIC, 0): start}, {(TOPIC, 0): start + len(records)}, fill_stage)
-
-    def close(self) -> None:
-        self.conn.rollback()
-        with self.conn.cursor() as cur:
-            for schema in (self.target, self.meta):
-                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-        self.conn.commit()
-        self.conn.close()
-        self.guard.close()
 
 
 def test_a_refused_change_is_isolated_and_dead_lettered_alone(stack: dict[str, str], unique_name: str) -> None:

@@ -12,7 +12,6 @@ tables a pattern would mirror into one target fail the batch too."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pyarrow as pa
@@ -20,15 +19,8 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc.schema_changes import SchemaChangeRefused
-from spark_apps.eos_stream.records.spec import load_spec
-from spark_apps.eos_stream.run import preflight
-from spark_apps.eos_stream.sink.batch_sink import BatchSink
-from spark_apps.eos_stream.sink.modes import MODES
-from spark_apps.eos_stream.sink.settings import SinkSettings
-from spark_apps.eos_stream.sink.staging import copy_from_chunks, stage_column_types, stage_table
-from spark_apps.eos_stream.state.ddl import run_ddl
 from tests.helpers.cdc_typed_records import typed_record, untyped_record
-from tests.streaming import pg_connect
+from tests.helpers.mirror_sink import MirrorSink
 
 SECTION = {"topic_prefix": "app", "tables": [
     {"source": "public.accounts", "key": ["id"], "columns": {"id": "bigint", "owner": "text"}},
@@ -54,25 +46,12 @@ def _account(key: int, owner: str) -> Record:
     return ("app.public.accounts", *untyped_record("public", "accounts", {"id": key}, {"id": key, "owner": owner}))
 
 
-class _PatternMirror:
+class _PatternMirror(MirrorSink):
     """A mirror pipeline's sink over fresh schemas; each batch's records at offsets counted per topic."""
 
     def __init__(self, stack: dict[str, str], unique_name: str, section: dict[str, Any] = SECTION) -> None:
-        self.spec = load_spec("mirror:" + json.dumps(section))
-        assert self.spec.mirror is not None and self.spec.target_ddl is not None
-        self.stack = stack
-        self.target, self.meta, self.name = f"t_pat_{unique_name}", f"m_pat_{unique_name}", f"p_{unique_name}"
-        self.conn, self.guard = pg_connect(stack), pg_connect(stack)
-        self.conn.autocommit = False
-        preflight.ensure_meta_tables(self.conn, self.meta)
-        with self.conn.cursor() as cur:
-            run_ddl(cur, self.spec.target_ddl(self.target, False))
-        self.conn.commit()
+        super().__init__(stack, section, f"t_pat_{unique_name}", f"m_pat_{unique_name}", f"p_{unique_name}")
         self.next: dict[tuple[str, int], int] = {}
-        settings = SinkSettings(spec=self.spec, mode=MODES["exactly_once"], pipeline=self.name,
-                                target_schema=self.target, meta_schema=self.meta, max_batch_attempts=1,
-                                transient_retry_seconds=0)
-        self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard)
 
     def apply(self, batch_id: int, records: list[Record], replay_from: dict[tuple[str, int], int] | None = None) -> Any:
         """Applies ``records`` as one batch, each topic's from its next offset (or ``replay_from``)."""
@@ -87,14 +66,7 @@ class _PatternMirror:
                                 names=["topic", "partition", "offset", "key", "value"])
 
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            stager = pg_connect(self.stack)
-            try:
-                with stager.cursor() as cur:
-                    copy_from_chunks(cur, stage_table(self.meta, stage_name),
-                                     [c for c, _ in stage_column_types(self.spec)],
-                                     self.spec.mirror.staging_chunks([batch], keep_raw))  # type: ignore[union-attr]
-            finally:
-                stager.close()
+            self.stage(stage_name, keep_raw, batch)
             return len(records)
 
         result = self.sink.process(batch_id, start, end, fill_stage)
@@ -128,15 +100,6 @@ class _PatternMirror:
         found = self.query("SELECT topic, partition, next_offset FROM {}.kafka_offsets WHERE pipeline = %s",
                            self.meta, params=(self.name,))
         return {(t, p): n for t, p, n in found}
-
-    def close(self) -> None:
-        self.conn.rollback()
-        with self.conn.cursor() as cur:
-            for schema in (self.target, self.meta):
-                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-        self.conn.commit()
-        self.conn.close()
-        self.guard.close()
 
 
 def test_one_batch_creates_both_pattern_targets_from_the_schemas_and_applies(stack: dict[str, str],
