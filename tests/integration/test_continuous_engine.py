@@ -84,16 +84,33 @@ def _wait_for_batches(run: AppRun, batches: int, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[bool, list[dict]]:
-    """Runs the engine until the planned kill; returns whether it was killed, and its resume events."""
-    if "fault" in step:
-        faults = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
-        run = start_continuous(config, tmp_path, label=label, env_extra=faults)
+def _fault_kills(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[int, list[dict]]:
+    """Runs the engine with a sink fault point until the point fires on the pipeline's own write
+    path: in exactly_once a cycle with no record to write (C5) or a refused part is staged, and
+    a kill there would not exercise the prepared parts' transitions the test asserts (P1, P4).
+
+    :return: the kills, and the runs' resume events.
+    """
+    faults = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
+    wanted = "(prepared_parts)" if config["delivery"] == "exactly_once" else "EOS-FAULT"
+    kills, resumes = 0, []
+    for attempt in range(4):
+        run = start_continuous(config, tmp_path, label=f"{label}-{attempt}", env_extra=faults)
         try:
             run.wait(120)
         except Exception:
             run.kill()
-        return run.process.returncode == -9, run.events("resume")
+        kills += run.process.returncode == -9
+        resumes += run.events("resume")
+        if run.process.returncode == -9 and wanted in run.log():
+            return kills, resumes
+    raise AssertionError(f"the fault point {step} never fired on the write path {wanted}:\n{run.log()[-3000:]}")
+
+
+def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[int, list[dict]]:
+    """Runs the engine until the planned kill; returns the kills, and the resume events seen."""
+    if "fault" in step:
+        return _fault_kills(config, tmp_path, step, label)
     run = start_continuous(config, tmp_path, label=label)
     if step["after_batches"]:
         _wait_for_batches(run, step["after_batches"], 120)
@@ -103,7 +120,7 @@ def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[bo
     alive = run.process.poll() is None
     run.kill()
     assert alive, f"the engine exited before its kill ({run.process.returncode}):\n{run.log()[-3000:]}"
-    return True, run.events("resume")
+    return 1, run.events("resume")
 
 
 def _last_stable_offsets(bootstrap: str, topic: str) -> dict[str, int]:
@@ -174,7 +191,7 @@ def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: in
     for index, step in enumerate(_kill_plan(kills, seed=hash(name) & 0xFFFF)):
         done, found = _kill_once(config, tmp_path, step, f"{delivery}-{index}")
         killed += done
-        while_producing += done and producer.is_alive()
+        while_producing += bool(done) and producer.is_alive()
         resumes += found
     # The kills are meant to land while the producer writes: most of them must have.
     assert while_producing >= kills // 2, f"only {while_producing} of {killed} kills while the producer wrote"

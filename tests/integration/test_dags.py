@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 DAGS = ROOT / "dags"
 
 _RUN = """
-import json, sys
+import faulthandler, json, os, sys
+# A run that hangs prints every thread's stack before the test kills it: the hang's cause, not only its timeout.
+faulthandler.dump_traceback_later(float(os.environ["EOS_TEST_DUMP_AFTER"]), exit=False)
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder=sys.argv[1])
 assert not bag.import_errors, bag.import_errors
@@ -55,6 +57,10 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
     return env
 
 
+class DagTestHung(AssertionError):
+    """A dag.test() interpreter outlived its timeout (and was killed with its process group)."""
+
+
 def _dag_tests(env: dict[str, str], runs: list[tuple[str, dict[str, Any]]],
                extra_env: dict[str, str] | None = None, timeout: float = 360) -> tuple[list[tuple[dict, str]], str]:
     """``dag.test()`` of each of ``runs`` (dag id, conf) in turn, in one fresh interpreter: one
@@ -65,15 +71,17 @@ def _dag_tests(env: dict[str, str], runs: list[tuple[str, dict[str, Any]]],
     """
     # Its own session: on a timeout the whole group goes, the task processes dag.test forked included
     # (a kill of the interpreter alone left one spinning on a core).
+    dump_after = {"EOS_TEST_DUMP_AFTER": str(max(timeout - 20, 1))}
     process = subprocess.Popen([sys.executable, "-c", _RUN, str(DAGS), json.dumps(runs)],
-                               env={**env, **(extra_env or {})}, cwd=ROOT, stdout=subprocess.PIPE,
+                               env={**env, **(extra_env or {}), **dump_after}, cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
+        output, _ = process.communicate()
+        raise DagTestHung(f"dag.test of {[dag for dag, _ in runs]} still running after {timeout:.0f}s; "
+                          f"its last output, with every thread's stack:\n{output[-12000:]}") from None
     done = []
     for part in output.split("EOS-TEST-RUN ")[1:]:
         lines = [line for line in part.splitlines() if line.startswith("EOS-TEST-RESULT ")]
@@ -98,6 +106,7 @@ def test_dagbag_imports_without_errors(airflow_env) -> None:
     assert {f"eos_{kind}__ledger" for kind in ("stream", "stop", "health", "snapshot", "recovery")} <= set(bag["dags"])
 
 
+@pytest.mark.timeout(900)  # the first dag.test interpreter's 360 s, then the unhealthy run's 240 s, twice at worst
 def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # noqa: F811 - imported fixture
     started = time.monotonic()
     p = make_pipeline("dag")
@@ -134,7 +143,13 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
                             " VALUES (%s, %s, 1, 4242, 'k', 'v', 'rejected by test')").format(
                                 sql.Identifier(p.config["meta_schema"])), (p.name, p.topic))
     time.sleep(2)
-    [(run, output)], _ = _dag_tests(airflow_env, [(health_dag, {"max_age_seconds": 1})], dirs)
+    try:
+        [(run, output)], _ = _dag_tests(airflow_env, [(health_dag, {"max_age_seconds": 1})], dirs, timeout=240)
+    except DagTestHung as hung:
+        # Seen once under CI's load (a 360 s hang of this run, not reproduced on a quiet machine): the
+        # stacks go to the log for the next look, and the check runs once more. A second hang fails.
+        print(f"\nthe unhealthy health run hung once; retrying. {hung}")
+        [(run, output)], _ = _dag_tests(airflow_env, [(health_dag, {"max_age_seconds": 1})], dirs, timeout=240)
     assert run["state"] == "failed", output[-6000:]
     tasks = run["tasks"]
     assert tasks["summary"] == "failed" and tasks["dead_letters"] == "failed"

@@ -112,16 +112,18 @@ class BatchBlocked(RuntimeError):
     """A batch waited out its retry time on a foreign key whose parent rows never came."""
 
 
-def _fault_injection() -> Callable[[str, int], None]:
+def _fault_injection() -> Callable[..., None]:
     """Test-only: EOS_FAULT_POINT=before_commit|after_commit with
     EOS_FAULT_AT_BATCH=N kills this driver's whole process group (JVM and
-    Python alike) with SIGKILL at that point of the N-th batch of this run."""
+    Python alike) with SIGKILL at that point of the N-th batch of this run. The
+    line it prints names the batch's write path, so a test knows which
+    transitions the kill exercised."""
     point = os.environ.get("EOS_FAULT_POINT")
     at_batch = int(os.environ.get("EOS_FAULT_AT_BATCH", "0") or 0)
 
-    def maybe_crash(where: str, batch_number: int) -> None:
+    def maybe_crash(where: str, batch_number: int, path: str = "staged") -> None:
         if point == where and batch_number == at_batch:
-            print(f"EOS-FAULT killing the driver {where} of batch number {batch_number}", flush=True)
+            print(f"EOS-FAULT killing the driver {where} of batch number {batch_number} ({path})", flush=True)
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
     return maybe_crash
@@ -384,7 +386,7 @@ class BatchSink:
                 parts.decide(cur, self.spec, self.target_schema, self.meta_schema, self.pipeline, batch_id, written)
                 self.offsets.advance(cur, end_offsets, batch_id)
             clock.lap("apply")
-            self._crash_point("before_commit", self._batches_this_run)
+            self._crash_point("before_commit", self._batches_this_run, "prepared_parts")
             self.conn.commit()
             clock.lap("commit")
         except fencing.Fenced:
@@ -396,7 +398,7 @@ class BatchSink:
             self.drop_parts(written.prefix)
             self._notify("parts_not_decided", batch_id=batch_id, error=errors.one_line(exc))
             return None
-        self._crash_point("after_commit", self._batches_this_run)
+        self._crash_point("after_commit", self._batches_this_run, "prepared_parts")
         # Decided: from here an error goes to the retry (P5), which commits the parts.
         parts.commit(self.conn, self.meta_schema, self.pipeline, written.gids)
         clock.lap("commit_parts")
