@@ -2,12 +2,13 @@
 # Idempotent installer for a fresh Debian 12 machine (run as root, no stdin):
 #   1. Debian packages that are missing: JDK 17+, Maven, PostgreSQL server and
 #      client of one major version, procps, make, python3 with venv.
-#   2. .venv with `pip install -c constraints.txt -e .[dev,spark]`.
-#   3. Maven-resolved jars: .local/kafka-libs (Kafka broker),
+#   2. Maven-resolved jars: .local/kafka-libs (Kafka broker),
 #      .local/spark-jars (Spark's Kafka source + PostgreSQL JDBC),
 #      .local/connect-libs (a Kafka Connect worker) and
 #      .local/connect-plugins/debezium-postgres (Debezium's PostgreSQL connector),
-#      with a project-local Maven repository in .local/m2.
+#      with a project-local Maven repository in .local/m2; resolved in the
+#      background while step 3 runs.
+#   3. .venv with `pip install -c constraints.txt -e .[dev,spark]`.
 # Each step is skipped when already done (pip and Maven steps are keyed by a
 # hash of their inputs). One line of output per step; details go to
 # .local/logs/install-*.log.
@@ -80,28 +81,9 @@ command -v mvn >/dev/null 2>&1 || die "Maven (mvn) is missing: apt-get install m
 pg_major_ok || die "PostgreSQL binaries are missing: need postgres, initdb, pg_ctl, psql, pg_dump and pg_restore of one major version in /usr/lib/postgresql/<major>/bin: apt-get install postgresql postgresql-client"
 python_ok || die "python3 with the venv module is missing: apt-get install python3 python3-venv"
 
-# ---------------------------------------------------------------- 2. Python venv
 inputs_hash() { cat "$@" | sha256sum | cut -c1-16; }
 
-if [ ! -x "$EOS_VENV/bin/python" ]; then
-  step "creating $EOS_VENV with $(python3 --version 2>&1)"
-  python3 -m venv "$EOS_VENV" || die "python3 -m venv $EOS_VENV failed: apt-get install python3-venv"
-fi
-py_hash=$(inputs_hash "$EOS_ROOT/constraints.txt" "$EOS_ROOT/setup.cfg" "$EOS_ROOT/pyproject.toml")
-py_marker="$marker_dir/venv.sha"
-if [ "$(cat "$py_marker" 2>/dev/null)" = "$py_hash" ] \
-    && "$EOS_VENV/bin/python" -c 'import airflow_provider_eos, airflow, pyspark, pytest' >/dev/null 2>&1; then
-  step "python packages up to date ($EOS_VENV)"
-else
-  step "pip install -c constraints.txt -e .[dev,spark] (a few minutes on a fresh machine)"
-  pip_log="$log_dir/install-pip.log"
-  (cd "$EOS_ROOT" && "$EOS_VENV/bin/pip" install --no-input --progress-bar off \
-      -c constraints.txt -e '.[dev,spark]') > "$pip_log" 2>&1 \
-    || { tail_log "$pip_log"; die "pip install failed (see $pip_log); if the package index is unreachable, check network/proxy and pip's index settings"; }
-  echo "$py_hash" > "$py_marker"
-fi
-
-# ---------------------------------------------------------------- 3. Maven jars
+# ---------------------------------------------------------------- 2. Maven jars (in the background)
 dep_plugin="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
 fetch_jars() {  # $1 name, $2 pom, $3 destination dir, $4... extra Maven args
@@ -133,14 +115,50 @@ fetch_jars() {  # $1 name, $2 pom, $3 destination dir, $4... extra Maven args
   echo "$hash" > "$marker"
 }
 
-fetch_jars kafka-libs "$EOS_ROOT/scripts/maven/kafka-broker.pom.xml" "$EOS_KAFKA_LIBS" -DincludeScope=runtime
-fetch_jars spark-jars "$EOS_ROOT/scripts/maven/spark-kafka-connector.pom.xml" "$EOS_SPARK_JARS_DIR" -U -DincludeScope=runtime
-# The Connect worker's classpath, and Debezium in a plugin folder of its own under plugin.path:
-# Connect loads each such folder in an isolated class loader, so Debezium's Jackson and
-# PostgreSQL driver never meet the worker's.
-fetch_jars connect-libs "$EOS_ROOT/scripts/maven/kafka-connect.pom.xml" "$EOS_CONNECT_LIBS" -DincludeScope=runtime
-mkdir -p "$EOS_CONNECT_PLUGIN_PATH"
-fetch_jars debezium-postgres "$EOS_ROOT/scripts/maven/debezium-postgres.pom.xml" \
-  "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" -DincludeScope=runtime
+fetch_all_jars() {
+  fetch_jars kafka-libs "$EOS_ROOT/scripts/maven/kafka-broker.pom.xml" "$EOS_KAFKA_LIBS" -DincludeScope=runtime
+  fetch_jars spark-jars "$EOS_ROOT/scripts/maven/spark-kafka-connector.pom.xml" "$EOS_SPARK_JARS_DIR" -U -DincludeScope=runtime
+  # The Connect worker's classpath, and Debezium in a plugin folder of its own under plugin.path:
+  # Connect loads each such folder in an isolated class loader, so Debezium's Jackson and
+  # PostgreSQL driver never meet the worker's.
+  fetch_jars connect-libs "$EOS_ROOT/scripts/maven/kafka-connect.pom.xml" "$EOS_CONNECT_LIBS" -DincludeScope=runtime
+  mkdir -p "$EOS_CONNECT_PLUGIN_PATH"
+  fetch_jars debezium-postgres "$EOS_ROOT/scripts/maven/debezium-postgres.pom.xml" \
+    "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" -DincludeScope=runtime
+}
+
+# Maven's downloads run while pip installs (they share nothing but the network): on a fresh
+# machine that saves Maven's whole minute. Its lines are printed once pip is done.
+jars_out="$log_dir/install-jars.out"
+fetch_all_jars > "$jars_out" 2>&1 &
+jars_pid=$!
+trap 'kill "$jars_pid" 2>/dev/null || true' EXIT
+
+# ---------------------------------------------------------------- 3. Python venv
+
+if [ ! -x "$EOS_VENV/bin/python" ]; then
+  step "creating $EOS_VENV with $(python3 --version 2>&1)"
+  python3 -m venv "$EOS_VENV" || die "python3 -m venv $EOS_VENV failed: apt-get install python3-venv"
+fi
+py_hash=$(inputs_hash "$EOS_ROOT/constraints.txt" "$EOS_ROOT/setup.cfg" "$EOS_ROOT/pyproject.toml")
+py_marker="$marker_dir/venv.sha"
+if [ "$(cat "$py_marker" 2>/dev/null)" = "$py_hash" ] \
+    && "$EOS_VENV/bin/python" -c 'import airflow_provider_eos, airflow, pyspark, pytest' >/dev/null 2>&1; then
+  step "python packages up to date ($EOS_VENV)"
+else
+  step "pip install -c constraints.txt -e .[dev,spark] (a few minutes on a fresh machine)"
+  pip_log="$log_dir/install-pip.log"
+  (cd "$EOS_ROOT" && "$EOS_VENV/bin/pip" install --no-input --progress-bar off \
+      -c constraints.txt -e '.[dev,spark]') > "$pip_log" 2>&1 \
+    || { tail_log "$pip_log"; die "pip install failed (see $pip_log); if the package index is unreachable, check network/proxy and pip's index settings"; }
+  echo "$py_hash" > "$py_marker"
+fi
+
+if ! wait "$jars_pid"; then
+  cat "$jars_out" >&2
+  exit 1
+fi
+trap - EXIT
+cat "$jars_out"
 
 step "done ($(ls "$EOS_KAFKA_LIBS" | wc -l) kafka jars, $(ls "$EOS_SPARK_JARS_DIR" | wc -l) spark jars, $(ls "$EOS_CONNECT_LIBS" | wc -l) connect jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" | wc -l) debezium jars, $("$EOS_VENV/bin/python" --version))"
