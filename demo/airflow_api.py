@@ -53,6 +53,17 @@ class AirflowApi:
         params = {"limit": limit, "order_by": "-start_date"}
         return self._call("GET", f"/dags/{dag_id}/dagRuns", params=params)["dag_runs"]
 
+    def end_unfinished_runs(self, dag_id: str) -> list[str]:
+        """Marks every queued or running run of ``dag_id`` failed (Airflow then ends its running
+        tasks, whose operators stop what they started); returns their ids."""
+        ended = []
+        for state in ("queued", "running"):
+            runs = self._call("GET", f"/dags/{dag_id}/dagRuns", params={"state": state, "limit": 100})["dag_runs"]
+            for run in runs:
+                self._call("PATCH", f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}", json={"state": "failed"})
+                ended.append(run["dag_run_id"])
+        return ended
+
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         """One DAG run: state, start_date, end_date..."""
         return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")

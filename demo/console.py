@@ -35,6 +35,10 @@ class Console:
         print(f"[{self.index:>2}/{self.total}] {time.monotonic() - self.started:6.1f}s  {text}", file=self.out,
               flush=True)
 
+    def note(self, text: str) -> None:
+        """A line within the current stage."""
+        print(f"        {text}", file=self.out, flush=True)
+
     def waiting(self, what: str, elapsed: float, budget: float) -> None:
         if self.tty:
             filled = int(30 * min(elapsed / budget, 1.0))

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,14 +104,17 @@ class LedgerStages(OrdersStages):
         return produce_ledger(bootstrap, self.events, topic=TOPIC, abort_every=5, poison=1, seed=2026,
                               transactional_id="demo-generator")
 
-    def start_ledger(self) -> None:
-        """The ledger's stream, up to its first batches; then both streams' Spark UI links."""
+    def start_ledger(self, mirror_started: Callable[[], bool]) -> None:
+        """The ledger's stream, then the first batches of all three streams (their drivers start
+        side by side; ``mirror_started`` says the mirror's has); then the Spark streams' UI links."""
         c = self.console
-        c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for its first batches")
+        c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for the first batches of all "
+                "three streams")
         # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
         self.stream_run = self.api.trigger(STREAM, {})
-        self.wait_until("first micro-batches", lambda: self.progress_runs() >= 1 and bool(self.spark_drivers()),
-                        DRIVER_START_BUDGET)
+        self.wait_until("first micro-batches of the ledger, orders and the mirror", lambda: (
+            self.progress_runs() >= 1 and bool(self.spark_drivers()) and self.orders_batches() >= 1
+            and mirror_started()), DRIVER_START_BUDGET)
         self.spark_ui = {STREAM: self.spark_ui_of(STREAM, self.stream_run),
                          ORDERS_STREAM: self.spark_ui_of(ORDERS_STREAM, self.orders_run)}
         c.stage("each stream task links to its own driver's Spark UI: "
@@ -119,7 +123,7 @@ class LedgerStages(OrdersStages):
 
     def kill_the_driver(self, bootstrap: str) -> ProduceSummary:
         """SIGKILL of the ledger's driver with events it has not applied yet; its operator restarts
-        it, which catches up.
+        it while the next stages run (``ledger_back`` waits for it).
 
         :returns: what was committed just before the kill."""
         self.console.stage(f"{KILL_BURST} more events, then SIGKILL of the Spark driver mid-stream; "
@@ -134,9 +138,13 @@ class LedgerStages(OrdersStages):
             for child in process.children(recursive=True):
                 child.send_signal(signal.SIGKILL)
             process.send_signal(signal.SIGKILL)
+        return burst
+
+    def ledger_back(self) -> None:
+        """The ledger's restarted driver committing batches, caught up with the LSO."""
+        self.console.stage(f"{STREAM}'s restarted driver commits batches and catches up")
         self.wait_until("restarted driver's batches", lambda: self.progress_runs() >= 2, DRIVER_START_BUDGET)
         self.wait_until("stream caught up with the LSO", self.caught_up, 300)
-        return burst
 
     def hang_a_transaction(self, bootstrap: str) -> ProduceSummary:
         """A producer killed inside its transaction: the health DAG catches the stuck LSO; the
@@ -166,8 +174,10 @@ class LedgerStages(OrdersStages):
         # and would log as a warning (log_level 3: errors only).
         Producer(with_python_logging({"bootstrap.servers": bootstrap, "transactional.id": KILLED_PRODUCER,
                                       "log_level": 3})).init_transactions(60)
+        # The SIGKILLed driver's successor may still be starting: it catches up once it runs.
         self.wait_until("LSO lag back to 0 and stream caught up",
-                        lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(), 300)
+                        lambda: all(v == 0 for v in self.sampler.lag().values()) and self.caught_up(),
+                        DRIVER_START_BUDGET)
         return more
 
     def snapshot_then_produce(self, bootstrap: str) -> ProduceSummary:

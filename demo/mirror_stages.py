@@ -88,6 +88,10 @@ class MirrorStages(StoryBase):
     def mirror_driver_runs(self) -> int:
         return self.driver_runs(MIRROR_META, MIRROR_PIPELINE)
 
+    def mirror_started(self) -> bool:
+        """The mirror's driver runs and has committed its first batch."""
+        return self.mirror_driver_runs() >= 1 and bool(self.spark_drivers(MIRROR_PIPELINE))
+
     def reset_mirror(self) -> None:
         """A rerun starts clean: earlier runs' connectors and slots, the source schema, the change
         topics, the mirror's schemas and checkpoints."""
@@ -164,9 +168,7 @@ class MirrorStages(StoryBase):
         (its operator restarts it), while the application writes."""
         self.console.stage(f"SIGKILL of the Kafka Connect worker and of {MIRROR_PIPELINE}'s Spark driver while "
                            "the application writes; Connect is restarted, the operator restarts the driver")
-        self.wait_until(f"{MIRROR_PIPELINE}'s first batches",
-                        lambda: self.mirror_driver_runs() >= 1 and bool(self.spark_drivers(MIRROR_PIPELINE)),
-                        DRIVER_START_BUDGET)
+        self.wait_until(f"{MIRROR_PIPELINE}'s first batches", self.mirror_started, DRIVER_START_BUDGET)
         pid = int((STATE_DIR / "connect" / "connect.pid").read_text())
         worker = psutil.Process(pid)
         worker.send_signal(signal.SIGKILL)

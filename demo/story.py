@@ -62,19 +62,22 @@ class Story(LedgerStages, MirrorStages, AirflowViews):
         produced = self.produce(bootstrap)
         orders_produced, feed = self.start_orders(bootstrap)
         self.start_mirror()
-        self.start_ledger()
+        # The three drivers start side by side: one wait for all their first batches.
+        self.start_ledger(self.mirror_started)
         burst = self.kill_the_driver(bootstrap)
-        # The mirror's faults overlap the ledger's hanging transaction: the worker's restart and the
-        # driver's are waited for after the health DAG's run.
+        # The faults overlap the ledger's hanging transaction: the restarts of the two drivers and of
+        # the Connect worker are waited for after the health DAG's run.
         self.kill_connect_and_the_mirror_driver()
         more = self.hang_a_transaction(bootstrap)
+        self.ledger_back()
         self.mirror_back()
         later = self.snapshot_then_produce(bootstrap)
         damaged = self.damage_the_target()
         recovery = self.recover(bootstrap)
-        final = self.audit_the_ledger()
+        # The other two are audited while the ledger's resumed stream starts its driver.
         orders_final = self.audit_and_stop_orders(feed, orders_produced)
         mirror = self.audit_and_stop_mirror()
+        final = self.audit_the_ledger()
         self.stop_the_ledger()
         assets, lineage = self.airflow_views(airflow_env)
         self.wait_for_stream_runs()

@@ -74,7 +74,7 @@ class StoryBase:
         self.events = events
         self.open_txn_timeout_ms = open_txn_timeout_ms
         self.spark_cluster = spark_cluster
-        self.console = Console(total=22)
+        self.console = Console(total=23)
         self.timings: dict[str, float] = {}
         self.runs: dict[str, str] = {}
         self.deferred: set[str] = set()
@@ -254,6 +254,7 @@ class StoryBase:
         self.api = AirflowApi(self.ui, *self.login)
         self.api.wait_for_dags(DAGS)
         self.check_definitions(Path(airflow_env["AIRFLOW__EOS__PIPELINE_CONFIG_DIR"]))
+        self.end_earlier_runs()
         self.reset()
         for dag_id in UNPAUSE_AT_START:
             self.api.unpause(dag_id)
@@ -278,6 +279,19 @@ class StoryBase:
         if seen != wanted:
             raise RuntimeError(f"pipeline {MIRROR_PIPELINE!r} in {directory}: topics, target and meta schema, a "
                                f"mirror section are {seen}; the demo expects {wanted}")
+
+    def end_earlier_runs(self) -> None:
+        """A demo stopped half-way (Ctrl-C, ``make demo-down``) leaves its DAG runs running in
+        Airflow's database, and the scheduler takes them up again: their streams would hold the
+        pipelines (one active run each) while this run's wait behind them. They are marked
+        failed, and their drivers must be gone before the reset drops what they write."""
+        ended = {dag_id: runs for dag_id in DAGS if (runs := self.api.end_unfinished_runs(dag_id))}
+        if not ended:
+            return
+        self.console.note(f"ended the unfinished runs of an earlier demo: {ended}")
+        pipelines = (PIPELINE, ORDERS_PIPELINE, MIRROR_PIPELINE)
+        self.wait_until("the earlier demo's Spark drivers gone",
+                        lambda: not any(self.spark_drivers(p) for p in pipelines), 180)
 
     def reset(self) -> None:
         """A rerun starts from a clean slate: the demo's topic, tables, offsets and snapshots."""

@@ -113,6 +113,7 @@ def summary(pipeline: str, chosen: Any, retention: Any, restored: Any, replayed:
     out["rows_restored"] = done.rows_restored
     out["restore_timings"] = done.details.get("timings")
     out["events_replayed"] = replay.events_replayed
+    out["offsets_replayed"] = replay.details.get("offsets_replayed")  # records and markers, a mirror's changes
     out["replay_engine"] = replay.details.get("engine")  # which engine ran, and why (auto: by the records)
     out["replay_seconds"] = replay.details.get("seconds")
     out["audit"] = {"ok": (audit or {}).get("ok"), "summary": (audit or {}).get("summary")}

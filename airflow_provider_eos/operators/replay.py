@@ -182,7 +182,12 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         from spark_apps.eos_stream.records.spec import RowTarget, load_spec
         from spark_apps.eos_stream.state import meta_tables
 
-        tables = [(config.target_schema, t.table) for t in load_spec(config.spec).targets if isinstance(t, RowTarget)]
+        spec = load_spec(config.spec)
+        # A row target's rows are its events; a mirror's tables grow by inserts only (updates and
+        # deletes are changes too: ``offsets_replayed`` counts those).
+        tables = [(config.target_schema, t.table) for t in spec.targets if isinstance(t, RowTarget)]
+        if spec.mirror is not None:
+            tables += [(config.target_schema, table) for table in spec.mirror.target_tables()]
         tables.append((config.meta_schema, meta_tables.DEAD_LETTERS))
         conn = self.hook.connect()
         try:
@@ -236,8 +241,11 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
             raise AirflowException(f"replay finished but did not reach the last stable offsets: behind by {behind}")
         counts_after = self._row_counts(config)
         rows_added = {k: counts_after[k] - counts_before.get(k, 0) for k in counts_after}
+        # Records (and transaction markers) the replay moved the stored offsets past: for a mirror,
+        # whose updates and deletes add no row, the measure of what it replayed.
+        offsets_replayed = sum(offset - before.get(tp, 0) for tp, offset in after.items())
         result = Replayed(lso_at_start=lso_at_start, events_replayed=sum(rows_added.values()), details={
-            **plan, "offsets_after": to_nested(after), "rows_added": rows_added,
+            **plan, "offsets_after": to_nested(after), "rows_added": rows_added, "offsets_replayed": offsets_replayed,
             "seconds": round(time.monotonic() - started, 3)}).to_xcom()
         self.log.info("replay done: %s", {k: v for k, v in result.items() if k != "retention"})
         return result

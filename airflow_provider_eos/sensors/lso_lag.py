@@ -29,6 +29,7 @@ from airflow_provider_eos.utils.lso_watch import (
     LsoReport,
     LsoWatch,
 )
+from airflow_provider_eos.utils.subscription import topic_entries
 from spark_apps.eos_stream.state import meta_tables
 
 # XCom key of the hanging partitions' details (producer, start offset, abort parameters).
@@ -147,15 +148,8 @@ class LastStableOffsetLagSensor(CheckOutcomeMixin, BaseSensorOperator):
         return KafkaOffsetsHook(kafka_config_id=self.kafka_config_id, timeout=self.request_timeout)
 
     def topic_list(self) -> list[str]:
-        """The rendered ``topics`` as a flat list: a name, a comma-separated string, or lists of them."""
-        pending, names = [self.topics], []
-        while pending:
-            item = pending.pop(0)
-            if isinstance(item, str):
-                names += [t.strip() for t in item.split(",") if t.strip()]
-            else:
-                pending[:0] = list(item)
-        return names
+        """The rendered ``topics`` as a flat list (``utils.subscription.topic_entries``)."""
+        return topic_entries(self.topics)
 
     @property
     def persistent(self) -> bool:

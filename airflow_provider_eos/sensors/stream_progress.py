@@ -27,6 +27,7 @@ from airflow_provider_eos.triggers.stream_progress import (
     liveness_report,
 )
 from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.subscription import topic_entries
 from spark_apps.eos_stream.kafka.offsets import to_nested
 
 
@@ -190,10 +191,7 @@ class StreamCaughtUpSensor(_ProgressSensor):
         self._kafka: Any = None
 
     def _topics(self) -> list[str]:
-        topics = self.topics
-        if isinstance(topics, str):
-            topics = [t.strip() for t in topics.split(",") if t.strip()]
-        return list(topics)
+        return topic_entries(self.topics)
 
     def _target(self) -> dict[str, dict[str, int]] | None:
         if self.replayed:

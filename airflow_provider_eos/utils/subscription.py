@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# A string of topic names: what a comma may separate. Kafka's names have no comma, so a string with
+# any other character (a subscription regex such as ``shop\.t{1,3}``) is one entry, commas included.
+_NAME_LIST = re.compile(r"[A-Za-z0-9._\-,\s]+")
 
 
 def subscription_of(pipeline: Any) -> str | None:
@@ -21,3 +26,17 @@ def subscribed_topics(pipeline: Any) -> list[str]:
     which the hook expands at each request to the topics it matches then (created later too)."""
     pattern = subscription_of(pipeline)
     return list(pipeline.topics) if pattern is None else [*pipeline.topics, pattern]
+
+
+def topic_entries(topics: Any) -> list[str]:
+    """A sensor's rendered ``topics`` as a flat list of entries (topic names and subscription
+    regexes): a name, a comma-separated string of names, a regex, or lists of them."""
+    pending, entries = [topics], []
+    while pending:
+        item = pending.pop(0)
+        if isinstance(item, str):
+            entries += [t.strip() for t in item.split(",") if t.strip()] if _NAME_LIST.fullmatch(item) \
+                else [item.strip()]
+        else:
+            pending[:0] = list(item)
+    return entries

@@ -59,6 +59,22 @@ def test_a_pattern_table_without_schemas_is_staged_as_a_refusal_naming_the_table
     assert "schemas.enable=true" in refusal["refused"] and "list the table under tables" in refusal["refused"]
 
 
+def test_a_pattern_target_name_postgresql_would_cut_is_refused_naming_it() -> None:
+    """Two such names sharing their first 63 bytes would land in one table: the batch is refused."""
+    long_table = "stock_" + "x" * 60
+    (cells,) = _stage(typed_record("inventory", long_table, "c", {"warehouse": 1}, {"warehouse": 1}, STOCK_TYPES))
+    refusal = json.loads(cells["_create"])
+    assert refusal["source"] == f"inventory.{long_table}"
+    assert f"inv_{long_table}" in refusal["refused"] and "63-byte" in refusal["refused"]
+
+
+def test_a_listed_target_name_postgresql_would_cut_is_refused_when_the_definition_loads() -> None:
+    section = {"topic_prefix": "app", "tables": [
+        {"source": "public.customers", "target": "c" * 64, "key": ["id"], "columns": {"id": "bigint"}}]}
+    with pytest.raises(ValueError, match="63-byte"):
+        parse_mirror(section)
+
+
 def test_a_column_no_schema_types_is_refused_and_a_table_nothing_names_is_dead_lettered() -> None:
     untyped = typed_record("inventory", "stock", "c", {"warehouse": 1}, {"warehouse": 1, "note": "x"},
                            {"warehouse": "INT4", "note": "TEXT"})

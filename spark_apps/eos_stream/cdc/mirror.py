@@ -28,6 +28,9 @@ class MirrorError(ValueError):
     """A mirror definition is wrong; the message says how to fix it."""
 
 
+MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
+
+
 @dataclass(frozen=True)
 class MirrorTarget:
     """One source table mirrored into one target table.
@@ -46,6 +49,13 @@ class MirrorTarget:
     feeds_aggregates: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
+        # PostgreSQL cuts longer names to 63 bytes without an error: two sources whose target names
+        # share their first 63 bytes would write into one table.
+        too_long = [name for name in (self.table, *self.columns) if len(name.encode()) > MAX_IDENTIFIER_BYTES]
+        if too_long:
+            raise MirrorError(f"mirror of {self.source!r}: {too_long} longer than PostgreSQL's "
+                              f"{MAX_IDENTIFIER_BYTES}-byte names (it would cut them): give the target a shorter "
+                              "name (a pattern's target template, e.g. target: {table}, or the table's target)")
         if not self.key:
             raise MirrorError(f"mirror of {self.source!r}: a mirror needs key columns (the source's primary key)")
         missing = [k for k in self.key if k not in self.columns]

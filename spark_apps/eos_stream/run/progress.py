@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any
 
+import psycopg2
 from psycopg2 import sql
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -61,7 +63,8 @@ class ProgressRecorder(StreamingQueryListener):
     def __init__(self, dsn_kwargs: dict[str, Any], describe: str, config: Any, run_id: str,
                  rows_read: RowsRead) -> None:
         self.rows_read = rows_read
-        self.conn = connect(dsn_kwargs, describe=describe, application_name="eos-progress")
+        self._connect = lambda: connect(dsn_kwargs, describe=describe, application_name="eos-progress")
+        self.conn = self._connect()
         self.conn.autocommit = True
         self.pipeline = config.pipeline
         self.run_id = run_id
@@ -82,23 +85,27 @@ class ProgressRecorder(StreamingQueryListener):
         if rows is None:
             rows = progress.numInputRows
         millis = durations.get("triggerExecution")
-        with self.conn.cursor() as cur:
-            cur.execute(
-                self.insert,
-                (
-                    self.pipeline,
-                    self.run_id,
-                    progress.batchId,
-                    rows,
-                    _as_json(source.startOffset) if source else None,
-                    _as_json(source.endOffset) if source else None,
-                    json.dumps(durations),
-                    millis,
-                ),
-            )
+        self._write((self.pipeline, self.run_id, progress.batchId, rows,
+                     _as_json(source.startOffset) if source else None,
+                     _as_json(source.endOffset) if source else None, json.dumps(durations), millis))
         emit("progress", batch_id=progress.batchId, input_rows=rows,
              rows_per_second=round(rows * 1000 / millis, 1) if millis else 0.0,
              end_offsets=source.endOffset if source else None)
+
+    def _write(self, row: tuple[Any, ...]) -> None:
+        """The progress row, on a connection opened again once if the last one was lost (a
+        PostgreSQL restart): the health checks read these rows, so a driver that rode out a
+        restart must go on writing them. A second failure raises (Spark logs it and goes on)."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute(self.insert, row)
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+            with contextlib.suppress(psycopg2.Error):
+                self.conn.close()
+            self.conn = self._connect()
+            self.conn.autocommit = True
+            with self.conn.cursor() as cur:
+                cur.execute(self.insert, row)
 
     def onQueryIdle(self, event: Any) -> None:
         pass
