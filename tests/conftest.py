@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from psycopg2 import sql as psycopg2_sql
@@ -114,6 +115,22 @@ def pg_conn(pg_dsn: str) -> Iterator:
     conn.autocommit = True
     yield conn
     conn.close()
+
+
+@pytest.fixture
+def meta(pg_conn: Any, unique_name: str) -> Iterator[str]:
+    """A fresh meta schema with every meta table (``state/meta_tables``), dropped afterwards."""
+    from psycopg2 import sql
+
+    from spark_apps.eos_stream.state import meta_tables
+
+    schema = f"m_{unique_name}"
+    with pg_conn.cursor() as cur:
+        for statement in meta_tables.ddl_statements(schema):
+            cur.execute(statement)
+    yield schema
+    with pg_conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture(scope="session")

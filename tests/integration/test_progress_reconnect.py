@@ -6,7 +6,6 @@ opens a new connection once and writes the batch's row on it; a database still d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,17 +16,6 @@ from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.state import meta_tables
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def meta(stack: dict[str, str], pg_conn: Any, unique_name: str) -> Iterator[str]:
-    schema = f"m_prog_{unique_name}"
-    with pg_conn.cursor() as cur:
-        for statement in meta_tables.ddl_statements(schema):
-            cur.execute(statement)
-    yield schema
-    with pg_conn.cursor() as cur:
-        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def _event(batch_id: int) -> Any:

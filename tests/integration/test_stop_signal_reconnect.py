@@ -6,7 +6,6 @@ after ``outage_seconds`` of an unreachable database, it raises as before."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg2
@@ -17,17 +16,6 @@ from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.eos_stream.state.control import StopSignal
 from tests.streaming import pg_connect
-
-
-@pytest.fixture
-def meta(stack: dict[str, str], pg_conn: Any, unique_name: str) -> Iterator[str]:
-    schema = f"m_stop_{unique_name}"
-    with pg_conn.cursor() as cur:
-        for statement in meta_tables.ddl_statements(schema):
-            cur.execute(statement)
-    yield schema
-    with pg_conn.cursor() as cur:
-        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def _cut(pg_conn: Any, conn: Any) -> None:
