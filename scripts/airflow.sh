@@ -98,6 +98,10 @@ values = {
     "AIRFLOW_HOME": home,
     "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(e["EOS_ROOT"], "dags"),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    # Each task parses the DAG file at its start (about 2 s at rest). On this one machine three
+    # Spark drivers, Kafka, Connect and PostgreSQL can load 2 cores past 10, and a parse then passed
+    # Airflow's 30 s default: the task was rescheduled and the demo's recovery lost a minute.
+    "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
     "AIRFLOW__CORE__EXECUTOR": executor,
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata,
     "AIRFLOW__API__BASE_URL": api,
