@@ -163,8 +163,10 @@ ledger = {
     "snapshot": {"schedule": "@hourly", "keep_last": 24},
     # Hourly, not every 5 minutes: the demo triggers its health run right after leaving a transaction
     # open, and a scheduled run (max_active_runs=1) would queue it for up to a sensor window and
-    # catch the stuck LSO first, so the demo's run would not show the sensor deferring.
-    "health": {"schedule": "@hourly", "stuck_after": 15, "poke_interval": 5, "sensor_timeout": 60},
+    # catch the stuck LSO first, so the demo's run would not show the sensor deferring. Short windows:
+    # the demo's open transaction stays open until it is fenced, and a health run lasts about
+    # stuck_after + sensor_timeout (the recovery's gate watches for stuck_after too).
+    "health": {"schedule": "@hourly", "stuck_after": 10, "poke_interval": 5, "sensor_timeout": 30},
 }
 # The second shipped pipeline, of another shape (spark_apps/orders), in schemas of its own.
 orders = {
