@@ -135,15 +135,25 @@ class PipelineOperatorMixin:
         or in (read, with ``audit``'s assertions). None of it on a dry run, which touches nothing."""
         from airflow.providers.openlineage.extractors import OperatorLineage
 
-        from airflow_provider_eos.utils.lineage import operator_lineage
+        from airflow_provider_eos.utils.lineage import operator_lineage, topics_read
         from airflow_provider_eos.utils.params import as_bool
+        from airflow_provider_eos.utils.subscription import subscribed_topics
         from spark_apps.eos_stream.records.spec import load_spec
 
         if as_bool(getattr(self, "plan_only", False)):
             return OperatorLineage()
         config = self.app_config()
-        return operator_lineage(config.kafka_bootstrap, config.topics, vars(config.postgres), config.target_schema,
-                                load_spec(config.spec).targets, audit=audit, write=write)
+        def resolve(entries: list[str]) -> list[str]:
+            from confluent_kafka.admin import AdminClient
+
+            from spark_apps.eos_stream.kafka.metadata import expand_patterns
+
+            admin = AdminClient({"bootstrap.servers": config.kafka_bootstrap, **config.librdkafka_options()})
+            return expand_patterns(entries, admin.list_topics(timeout=10).topics)
+
+        topics = topics_read(subscribed_topics(config), resolve)
+        return operator_lineage(config.kafka_bootstrap, topics, vars(config.postgres), config.target_schema,
+                                load_spec(config.spec), audit=audit, write=write)
 
     def lock_key(self, config: Any) -> str:
         return target_lock_key(self.hook.dbname, config.target_schema, config.pipeline)

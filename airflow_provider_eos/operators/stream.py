@@ -478,12 +478,16 @@ class StreamingPipelineOperator(BaseOperator):
 
     def get_openlineage_facets_on_start(self) -> Any:
         """The topics it reads and the target tables it writes (OpenLineage: topic -> pipeline -> tables)."""
-        from airflow_provider_eos.utils.lineage import operator_lineage
+        from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
+        from airflow_provider_eos.utils.lineage import operator_lineage, topics_read
+        from airflow_provider_eos.utils.subscription import subscribed_topics
         from spark_apps.eos_stream.records.spec import load_spec
 
-        return operator_lineage(kafka_bootstrap_from_connection(self.connection("kafka")), self.pipeline.topics,
+        kafka = self.connection("kafka")
+        topics = topics_read(subscribed_topics(self.pipeline), KafkaOffsetsHook(kafka_config_id=kafka).resolve_topics)
+        return operator_lineage(kafka_bootstrap_from_connection(kafka), topics,
                                 EosPostgresHook(postgres_conn_id=self.connection("postgres")).app_target(),
-                                self.target_schema, load_spec(self.pipeline.spec).targets)
+                                self.target_schema, load_spec(self.pipeline.spec))
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         return self.get_openlineage_facets_on_start()

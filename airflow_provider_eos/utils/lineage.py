@@ -11,8 +11,10 @@ these from ``get_openlineage_facets_on_*``, which only the OpenLineage provider'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from spark_apps.eos_stream.kafka.metadata import TOPIC_NAME
 
 
 def first_bootstrap_server(bootstrap_servers: str) -> str:
@@ -48,12 +50,33 @@ def audit_assertions(report: Mapping[str, Any], table: str, aggregate: bool) -> 
             for name, actual, expected in checks]
 
 
+def written_tables(spec: Any) -> list[tuple[str, bool | None]]:
+    """(table, aggregate) of every table a pipeline's spec writes: its targets', or a mirror's
+    tables and aggregates with None, since a mirror's audit compares offsets, not rows, and so
+    asserts nothing about them (``audit/mirror.py``)."""
+    if spec.mirror is not None:
+        return [(table, None) for table in spec.target_tables()]
+    return [(t.table, t.aggregate) for t in spec.targets]
+
+
+def topics_read(entries: list[str], resolve: Callable[[list[str]], list[str]]) -> list[str]:
+    """The topics a pipeline reads, for lineage: its subscription regex, if any, replaced by the
+    topics it matches now (``resolve``, e.g. ``KafkaOffsetsHook.resolve_topics``); only the named
+    topics when Kafka cannot be asked, since lineage must never fail a task."""
+    if all(TOPIC_NAME.fullmatch(entry) for entry in entries):
+        return list(entries)
+    try:
+        return resolve(entries)
+    except Exception:  # lineage is best effort: the task's own work reports Kafka's state
+        return [entry for entry in entries if TOPIC_NAME.fullmatch(entry)]
+
+
 def operator_lineage(bootstrap_servers: str, topics: Iterable[str], target: Mapping[str, Any], schema: str,
-                     targets: Iterable[Any], audit: Mapping[str, Any] | None = None, write: bool = True) -> Any:
+                     spec: Any, audit: Mapping[str, Any] | None = None, write: bool = True) -> Any:
     """An ``OperatorLineage``: the topics as inputs; the tables as outputs when the operator writes
     them (``write``), else as inputs (the audit reads them), with the audit's assertions when given.
 
-    :param targets: the spec's targets (``RowTarget``/``AggregateTarget``: ``table``, ``aggregate``).
+    :param spec: the pipeline's spec (``PipelineSpec``): its tables, by ``written_tables``.
     """
     from airflow.providers.common.compat.openlineage.facet import Dataset
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -61,12 +84,12 @@ def operator_lineage(bootstrap_servers: str, topics: Iterable[str], target: Mapp
 
     topic_sets = [Dataset(*kafka_dataset_name(bootstrap_servers, topic)) for topic in topics]
     tables = []
-    for spec_target in targets:
+    for table, aggregate in written_tables(spec):
         facets: dict[str, Any] = {}
-        if audit is not None:
+        if audit is not None and aggregate is not None:
             facets["dataQualityAssertions"] = quality.DataQualityAssertionsDatasetFacet(assertions=[
-                quality.Assertion(**a) for a in audit_assertions(audit, spec_target.table, spec_target.aggregate)])
-        tables.append(Dataset(*postgres_dataset_name(target, schema, spec_target.table), facets=facets))
+                quality.Assertion(**a) for a in audit_assertions(audit, table, aggregate)])
+        tables.append(Dataset(*postgres_dataset_name(target, schema, table), facets=facets))
     if write:
         return OperatorLineage(inputs=topic_sets, outputs=tables)
     return OperatorLineage(inputs=[*topic_sets, *tables], outputs=[])
