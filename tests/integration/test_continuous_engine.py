@@ -13,6 +13,7 @@ read, part, apply or commit, or between cycles. A poison record still goes to de
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
 import uuid
@@ -261,4 +262,28 @@ def test_poison_goes_to_dead_letters(stack: dict, tmp_path: Path, unique_name: s
     assert report["ok"] and report["exit_code"] == 0, report
     assert report["summary"]["duplicated"] == 0 and report["summary"]["missing"] == 0
     assert any(b["dead_lettered"] for b in run.events("batch"))
+    delete_topics(stack["EOS_KAFKA_BOOTSTRAP"], topic)
+
+
+def test_sigterm_ends_the_engine_after_the_cycle_in_flight(stack: dict, tmp_path: Path, unique_name: str) -> None:
+    """C9: a SIGTERM while records flow ends the engine after its cycle in flight commits, exit
+    143 (a supervisor restarts it: nobody asked the pipeline to stop); the rerun finishes exact."""
+    name = f"cterm{unique_name}"
+    topic = f"ledger.{name}"
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=2)
+    producer = LedgerProducer(stack["EOS_KAFKA_BOOTSTRAP"], topic, 3000)
+    producer.start()
+    config = pipeline_config(stack, tmp_path, name, topics=[topic], trigger="continuous",
+                             max_offsets_per_trigger=300, stop_poll_seconds=0.5)
+    run = start_continuous(config, tmp_path, label="term")
+    _wait_for_batches(run, 2, 120)
+    assert run.process.poll() is None, run.log()[-3000:]
+    run.process.send_signal(signal.SIGTERM)
+    assert run.wait(30) == 143, run.log()[-3000:]
+    assert run.events("stopped")[-1]["reason"].startswith("SIGTERM"), run.log()[-3000:]
+    producer.join(120)
+    assert producer.error is None
+    _run_until_caught_up(stack, config, tmp_path, topic, "after-term")
+    report = audit(config, tmp_path)
+    assert report["ok"] and report["summary"]["committed_records"] == 3000, report["summary"]
     delete_topics(stack["EOS_KAFKA_BOOTSTRAP"], topic)

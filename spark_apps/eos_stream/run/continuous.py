@@ -51,6 +51,9 @@ C7. a stop request, ``run_seconds`` or a changed epoch is looked for between cyc
     epoch is refused by the sink's ownership check (7) in any case.
 C8. at_least_once and idempotent: a crash after the database's commit and before the consumer
     group's commit replays the cycle (duplicates in at_least_once; upserts in idempotent).
+C9. SIGTERM (a supervisor's kill, a pod's eviction): the cycle in flight commits, then the
+    engine exits 143 within ``stop_poll_seconds``. Not 0: whoever sent it did not ask the pipeline
+    to stop, so a supervisor restarts it (a stop request is C7). A SIGKILL is C2 or C3.
 
 Exit codes are the app's (``app.main``).
 """
@@ -58,6 +61,7 @@ Exit codes are the app's (``app.main``).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 import uuid
@@ -92,6 +96,10 @@ _MAX_CONSUME = 100_000
 # The longest one poll waits while no record has come: a cycle's first record waits at most
 # this long in librdkafka's queue before the linger starts.
 _IDLE_POLL_SECONDS = 0.005
+# C9: the stop reason a SIGTERM gives, and the exit code it ends with (128 + SIGTERM, as a shell
+# reports a process the signal ended).
+TERMINATED = "SIGTERM: ended after the cycle in flight"
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 @dataclass
@@ -189,6 +197,7 @@ class ContinuousRun:
         self._part_conn: Any = None
         self.stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
                                epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
+        self.terminated = False  # C9: set by the SIGTERM handler, read between cycles
 
     def assign(self) -> None:
         from confluent_kafka import TopicPartition as KafkaPartition
@@ -213,7 +222,7 @@ class ContinuousRun:
             fenced = self.stop.fenced()
             if fenced:
                 raise fencing.Fenced(fenced)
-            reason = self.stop.requested()
+            reason = TERMINATED if self.terminated else self.stop.requested()
             if reason:
                 last = self.read_cycle(0)
                 if last.ends:
@@ -347,6 +356,7 @@ def run_continuous(config: PipelineConfig) -> int:
         if not mode.stores_offsets:
             driver.starting = group_starting(consumer, sorted(driver.starting))
         engine = ContinuousRun(config, driver, consumer)
+        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(engine, "terminated", True))
         try:
             reason = engine.run()
         finally:
@@ -356,7 +366,7 @@ def run_continuous(config: PipelineConfig) -> int:
         driver.close()
     emit("stopped", reason=reason)
     emit("finished", pipeline=config.pipeline, run_id=run_id, engine="continuous")
-    return 0
+    return EXIT_TERMINATED if reason == TERMINATED else 0
 
 
 def main(argv: list[str] | None = None) -> int:
