@@ -35,8 +35,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONNECT_CONN = "eos_cdc_airflow_connect"
 SOURCE_CONN = "eos_cdc_airflow_source"
-# Far above what the test's own writes leave in a slot, far below the filler written while paused.
-MAX_HELD_BYTES = 8 * 1024**2
+# WAL is the whole PostgreSQL cluster's: under xdist the other worker's tests write into the same
+# cluster, and a healthy run once saw both slots hold ~20 MiB (8 MiB was the limit then). Far above
+# that, far below the WAL written while the connector is paused (FILLER).
+MAX_HELD_BYTES = 96 * 1024**2
+# ~150 MiB of WAL in one transaction, in a table the connector does not capture. (With 1 MiB logical
+# decoding messages instead, which Debezium reads too, the resumed connector was not back to
+# RUNNING within 120 s.)
+FILLER = "INSERT INTO filler SELECT g, repeat(md5(g::text), 12) FROM generate_series(1, 300000) g"
 # The application's last rows before a comparison, keyed by a negative mark (the workload's keys are positive).
 LAST_ROWS = ["INSERT INTO customers VALUES ({mark}, 'last', 0, now(), NULL, NULL, NULL)",
              "INSERT INTO order_lines VALUES ({mark}, {mark}, 'z', 1, 1)",
@@ -196,9 +202,8 @@ def test_the_health_dag_names_a_paused_connector_and_a_slot_holding_wal(mirror: 
 
     mirror.hook.pause_connector(mirror.connector)
     wait_until("paused", lambda: mirror.hook.get_connector_status(mirror.connector)["connector"]["state"] == "PAUSED")
-    # ~25 MiB of WAL that no reader of the idle slot (nor the paused connector) confirms.
-    write_source(mirror.source, ["INSERT INTO filler SELECT g, repeat(md5(g::text), 12)"
-                                 " FROM generate_series(1, 50000) g"])
+    # WAL that no reader of the idle slot (nor the paused connector) confirms.
+    write_source(mirror.source, [FILLER])
     try:
         failed, verdict = _health(mirror)
     finally:
