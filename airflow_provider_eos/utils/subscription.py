@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-# A string of topic names: what a comma may separate. Kafka's names have no comma, so a string with
-# any other character (a subscription regex such as ``shop\.t{1,3}``) is one entry, commas included.
-_NAME_LIST = re.compile(r"[A-Za-z0-9._\-,\s]+")
+from spark_apps.eos_stream.kafka.metadata import TOPIC_NAME
 
 
 def subscription_of(pipeline: Any) -> str | None:
@@ -35,8 +32,10 @@ def topic_entries(topics: Any) -> list[str]:
     while pending:
         item = pending.pop(0)
         if isinstance(item, str):
-            entries += [t.strip() for t in item.split(",") if t.strip()] if _NAME_LIST.fullmatch(item) \
-                else [item.strip()]
+            # Kafka's names have no comma: a string whose pieces are all names is a list of them,
+            # any other (a subscription regex such as ``shop\.t{1,3}``) is one entry, commas included.
+            pieces = [t.strip() for t in item.split(",") if t.strip()]
+            entries += pieces if all(TOPIC_NAME.fullmatch(t) for t in pieces) else [item.strip()]
         else:
             pending[:0] = list(item)
     return entries

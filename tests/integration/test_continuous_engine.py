@@ -20,12 +20,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from psycopg2 import sql
 
-from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
-from spark_apps.eos_stream.state import meta_tables
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.helpers.kafka import delete_topics, wait_for_markers
+from tests.helpers.continuous import run_until_caught_up
+from tests.helpers.kafka import delete_topics
 from tests.streaming import (
     AppRun,
     audit,
@@ -124,63 +122,6 @@ def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[in
     return 1, run.events("resume")
 
 
-def _last_stable_offsets(bootstrap: str, topic: str) -> dict[str, int]:
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
-
-    wait_for_markers(bootstrap, topic)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    partitions = admin.list_topics(topic, timeout=15).topics[topic].partitions
-    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
-                                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=15)
-    return {str(tp.partition): future.result().offset for tp, future in futures.items()}
-
-
-def _applied_offsets(stack: dict, config: dict, topic: str, partitions: list[str]) -> dict[str, int]:
-    """Where the pipeline would resume, per partition: the offsets stored with the rows, or in
-    at_least_once the engine's consumer group's committed offsets."""
-    if config["delivery"] == "at_least_once":
-        from confluent_kafka import Consumer, TopicPartition
-
-        consumer = Consumer({"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"],
-                             "group.id": f"eos-continuous-{config['pipeline']}", "enable.auto.commit": False})
-        try:
-            committed = consumer.committed([TopicPartition(topic, int(p)) for p in partitions], timeout=15)
-        finally:
-            consumer.close()
-        return {str(tp.partition): tp.offset for tp in committed}
-    conn = pg_connect(stack)
-    try:
-        stored = OffsetsStore(config["meta_schema"], config["pipeline"]).load(conn)
-    finally:
-        conn.close()
-    return {str(p): offset for (t, p), offset in stored.items() if t == topic}
-
-
-def _run_until_caught_up(stack: dict, config: dict, tmp_path: Path, topic: str, label: str) -> AppRun:
-    """Runs the engine until its committed cycles reach every partition's last stable offset,
-    then stops it with a stop request (as StopPipelineOperator does); it must exit 0."""
-    lso = _last_stable_offsets(stack["EOS_KAFKA_BOOTSTRAP"], topic)
-    run = start_continuous(config, tmp_path, label=label)
-    deadline = time.monotonic() + 240
-    while _applied_offsets(stack, config, topic, sorted(lso)) != lso:
-        assert time.monotonic() < deadline and run.process.poll() is None, run.log()[-3000:]
-        time.sleep(0.5)
-    conn = pg_connect(stack)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql.SQL("UPDATE {} SET stop_requested_at = now() WHERE pipeline = %s").format(
-                meta_tables.table(config["meta_schema"], meta_tables.CONTROL)), (config["pipeline"],))
-            if cur.rowcount == 0:
-                cur.execute(sql.SQL("INSERT INTO {} (pipeline, stop_requested_at) VALUES (%s, now())").format(
-                    meta_tables.table(config["meta_schema"], meta_tables.CONTROL)), (config["pipeline"],))
-    finally:
-        conn.close()
-    assert run.wait(120) == 0, run.log()[-3000:]
-    assert run.events("stopped")[-1]["reason"].startswith("stop requested at")
-    return run
-
-
 def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: int) -> tuple[dict, int, LedgerProducer]:
     topic = f"ledger.{name}"
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=4)
@@ -198,7 +139,7 @@ def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: in
     assert while_producing >= kills // 2, f"only {while_producing} of {killed} kills while the producer wrote"
     producer.join(300)
     assert producer.error is None and not producer.is_alive(), producer.error
-    final = _run_until_caught_up(stack, config, tmp_path, topic, f"{delivery}-final")
+    final = run_until_caught_up(stack, config, tmp_path, [topic], f"{delivery}-final")
     resumes += final.events("resume")
     report = audit(config, tmp_path)
     report["order"] = ledger_order(stack, config["target_schema"])
@@ -283,7 +224,7 @@ def test_sigterm_ends_the_engine_after_the_cycle_in_flight(stack: dict, tmp_path
     assert run.events("stopped")[-1]["reason"].startswith("SIGTERM"), run.log()[-3000:]
     producer.join(120)
     assert producer.error is None
-    _run_until_caught_up(stack, config, tmp_path, topic, "after-term")
+    run_until_caught_up(stack, config, tmp_path, [topic], "after-term")
     report = audit(config, tmp_path)
     assert report["ok"] and report["summary"]["committed_records"] == 3000, report["summary"]
     delete_topics(stack["EOS_KAFKA_BOOTSTRAP"], topic)

@@ -20,26 +20,15 @@ import time
 from pathlib import Path
 
 import pytest
-from psycopg2 import sql
 
 from bench.cdc_changes import ChangeStream
 from bench.cdc_throughput import differences, mirror_definition, produce
-from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
-from spark_apps.eos_stream.state import meta_tables
-from tests.integration.test_continuous_engine import _last_stable_offsets
-from tests.streaming import AppRun, pg_connect, pipeline_config, start_continuous
+from tests.helpers.continuous import run_until_caught_up
+from tests.streaming import AppRun, pipeline_config, start_continuous
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 CHANGES = 6000
-
-
-def _stored(stack: dict, config: dict) -> dict[tuple[str, int], int]:
-    conn = pg_connect(stack)
-    try:
-        return OffsetsStore(config["meta_schema"], config["pipeline"]).load(conn)
-    finally:
-        conn.close()
 
 
 def _killed_run(config: dict, tmp_path: Path, label: str, faults: dict[str, str] | None, delay: float) -> AppRun:
@@ -75,24 +64,7 @@ def test_the_continuous_engine_mirrors_a_change_stream_exactly_under_sigkills(st
         killed += run.process.returncode == -9
     assert killed == len(plan), f"{killed} of {len(plan)} runs were SIGKILLed"
 
-    goal = {(topic, int(p)): offset for topic in stream.topics()
-            for p, offset in _last_stable_offsets(stack["EOS_KAFKA_BOOTSTRAP"], topic).items()}
-    final = start_continuous(config, tmp_path, label="final")
-    deadline = time.monotonic() + 240
-    while _stored(stack, config) != goal:
-        assert time.monotonic() < deadline and final.process.poll() is None, final.log()[-3000:]
-        time.sleep(0.5)
-    conn = pg_connect(stack)
-    with conn.cursor() as cur:
-        control = meta_tables.table(config["meta_schema"], meta_tables.CONTROL)
-        cur.execute(sql.SQL("UPDATE {} SET stop_requested_at = now() WHERE pipeline = %s").format(control),
-                    (config["pipeline"],))
-        if cur.rowcount == 0:
-            cur.execute(sql.SQL("INSERT INTO {} (pipeline, stop_requested_at) VALUES (%s, now())").format(control),
-                        (config["pipeline"],))
-    conn.close()
-    assert final.wait(120) == 0, final.log()[-3000:]
-
+    final = run_until_caught_up(stack, config, tmp_path, stream.topics(), "final")
     differ = differences(stack, config["target_schema"], stream.final_rows())
     rows = {table: len(keys) for table, keys in stream.final_rows().items()}
     print(f"\nproduced {produced}; {killed} kills; rows per table {rows}; rows that differ {differ}")

@@ -63,9 +63,8 @@ class ProgressRecorder(StreamingQueryListener):
     def __init__(self, dsn_kwargs: dict[str, Any], describe: str, config: Any, run_id: str,
                  rows_read: RowsRead) -> None:
         self.rows_read = rows_read
-        self._connect = lambda: connect(dsn_kwargs, describe=describe, application_name="eos-progress")
+        self._dsn_kwargs, self._describe = dsn_kwargs, describe
         self.conn = self._connect()
-        self.conn.autocommit = True
         self.pipeline = config.pipeline
         self.run_id = run_id
         self.insert = sql.SQL(
@@ -92,6 +91,11 @@ class ProgressRecorder(StreamingQueryListener):
              rows_per_second=round(rows * 1000 / millis, 1) if millis else 0.0,
              end_offsets=source.endOffset if source else None)
 
+    def _connect(self) -> Any:
+        conn = connect(self._dsn_kwargs, describe=self._describe, application_name="eos-progress")
+        conn.autocommit = True
+        return conn
+
     def _write(self, row: tuple[Any, ...]) -> None:
         """The progress row, on a connection opened again once if the last one was lost (a
         PostgreSQL restart): the health checks read these rows, so a driver that rode out a
@@ -103,7 +107,6 @@ class ProgressRecorder(StreamingQueryListener):
             with contextlib.suppress(psycopg2.Error):
                 self.conn.close()
             self.conn = self._connect()
-            self.conn.autocommit = True
             with self.conn.cursor() as cur:
                 cur.execute(self.insert, row)
 
