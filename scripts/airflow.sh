@@ -165,8 +165,10 @@ ledger = {
     # open, and a scheduled run (max_active_runs=1) would queue it for up to a sensor window and
     # catch the stuck LSO first, so the demo's run would not show the sensor deferring. Short windows:
     # the demo's open transaction stays open until it is fenced, and a health run lasts about
-    # stuck_after + sensor_timeout (the recovery's gate watches for stuck_after too).
-    "health": {"schedule": "@hourly", "stuck_after": 10, "poke_interval": 5, "sensor_timeout": 30},
+    # stuck_after + sensor_timeout (the recovery's gate watches for stuck_after too). stuck_after
+    # stays well over the 10 s a sensor checks in the worker before it defers, plus a poke: a
+    # shorter one is caught in the worker, and the demo would not show the sensor deferring.
+    "health": {"schedule": "@hourly", "stuck_after": 20, "poke_interval": 5, "sensor_timeout": 30},
 }
 # The second shipped pipeline, of another shape (spark_apps/orders), in schemas of its own.
 orders = {

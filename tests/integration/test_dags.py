@@ -9,10 +9,9 @@ import); runs with nothing to do between them share one (one Airflow start, one 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from psycopg2 import sql
 
 from tests.conftest import ROOT, STATE_DIR, spark_submit_opts
+from tests.helpers.dag_test_process import EXIT_AFTER_RESULTS, end_process_group
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
 from tests.streaming import write_definition
 
@@ -39,7 +39,7 @@ for dag_id, conf in json.loads(sys.argv[2]):
     run = bag.dags[dag_id].test(run_conf=conf)
     states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
     print("EOS-TEST-RESULT " + json.dumps({"state": str(run.state), "tasks": states}), flush=True)
-"""
+""" + EXIT_AFTER_RESULTS
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +69,25 @@ def _dag_tests(env: dict[str, str], runs: list[tuple[str, dict[str, Any]]],
     :return: each run's result (state, task states) with the output printed from its start to its
         result, and the whole output (stdout and stderr, interleaved as printed).
     """
-    # Its own session: on a timeout the whole group goes, the task processes dag.test forked included
-    # (a kill of the interpreter alone left one spinning on a core).
+    # Its own session: the whole group goes at the end (the pool workers OpenLineage forks), and on a
+    # timeout (the task processes dag.test forked included: a kill of the interpreter alone left one
+    # spinning on a core). Output to a file: a leftover holding a pipe would keep it open.
     dump_after = {"EOS_TEST_DUMP_AFTER": str(max(timeout - 20, 1))}
-    process = subprocess.Popen([sys.executable, "-c", _RUN, str(DAGS), json.dumps(runs)],
-                               env={**env, **(extra_env or {}), **dump_after}, cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise DagTestHung(f"dag.test of {[dag for dag, _ in runs]} still running after {timeout:.0f}s; "
-                          f"its last output, with every thread's stack:\n{output[-12000:]}") from None
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
+        process = subprocess.Popen([sys.executable, "-c", _RUN, str(DAGS), json.dumps(runs)],
+                                   env={**env, **(extra_env or {}), **dump_after}, cwd=ROOT, stdout=log,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end_process_group(process)
+            process.wait()
+            log.seek(0)
+            raise DagTestHung(f"dag.test of {[dag for dag, _ in runs]} still running after {timeout:.0f}s; "
+                              f"its last output, with every thread's stack:\n{log.read()[-12000:]}") from None
+        end_process_group(process)
+        log.seek(0)
+        output = log.read()
     done = []
     for part in output.split("EOS-TEST-RUN ")[1:]:
         lines = [line for line in part.splitlines() if line.startswith("EOS-TEST-RESULT ")]
@@ -138,24 +144,33 @@ def test_stream_dag_then_health_check(airflow_env, make_pipeline) -> None:  # no
 
     # Unhealthy: a new dead letter, and a liveness limit the last batch no longer meets.
     hook = p.pg()
-    with hook.cursor() as cur:
-        cur.execute(sql.SQL('INSERT INTO {}.dead_letters (pipeline, topic, partition, "offset", key, value, error)'
-                            " VALUES (%s, %s, 1, 4242, 'k', 'v', 'rejected by test')").format(
-                                sql.Identifier(p.config["meta_schema"])), (p.name, p.topic))
-    time.sleep(2)
+
+    def unhealthy_run(offset: int) -> tuple[dict, str]:
+        # A dead letter of its own for each try: a hung try may already have reported (and passed)
+        # the one before it, since the check advances its Variable when it fails.
+        with hook.cursor() as cur:
+            cur.execute(sql.SQL('INSERT INTO {}.dead_letters (pipeline, topic, partition, "offset", key, value, error)'
+                                " VALUES (%s, %s, 1, %s, 'k', 'v', 'rejected by test')").format(
+                                    sql.Identifier(p.config["meta_schema"])), (p.name, p.topic, offset))
+        time.sleep(2)
+        [(result, out)], _ = _dag_tests(airflow_env, [(health_dag, {"max_age_seconds": 1})], dirs, timeout=240)
+        return result, out
+
+    offset = 4242
     try:
-        [(run, output)], _ = _dag_tests(airflow_env, [(health_dag, {"max_age_seconds": 1})], dirs, timeout=240)
+        run, output = unhealthy_run(offset)
     except DagTestHung as hung:
-        # Seen once under CI's load (a 360 s hang of this run, not reproduced on a quiet machine): the
-        # stacks go to the log for the next look, and the check runs once more. A second hang fails.
+        # Seen under CI's load (not reproduced on a quiet machine): the stacks go to the log for the
+        # next look, and the check runs once more, with a new dead letter. A second hang fails.
         print(f"\nthe unhealthy health run hung once; retrying. {hung}")
-        [(run, output)], _ = _dag_tests(airflow_env, [(health_dag, {"max_age_seconds": 1})], dirs, timeout=240)
+        offset = 4243
+        run, output = unhealthy_run(offset)
     assert run["state"] == "failed", output[-6000:]
     tasks = run["tasks"]
     assert tasks["summary"] == "failed" and tasks["dead_letters"] == "failed"
     assert tasks["liveness"] == "failed"  # deferred, then its trigger timed out
     assert tasks["caught_up"] == "success" and tasks["lso_lag"] == "success"
     assert "Stream health: FAILED (1 of 5 checks failed)" in output, output[-6000:]
-    assert f"{p.topic}[1]@4242" in output and "idle (caught up, no new input)" in output
+    assert f"{p.topic}[1]@{offset}" in output and "idle (caught up, no new input)" in output
     print(f"\n{stream_dag}: refused, real and healthy dag.test: {first_s:.1f}s; "
           f"unhealthy: {time.monotonic() - started - first_s:.1f}s")

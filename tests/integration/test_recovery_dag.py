@@ -26,6 +26,7 @@ from psycopg2 import sql
 from demo.feed import Feed
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.conftest import ROOT, STATE_DIR, spark_submit_opts
+from tests.helpers.dag_test_process import EXIT_AFTER_RESULTS, end_process_group
 from tests.streaming import (
     audit,
     ledger_order,
@@ -55,7 +56,7 @@ for dag_id, conf, *logical_date in json.loads(sys.argv[2]):
     out.append({"dag_id": dag_id, "run_id": run.run_id, "state": str(run.state),
                 "tasks": {ti.task_id: str(ti.state) for ti in tis.values()}, "summary": summary})
 print("RESULT " + json.dumps(out, default=str))
-"""
+""" + EXIT_AFTER_RESULTS
 
 
 def _airflow_env(stack: dict[str, str], config_dir: Path, store: Path) -> dict[str, str]:
@@ -86,9 +87,8 @@ def _dag_test(env: dict[str, str], runs: list, tmp: Path) -> list[dict]:
     process, log = _start_dag_test(env, runs, tmp)
     try:
         process.wait(timeout=420)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
+    finally:
+        end_process_group(process)  # what it left behind, or all of it on a timeout
     result = process
     text = log.read_text(errors="replace")
     lines = [line for line in text.splitlines() if line.startswith("RESULT ")]

@@ -101,6 +101,7 @@ def test_a_pipeline_runs_and_recovers_through_sasl_from_its_definition(stack: di
 
 def test_a_wrong_password_fails_the_stream_naming_the_connection(stack: dict, tmp_path: Path,
                                                                unique_name: str) -> None:
+    from tests.helpers.dag_test_process import end_process_group
     from tests.integration.test_recovery_dag import _airflow_env, _start_dag_test
 
     name = f"saslw{unique_name}"
@@ -111,7 +112,10 @@ def test_a_wrong_password_fails_the_stream_naming_the_connection(stack: dict, tm
            f"AIRFLOW_CONN_{SASL_CONN.upper()}": _sasl_connection(stack, password="not-the-password")}
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=1)
     process, log = _start_dag_test(env, [[f"eos_stream__{name}", {}]], tmp_path)
-    process.wait(timeout=300)
+    try:
+        process.wait(timeout=300)
+    finally:
+        end_process_group(process)
     text = log.read_text(errors="replace")
     assert "refused the credentials" in text and f"kafka {SASL_CONN!r}" in text, text[-4000:]
     assert "not-the-password" not in text
