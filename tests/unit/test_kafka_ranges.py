@@ -5,6 +5,7 @@ tests/integration/test_direct_replay.py and every test that runs the app."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -19,6 +20,7 @@ from spark_apps.eos_stream.run import direct_replay
 class _Message:
     offset_: int
     error_: KafkaError | None = None
+    partition_: int = 0
 
     def error(self) -> KafkaError | None:
         return self.error_
@@ -27,7 +29,7 @@ class _Message:
         return "t"
 
     def partition(self) -> int:
-        return 0
+        return self.partition_
 
     def offset(self) -> int:
         return self.offset_
@@ -41,31 +43,42 @@ class _Message:
 
 @dataclass
 class _Consumer:
-    """Hands out one scripted poll per ``consume``; its position is the offset
-    after the last record handed out, or ``skip_to`` (markers, aborted records)."""
+    """Hands out one scripted poll per ``consume``; a partition's position is the offset after
+    the last record handed out, or ``skip_to`` (markers, aborted records) once the script ends."""
     polls: list[list[_Message]]
-    skip_to: int | None = None
-    position_: int = 0
+    skip_to: int | dict[int, int] | None = None
+    positions: dict[int, int] = field(default_factory=dict)
     assigned: list = field(default_factory=list)
+    paused: set[int] = field(default_factory=set)
+    pauses: list[set[int]] = field(default_factory=list)
 
     def assign(self, partitions: list) -> None:
         self.assigned = partitions
-        self.position_ = partitions[0].offset
+        self.positions = {tp.partition: tp.offset for tp in partitions}
 
     def unassign(self) -> None:
         self.assigned = []
+
+    def pause(self, partitions: list) -> None:
+        self.paused |= {tp.partition for tp in partitions}
+        self.pauses.append({tp.partition for tp in partitions})
+
+    def resume(self, partitions: list) -> None:
+        self.paused -= {tp.partition for tp in partitions}
 
     def consume(self, count: int, timeout: float) -> list[_Message]:
         messages = self.polls.pop(0) if self.polls else []
         for message in messages:
             if message.error_ is None:
-                self.position_ = message.offset_ + 1
+                self.positions[message.partition_] = message.offset_ + 1
         if not self.polls and self.skip_to is not None:
-            self.position_ = max(self.position_, self.skip_to)
+            skips = self.skip_to if isinstance(self.skip_to, dict) else dict.fromkeys(self.positions, self.skip_to)
+            for partition, offset in skips.items():
+                self.positions[partition] = max(self.positions[partition], offset)
         return messages
 
     def position(self, partitions: list) -> list[TopicPartition]:
-        return [TopicPartition(partitions[0].topic, partitions[0].partition, self.position_)]
+        return [TopicPartition(tp.topic, tp.partition, self.positions[tp.partition]) for tp in partitions]
 
 
 def test_batches_share_max_offsets_among_the_partitions_from_the_stored_offsets_or_the_log_start() -> None:
@@ -110,12 +123,38 @@ def test_reading_stops_at_the_end_and_past_markers() -> None:
 
 
 def test_records_arrive_as_arrow_batches_of_the_range() -> None:
-    consumer = _Consumer([[_Message(5), _Message(6)], [_Message(8)]])
-    batches = list(kafka_ranges.record_batches(consumer, OffsetRange("t", 3, 5, 9)))
+    consumer = _Consumer([[_Message(5, partition_=3), _Message(6, partition_=3)], [_Message(8, partition_=3)]])
+    batches = list(kafka_ranges.record_batches(consumer, [OffsetRange("t", 3, 5, 9)]))
     assert [b.to_pydict() for b in batches] == [
         {"topic": ["t", "t"], "partition": [3, 3], "offset": [5, 6], "key": [None, None], "value": [b"{}", b"{}"]},
         {"topic": ["t"], "partition": [3], "offset": [8], "key": [None], "value": [b"{}"]},
     ]
+
+
+def test_a_task_reads_its_ranges_together_and_stops_fetching_the_finished_ones() -> None:
+    # Partition 1 ends at 3 (its last records arrive first); partition 2 goes on to 6 and ends in markers.
+    consumer = _Consumer([[_Message(0, partition_=1), _Message(4, partition_=2)],
+                          [_Message(1, partition_=1), _Message(2, partition_=1), _Message(5, partition_=2)],
+                          [_Message(3, partition_=1)]],  # past partition 1's end: fetched before its pause
+                         skip_to={2: 8})
+    ranges = [OffsetRange("t", 1, 0, 3), OffsetRange("t", 2, 4, 8)]
+    chunks = [[(m.partition(), m.offset()) for m in chunk] for chunk in kafka_ranges.read_ranges(consumer, ranges)]
+    assert chunks == [[(1, 0), (2, 4)], [(1, 1), (1, 2), (2, 5)]]
+    assert consumer.pauses == [{1}]  # no fetching past partition 1's end while partition 2 is read
+    assert consumer.assigned == [] and consumer.paused == set()  # resumed for this worker's next task
+    assert list(kafka_ranges.read_ranges(consumer, [])) == []
+
+
+def test_r4_one_partition_that_stops_moving_fails_the_read_though_another_moves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_ranges, "STALL_SECONDS", 0.2)
+    moving = [[_Message(offset, partition_=1)] for offset in range(1000)]
+    consumer = _Consumer([[_Message(0, partition_=0)], *moving])
+    read = kafka_ranges.read_ranges(consumer, [OffsetRange("t", 0, 0, 5), OffsetRange("t", 1, 0, 1000)])
+    with pytest.raises(RuntimeError, match=r"t\[0\]: no progress past offset 1 .* up to 5"):
+        for _ in read:
+            time.sleep(0.001)
+    assert consumer.polls  # raised while partition 1 still moved, not once it was done
 
 
 def test_a_range_ending_in_markers_ends_when_the_position_reaches_its_end() -> None:

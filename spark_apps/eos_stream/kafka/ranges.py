@@ -3,8 +3,8 @@
 A micro-batch is one offset range per partition. Spark's Kafka source plans
 them (triggers, ``maxOffsetsPerTrigger``, its offset log, the ranges' ends at
 the last stable offset); whoever stages the batch reads them: each Spark task
-its share of the ranges, one after the other (``app.py``), or the Spark-less
-replay every range in turn (``direct_replay.py``). Both read with a librdkafka consumer of their own and
+its share of the ranges, all of them at once (``app.py``), or the Spark-less
+replay every range of a batch (``direct_replay.py``). Both read with a librdkafka consumer of their own and
 hand the records on as Arrow batches of (topic, partition, offset, key, value),
 at most ``CHUNK_RECORDS`` at a time, so memory is bounded by a chunk.
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,51 +121,114 @@ def drop_worker_consumer(settings: Mapping[str, Any]) -> None:
 def read_range(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
     """The committed records of ``r``, as lists of confluent-kafka messages of at most
     ``CHUNK_RECORDS``, in offset order."""
+    return read_ranges(consumer, [r])
+
+
+def read_ranges(consumer: Any, ranges: Iterable[OffsetRange]) -> Iterator[list[Any]]:
+    """The committed records of ``ranges`` (one per partition), as lists of confluent-kafka
+    messages of at most ``CHUNK_RECORDS``: each partition's in offset order, the partitions
+    interleaved as their fetches arrive.
+
+    Every range is assigned at once, so one fetch request serves all their partitions: a task
+    reading the ranges of twenty change topics one after the other paid an assignment, a fetch
+    round trip and the wait past the final marker twenty times."""
     from confluent_kafka import KafkaException
     from confluent_kafka import TopicPartition as KafkaPartition
 
-    consumer.assign([KafkaPartition(r.topic, r.partition, r.start)])
+    share = list(ranges)
+    if not share:
+        return
+    if len({(r.topic, r.partition) for r in share}) < len(share):
+        raise ValueError(f"two ranges of one partition cannot be read together: {share}")
+    assigned = [KafkaPartition(r.topic, r.partition, r.start) for r in share]
+    consumer.assign(assigned)
     try:
-        yield from _chunks(consumer, r)
+        yield from _chunks(consumer, share)
     finally:
-        # Stops its prefetch past the range's end; a consumer too broken for that is dropped anyway.
+        # Stops its prefetch past the ranges' ends; a consumer too broken for that is dropped anyway.
+        # The pauses of finished ranges are lifted first: this worker's consumer reads other
+        # ranges of these partitions in later tasks.
         with contextlib.suppress(KafkaException):
+            if len(share) > 1:
+                consumer.resume(assigned)
             consumer.unassign()
 
 
-def _chunks(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
-    from confluent_kafka import KafkaError, KafkaException
+class _Progress:
+    """Where each unfinished range of a read is, and when it last moved (R4)."""
+
+    def __init__(self, ranges: list[OffsetRange]) -> None:
+        self.pending = {(r.topic, r.partition): r for r in ranges}
+        self.position = {(r.topic, r.partition): r.start for r in ranges}
+        self.moved_at = dict.fromkeys(self.pending, time.monotonic())
+
+    def advance(self, consumer: Any) -> list[OffsetRange]:
+        """Reads the consumer's positions; returns the ranges they finished (and forgets them)."""
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        finished = []
+        for tp in consumer.position([KafkaPartition(t, p) for t, p in self.pending]):
+            key = (tp.topic, tp.partition)
+            if tp.offset > self.position[key]:
+                self.position[key], self.moved_at[key] = tp.offset, time.monotonic()
+            if self.position[key] >= self.pending[key].end:
+                finished.append(self.pending.pop(key))
+        return finished
+
+    def stalled(self) -> RuntimeError | None:
+        """R4: the first unfinished range whose position has not moved for ``STALL_SECONDS``."""
+        now = time.monotonic()
+        for key, r in sorted(self.pending.items()):
+            if now - self.moved_at[key] > STALL_SECONDS:
+                return RuntimeError(f"{r.topic}[{r.partition}]: no progress past offset {self.position[key]} "
+                                    f"in {STALL_SECONDS:.0f}s while reading up to {r.end}")
+        return None
+
+
+def _chunks(consumer: Any, ranges: list[OffsetRange]) -> Iterator[list[Any]]:
     from confluent_kafka import TopicPartition as KafkaPartition
 
-    position, moved_at = r.start, time.monotonic()
-    while position < r.end:
+    progress = _Progress(ranges)
+    while progress.pending:
         chunk = []
         for message in consumer.consume(CHUNK_RECORDS, timeout=_CONSUME_TIMEOUT):
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                gone = " (deleted by retention: the log starts above it)" \
-                    if error.code() == KafkaError._AUTO_OFFSET_RESET else ""
-                raise RuntimeError(f"{r.topic}[{r.partition}]: needs offset {position}{gone} while reading up "
-                                   f"to {r.end}: {error.str()}") from KafkaException(error)
-            if message.offset() >= r.end:
-                break
-            chunk.append(message)
+            key = (message.topic(), message.partition())
+            if message.error() is not None:
+                _raise_read_error(message, progress)
+                continue
+            r = progress.pending.get(key)
+            if r is not None and message.offset() < r.end:
+                chunk.append(message)
         if chunk:
             yield chunk
-        now = consumer.position([KafkaPartition(r.topic, r.partition)])[0].offset
-        if now > position:
-            position, moved_at = now, time.monotonic()
-        elif time.monotonic() - moved_at > STALL_SECONDS:
-            raise RuntimeError(f"{r.topic}[{r.partition}]: no progress past offset {position} in "
-                               f"{STALL_SECONDS:.0f}s while reading up to {r.end}")
+        finished = progress.advance(consumer)
+        if finished and progress.pending:
+            # No fetching past a finished range's end while the others are read.
+            consumer.pause([KafkaPartition(r.topic, r.partition) for r in finished])
+        if progress.pending and (stall := progress.stalled()) is not None:
+            raise stall
 
 
-def record_batches(consumer: Any, r: OffsetRange) -> Generator[Any, None, None]:
-    """The committed records of ``r`` as Arrow record batches of (topic, partition, offset, key, value)."""
-    for chunk in read_range(consumer, r):
-        yield message_batch(chunk, r.topic, r.partition)
+def _raise_read_error(message: Any, progress: _Progress) -> None:
+    """R3 (an offset deleted by retention) and any other consumer error, naming the partition
+    and the offset it needed; a partition's end-of-log notice is not an error."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    error = message.error()
+    if error.code() == KafkaError._PARTITION_EOF:
+        return
+    key = (message.topic(), message.partition())
+    r = progress.pending.get(key) or min(progress.pending.values(), key=lambda r: (r.topic, r.partition))
+    gone = " (deleted by retention: the log starts above it)" if error.code() == KafkaError._AUTO_OFFSET_RESET else ""
+    raise RuntimeError(f"{r.topic}[{r.partition}]: needs offset {progress.position[(r.topic, r.partition)]}{gone} "
+                       f"while reading up to {r.end}: {error.str()}") from KafkaException(error)
+
+
+def record_batches(consumer: Any, ranges: Iterable[OffsetRange]) -> Generator[Any, None, None]:
+    """The committed records of ``ranges`` as Arrow record batches of (topic, partition, offset,
+    key, value), read together (``read_ranges``)."""
+    for chunk in read_ranges(consumer, ranges):
+        yield message_batch(chunk)
 
 
 def message_batch(messages: list[Any], topic: str | None = None, partition: int | None = None) -> Any:

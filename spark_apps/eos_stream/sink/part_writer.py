@@ -18,7 +18,6 @@ the task, as staging does.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -106,14 +105,13 @@ def part_chunks(batches: Iterable[Any], spec: PipelineSpec, row_target: RowTarge
 def write_part(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str, consumer: Any,
                ranges: Iterable[kafka_ranges.OffsetRange]) -> dict[str, Any]:
     """Writes ``ranges`` as one prepared part named ``gid``; returns ``part_result``."""
-    readers = [kafka_ranges.record_batches(consumer, r) for r in ranges]
+    reader = kafka_ranges.record_batches(consumer, ranges)
     try:
-        return write_part_batches(dsn_kwargs, spec, target_schema, gid, itertools.chain.from_iterable(readers))
+        return write_part_batches(dsn_kwargs, spec, target_schema, gid, reader)
     finally:
-        # A part refused mid-range leaves that range's reader suspended: closed here, it unassigns
-        # the consumer now, not at a garbage collection in the middle of the consumer's next read.
-        for reader in readers:
-            reader.close()
+        # A part refused mid-read leaves the reader suspended: closed here, it unassigns the
+        # consumer now, not at a garbage collection in the middle of the consumer's next read.
+        reader.close()
 
 
 def write_part_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, gid: str,

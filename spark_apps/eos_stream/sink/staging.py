@@ -10,7 +10,6 @@ Spark-less replay stages its ranges the same way, in its own process.
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -149,10 +148,13 @@ def _counted(batches: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
 
 def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
                  keep_raw: bool, consumer: Any, ranges: Iterable[kafka_ranges.OffsetRange]) -> int:
-    """Reads offset ranges with ``consumer``, one after the other, and COPYs them into the
-    stage in one transaction of its own; returns how many records it staged."""
-    batches = itertools.chain.from_iterable(kafka_ranges.record_batches(consumer, r) for r in ranges)
-    return stage_batches(dsn_kwargs, spec, meta_schema, stage_name, keep_raw, batches)
+    """Reads offset ranges with ``consumer``, all at once, and COPYs them into the stage in one
+    transaction of its own; returns how many records it staged."""
+    reader = kafka_ranges.record_batches(consumer, ranges)
+    try:
+        return stage_batches(dsn_kwargs, spec, meta_schema, stage_name, keep_raw, reader)
+    finally:
+        reader.close()
 
 
 def stage_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
