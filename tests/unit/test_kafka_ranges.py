@@ -139,7 +139,7 @@ def test_a_task_reads_its_ranges_together_and_stops_fetching_the_finished_ones()
                          skip_to={2: 8})
     ranges = [OffsetRange("t", 1, 0, 3), OffsetRange("t", 2, 4, 8)]
     chunks = [[(m.partition(), m.offset()) for m in chunk] for chunk in kafka_ranges.read_ranges(consumer, ranges)]
-    assert chunks == [[(1, 0), (2, 4)], [(1, 1), (1, 2), (2, 5)]]
+    assert chunks == [[(1, 0)], [(2, 4)], [(1, 1), (1, 2)], [(2, 5)]]  # one partition's run each
     assert consumer.pauses == [{1}]  # no fetching past partition 1's end while partition 2 is read
     assert consumer.assigned == [] and consumer.paused == set()  # resumed for this worker's next task
     assert list(kafka_ranges.read_ranges(consumer, [])) == []

@@ -126,8 +126,8 @@ def read_range(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
 
 def read_ranges(consumer: Any, ranges: Iterable[OffsetRange]) -> Iterator[list[Any]]:
     """The committed records of ``ranges`` (one per partition), as lists of confluent-kafka
-    messages of at most ``CHUNK_RECORDS``: each partition's in offset order, the partitions
-    interleaved as their fetches arrive.
+    messages of one partition each, at most ``CHUNK_RECORDS``, in offset order; the partitions'
+    lists interleaved as their fetches arrive.
 
     Every range is assigned at once, so one fetch request serves all their partitions: a task
     reading the ranges of twenty change topics one after the other paid an assignment, a fetch
@@ -190,7 +190,8 @@ def _chunks(consumer: Any, ranges: list[OffsetRange]) -> Iterator[list[Any]]:
 
     progress = _Progress(ranges)
     while progress.pending:
-        chunk = []
+        # One list per partition: each chunk handed on is one partition's run, in offset order.
+        chunks: dict[tuple[str, int], list[Any]] = {}
         for message in consumer.consume(CHUNK_RECORDS, timeout=_CONSUME_TIMEOUT):
             key = (message.topic(), message.partition())
             if message.error() is not None:
@@ -198,9 +199,8 @@ def _chunks(consumer: Any, ranges: list[OffsetRange]) -> Iterator[list[Any]]:
                 continue
             r = progress.pending.get(key)
             if r is not None and message.offset() < r.end:
-                chunk.append(message)
-        if chunk:
-            yield chunk
+                chunks.setdefault(key, []).append(message)
+        yield from chunks.values()
         finished = progress.advance(consumer)
         if finished and progress.pending:
             # No fetching past a finished range's end while the others are read.
@@ -228,7 +228,7 @@ def record_batches(consumer: Any, ranges: Iterable[OffsetRange]) -> Generator[An
     """The committed records of ``ranges`` as Arrow record batches of (topic, partition, offset,
     key, value), read together (``read_ranges``)."""
     for chunk in read_ranges(consumer, ranges):
-        yield message_batch(chunk)
+        yield message_batch(chunk, chunk[0].topic(), chunk[0].partition())
 
 
 def message_batch(messages: list[Any], topic: str | None = None, partition: int | None = None) -> Any:
