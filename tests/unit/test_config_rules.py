@@ -24,6 +24,8 @@ NO_DDL = dataclasses.replace(LEDGER_EVENTS_ONLY, target_ddl=None)
 # A mirror pipeline's inline definition: refused in a mode without stored offsets.
 MIRROR = "mirror:" + json.dumps({"topic_prefix": "app",
                                  "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]})
+# A mirror that names tables by pattern: refused under the continuous engine.
+PATTERN_MIRROR = "mirror:" + json.dumps({"topic_prefix": "app", "tables": [{"source_pattern": "inventory.*"}]})
 # Per rule: (the definition's keys that break it, the app config's keys that break it).
 EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "pipeline": ({"name": "no spaces"}, {"pipeline": "no spaces"}),
@@ -41,6 +43,8 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "aggregates_need_exactly_once": ({"delivery": "idempotent"}, {"delivery": "idempotent"}),
     "create_targets_needs_ddl": ({"spec": f"{__name__}:NO_DDL", "stream": {"create_targets": True}},
                                  {"spec": f"{__name__}:NO_DDL", "create_targets": True}),
+    "continuous_reads_listed_topics": ({"spec": PATTERN_MIRROR, "stream": {"trigger": "continuous"}},
+                                       {"spec": PATTERN_MIRROR, "trigger": "continuous"}),
 }
 
 
@@ -92,3 +96,9 @@ def test_every_broken_rule_is_named_at_once() -> None:
 def test_an_unknown_app_key_names_the_nearest() -> None:
     with pytest.raises(ConfigError, match=r"unknown config keys \['trigerr'\]; 'trigerr': did you mean 'trigger'\?"):
         from_dict(_app_config(trigerr="availableNow"))
+
+
+def test_the_continuous_engine_takes_a_listed_mirror_and_spark_takes_a_pattern() -> None:
+    # Only the pair is refused: a pattern under Spark's trigger, and listed tables under the engine, run.
+    assert refusals(from_dict(_app_config(spec=PATTERN_MIRROR, trigger="processingTime"))) == []
+    assert refusals(from_dict(_app_config(spec=MIRROR, trigger="continuous"))) == []

@@ -106,6 +106,17 @@ def mirror_delivery_problem(config: PipelineConfig, spec: PipelineSpec | None = 
     return None
 
 
+def _continuous_reads_listed_topics(config: PipelineConfig, spec: PipelineSpec) -> str | None:
+    # The continuous engine assigns the listed topics' partitions once, at its start; Spark's
+    # source re-reads a pattern's topics at every trigger. Refused rather than silently partial.
+    pattern = spec.subscription(list(config.topics)) if config.trigger == "continuous" else None
+    if pattern is None:
+        return None
+    return (f"trigger 'continuous' reads the pipeline's listed topics only, so it would leave out the tables "
+            f"this mirror names by pattern (subscription {pattern!r}), and every one created later. Use trigger "
+            "'processingTime' (Spark subscribes by the pattern), or list those tables")
+
+
 def _create_targets_needs_ddl(config: PipelineConfig, spec: PipelineSpec) -> str | None:
     if config.create_targets and spec.target_ddl is None:
         return f"create_targets is set but spec {spec.name!r} has no target_ddl; create its tables yourself"
@@ -126,6 +137,7 @@ RULES: tuple[Rule, ...] = (
     Rule("spec", lambda config: None),  # made by loading the spec: see refusals()
     Rule("aggregates_need_exactly_once", aggregates_problem, needs_spec=True),
     Rule("create_targets_needs_ddl", _create_targets_needs_ddl, needs_spec=True),
+    Rule("continuous_reads_listed_topics", _continuous_reads_listed_topics, needs_spec=True),
 )
 
 
