@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +25,7 @@ import pytest
 from psycopg2 import sql
 
 from tests.conftest import ROOT
+from tests.helpers.dag_test_process import end_process_group
 from tests.integration.test_recovery_dag import _airflow_env
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
 from tests.streaming import pg_connect, write_definition
@@ -144,8 +143,7 @@ class DagRuns:
             self.process.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(60)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        end_process_group(self.process)
         self.process.wait(30)
 
 
