@@ -103,7 +103,8 @@ def test_batches_share_max_offsets_among_the_partitions_from_the_stored_offsets_
 
 
 def _offsets(consumer: _Consumer, start: int, end: int) -> list[int]:
-    return [m.offset() for chunk in kafka_ranges.read_range(consumer, OffsetRange("t", 0, start, end)) for m in chunk]
+    chunks = kafka_ranges.read_ranges(consumer, [OffsetRange("t", 0, start, end)])
+    return [m.offset() for chunk in chunks for m in chunk]
 
 
 def test_a_batch_has_one_range_per_partition_with_records_to_read() -> None:
@@ -165,7 +166,7 @@ def test_a_range_ending_in_markers_ends_when_the_position_reaches_its_end() -> N
 def test_r4_a_partition_that_stops_moving_fails_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kafka_ranges, "STALL_SECONDS", 0.2)
     consumer = _Consumer([[_Message(0)]])  # then nothing, forever
-    read = kafka_ranges.read_range(consumer, OffsetRange("t", 0, 0, 5))
+    read = kafka_ranges.read_ranges(consumer, [OffsetRange("t", 0, 0, 5)])
     assert next(read)[0].offset() == 0
     with pytest.raises(RuntimeError, match=r"t\[0\]: no progress past offset 1 .* up to 5"):
         next(read)

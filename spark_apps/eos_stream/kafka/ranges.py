@@ -118,12 +118,6 @@ def drop_worker_consumer(settings: Mapping[str, Any]) -> None:
         consumer.close()
 
 
-def read_range(consumer: Any, r: OffsetRange) -> Iterator[list[Any]]:
-    """The committed records of ``r``, as lists of confluent-kafka messages of at most
-    ``CHUNK_RECORDS``, in offset order."""
-    return read_ranges(consumer, [r])
-
-
 def read_ranges(consumer: Any, ranges: Iterable[OffsetRange]) -> Iterator[list[Any]]:
     """The committed records of ``ranges`` (one per partition), as lists of confluent-kafka
     messages of one partition each, at most ``CHUNK_RECORDS``, in offset order; the partitions'
