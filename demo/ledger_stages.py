@@ -108,9 +108,9 @@ class LedgerStages(OrdersStages):
         """The ledger's stream, then the first batches of all three streams (their drivers start
         side by side; ``mirror_started`` says the mirror's has); then the Spark streams' UI links."""
         c = self.console
-        c.stage(f"triggering {STREAM} (continuous, exactly_once) and waiting for the first batches of all "
+        c.stage(f"triggering {STREAM} (Spark, exactly_once) and waiting for the first batches of all "
                 "three streams")
-        # Continuous, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
+        # Spark, 2 s batches of at most 4000 records, targets created: all in ledger.yaml.
         self.stream_run = self.api.trigger(STREAM, {})
         self.wait_until("first micro-batches of the ledger, orders and the mirror", lambda: (
             self.progress_runs() >= 1 and bool(self.spark_drivers()) and self.orders_batches() >= 1
@@ -128,16 +128,20 @@ class LedgerStages(OrdersStages):
         :returns: what was committed just before the kill."""
         self.console.stage(f"{KILL_BURST} more events, then SIGKILL of the Spark driver mid-stream; "
                            "the operator restarts it")
-        # Mid-stream whatever the first production's size and however long the stages before took:
-        # the stream's next trigger cannot have applied a burst committed just now.
+        # The drivers and their children are found first (a scan of every process takes tens of
+        # milliseconds under load), so the SIGKILL lands within milliseconds of the burst's commit:
+        # a batch planned while the burst was open (its end offsets past the burst's records) waits
+        # for the commit and then needs a read, a write and a commit, far longer than that.
+        # The stored offsets are read after the kill, when the killed driver can no longer move them.
+        doomed = [(process, process.children(recursive=True)) for process in self.spark_drivers()]
         burst = produce_ledger(bootstrap, KILL_BURST, topic=TOPIC, seed=11, first_seq=5_000_000,
-                               transactional_id="demo-generator")
-        stored, lso = self.stored_offsets(META, PIPELINE), self.lso()
-        self.behind_at_kill = sum(max(0, offset - stored.get((TOPIC, p), 0)) for p, offset in lso.items())
-        for process in self.spark_drivers():
-            for child in process.children(recursive=True):
+                               transactional_id="demo-generator", batch_size=KILL_BURST)
+        for process, children in doomed:
+            for child in children:
                 child.send_signal(signal.SIGKILL)
             process.send_signal(signal.SIGKILL)
+        stored, lso = self.stored_offsets(META, PIPELINE), self.lso()
+        self.behind_at_kill = sum(max(0, offset - stored.get((TOPIC, p), 0)) for p, offset in lso.items())
         return burst
 
     def ledger_back(self) -> None:

@@ -1,6 +1,6 @@
 """The mirror pipeline's part of the story: an application keeps changing three tables of the
 source database; Debezium, on Kafka Connect, publishes each change; ``eos_stream__shop_mirror``
-applies them to a mirror and an aggregate. The Connect worker and the mirror's Spark driver are
+applies them to a mirror and an aggregate. The Connect worker and the mirror's continuous engine are
 each SIGKILLed once while the application writes; at the end every mirror table is compared with
 its source and the aggregate with its GROUP BY."""
 
@@ -89,8 +89,8 @@ class MirrorStages(StoryBase):
         return self.driver_runs(MIRROR_META, MIRROR_PIPELINE)
 
     def mirror_started(self) -> bool:
-        """The mirror's driver runs and has committed its first batch."""
-        return self.mirror_driver_runs() >= 1 and bool(self.spark_drivers(MIRROR_PIPELINE))
+        """The mirror's engine runs and has committed its first cycle."""
+        return self.mirror_driver_runs() >= 1 and bool(self.stream_engines(MIRROR_PIPELINE))
 
     def reset_mirror(self) -> None:
         """A rerun starts clean: earlier runs' connectors and slots, the source schema, the change
@@ -166,8 +166,8 @@ class MirrorStages(StoryBase):
     def kill_connect_and_the_mirror_driver(self) -> None:
         """SIGKILL of the Connect worker (restarted in the background) and of the mirror's driver
         (its operator restarts it), while the application writes."""
-        self.console.stage(f"SIGKILL of the Kafka Connect worker and of {MIRROR_PIPELINE}'s Spark driver while "
-                           "the application writes; Connect is restarted, the operator restarts the driver")
+        self.console.stage(f"SIGKILL of the Kafka Connect worker and of {MIRROR_PIPELINE}'s continuous engine while "
+                           "the application writes; Connect is restarted, the operator restarts the engine")
         self.wait_until(f"{MIRROR_PIPELINE}'s first batches", self.mirror_started, DRIVER_START_BUDGET)
         pid = int((STATE_DIR / "connect" / "connect.pid").read_text())
         worker = psutil.Process(pid)
@@ -177,7 +177,7 @@ class MirrorStages(StoryBase):
                               "connect_worker_killed": pid}
         killed_at = time.monotonic()
         self.start_connect()
-        drivers = self.spark_drivers(MIRROR_PIPELINE)
+        drivers = self.stream_engines(MIRROR_PIPELINE)
         for process in drivers:
             for child in process.children(recursive=True):
                 child.send_signal(signal.SIGKILL)
@@ -188,11 +188,11 @@ class MirrorStages(StoryBase):
     def mirror_back(self) -> None:
         """The worker back with the connector RUNNING; the restarted driver committing batches."""
         self.console.stage(f"Kafka Connect is back with its connector RUNNING; {MIRROR_PIPELINE}'s restarted "
-                           "driver commits batches")
+                           "engine commits cycles")
         self.connect_started()
         hook = self.connect_hook()
         self.wait_until(f"connector {self.connector} RUNNING", lambda: not hook.connector_problems(self.connector), 120)
-        self.wait_until(f"{MIRROR_PIPELINE}'s restarted driver's batches", lambda: self.mirror_driver_runs() >= 2,
+        self.wait_until(f"{MIRROR_PIPELINE}'s restarted engine's cycles", lambda: self.mirror_driver_runs() >= 2,
                         DRIVER_START_BUDGET)
         self.mirror_faults["back_after_s"] = round(time.monotonic() - self.mirror_faults.pop("killed_at"), 1)
 

@@ -42,6 +42,7 @@ from demo.names import (
 )
 from spark_apps.eos_stream.audit.oracle import audit
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
+from spark_apps.eos_stream.run import continuous as continuous_engine
 from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
 from spark_apps.ledger.spec import LEDGER
 from spark_apps.orders.spec import LINES_TABLE, ORDERS, SALES_TABLE
@@ -216,6 +217,21 @@ class StoryBase:
                 found.append(process)
         return found
 
+    def stream_engines(self, pipeline: str) -> list[psutil.Process]:
+        """The processes that stream ``pipeline``: its Spark drivers, or its continuous engine
+        (``python -m spark_apps.eos_stream.run.continuous --config <file>``, the file naming it)."""
+        found = self.spark_drivers(pipeline)
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            if continuous_engine.__name__ in cmdline and "--config" in cmdline[:-1]:
+                try:
+                    config = json.loads(Path(cmdline[cmdline.index("--config") + 1]).read_text())
+                except (OSError, ValueError):  # the engine's run ended and its directory went with it
+                    continue
+                if config.get("pipeline") == pipeline:
+                    found.append(process)
+        return found
+
     def start_connect(self) -> None:
         """``scripts/stack.sh start-connect`` in the background: the worker joins its group while
         other things happen (Airflow starting, a restart after its SIGKILL)."""
@@ -290,8 +306,8 @@ class StoryBase:
             return
         self.console.note(f"ended the unfinished runs of an earlier demo: {ended}")
         pipelines = (PIPELINE, ORDERS_PIPELINE, MIRROR_PIPELINE)
-        self.wait_until("the earlier demo's Spark drivers gone",
-                        lambda: not any(self.spark_drivers(p) for p in pipelines), 180)
+        self.wait_until("the earlier demo's drivers and engines gone",
+                        lambda: not any(self.stream_engines(p) for p in pipelines), 180)
 
     def reset(self) -> None:
         """A rerun starts from a clean slate: the demo's topic, tables, offsets and snapshots."""
