@@ -73,9 +73,11 @@ left=$(( wall - ($(date +%s) - started) ))
 if [ "$parallel_status" -ne 0 ] && [ "$parallel_status" -ne 5 ] || [ "$left" -le 60 ]; then
   exit "$parallel_status"
 fi
+# -rP: these tests print the oracle's counts of each fault run (rows that differ, changes applied),
+# which the log keeps even when they pass.
 # shellcheck disable=SC2086
 timeout --signal=TERM --kill-after=60 "$left" \
-  "$venv/bin/pytest" tests -p no:xdist --timeout="${PYTEST_TIMEOUT:-900}" -m stack_faults ${PYTEST_ARGS:-}
+  "$venv/bin/pytest" tests -p no:xdist --timeout="${PYTEST_TIMEOUT:-900}" -m stack_faults -rP ${PYTEST_ARGS:-}
 alone_status=$?
 if [ "$alone_status" -eq 5 ] && [ "$parallel_status" -eq 0 ]; then
   exit 0
