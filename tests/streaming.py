@@ -95,9 +95,11 @@ class AppRun:
                 if line.startswith(prefix)]
 
 
-def spark_submit(master: str, jars: str) -> list[str]:
-    """spark-submit with the settings every app run here has (a benchmark's Spark peer too)."""
-    return [str(SPARK_SUBMIT), "--master", master, "--jars", jars,
+def spark_submit(master: str, jars: str, conf: dict[str, str] | None = None) -> list[str]:
+    """spark-submit with the settings every app run here has (a benchmark's Spark peer too),
+    then ``conf``'s properties."""
+    more = [arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")]
+    return [str(SPARK_SUBMIT), "--master", master, "--jars", jars, *more,
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.ui.showConsoleProgress=false",
             "--conf", "spark.driver.host=127.0.0.1",
@@ -107,14 +109,16 @@ def spark_submit(master: str, jars: str) -> list[str]:
 
 
 def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
-              label: str = "run", root: Path = ROOT, master: str = "local[2]") -> AppRun:
-    """Starts the app of the checkout at ``root`` (another one: a benchmark's baseline build)."""
+              label: str = "run", root: Path = ROOT, master: str = "local[2]",
+              spark_conf: dict[str, str] | None = None) -> AppRun:
+    """Starts the app of the checkout at ``root`` (another one: a benchmark's baseline build),
+    with ``spark_conf``'s Spark properties."""
     config_path = tmp_path / f"{config['pipeline']}.json"
     config_path.write_text(json.dumps(config))
     log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            **(env_extra or {})}
-    command = [*spark_submit(master, os.environ["EOS_SPARK_JARS"]),
+    command = [*spark_submit(master, os.environ["EOS_SPARK_JARS"], spark_conf),
                str(root / APP.relative_to(ROOT)), "--config", str(config_path)]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,

@@ -93,8 +93,9 @@ def cases_of(args: argparse.Namespace) -> list[Case]:
     if args.quick:
         deliveries, triggers, rates = ["exactly_once", "at_least_once"], ["0", "1"], [2000]
     app = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.app)}
+    spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     return [Case(d, 0.0 if t == "continuous" else float(t), r, args.warmup, args.measure, keep_logs=args.keep_logs,
-                 app=app, engine="continuous" if t == "continuous" else "spark")
+                 app=app, spark_conf=spark_conf, engine="continuous" if t == "continuous" else "spark")
             for d, t, r in itertools.product(deliveries, triggers, rates)]
 
 
@@ -121,6 +122,8 @@ def parser() -> argparse.ArgumentParser:
                         "shorter --warmup/--measure it fits in minutes)")
     p.add_argument("--app", nargs="*", default=[], metavar="KEY=JSON",
                    help="app config keys over the bench's, e.g. driver_write_max_records=20000")
+    p.add_argument("--spark-conf", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="spark-submit properties of the Spark cases, e.g. spark.driver.defaultJavaOptions=-Xms64m")
     p.add_argument("--keep-logs", type=Path, help="copy each app's log into this directory")
     p.add_argument("--note", default="", help="recorded with the results (e.g. what else ran on the machine)")
     p.add_argument("--output", default=str(ROOT / "bench" / "results" / "latency.json"))
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": " ".join(["python -m bench.latency", *(argv if argv is not None else sys.argv[1:])]),
         "code": git_commit(ROOT), "machine": machine(), "spark_master": "local[2]",
         "method": __doc__.split("Method", 1)[1].strip() if __doc__ else "", "note": args.note,
-        "pipelines": args.pipelines, "runs": args.runs, "app": args.app,
+        "pipelines": args.pipelines, "runs": args.runs, "app": args.app, "spark_conf": args.spark_conf,
         "load_average_at_start": load_average(), "cases": []}
     for case in cases_of(args):
         runs = []

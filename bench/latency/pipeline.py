@@ -47,6 +47,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the app
     keep_logs: Path | None = None  # where each app's log is copied (None: not kept)
     app: dict[str, Any] = field(default_factory=dict)  # app config keys over the bench's
+    spark_conf: dict[str, str] = field(default_factory=dict)  # spark-submit --conf properties (Spark only)
     engine: str = "spark"  # or "continuous": the Spark-less engine (trigger: continuous)
 
     @property
@@ -196,8 +197,12 @@ class ProbedPipeline:
         _targets(self.stack, self.config)
         produce_ledger(self.stack["EOS_KAFKA_BOOTSTRAP"], SEED_EVENTS, topic=self.topic, batch_size=SEED_EVENTS,
                        transactional_id=f"seed-{self.config['pipeline']}")
-        start = start_continuous if self.case.engine == "continuous" else start_app
-        self.run = start(self.config, self.tmp, env_extra=self.case.env or None, label=self.config["pipeline"])
+        if self.case.engine == "continuous":
+            self.run = start_continuous(self.config, self.tmp, env_extra=self.case.env or None,
+                                        label=self.config["pipeline"])
+        else:
+            self.run = start_app(self.config, self.tmp, env_extra=self.case.env or None, label=self.config["pipeline"],
+                                 spark_conf=self.case.spark_conf)
         _first_batch(self.run, startup_timeout)
 
     def probe(self) -> None:

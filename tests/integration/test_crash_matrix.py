@@ -22,9 +22,11 @@ import random
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import audit, ledger_order, pipeline_config, run_app, start_app
 
@@ -94,9 +96,10 @@ def _crash_once(config: dict, tmp_path: Path, step: dict, label: str, resumes: l
     return killed
 
 
-def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str, kills: int) -> tuple[dict, int]:
+def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str, kills: int,
+                **settings: Any) -> tuple[dict, int]:
     config = pipeline_config(stack, tmp_path, name, delivery=delivery, topics=[topic],
-                             max_offsets_per_trigger=KILL_BATCH)
+                             max_offsets_per_trigger=KILL_BATCH, **settings)
     done = 0
     resumes: list[dict] = []
     for index, step in enumerate(_kill_plan(kills, seed=hash(name) & 0xFFFF)):
@@ -112,10 +115,17 @@ def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: st
     return report, done
 
 
-@pytest.mark.parametrize("delivery", ["exactly_once", "two_phase"])
+# exactly_once's parts are written by the driver while a batch holds at most driver_write_max_records
+# (KILL_BATCH's batches do, by default) and by Spark tasks above it: each writer gets its own matrix.
+@pytest.mark.parametrize(("delivery", "settings"), [
+    ("exactly_once", {}),
+    ("exactly_once", {"driver_write_max_records": 0}),
+    ("two_phase", {}),
+], ids=["exactly_once-driver_writes", "exactly_once-tasks_write", "two_phase"])
 def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, ledger_topic: str, unique_name: str,
-                                        delivery: str) -> None:
-    report, kills = _run_matrix(stack, tmp_path, ledger_topic, f"eos{unique_name}", delivery, kills=10)
+                                        delivery: str, settings: dict[str, Any]) -> None:
+    assert KILL_BATCH <= PipelineConfig.driver_write_max_records  # the first case's writer is the driver
+    report, kills = _run_matrix(stack, tmp_path, ledger_topic, f"eos{unique_name}", delivery, kills=10, **settings)
     print(f"{delivery}: events={EVENTS} kills={kills} summary={report['summary']} "
           f"aggregates={report['aggregates']}")
     assert kills >= 10
@@ -132,6 +142,10 @@ def test_exactly_once_survives_sigkills(stack: dict, tmp_path: Path, ledger_topi
         assert {r["write_path"] for r in report["resumes"]} == {"prepared_parts"}
         assert any(r["parts_committed"] for r in report["resumes"]), report["resumes"]
         assert any(r["parts_rolled_back"] for r in report["resumes"]), report["resumes"]
+        # Each matrix's kills landed on its own writer's parts (the driver's part is "<batch>:driver:0").
+        found = [gid for r in report["resumes"] for gid in r["parts_committed"] + r["parts_rolled_back"]]
+        by_driver = [gid for gid in found if gid.endswith(":driver:0")]
+        assert (by_driver == found) if "driver_write_max_records" not in settings else not by_driver, found
 
 
 def test_at_least_once_shows_duplicates_under_the_same_crashes(stack: dict, tmp_path: Path, ledger_topic: str,

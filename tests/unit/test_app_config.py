@@ -121,8 +121,9 @@ def test_a_config_without_a_pipeline_topics_or_spec_is_refused() -> None:
             from_dict({k: v for k, v in REQUIRED.items() if k != key})
 
 
-def test_driver_write_max_records_is_off_by_default_and_never_negative() -> None:
-    assert from_dict(dict(REQUIRED)).validate().driver_write_max_records == 0  # Spark tasks write every batch
+def test_driver_write_max_records_defaults_to_small_batches_and_is_never_negative() -> None:
+    assert from_dict(dict(REQUIRED)).validate().driver_write_max_records == 5000  # larger: Spark tasks write
+    assert from_dict({**REQUIRED, "driver_write_max_records": 0}).validate().driver_write_max_records == 0
     assert from_dict({**REQUIRED, "driver_write_max_records": 20_000}).validate().driver_write_max_records == 20_000
     with pytest.raises(ConfigError, match="driver_write_max_records must be 0 or more"):
         from_dict({**REQUIRED, "driver_write_max_records": -1}).validate()

@@ -98,8 +98,9 @@ class PipelineConfig:
     :param meta_schema: schema of the bookkeeping tables (offsets, dead letters...).
     :param driver_write_max_records: exactly_once: a batch of at most this many offsets is
         written as one prepared part by the driver itself, without a Spark job (0: always by
-        Spark tasks). A Spark job's scheduling is most of a small batch's write; a large batch
-        is written faster by the tasks in parallel.
+        Spark tasks). A Spark job's scheduling is most of a small batch's write, and a stream
+        whose batches stay small never starts Python workers (docs/streaming_app.md); a large
+        batch is written faster by the tasks in parallel.
     :param max_batch_attempts: failed attempts of one batch before it is
         processed record by record and failing records are quarantined.
     :param create_targets: create the spec's target tables if missing.
@@ -129,7 +130,7 @@ class PipelineConfig:
     trigger_interval: str = "1 second"
     max_offsets_per_trigger: int = 20000
     continuous_linger_ms: int = 20
-    driver_write_max_records: int = 0
+    driver_write_max_records: int = 5000
     checkpoint_dir: str = "/tmp/eos-checkpoints"
     target_schema: str = "public"
     meta_schema: str = "eos"
