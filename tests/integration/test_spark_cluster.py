@@ -67,8 +67,11 @@ def test_two_pipelines_on_a_spark_cluster_one_recovered_while_the_other_streams(
         a.produce(3000, seed=1, abort_every=5, transactional_id=f"a1{a.name}")
         b.produce(3000, seed=2, abort_every=5, transactional_id=f"b1{b.name}")
         for p in (a, b):
+            # driver_write_max_records 0: the executors write every batch, so the data path runs on the
+            # cluster (by default the driver would write batches this small itself).
             streams[p.name] = Watcher(p.operator(
                 trigger="processingTime", trigger_interval="2 seconds", max_offsets_per_trigger=1500,
+                driver_write_max_records=0,
                 spark_conn_id=CLUSTER_CONN, spark_conf=EXECUTOR_CONF, max_restarts=0,
                 kafka_options={"sasl.password": kafka_secret}))
             streams[p.name].start()
