@@ -97,7 +97,9 @@ def test_a_spec_from_the_teams_own_package_runs_on_the_cluster(
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", spark_cluster)
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("EOS_TEST_PG_PASSWORD", stack["EOS_PG_PASSWORD"])
-    config = pipeline_config(stack, tmp_path, f"ext{unique_name}", spec=team_repo)
+    # driver_write_max_records 0: the executors write every batch, so they must import the spec (by
+    # default the driver, which has the team's package on its path, would write batches this small).
+    config = pipeline_config(stack, tmp_path, f"ext{unique_name}", spec=team_repo, driver_write_max_records=0)
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], partitions=2)
     _produce(stack["EOS_KAFKA_BOOTSTRAP"], config["topics"][0], 2000)
 
