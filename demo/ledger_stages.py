@@ -133,13 +133,10 @@ class LedgerStages(OrdersStages):
         # a batch planned while the burst was open (its end offsets past the burst's records) waits
         # for the commit and then needs a read, a write and a commit, far longer than that.
         # The stored offsets are read after the kill, when the killed driver can no longer move them.
-        doomed = [(process, process.children(recursive=True)) for process in self.spark_drivers()]
+        doomed = self.with_children(self.spark_drivers())
         burst = produce_ledger(bootstrap, KILL_BURST, topic=TOPIC, seed=11, first_seq=5_000_000,
                                transactional_id="demo-generator", batch_size=KILL_BURST)
-        for process, children in doomed:
-            for child in children:
-                child.send_signal(signal.SIGKILL)
-            process.send_signal(signal.SIGKILL)
+        self.sigkill_trees(doomed)
         stored, lso = self.stored_offsets(META, PIPELINE), self.lso()
         self.behind_at_kill = sum(max(0, offset - stored.get((TOPIC, p), 0)) for p, offset in lso.items())
         return burst

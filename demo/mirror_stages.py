@@ -178,10 +178,7 @@ class MirrorStages(StoryBase):
         killed_at = time.monotonic()
         self.start_connect()
         drivers = self.stream_engines(MIRROR_PIPELINE)
-        for process in drivers:
-            for child in process.children(recursive=True):
-                child.send_signal(signal.SIGKILL)
-            process.send_signal(signal.SIGKILL)
+        self.sigkill_trees(self.with_children(drivers))
         self.mirror_faults["drivers_killed"] = [p.pid for p in drivers]
         self.mirror_faults["killed_at"] = killed_at
 

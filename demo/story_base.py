@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -46,6 +47,23 @@ from spark_apps.eos_stream.run import continuous as continuous_engine
 from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
 from spark_apps.ledger.spec import LEDGER
 from spark_apps.orders.spec import LINES_TABLE, ORDERS, SALES_TABLE
+
+
+def _is_spark_driver(info: dict[str, Any], pipeline: str) -> bool:
+    cmdline = info["cmdline"] or []
+    return ("java" in (info["name"] or "") and "eos_stream/app.py" in " ".join(cmdline)
+            and f"eos-{pipeline}" in cmdline)
+
+
+def _is_continuous_engine(info: dict[str, Any], pipeline: str) -> bool:
+    cmdline = info["cmdline"] or []
+    if continuous_engine.__name__ not in cmdline or "--config" not in cmdline[:-1]:
+        return False
+    try:
+        config = json.loads(Path(cmdline[cmdline.index("--config") + 1]).read_text())
+    except (OSError, ValueError):  # the engine's run ended and its directory went with it
+        return False
+    return bool(config.get("pipeline") == pipeline)
 
 
 class StoryBase:
@@ -209,28 +227,28 @@ class StoryBase:
 
     def spark_drivers(self, pipeline: str = PIPELINE) -> list[psutil.Process]:
         """The pipeline's Spark drivers: spark-submit names its application ``eos-<pipeline>``."""
-        found = []
-        for process in psutil.process_iter(["cmdline", "name"]):
-            cmdline = process.info["cmdline"] or []
-            if ("java" in (process.info["name"] or "") and "eos_stream/app.py" in " ".join(cmdline)
-                    and f"eos-{pipeline}" in cmdline):
-                found.append(process)
-        return found
+        return [process for process in psutil.process_iter(["cmdline", "name"])
+                if _is_spark_driver(process.info, pipeline)]
 
     def stream_engines(self, pipeline: str) -> list[psutil.Process]:
-        """The processes that stream ``pipeline``: its Spark drivers, or its continuous engine
-        (``python -m spark_apps.eos_stream.run.continuous --config <file>``, the file naming it)."""
-        found = self.spark_drivers(pipeline)
-        for process in psutil.process_iter(["cmdline"]):
-            cmdline = process.info["cmdline"] or []
-            if continuous_engine.__name__ in cmdline and "--config" in cmdline[:-1]:
-                try:
-                    config = json.loads(Path(cmdline[cmdline.index("--config") + 1]).read_text())
-                except (OSError, ValueError):  # the engine's run ended and its directory went with it
-                    continue
-                if config.get("pipeline") == pipeline:
-                    found.append(process)
-        return found
+        """The processes that stream ``pipeline``, found in one scan: its Spark drivers, or its
+        continuous engine (``python -m spark_apps.eos_stream.run.continuous --config <file>``,
+        the file naming it)."""
+        return [process for process in psutil.process_iter(["cmdline", "name"])
+                if _is_spark_driver(process.info, pipeline) or _is_continuous_engine(process.info, pipeline)]
+
+    @staticmethod
+    def with_children(processes: list[psutil.Process]) -> list[tuple[psutil.Process, list[psutil.Process]]]:
+        """Each process with its children, found now (before what follows must happen fast)."""
+        return [(process, process.children(recursive=True)) for process in processes]
+
+    @staticmethod
+    def sigkill_trees(trees: list[tuple[psutil.Process, list[psutil.Process]]]) -> None:
+        """SIGKILL of each process of ``with_children``'s list, its children first."""
+        for process, children in trees:
+            for child in children:
+                child.send_signal(signal.SIGKILL)
+            process.send_signal(signal.SIGKILL)
 
     def start_connect(self) -> None:
         """``scripts/stack.sh start-connect`` in the background: the worker joins its group while

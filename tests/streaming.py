@@ -99,13 +99,13 @@ def spark_submit(master: str, jars: str, conf: dict[str, str] | None = None) -> 
     """spark-submit with the settings every app run here has (a benchmark's Spark peer too),
     then ``conf``'s properties."""
     more = [arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")]
-    return [str(SPARK_SUBMIT), "--master", master, "--jars", jars, *more,
+    return [str(SPARK_SUBMIT), "--master", master, "--jars", jars,
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.ui.showConsoleProgress=false",
             "--conf", "spark.driver.host=127.0.0.1",
             "--conf", "spark.driver.bindAddress=127.0.0.1",
             "--conf", "spark.sql.shuffle.partitions=2",
-            "--driver-memory", "1g"]
+            "--driver-memory", "1g", *more]  # last: a property given twice takes its last value
 
 
 def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
