@@ -20,6 +20,7 @@ from demo.names import (
     DRIVER_START_BUDGET,
     HEALTH,
     META,
+    MIRROR_STREAM,
     ORDERS_PIPELINE,
     ORDERS_STREAM,
     ORDERS_TOPIC,
@@ -105,8 +106,8 @@ class LedgerStages(OrdersStages):
                               transactional_id="demo-generator")
 
     def start_ledger(self, mirror_started: Callable[[], bool]) -> None:
-        """The ledger's stream, then the first batches of all three streams (their drivers start
-        side by side; ``mirror_started`` says the mirror's has); then the Spark streams' UI links."""
+        """The ledger's stream, then the first batches of all three streams (they start side by
+        side; ``mirror_started`` says the mirror's has); then the Spark streams' UI links."""
         c = self.console
         c.stage(f"triggering {STREAM} (Spark, exactly_once) and waiting for the first batches of all "
                 "three streams")
@@ -116,7 +117,7 @@ class LedgerStages(OrdersStages):
             self.progress_runs() >= 1 and bool(self.spark_drivers()) and self.orders_batches() >= 1
             and mirror_started()), DRIVER_START_BUDGET)
         self.spark_ui = {STREAM: self.spark_ui_of(STREAM, self.stream_run),
-                         ORDERS_STREAM: self.spark_ui_of(ORDERS_STREAM, self.orders_run)}
+                         MIRROR_STREAM: self.spark_ui_of(MIRROR_STREAM, self.mirror_run)}
         c.stage("each stream task links to its own driver's Spark UI: "
                 + ", ".join(f"{dag} -> {ui['link']} ({'serves' if ui['serves'] else 'DOES NOT serve'})"
                             for dag, ui in self.spark_ui.items()))
@@ -128,16 +129,22 @@ class LedgerStages(OrdersStages):
         :returns: what was committed just before the kill."""
         self.console.stage(f"{KILL_BURST} more events, then SIGKILL of the Spark driver mid-stream; "
                            "the operator restarts it")
-        # The drivers and their children are found first (a scan of every process takes tens of
-        # milliseconds under load), so the SIGKILL lands within milliseconds of the burst's commit:
-        # a batch planned while the burst was open (its end offsets past the burst's records) waits
-        # for the commit and then needs a read, a write and a commit, far longer than that.
-        # The stored offsets are read after the kill, when the killed driver can no longer move them.
-        doomed = self.with_children(self.spark_drivers())
-        burst = produce_ledger(bootstrap, KILL_BURST, topic=TOPIC, seed=11, first_seq=5_000_000,
-                               transactional_id="demo-generator", batch_size=KILL_BURST)
-        self.sigkill_trees(doomed)
-        stored, lso = self.stored_offsets(META, PIPELINE), self.lso()
+        # The driver is frozen (SIGSTOP) before the burst is produced, so no batch can apply the
+        # burst, however fast: a batch planned before the freeze ends at offsets the burst lies
+        # past, and a frozen driver plans none. The kill then certainly lands with the burst
+        # committed in Kafka and not applied, and the stored offsets read meanwhile cannot move.
+        doomed = self.engines_to_kill(PIPELINE)
+        self.signal_trees(doomed, signal.SIGSTOP)
+        try:
+            burst = produce_ledger(bootstrap, KILL_BURST, topic=TOPIC, seed=11, first_seq=5_000_000,
+                                   transactional_id="demo-generator", batch_size=KILL_BURST)
+            # The commit returns once the coordinator logged it; the partitions' markers, which move
+            # the LSO, follow: wait for them, so the count below holds the whole burst.
+            self.wait_until("the burst's commit markers", lambda: self.lso() == self.sampler.latest(committed=False),
+                            60)
+            stored, lso = self.stored_offsets(META, PIPELINE), self.lso()
+        finally:
+            self.signal_trees(doomed, signal.SIGKILL)
         self.behind_at_kill = sum(max(0, offset - stored.get((TOPIC, p), 0)) for p, offset in lso.items())
         return burst
 
@@ -216,7 +223,7 @@ class LedgerStages(OrdersStages):
         :returns: its steps, the feed's production, and what the orders stream did meanwhile."""
         self.console.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume; the ledger's "
                            f"producer keeps committing and {ORDERS_STREAM} keeps streaming")
-        orders_drivers = {process.pid for process in self.spark_drivers(ORDERS_PIPELINE)}
+        orders_engines = {process.pid for process in self.stream_engines(ORDERS_PIPELINE)}
         # A live topic is the normal case: what is committed after the replay started is the
         # resumed stream's work, and the final audit below holds it to it.
         ledger_feed = Feed(lambda tick: produce_ledger(
@@ -232,7 +239,7 @@ class LedgerStages(OrdersStages):
         ran = sorted((ti for ti in instances if ti.get("duration") is not None),
                      key=lambda ti: ti.get("start_date") or "")
         return Recovery(steps=[(ti["task_id"], round(float(ti["duration"]), 2)) for ti in ran], during=during,
-                        orders_through=self.orders_through_recovery(recovery, instances, orders_drivers))
+                        orders_through=self.orders_through_recovery(recovery, instances, orders_engines))
 
     def audit_the_ledger(self) -> dict[str, Any]:
         """:returns: the ledger's final audit, once its stream caught up with the LSO."""

@@ -1,7 +1,7 @@
 """The mirror pipeline's part of the story: an application keeps changing three tables of the
 source database; Debezium, on Kafka Connect, publishes each change; ``eos_stream__shop_mirror``
-applies them to a mirror and an aggregate. The Connect worker and the mirror's continuous engine are
-each SIGKILLed once while the application writes; at the end every mirror table is compared with
+applies them to a mirror and an aggregate, on Spark. The Connect worker and the mirror's Spark driver
+are each SIGKILLed once while the application writes; at the end every mirror table is compared with
 its source and the aggregate with its GROUP BY."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class MirrorStages(StoryBase):
         return self.driver_runs(MIRROR_META, MIRROR_PIPELINE)
 
     def mirror_started(self) -> bool:
-        """The mirror's engine runs and has committed its first cycle."""
+        """The mirror's driver runs and has committed its first batch."""
         return self.mirror_driver_runs() >= 1 and bool(self.stream_engines(MIRROR_PIPELINE))
 
     def reset_mirror(self) -> None:
@@ -153,7 +153,7 @@ class MirrorStages(StoryBase):
             self.stack, TOPIC_PREFIX, slot, [f"{SOURCE_SCHEMA}.{table}" for table in TABLES]))
         self.wait_until(f"connector {self.connector} RUNNING", lambda: not hook.connector_problems(self.connector), 120)
         self.wait_until("the change topics", self.change_topics_written, 120)
-        # Continuous, 2 s batches, targets created from the definition: all in shop_mirror.yaml.
+        # Spark, 2 s batches, targets created from the definition: all in shop_mirror.yaml.
         self.mirror_run = self.api.trigger(MIRROR_STREAM, {})
         self.workload_thread = threading.Thread(target=self.workload.run, args=(3600,), daemon=True,
                                                 name="shop application")
@@ -166,8 +166,8 @@ class MirrorStages(StoryBase):
     def kill_connect_and_the_mirror_driver(self) -> None:
         """SIGKILL of the Connect worker (restarted in the background) and of the mirror's driver
         (its operator restarts it), while the application writes."""
-        self.console.stage(f"SIGKILL of the Kafka Connect worker and of {MIRROR_PIPELINE}'s continuous engine while "
-                           "the application writes; Connect is restarted, the operator restarts the engine")
+        self.console.stage(f"SIGKILL of the Kafka Connect worker and of {MIRROR_PIPELINE}'s Spark driver while "
+                           "the application writes; Connect is restarted, the operator restarts the driver")
         self.wait_until(f"{MIRROR_PIPELINE}'s first batches", self.mirror_started, DRIVER_START_BUDGET)
         pid = int((STATE_DIR / "connect" / "connect.pid").read_text())
         worker = psutil.Process(pid)
@@ -177,19 +177,19 @@ class MirrorStages(StoryBase):
                               "connect_worker_killed": pid}
         killed_at = time.monotonic()
         self.start_connect()
-        drivers = self.stream_engines(MIRROR_PIPELINE)
-        self.sigkill_trees(self.with_children(drivers))
-        self.mirror_faults["drivers_killed"] = [p.pid for p in drivers]
+        drivers = self.engines_to_kill(MIRROR_PIPELINE)
+        self.signal_trees(drivers, signal.SIGKILL)
+        self.mirror_faults["drivers_killed"] = [process.pid for process, _ in drivers]
         self.mirror_faults["killed_at"] = killed_at
 
     def mirror_back(self) -> None:
         """The worker back with the connector RUNNING; the restarted driver committing batches."""
         self.console.stage(f"Kafka Connect is back with its connector RUNNING; {MIRROR_PIPELINE}'s restarted "
-                           "engine commits cycles")
+                           "driver commits batches")
         self.connect_started()
         hook = self.connect_hook()
         self.wait_until(f"connector {self.connector} RUNNING", lambda: not hook.connector_problems(self.connector), 120)
-        self.wait_until(f"{MIRROR_PIPELINE}'s restarted engine's cycles", lambda: self.mirror_driver_runs() >= 2,
+        self.wait_until(f"{MIRROR_PIPELINE}'s restarted driver's batches", lambda: self.mirror_driver_runs() >= 2,
                         DRIVER_START_BUDGET)
         self.mirror_faults["back_after_s"] = round(time.monotonic() - self.mirror_faults.pop("killed_at"), 1)
 

@@ -4,7 +4,7 @@ Starts the local stack (with Kafka Connect) and Airflow's real services (api-ser
 dag-processor, triggerer), then drives the DAGs through the REST API:
 
  1. produce ledger events transactionally (with aborted batches and a poison record);
- 2. start ``eos_stream__ledger`` and SIGKILL its Spark driver once mid-stream;
+ 2. start ``eos_stream__ledger``, freeze its Spark driver, commit a burst, SIGKILL the driver;
  3. leave an open transaction behind a killed producer; ``eos_health__ledger`` catches the stuck LSO;
     the producer's successor (same transactional.id) fences it and the transaction aborts;
  4. snapshot with ``eos_snapshot__ledger``, keep streaming, then damage the target;
@@ -13,17 +13,18 @@ dag-processor, triggerer), then drives the DAGs through the REST API:
  6. a final audit against Kafka, a report on the terminal and in HTML.
 
 A second pipeline of another shape, ``orders`` (spark_apps/orders: order lines and sales per
-(sku, store)), streams through its own ``eos_stream__orders`` the whole time, undisturbed by
+(sku, store)), streams on the continuous engine through its own ``eos_stream__orders`` the whole
+time (the report gives the time from a commit to its lines in the target), undisturbed by
 the ledger's crash, hanging transaction and recovery, and is audited exactly at the end. A
 feed commits order lines every 2 s, so the report can show that the orders stream committed
 batches while the ledger's recovery held the ledger stopped, with the same DAG run and the
-same Spark driver before and after.
+same engine process before and after.
 
 A third, ``shop_mirror``, is a change stream: an application keeps changing three tables of the
 source database in multi-row transactions; Debezium on Kafka Connect (its connector created
 through Connect's REST API) publishes each change; ``eos_stream__shop_mirror`` applies them to a
-mirror and an aggregate, from a declarative definition. The Connect worker and the mirror's
-driver are each SIGKILLed once while the application writes; at the end each mirror table is
+mirror and an aggregate on Spark, from a declarative definition. The Connect worker and the
+mirror's Spark driver are each SIGKILLed once while the application writes; at the end each mirror table is
 compared with its source and the aggregate with its GROUP BY.
 
     .venv/bin/python -m demo.story                   (what `make demo` runs: Spark on local[*])

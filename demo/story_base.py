@@ -3,9 +3,9 @@ REST API at hand, DAG runs awaited and their failures kept, Spark drivers found,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -81,6 +81,7 @@ class StoryBase:
     # Set by the stages: the LSO sampler, the streams' runs and Spark UIs, the report's file.
     sampler: LsoSampler
     orders_run: str
+    mirror_run: str
     stream_run: str
     spark_ui: dict[str, dict[str, Any]]
     behind_at_kill: int
@@ -237,18 +238,28 @@ class StoryBase:
         return [process for process in psutil.process_iter(["cmdline", "name"])
                 if _is_spark_driver(process.info, pipeline) or _is_continuous_engine(process.info, pipeline)]
 
-    @staticmethod
-    def with_children(processes: list[psutil.Process]) -> list[tuple[psutil.Process, list[psutil.Process]]]:
-        """Each process with its children, found now (before what follows must happen fast)."""
-        return [(process, process.children(recursive=True)) for process in processes]
+    def engines_to_kill(self, pipeline: str) -> list[tuple[psutil.Process, list[psutil.Process]]]:
+        """The processes that stream ``pipeline``, each with its children, found now (before what
+        follows must happen fast). A fault that must land on them fails here, naming what it looked
+        for, rather than killing nothing.
+
+        :raises RuntimeError: when no such process runs."""
+        engines = self.stream_engines(pipeline)
+        if not engines:
+            raise RuntimeError(f"no process streams {pipeline!r}: looked for a Spark driver (a java process running "
+                               f"eos_stream/app.py as application eos-{pipeline}) and for a continuous engine "
+                               f"({continuous_engine.__name__} --config naming {pipeline!r})")
+        return [(process, process.children(recursive=True)) for process in engines]
 
     @staticmethod
-    def sigkill_trees(trees: list[tuple[psutil.Process, list[psutil.Process]]]) -> None:
-        """SIGKILL of each process of ``with_children``'s list, its children first."""
+    def signal_trees(trees: list[tuple[psutil.Process, list[psutil.Process]]], signum: int) -> None:
+        """``signum`` to each process of ``engines_to_kill``'s list, its children first: SIGSTOP
+        freezes a tree where it stands (it can commit nothing more), SIGKILL ends it."""
         for process, children in trees:
             for child in children:
-                child.send_signal(signal.SIGKILL)
-            process.send_signal(signal.SIGKILL)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.send_signal(signum)
+            process.send_signal(signum)
 
     def start_connect(self) -> None:
         """``scripts/stack.sh start-connect`` in the background: the worker joins its group while

@@ -46,6 +46,20 @@ def task_defaults(definition: PipelineDefinition) -> dict[str, Any]:
     return {key: value for key, value in args.items() if value is not None}
 
 
+def resumable_wait(definition: PipelineDefinition) -> dict[str, Any]:
+    """The retries of a deferred wait that may simply start again (a stop request repeated, a wait
+    begun anew): at least one, after 2 s unless the definition sets a delay.
+
+    Airflow 3.3 can fail a deferred task whose trigger fires before the scheduler processed the
+    executor's report that the deferring attempt exited (apache/airflow#72716): a wait that ends
+    within seconds of deferring, on a loaded machine. One retry rides that out; a wait that really
+    failed fails again."""
+    args: dict[str, Any] = {"retries": max(1, definition.airflow.retries or 0)}
+    if definition.airflow.retry_delay_seconds is None:
+        args["retry_delay"] = timedelta(seconds=2)
+    return args
+
+
 def spark_task_args(definition: PipelineDefinition) -> dict[str, Any]:
     """The extra arguments of a task that spark-submits: its queue, so that only the workers of
     ``airflow.spark_queue`` need pyspark and Java."""

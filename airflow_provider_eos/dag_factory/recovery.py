@@ -35,6 +35,7 @@ from airflow_provider_eos.dag_factory.common import (
     connection_ids,
     dag_id,
     refuse_undeclared_conf,
+    resumable_wait,
     spark_task_args,
     step_config,
     tags,
@@ -157,13 +158,14 @@ def _stop_the_stream(definition: PipelineDefinition, conns: ResolvedConnections,
     and the stream stopped and fenced."""
     # Deferred to the triggerer: waiting on a stuck partition holds no worker slot.
     gate = LastStableOffsetLagSensor(task_id="gate", topics=subscribed_topics(definition), kafka_config_id=conns.kafka,
-                                     watch_mode="gate", poke_interval=2, timeout=600, deferrable=DEFERRABLE)
+                                     watch_mode="gate", poke_interval=2, timeout=600, deferrable=DEFERRABLE,
+                                     **resumable_wait(definition))
     lock = RecoveryLockOperator(task_id="lock", action="acquire", lock_ttl=DEFAULT_LOCK_TTL, plan_only=DRY_RUN,
                                 **common)
     # The stop request and an epoch bump, then a deferred wait until neither the pipeline's
     # supervisor nor a driver runs (the trigger keeps the recovery lock's heartbeat).
     stop = StopPipelineOperator(task_id="stop_stream", fence=True, quiet_seconds="{{ params.quiet_seconds }}",
-                                plan_only=DRY_RUN, deferrable=DEFERRABLE, **locked)
+                                plan_only=DRY_RUN, deferrable=DEFERRABLE, **resumable_wait(definition), **locked)
     return gate, lock, stop
 
 
@@ -201,7 +203,8 @@ def _replay_and_audit(definition: PipelineDefinition, conns: ResolvedConnections
     caught_up = StreamCaughtUpSensor(
         task_id="wait_caught_up", pipeline=definition.name, topics=subscribed_topics(definition),
         meta_schema=definition.meta_schema, kafka_config_id=conns.kafka, postgres_conn_id=conns.postgres,
-        replayed=replay.output, plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE)
+        replayed=replay.output, plan_only=DRY_RUN, poke_interval=5, timeout=600, deferrable=DEFERRABLE,
+        **resumable_wait(definition))
     # Compared up to the offsets the target stores, which must have reached the replay's goal:
     # what producers committed since the replay started is the resumed stream's work, not missing.
     audit = AuditOperator(task_id="audit", kafka_config_id=conns.kafka, plan_only=DRY_RUN,

@@ -18,6 +18,7 @@ from airflow_provider_eos.dag_factory.common import (
     connection_ids,
     dag_id,
     refuse_undeclared_conf,
+    resumable_wait,
     spark_task_args,
     step_config,
     tags,
@@ -119,5 +120,6 @@ def build_stop_dag(definition: PipelineDefinition) -> DAG:
             pipeline_config=step_config(definition),
             postgres_conn_id=conns.postgres,
             deferrable=DEFERRABLE,
+            **resumable_wait(definition),
         )
     return dag

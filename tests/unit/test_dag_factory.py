@@ -190,3 +190,22 @@ def test_the_factorys_waits_defer_whatever_the_deployment_default(two_pipelines:
     # Every wait of a pipeline's DAGs: the health sensors, the recovery's gate, stop and catch-up, the stop DAG.
     assert {task for _, task in deferring} == {"lso_lag", "liveness", "caught_up", "gate", "stop_stream",
                                                "wait_caught_up", "stop_pipeline"}
+
+
+def test_the_waits_that_may_start_again_ride_out_a_stale_defer_exit(tmp_path: Path) -> None:
+    """The recovery's gate, stop and catch-up and the stop DAG's wait get one retry (Airflow can fail
+    a deferred task whose trigger fired before the scheduler saw its deferring attempt exit); the
+    health sensors, whose failure is the finding, and every other task keep the definition's."""
+    (tmp_path / "alpha.yaml").write_text(json.dumps(_definition("alpha")))
+    (tmp_path / "beta.yaml").write_text(json.dumps(_definition(
+        "beta", airflow={"retries": 3, "retry_delay_seconds": 30})))
+    dags = pipeline_dags(tmp_path)
+    waits = {"gate", "stop_stream", "wait_caught_up", "stop_pipeline"}
+    for name, expected in (("alpha", 1), ("beta", 3)):
+        retries = {task.task_id: task.retries for dag_id, dag in dags.items() if dag_id.endswith(f"__{name}")
+                   for task in dag.tasks}
+        assert {retries[task] for task in waits} == {expected}, retries
+        assert retries["lso_lag"] == (0 if name == "alpha" else 3), retries
+    stop = dags["eos_stop__alpha"].get_task("stop_pipeline")
+    assert stop.retry_delay.total_seconds() == 2
+    assert dags["eos_stop__beta"].get_task("stop_pipeline").retry_delay.total_seconds() == 30
