@@ -27,6 +27,11 @@ the value's schema (``schemas.enable=true``, with ``column.propagate.source.type
 types a plain string cannot tell; ``pg_types.event_type``); its ``columns`` may name
 types the events do not. Every table routes to its own target under one driver and one set of
 offsets: changes route by their ``source`` schema and table, whatever topic carried them.
+
+Each level takes only its own keys (``MIRROR_KEYS``, ``TABLE_KEYS``, ``PATTERN_KEYS``,
+``AGGREGATE_KEYS``): a misspelt key would otherwise drop its setting in silence, so it is refused
+with the nearest known key (``known_keys``). A definition's ``mirror`` section is parsed here when
+the definition loads (``pipeline_definition``), not only when the app starts.
 """
 
 from __future__ import annotations
