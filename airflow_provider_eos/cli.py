@@ -44,6 +44,19 @@ if TYPE_CHECKING:
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 Check = tuple[str, Callable[[], str]]
+# What to do about a definition directory the command line named and that does not exist.
+FIX_THE_ARGUMENT = "name the directory that holds your <pipeline>.yaml files"
+
+
+def definitions_root(directory: str | None) -> tuple[str, str]:
+    """The definition directory a command reads (``--dir``, else ``[eos] pipeline_config_dir``)
+    and what to do if it does not exist: the hint names where the directory came from."""
+    from airflow_provider_eos.utils import provider_config
+    from airflow_provider_eos.utils.definition_folder import FIX_THE_CONFIG
+
+    if directory:
+        return directory, FIX_THE_ARGUMENT
+    return provider_config.pipeline_config_dir(), f"{FIX_THE_CONFIG}, or give --dir"
 
 
 def validate(directory: str, out: TextIO) -> int:
@@ -52,7 +65,7 @@ def validate(directory: str, out: TextIO) -> int:
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError
 
     try:
-        definitions, errors = load_definitions(directory)
+        definitions, errors = load_definitions(directory, FIX_THE_ARGUMENT)
     except PipelineDefinitionError as exc:
         print(f"FAIL {exc}", file=out)
         return 1
@@ -83,12 +96,12 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
     from airflow_provider_eos.utils import provider_config
     from airflow_provider_eos.utils.definition_folder import find_definition, load_definitions
 
-    root = directory or provider_config.pipeline_config_dir()
-    definition = find_definition(root, name)
+    root, fix = definitions_root(directory)
+    definition = find_definition(root, name, fix)
     connections = definition.connections.resolved(provider_config.connection_defaults())
 
     def definition_check() -> str:
-        _definitions, errors = load_definitions(root)
+        _definitions, errors = load_definitions(root, fix)
         mine = [error for file_name, error in errors.items() if Path(file_name).stem == name]
         if mine:
             raise ValueError("; ".join(mine))
@@ -159,21 +172,32 @@ def _postgres_check(definition: PipelineDefinition, connections: Any) -> str:
     return f"{where}: " + ", ".join(found)
 
 
+class ConnectionLookupError(RuntimeError):
+    """``eos config`` could not read a pipeline's Airflow connections."""
+
+
 def app_config(name: str, directory: str | None, with_connections: bool = True) -> dict[str, Any]:
     """The app config pipeline ``name``'s definition yields (no secret in it)."""
     from airflow_provider_eos.utils import provider_config
     from airflow_provider_eos.utils.definition_folder import find_definition
 
-    definition = find_definition(directory or provider_config.pipeline_config_dir(), name)
+    root, fix = definitions_root(directory)
+    definition = find_definition(root, name, fix)
     if not with_connections:
         return definition.app_config(kafka_bootstrap="", postgres={})
     from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
     from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
 
     connections = definition.connections.resolved(provider_config.connection_defaults())
-    hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
-    return definition.app_config(kafka_bootstrap=kafka_bootstrap_from_connection(connections.kafka),
-                                 postgres=hook.app_target())
+    try:
+        hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
+        return definition.app_config(kafka_bootstrap=kafka_bootstrap_from_connection(connections.kafka),
+                                     postgres=hook.app_target())
+    except Exception as exc:  # a connection missing or unusable: say how to see the config without them
+        raise ConnectionLookupError(
+            f"{type(exc).__name__}: {exc} (the pipeline's connections: kafka {connections.kafka!r}, postgres "
+            f"{connections.postgres!r}; define them in Airflow, or run `eos config {name} --no-connections` "
+            "for the config without Kafka's and the database's addresses)") from exc
 
 
 def print_app_config(name: str, directory: str | None, with_connections: bool, out: TextIO) -> int:

@@ -18,20 +18,26 @@ from airflow_provider_eos.utils.pipeline_definition import (
 from spark_apps.eos_stream.run.config import PIPELINE_NAME
 
 SUFFIXES = (".yaml", ".yml", ".json")
+# What to do about a missing directory that the deployment's config named; a command that was
+# given the directory says its own (``cli``).
+FIX_THE_CONFIG = "set [eos] pipeline_config_dir to the directory of your <pipeline>.yaml files"
 
 
-def definition_files(directory: str | Path) -> list[Path]:
-    """The definition files in ``directory`` (not hidden, not in subdirectories), sorted."""
+def definition_files(directory: str | Path, fix: str = FIX_THE_CONFIG) -> list[Path]:
+    """The definition files in ``directory`` (not hidden, not in subdirectories), sorted.
+
+    :param fix: what the error of a missing directory tells the user to do."""
     root = Path(directory)
     if not root.is_dir():
-        raise PipelineDefinitionError(f"the pipeline definition directory {root} does not exist "
-                                      "(set [eos] pipeline_config_dir)")
+        raise PipelineDefinitionError(f"the pipeline definition directory {root} does not exist: {fix}")
     return sorted(p for p in root.iterdir()
                   if p.suffix in SUFFIXES and p.is_file() and not p.name.startswith("."))
 
 
-def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinition], dict[str, str]]:
-    """Every pipeline in ``directory``: (valid definitions by name, error by file name).
+def load_definitions(directory: str | Path,
+                     fix: str = FIX_THE_CONFIG) -> tuple[dict[str, PipelineDefinition], dict[str, str]]:
+    """Every pipeline in ``directory``: (valid definitions by name, error by file name); ``fix``
+    as ``definition_files``'.
 
     One bad file never hides the others: each pipeline is independent, and its team sees its
     own error. Two files for one name (``a.yaml`` and ``a.json``) are both refused, and so is
@@ -41,7 +47,7 @@ def load_definitions(directory: str | Path) -> tuple[dict[str, PipelineDefinitio
     found: dict[str, PipelineDefinition] = {}
     paths: dict[str, Path] = {}
     errors: dict[str, str] = {}
-    files = definition_files(directory)
+    files = definition_files(directory, fix)
     stems = [p.stem for p in files]
     for path in files:
         if stems.count(path.stem) > 1:
@@ -66,8 +72,9 @@ def seniority(paths: Mapping[str, Path]) -> list[str]:
     return sorted(paths, key=lambda name: (int(paths[name].stat().st_mtime), paths[name].name))
 
 
-def find_definition(directory: str | Path, name: str) -> PipelineDefinition:
-    """The one pipeline called ``name``; the error lists the pipelines that do exist."""
+def find_definition(directory: str | Path, name: str, fix: str = FIX_THE_CONFIG) -> PipelineDefinition:
+    """The one pipeline called ``name``; the error lists the pipelines that do exist (``fix`` as
+    ``definition_files``')."""
     if not PIPELINE_NAME.fullmatch(name):
         raise PipelineDefinitionError(f"invalid pipeline name {name!r}")
     candidates = [Path(directory) / f"{name}{suffix}" for suffix in SUFFIXES]
@@ -77,6 +84,6 @@ def find_definition(directory: str | Path, name: str) -> PipelineDefinition:
     if present:
         raise PipelineDefinitionError(f"more than one definition file for pipeline {name!r}: "
                                       f"{', '.join(str(p) for p in present)}")
-    known = sorted({p.stem for p in definition_files(directory)})
+    known = sorted({p.stem for p in definition_files(directory, fix)})
     raise PipelineDefinitionError(f"no pipeline {name!r} in {directory}"
                                   + (f"; defined there: {', '.join(known)}" if known else ""))

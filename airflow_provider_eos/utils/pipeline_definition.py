@@ -42,7 +42,6 @@ Example ``payments.yaml``::
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -73,6 +72,7 @@ from airflow_provider_eos.utils.definition_sections import (
     SnapshotSettings,
     SparkSettings,
 )
+from spark_apps.eos_stream.known_keys import unknown_key_message
 from spark_apps.eos_stream.run.config import (
     PipelineConfig,
     PostgresTarget,
@@ -183,6 +183,7 @@ class PipelineDefinition(Section):
             section = data.pop("mirror")
             if "spec" in data:
                 raise ValueError("a definition names either a spec or a mirror section, not both")
+            _check_mirror(section)
             data["spec"] = "mirror:" + json.dumps(section, sort_keys=True, default=str)
         return data
 
@@ -271,6 +272,24 @@ APP_FIELD_RENAMES = {"pipeline": "name"}
 DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health", "spark", "airflow", "cdc"),
                    "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine",
                               "replay_direct_max_records")}
+# Keys a definition's file may hold that are no field: the mirror section becomes ``spec``.
+_INPUT_ONLY_KEYS: dict[type[BaseModel], tuple[str, ...]] = {PipelineDefinition: ("mirror",)}
+
+
+def _check_mirror(section: Any) -> None:
+    """The mirror section checked as the app will parse it, when the definition loads: every
+    error (an unknown key at any level too) named by its place, as the other sections' are.
+
+    :raises ValueError: the app would refuse the section."""
+    from spark_apps.eos_stream.cdc.definition import parse_mirror
+    from spark_apps.eos_stream.cdc.mirror import MirrorError
+
+    if not isinstance(section, Mapping):
+        raise ValueError(f"mirror: must be a mapping (topic_prefix, tables...), not {type(section).__name__}")
+    try:
+        parse_mirror(section)
+    except MirrorError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def app_field_places() -> dict[str, tuple[str, str]]:
@@ -314,10 +333,11 @@ def _problem(error: Any, root: type[BaseModel] | None = None) -> str:
     where = ".".join(str(part) for part in error["loc"])
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        allowed = sorted(_section_at(error["loc"][:-1], root or PipelineDefinition).model_fields)
-        nearest = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
-        hint = f"did you mean {nearest[0]!r}? " if nearest else ""
-        message = f"unknown key; {hint}allowed here: {', '.join(allowed)}"
+        section = _section_at(error["loc"][:-1], root or PipelineDefinition)
+        allowed = [*section.model_fields, *_INPUT_ONLY_KEYS.get(section, ())]
+        message = unknown_key_message(str(error["loc"][-1]), allowed)
+    elif error["type"] == "missing" and error["loc"] == ("spec",) and root is None:
+        message = "required: name the spec (package.module:ATTRIBUTE), or give a mirror section (docs/cdc.md)"
     return f"{where}: {message}" if where else message
 
 

@@ -23,8 +23,8 @@ FUNCTION_ALLOWED: dict[str, str] = {
 STREAM = "spark_apps.eos_stream"
 # The stream's rooms, lowest first: a module imports only from its own room or a lower one
 # (same rank: neither imports the other). app.py, the spark-submit entry, is above them all.
-RANKS = {"kafka": 0, "records": 0, "events": 0, "errors": 1, "state": 1, "sink": 2, "cdc": 3, "run": 3, "audit": 4,
-         "app": 5}
+RANKS = {"kafka": 0, "records": 0, "events": 0, "known_keys": 0, "errors": 1, "state": 1, "sink": 2, "cdc": 3, "run": 3,
+         "audit": 4, "app": 5}
 
 
 def _modules() -> list[Path]:

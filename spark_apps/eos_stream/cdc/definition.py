@@ -27,6 +27,11 @@ the value's schema (``schemas.enable=true``, with ``column.propagate.source.type
 types a plain string cannot tell; ``pg_types.event_type``); its ``columns`` may name
 types the events do not. Every table routes to its own target under one driver and one set of
 offsets: changes route by their ``source`` schema and table, whatever topic carried them.
+
+Each level takes only its own keys (``MIRROR_KEYS``, ``TABLE_KEYS``, ``PATTERN_KEYS``,
+``AGGREGATE_KEYS``): a misspelt key would otherwise drop its setting in silence, so it is refused
+with the nearest known key (``known_keys``). A definition's ``mirror`` section is parsed here when
+the definition loads (``pipeline_definition``), not only when the app starts.
 """
 
 from __future__ import annotations
@@ -41,13 +46,31 @@ from spark_apps.eos_stream.cdc.deltas import ChangeAggregate
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type, normalize
 from spark_apps.eos_stream.cdc.values import DEFAULT_PLACEHOLDER, FieldSchema
+from spark_apps.eos_stream.known_keys import unknown_key_message
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _SUMMABLE = ("smallint", "integer", "bigint", "numeric")
+# The keys each level of the section takes; any other is refused (a typo would drop its setting).
+MIRROR_KEYS = ("topic_prefix", "tables", "aggregates", "placeholder")
+TABLE_KEYS = ("source", "target", "key", "columns")
+PATTERN_KEYS = ("source_pattern", "target", "columns")
+AGGREGATE_KEYS = ("source", "target", "group_by", "sums", "count_column")
 
 
 def _fail(path: str, message: str) -> MirrorError:
     return MirrorError(f"{path}: {message}")
+
+
+def _known_keys(path: str, entry: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(str(key) for key in entry if key not in allowed)
+    if unknown:
+        raise _fail(f"{path}.{unknown[0]}", unknown_key_message(unknown[0], allowed))
+
+
+def _entries(path: str, value: Any) -> list[Mapping[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(entry, Mapping) for entry in value):
+        raise _fail(path, "must be a list of mappings")
+    return value
 
 
 def _name_list(path: str, value: Any) -> tuple[str, ...]:
@@ -128,14 +151,16 @@ class MirrorDefinition:
         return self.tables.get(source)
 
 
+def _table_name(path: str, value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise _fail(path, f"must be a table name, got {value!r}")
+    return value
+
+
 def _table(path: str, entry: Mapping[str, Any]) -> MirrorTarget:
+    _known_keys(path, entry, TABLE_KEYS)
     source = _source_name(f"{path}.source", entry.get("source"))
-    target = entry.get("target", source.split(".", 1)[1])
-    if not isinstance(target, str) or not _NAME.match(target):
-        raise _fail(f"{path}.target", f"must be a table name, got {target!r}")
-    unknown = set(entry) - {"source", "target", "key", "columns"}
-    if unknown:
-        raise _fail(path, f"unknown settings {sorted(unknown)}")
+    target = _table_name(f"{path}.target", entry.get("target", source.split(".", 1)[1]))
     try:
         return MirrorTarget(source, target, _name_list(f"{path}.key", entry.get("key")),
                             _columns(f"{path}.columns", entry.get("columns")))
@@ -144,6 +169,7 @@ def _table(path: str, entry: Mapping[str, Any]) -> MirrorTarget:
 
 
 def _pattern(path: str, entry: Mapping[str, Any]) -> TablePattern:
+    _known_keys(path, entry, PATTERN_KEYS)
     pattern = entry["source_pattern"]
     if not isinstance(pattern, str) or "." not in pattern:
         raise _fail(f"{path}.source_pattern", f"must be a pattern over schema.table, got {pattern!r}")
@@ -154,6 +180,7 @@ def _pattern(path: str, entry: Mapping[str, Any]) -> TablePattern:
 
 
 def _aggregate(path: str, entry: Mapping[str, Any], tables: Mapping[str, MirrorTarget]) -> ChangeAggregate:
+    _known_keys(path, entry, AGGREGATE_KEYS)
     source = _source_name(f"{path}.source", entry.get("source"))
     mirrored = tables.get(source)
     if mirrored is None:
@@ -161,7 +188,8 @@ def _aggregate(path: str, entry: Mapping[str, Any], tables: Mapping[str, MirrorT
     sums = entry.get("sums", {})
     if not isinstance(sums, Mapping):
         raise _fail(f"{path}.sums", "must map aggregate columns to the source columns they sum")
-    aggregate = ChangeAggregate(source, str(entry.get("target")), _name_list(f"{path}.group_by", entry.get("group_by")),
+    target = _table_name(f"{path}.target", entry.get("target"))
+    aggregate = ChangeAggregate(source, target, _name_list(f"{path}.group_by", entry.get("group_by")),
                                 dict(sums), str(entry.get("count_column", "row_count")))
     unknown = sorted(aggregate.inputs - set(mirrored.columns))
     if unknown:
@@ -176,6 +204,7 @@ def _aggregate(path: str, entry: Mapping[str, Any], tables: Mapping[str, MirrorT
 
 def parse_mirror(data: Mapping[str, Any], path: str = "mirror") -> MirrorDefinition:
     """A ``mirror`` section, checked; every error names its place in the definition."""
+    _known_keys(path, data, MIRROR_KEYS)
     prefix = data.get("topic_prefix")
     if not isinstance(prefix, str) or not prefix:
         raise _fail(f"{path}.topic_prefix", "must name the connector's topic.prefix")
@@ -184,10 +213,8 @@ def parse_mirror(data: Mapping[str, Any], path: str = "mirror") -> MirrorDefinit
         raise _fail(f"{path}.tables", "must list the tables to mirror")
     tables: dict[str, MirrorTarget] = {}
     patterns = []
-    for index, entry in enumerate(entries):
+    for index, entry in enumerate(_entries(f"{path}.tables", entries)):
         where = f"{path}.tables[{index}]"
-        if not isinstance(entry, Mapping):
-            raise _fail(where, "must be a mapping")
         if "source_pattern" in entry:
             patterns.append(_pattern(where, entry))
             continue
@@ -199,7 +226,7 @@ def parse_mirror(data: Mapping[str, Any], path: str = "mirror") -> MirrorDefinit
     if len(set(targets)) != len(targets):
         raise _fail(f"{path}.tables", "two source tables share one target table")
     aggregates = tuple(_aggregate(f"{path}.aggregates[{index}]", entry, tables)
-                       for index, entry in enumerate(data.get("aggregates", [])))
+                       for index, entry in enumerate(_entries(f"{path}.aggregates", data.get("aggregates", []))))
     placeholder = data.get("placeholder", DEFAULT_PLACEHOLDER)
     return MirrorDefinition(prefix, tables, tuple(patterns), aggregates, str(placeholder))
 
