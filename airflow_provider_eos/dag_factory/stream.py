@@ -26,8 +26,7 @@ from airflow_provider_eos.dag_factory.common import (
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
-from spark_apps.eos_stream.run.config import DEPRECATED_CONTINUOUS_TRIGGER
-from spark_apps.eos_stream.run.config_rules import ENGINES, TRIGGERS
+from spark_apps.eos_stream.run.config_rules import DEPRECATED_CONTINUOUS_TRIGGER, ENGINES, TRIGGERS
 
 # Knobs a run conf may set; null means "as the definition says".
 TUNING = ("engine", "trigger", "trigger_interval", "max_offsets_per_trigger", "max_batch_attempts")

@@ -93,3 +93,20 @@ def test_the_old_spelling_beside_another_engine_is_refused_and_unread_it_is_refu
         with pytest.raises(ConfigError, match=r"trigger 'continuous' is now engine 'continuous': set engine: "
                            r"continuous and remove trigger"):
             built.validate()
+
+
+def test_the_hook_and_the_stream_dag_decide_by_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_eos.dag_factory.stream import stream_params
+    from airflow_provider_eos.hooks.stream_submit import AppRunResult, EosStreamSubmitHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[*]"}')
+    hook = EosStreamSubmitHook()
+    ran: list[dict[str, Any]] = []
+    monkeypatch.setattr(hook, "run_continuous", lambda config: ran.append(config) or AppRunResult(0))
+    hook.run_app(_app_config(engine="continuous"))
+    with pytest.warns(FutureWarning, match=DEPRECATED):
+        hook.run_app(_app_config(trigger="continuous"))  # a config written before engine
+    assert [(c["engine"], c.get("trigger")) for c in ran] == [("continuous", None), ("continuous", "processingTime")]
+    params = stream_params(_definition())
+    assert params["engine"].schema["enum"] == [None, "spark", "continuous"]
+    assert "continuous" in params["trigger"].schema["enum"]  # the old spelling, for one release

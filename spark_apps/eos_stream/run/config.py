@@ -30,11 +30,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from spark_apps.eos_stream.run.config_rules import ConfigError, refuse
+from spark_apps.eos_stream.run.config_rules import DEPRECATED_CONTINUOUS_TRIGGER, ConfigError, refuse
 
-# The spelling of ``engine: continuous`` before ``engine`` was its own setting; read as it for one
-# release (read_deprecated_trigger), then refused with the fix (config_rules).
-DEPRECATED_CONTINUOUS_TRIGGER = "continuous"
 # Switches that are gone, with what a config that still sets one is told. Each
 # measured slower than the one path that stayed (docs/benchmarks.md, "Removed switches").
 REMOVED_OPTIONS = {

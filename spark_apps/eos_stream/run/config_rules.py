@@ -27,6 +27,9 @@ PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path compone
 TRIGGERS = ("availableNow", "processingTime")
 # What runs a stream: the Spark app under spark-submit, or the continuous engine (run/continuous.py).
 ENGINES = ("spark", "continuous")
+# The spelling of ``engine: continuous`` before ``engine`` was its own setting: read as it for one
+# release (``config.read_deprecated_trigger``), refused with the fix past that reader (``_trigger``).
+DEPRECATED_CONTINUOUS_TRIGGER = "continuous"
 
 
 class ConfigError(ValueError):
@@ -67,7 +70,7 @@ def _delivery(config: RuledConfig) -> str | None:
 
 
 def _trigger(config: RuledConfig) -> str | None:
-    if config.trigger == "continuous":
+    if config.trigger == DEPRECATED_CONTINUOUS_TRIGGER:
         return "trigger 'continuous' is now engine 'continuous': set engine: continuous and remove trigger"
     if config.trigger not in TRIGGERS:
         return f"unknown trigger {config.trigger!r}; choose one of {', '.join(TRIGGERS)}"
