@@ -9,7 +9,7 @@ or off), keyed by primary key, partitioned as Connect's producer does, committed
 transactional producer in transactions of 5,000; creates, updates (many keys change several
 times within a batch) and deletes (each with its tombstone), the same total over 1 table or
 over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsPerTrigger`` =
-``--batch``, spark-submit ``local[2]`` with the same settings (``tests/streaming.spark_submit``):
+``--batch``, spark-submit ``local[2]`` with the same settings (``bench/harness.spark_submit``):
 
 * ``mirror``: this project's mirror pipeline, ``exactly_once``, from its declarative
   definition (``spec: "mirror:<file>"``, docs/cdc.md), one driver for every table;
@@ -46,10 +46,10 @@ from psycopg2 import sql  # noqa: E402
 
 from bench.cdc_changes import COLUMNS, ChangeStream  # noqa: E402
 from bench.common import drop_schemas, git_commit, in_turn, load_average, local_stack, machine  # noqa: E402
+from bench.harness import pg_connect, pipeline_config, spark_submit, start_app  # noqa: E402
 from spark_apps.eos_stream.cdc import mirror_sql  # noqa: E402
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic  # noqa: E402
-from tests.streaming import pg_connect, pipeline_config, spark_submit, start_app  # noqa: E402
 
 FIGURES = ("mirror", "peer_values", "peer_copy")
 PEER = Path(__file__).with_name("cdc_peer.py")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from demo.env_files import STATE_DIR, read_env_file
+from bench.harness import STATE_DIR, read_env_file
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 
 ROOT = Path(__file__).resolve().parents[1]

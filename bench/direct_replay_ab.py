@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import in_turn, load_average, local_stack, side_by_side_parser, side_by_side_report  # noqa: E402
+from bench.harness import ledger_rows, pipeline_config  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
-from tests.streaming import ledger_rows, pipeline_config  # noqa: E402
 
 
 def _replay(tree: Path, config: dict[str, Any], tmp: Path) -> float:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import ledger_topic, local_stack, machine  # noqa: E402
-from tests.streaming import pipeline_config, start_app  # noqa: E402
+from bench.harness import pipeline_config, start_app  # noqa: E402
 
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 

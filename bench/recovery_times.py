@@ -39,10 +39,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import STATE_DIR, drop_schemas, git_commit, load_average, machine  # noqa: E402
-from demo.env_files import read_env_file  # noqa: E402
+from bench.common import drop_schemas, git_commit, load_average, machine  # noqa: E402
+from bench.harness import STATE_DIR, audit, pg_connect, pipeline_config, read_env_file, run_app  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
-from tests.streaming import audit, pg_connect, pipeline_config, run_app  # noqa: E402
 
 PG_CONN, KAFKA_CONN, SPARK_CONN = "eos_bench_pg", "eos_bench_kafka", "eos_bench_spark"
 
@@ -177,8 +176,8 @@ def size_label(events: int) -> str:
 
 
 def main() -> None:
-    from airflow_provider_eos.recovery.replay_engine import REPLAY_ENGINE_CHOICES
     from airflow_provider_eos.utils.pipeline_definition import StreamSettings
+    from airflow_provider_eos.utils.replay_engine import REPLAY_ENGINE_CHOICES
 
     defaults = StreamSettings()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import in_turn, load_average, local_stack, side_by_side_parser, side_by_side_report  # noqa: E402
+from bench.harness import pipeline_config, run_direct_replay  # noqa: E402
 from bench.recovery_times import KAFKA_CONN, PG_CONN, _connections  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic, produce_ledger  # noqa: E402
-from tests.streaming import pipeline_config, run_direct_replay  # noqa: E402
 
 # What one restore process runs: the checkout first on PYTHONPATH decides whose code restores.
 _RESTORE = """

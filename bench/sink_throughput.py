@@ -75,12 +75,12 @@ from psycopg2 import sql  # noqa: E402
 
 from bench.common import PARTITIONS, git_commit, ledger_topic, local_stack, machine  # noqa: E402
 from bench.cpu_share import CpuShare  # noqa: E402
+from bench.harness import pg_connect, pipeline_config, start_app  # noqa: E402
 from spark_apps.eos_stream.kafka.ranges import FETCH_QUEUE_BACKOFF_MS  # noqa: E402
 from spark_apps.eos_stream.records.parsing import parse_record, staging_lines  # noqa: E402
 from spark_apps.eos_stream.run.preflight import PREPARED_PARTS_ENV  # noqa: E402
 from spark_apps.eos_stream.state.ddl import run_ddl  # noqa: E402
 from spark_apps.ledger.spec import LEDGER, ledger_ddl  # noqa: E402
-from tests.streaming import pg_connect, pipeline_config, start_app  # noqa: E402
 
 # name -> (delivery, spec attribute, Spark master)
 MODES = {

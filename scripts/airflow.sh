@@ -181,7 +181,7 @@ orders = {
     "checkpoint_dir": os.path.join(e["EOS_STATE_DIR"], "checkpoints-orders"),
     # The continuous engine (one Python process in the stream task, no JVM), as a live sales view
     # would run: a committed order is in the target within a fraction of a second.
-    "stream": {"trigger": "continuous", "max_offsets_per_trigger": 4000, "restart_backoff": 3,
+    "stream": {"engine": "continuous", "max_offsets_per_trigger": 4000, "restart_backoff": 3,
                "create_targets": True},
     "snapshot": {"schedule": "@hourly", "keep_last": 24},
     "health": {"schedule": "*/5 * * * *", "stuck_after": 15, "poke_interval": 5, "sensor_timeout": 60},

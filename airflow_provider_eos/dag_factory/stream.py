@@ -1,7 +1,7 @@
 """``eos_stream__<pipeline>`` runs the pipeline under supervision; ``eos_stop__<pipeline>`` stops it.
 
 Everything about the pipeline comes from its definition. A run conf may tune how this run goes
-(the trigger and batch limits, ``null`` meaning the definition's; run time; restarts), never where
+(the engine, the trigger and batch limits, ``null`` meaning the definition's; run time; restarts), never where
 it reads or writes: any other key is refused.
 """
 
@@ -27,16 +27,19 @@ from airflow_provider_eos.dag_factory.common import (
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
-from spark_apps.eos_stream.run.config import TRIGGERS
+from spark_apps.eos_stream.run.config_rules import DEPRECATED_CONTINUOUS_TRIGGER, ENGINES, TRIGGERS
 
 # Knobs a run conf may set; null means "as the definition says".
-TUNING = ("trigger", "trigger_interval", "max_offsets_per_trigger", "max_batch_attempts")
+TUNING = ("engine", "trigger", "trigger_interval", "max_offsets_per_trigger", "max_batch_attempts")
 
 
 def stream_params(definition: PipelineDefinition) -> dict[str, Param]:
     stream = definition.stream
     return {
-        "trigger": Param(None, type=["null", "string"], enum=[None, *TRIGGERS],
+        "engine": Param(None, type=["null", "string"], enum=[None, *ENGINES],
+                        description=f"null: the definition's ({stream.engine})"),
+        # "continuous" is engine: continuous's old spelling, read as it for one release.
+        "trigger": Param(None, type=["null", "string"], enum=[None, *TRIGGERS, DEPRECATED_CONTINUOUS_TRIGGER],
                          description=f"null: the definition's ({stream.trigger})"),
         "trigger_interval": Param(None, type=["null", "string"],
                                   description=f"null: the definition's ({stream.trigger_interval})"),
@@ -45,7 +48,7 @@ def stream_params(definition: PipelineDefinition) -> dict[str, Param]:
         "max_batch_attempts": Param(None, type=["null", "integer"], minimum=1,
                                     description=f"null: the definition's ({stream.max_batch_attempts})"),
         "run_seconds": Param(0, type="number", minimum=0,
-                             description="processingTime and continuous: 0 = until stopped"),
+                             description="processingTime or engine continuous: 0 = until stopped"),
         "max_restarts": Param(stream.max_restarts, type="integer", minimum=0),
         "restart_backoff": Param(stream.restart_backoff, type="number", minimum=0),
     }

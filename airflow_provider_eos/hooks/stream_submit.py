@@ -39,7 +39,7 @@ EXIT_FENCED = 3
 EVENT_PREFIX = "EOS-"
 _JSON = json.JSONDecoder()
 PASSWORD_ENV = "EOS_PG_PASSWORD"
-# The trigger that runs the Spark-less continuous engine instead of spark-submit, and its module.
+# The engine that runs without Spark instead of spark-submit, and its module.
 CONTINUOUS = "continuous"
 CONTINUOUS_MODULE = "spark_apps.eos_stream.run.continuous"
 KAFKA_OPTIONS_ENV = "EOS_KAFKA_OPTIONS_JSON"
@@ -315,10 +315,12 @@ class EosStreamSubmitHook(SparkSubmitHook):
 
     def run_app(self, config: dict[str, Any]) -> AppRunResult:
         """Runs the app until it exits; never raises for the app's own failures. A config whose
-        trigger is ``continuous`` runs the Spark-less engine instead (:meth:`run_continuous`)."""
+        engine is ``continuous`` runs the Spark-less engine instead (:meth:`run_continuous`)."""
+        from spark_apps.eos_stream.run.config import read_deprecated_trigger
         from spark_apps.eos_stream.run.pyspark_pairing import installed_versions, pairing_problem
 
-        if config.get("trigger") == CONTINUOUS:
+        config = read_deprecated_trigger(config)  # a config of before ``engine`` runs as it did
+        if config.get("engine") == CONTINUOUS:
             return self.run_continuous(config)
 
         # spark-submit comes from this environment's pyspark: refuse a mix of two Sparks before it starts.

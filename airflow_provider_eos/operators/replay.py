@@ -17,14 +17,14 @@ from airflow_provider_eos.recovery.catalog import stored_offsets_in
 from airflow_provider_eos.recovery.contracts import ChosenSnapshot, Replayed
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL
 from airflow_provider_eos.recovery.manifest import LATEST, SnapshotError
-from airflow_provider_eos.recovery.replay_engine import (
+from airflow_provider_eos.state.activity import stream_activity
+from airflow_provider_eos.utils.params import as_bool
+from airflow_provider_eos.utils.replay_engine import (
     DEFAULT_DIRECT_MAX_RECORDS,
     DEFAULT_REPLAY_ENGINE,
     REPLAY_ENGINE_CHOICES,
     choose_replay_engine,
 )
-from airflow_provider_eos.state.activity import stream_activity
-from airflow_provider_eos.utils.params import as_bool
 from airflow_provider_eos.utils.subscription import subscribed_topics
 from spark_apps.eos_stream.kafka.offsets import from_nested, to_nested
 
@@ -106,7 +106,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
 
     Reads the stored offsets, checks Kafka still retains them (fails before
     starting anything otherwise), chooses the engine (``engine``; ``auto`` by the
-    records to replay, see :mod:`airflow_provider_eos.recovery.replay_engine`),
+    records to replay, see :mod:`airflow_provider_eos.utils.replay_engine`),
     then replays: ``direct`` in this process, or ``spark``, the streaming app run
     once with ``trigger=availableNow`` through the provider's one submit path,
     :class:`~airflow_provider_eos.hooks.stream_submit.EosStreamSubmitHook`
@@ -143,7 +143,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         ``spark`` (the app through spark-submit, on the Spark connection's master) or ``direct``
         (``spark_apps.eos_stream.run.direct_replay`` in this worker: the same claim and sink without
         Spark, so no cold spark-submit and no cold first batch; one process reads). The choice is
-        logged and returned as ``engine`` (:class:`~airflow_provider_eos.recovery.replay_engine.ReplayChoice`).
+        logged and returned as ``engine`` (:class:`~airflow_provider_eos.utils.replay_engine.ReplayChoice`).
     :param direct_max_records: ``auto``'s threshold (a definition's ``stream.replay_direct_max_records``).
     """
 
@@ -255,7 +255,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
 
         data = json.loads(config.to_json())  # no password, no kafka options
-        data["trigger"] = "availableNow"
+        # The Spark app, run once to the end (the direct replay reads neither key).
+        data.update(engine="spark", trigger="availableNow")
         data["run_seconds"] = 0
         # The stop request keeps supervisors off the target; only this run may write through it.
         data["ignore_stop_request"] = True

@@ -62,8 +62,8 @@ OWN_LOCK_RELEASE_SECONDS = 10.0
 RECOVERY_POLL_SECONDS = 5.0
 # How often a restart backoff looks for a stop request or a recovery before it ends.
 BACKOFF_POLL_SECONDS = 5.0
-# The triggers whose run goes on until a stop, a failure or ``run_seconds``.
-RUNS_UNTIL_STOPPED = ("processingTime", "continuous")
+# The triggers whose run goes on until a stop, a failure or ``run_seconds`` (the continuous engine's: processingTime).
+RUNS_UNTIL_STOPPED = ("processingTime",)
 
 
 
@@ -87,15 +87,15 @@ class StreamingPipelineOperator(BaseOperator):
     retried with exponential backoff up to ``max_restarts`` times; the stop request and the
     recovery are read again during the backoff and at its end, right before the restart (a
     stop request ends the backoff early, and the stop step waits for that). Each end is logged
-    with its reason (the last ``EOS-ERROR`` line). ``trigger='availableNow'`` processes what is in
-    the topics (one incremental batch per DAG run) and succeeds; ``'processingTime'`` (Spark) and
-    ``'continuous'`` (the Spark-less engine, run by the hook in a process group of its own in this
-    worker, supervised the same way) run until a stop is requested
+    with its reason (the last ``EOS-ERROR`` line). The Spark app with ``trigger='availableNow'``
+    processes what is in the topics (one incremental batch per DAG run) and succeeds; with
+    ``'processingTime'`` it runs until a stop is requested
     (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or ``run_seconds`` have
-    passed. ``on_kill`` ends the spark-submit's or the engine's process group (no JVM is left).
+    passed, and so does ``engine='continuous'`` (the Spark-less engine, run by the hook in a process group
+    of its own in this worker, supervised alike). ``on_kill`` ends the spark-submit's or engine's group.
 
     :param definition: the pipeline (``PipelineDefinition``, or its dict form, validated once).
-        Its ``stream`` section gives the trigger, the batch limits and the restart policy.
+        Its ``stream`` section gives the engine, the trigger, the batch limits and the restart policy.
     :param tuning: templated: this run's values for keys of the definition's ``stream`` section
         (``None``: the definition's), e.g. the dict a DAG's ``resolve_run`` task returns.
     :param run_seconds: processingTime and continuous: total time to run, across restarts (0: until stopped).
@@ -433,8 +433,8 @@ class StreamingPipelineOperator(BaseOperator):
                   attempt: int) -> tuple[AppRunResult, dict[str, Any]]:
         """One spark-submit of the app, its events sent on as they come; with its summary line."""
         pipeline = config["pipeline"]
-        self.log.info("Starting pipeline %r, attempt %d (trigger %s, delivery %s)",
-                      pipeline, attempt, config["trigger"], config["delivery"])
+        self.log.info("Starting pipeline %r, attempt %d (engine %s, trigger %s, delivery %s)",
+                      pipeline, attempt, config["engine"], config["trigger"], config["delivery"])
         hook = self.submit_hook(pg)
         hook.on_event = lambda kind, data: self._on_event(pipeline, kind, data)
         self._hook = hook

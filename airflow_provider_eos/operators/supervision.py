@@ -242,6 +242,7 @@ def run_summary(config: dict[str, Any], status: str, attempts: list[dict[str, An
             break
     return {
         "pipeline": config["pipeline"],
+        "engine": config["engine"],
         "trigger": config["trigger"],
         "delivery": config["delivery"],
         "status": status,

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from spark_apps.eos_stream.kafka.offsets import from_nested
-from spark_apps.eos_stream.run.config import PIPELINE_NAME
+from spark_apps.eos_stream.run.config_rules import PIPELINE_NAME
 
 FORMAT_VERSION = 1
 LATEST = "latest"

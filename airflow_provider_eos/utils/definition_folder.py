@@ -15,7 +15,7 @@ from airflow_provider_eos.utils.pipeline_definition import (
     PipelineDefinitionError,
     load_definition,
 )
-from spark_apps.eos_stream.run.config import PIPELINE_NAME
+from spark_apps.eos_stream.run.config_rules import PIPELINE_NAME
 
 SUFFIXES = (".yaml", ".yml", ".json")
 # What to do about a missing directory that the deployment's config named; a command that was

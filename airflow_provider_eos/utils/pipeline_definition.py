@@ -57,11 +57,6 @@ from pydantic import (
     model_validator,
 )
 
-from airflow_provider_eos.recovery.replay_engine import (
-    DEFAULT_DIRECT_MAX_RECORDS,
-    DEFAULT_REPLAY_ENGINE,
-    REPLAY_ENGINE_CHOICES,
-)
 from airflow_provider_eos.utils.definition_sections import (
     SPEC_REFERENCE,
     AirflowSettings,
@@ -72,12 +67,19 @@ from airflow_provider_eos.utils.definition_sections import (
     SnapshotSettings,
     SparkSettings,
 )
+from airflow_provider_eos.utils.replay_engine import (
+    DEFAULT_DIRECT_MAX_RECORDS,
+    DEFAULT_REPLAY_ENGINE,
+    REPLAY_ENGINE_CHOICES,
+)
 from spark_apps.eos_stream.known_keys import unknown_key_message
 from spark_apps.eos_stream.run.config import (
+    ConfigError,
     PipelineConfig,
     PostgresTarget,
     default_of,
     pipeline_fields,
+    read_deprecated_trigger,
     removed_option_problem,
 )
 from spark_apps.eos_stream.run.config_rules import refusals
@@ -93,10 +95,12 @@ class PipelineDefinitionError(ValueError):
 class StreamSettings(Section):
     """How the stream runs.
 
-    :param trigger: ``processingTime`` runs Spark micro-batches until stopped; ``continuous`` runs
-        the Spark-less engine until stopped, committing every few tens of milliseconds
-        (docs/latency.md); ``availableNow`` processes what the topics hold and ends (give it a
-        ``schedule`` to run it periodically).
+    :param engine: ``spark`` (the default) runs the Spark app under spark-submit, as ``trigger``
+        says; ``continuous`` runs the Spark-less engine until stopped, committing every few tens of
+        milliseconds (docs/latency.md), and takes no trigger.
+    :param trigger: Spark's trigger: ``processingTime`` runs micro-batches until stopped;
+        ``availableNow`` processes what the topics hold and ends (give it a ``schedule`` to run it
+        periodically). ``continuous`` is read as ``engine: continuous`` for one release, with a warning.
     :param schedule: the stream DAG's schedule (cron or preset); ``None``: triggered by hand or
         by a recovery's resume. A continuous stream is started once and runs until stopped.
     :param replay_engine: how a recovery replays: ``auto`` (``direct`` up to
@@ -105,10 +109,11 @@ class StreamSettings(Section):
         cold start; docs/recovery.md).
     :param replay_direct_max_records: ``auto``'s threshold: the most records a replay takes
         ``direct`` for (0: ``spark`` for any replay with records); the default's measurements are in
-        airflow_provider_eos/recovery/replay_engine.py.
+        airflow_provider_eos/utils/replay_engine.py.
     """
 
     # The app's fields: their defaults are the app's.
+    engine: str = default_of("engine")
     trigger: str = default_of("trigger")
     trigger_interval: str = default_of("trigger_interval")
     max_offsets_per_trigger: int = default_of("max_offsets_per_trigger")
@@ -128,10 +133,12 @@ class StreamSettings(Section):
     @classmethod
     def _no_removed_switch(cls, data: Any) -> Any:
         # Said by name: "extra fields not permitted" would not tell a user that the switch is gone.
-        problem = removed_option_problem(data) if isinstance(data, Mapping) else None
+        if not isinstance(data, Mapping):
+            return data
+        problem = removed_option_problem(data)
         if problem:
             raise ValueError(problem)
-        return data
+        return read_deprecated_trigger(data)
 
     @field_validator("replay_engine")
     @classmethod
@@ -229,9 +236,13 @@ class PipelineDefinition(Section):
         if not given:
             return self
         try:
+            # Before the merge: the definition's own engine must not contradict a tuned old spelling.
+            given = read_deprecated_trigger(given)
             stream = StreamSettings.model_validate({**self.stream.model_dump(), **given})
         except ValidationError as exc:
             problem: str | None = "; ".join(f"stream.{_problem(e, StreamSettings)}" for e in exc.errors())
+        except ConfigError as exc:
+            problem = f"stream: {exc}"
         else:
             tuned = self.model_copy(update={"stream": stream})
             problem = tuned.app_refusal()

@@ -13,7 +13,7 @@ events/s, for ``--warmup`` seconds and then ``--measure`` seconds; a watcher pol
 target and the aggregate every 20 ms. A transaction's latency is from ``commit_transaction()``
 returning to the first poll that sees all of its records in both. Only transactions committed in
 the measured window count. Each case is ``--runs`` runs, every run a fresh pipeline, topic and
-target (spark-submit ``local[2]`` as the other benches start it: ``tests.streaming.start_app``),
+target (spark-submit ``local[2]`` as the other benches start it: ``bench.harness.start_app``),
 and its figures are the medians of its runs' p50, p90, p99 and max. ``--pipelines N`` runs N such
 pipelines at once, each with its own producer and watcher; a run's figure is then the pipelines'
 median, and its worst p99 is kept. Memory is the RSS of each app's process tree, sampled every

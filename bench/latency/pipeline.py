@@ -18,13 +18,13 @@ import psutil
 from psycopg2 import sql
 
 from bench.common import PARTITIONS, drop_schemas
+from bench.harness import AppRun, pg_connect, pipeline_config, start_app, start_continuous
 from bench.latency.probe import Watcher, start_producer
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.streaming import AppRun, pg_connect, pipeline_config, start_app, start_continuous
 
 # delivery -> the ledger spec it runs (idempotent accepts only row targets)
 SPECS = {"exactly_once": "LEDGER", "at_least_once": "LEDGER", "two_phase": "LEDGER",
@@ -48,7 +48,7 @@ class Case:
     keep_logs: Path | None = None  # where each app's log is copied (None: not kept)
     app: dict[str, Any] = field(default_factory=dict)  # app config keys over the bench's
     spark_conf: dict[str, str] = field(default_factory=dict)  # spark-submit --conf properties (Spark only)
-    engine: str = "spark"  # or "continuous": the Spark-less engine (trigger: continuous)
+    engine: str = "spark"  # or "continuous": the Spark-less engine (the config's engine)
 
     @property
     def trigger_label(self) -> str:
@@ -184,7 +184,7 @@ class ProbedPipeline:
         self.topic = f"bench.latency.{name}"
         self.config = pipeline_config(
             stack, tmp, name, delivery=case.delivery, spec=f"spark_apps.ledger.spec:{SPECS[case.delivery]}",
-            topics=[self.topic], trigger="continuous" if case.engine == "continuous" else "processingTime",
+            topics=[self.topic], engine=case.engine, trigger="processingTime",
             trigger_interval=case.trigger_interval,
             max_offsets_per_trigger=1_000_000, **case.app)
         self.run: AppRun | None = None

@@ -1,4 +1,4 @@
-"""The continuous engine (``trigger: continuous``, spark_apps/eos_stream/run/continuous.py) against
+"""The continuous engine (``engine: continuous``, spark_apps/eos_stream/run/continuous.py) against
 the real stack: SIGKILLed at random moments while a transactional producer writes (every fourth
 transaction aborted), then audited as the crash matrix audits the Spark app.
 
@@ -125,8 +125,8 @@ def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[in
 def _run_matrix(stack: dict, tmp_path: Path, name: str, delivery: str, kills: int) -> tuple[dict, int, LedgerProducer]:
     topic = f"ledger.{name}"
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=4)
-    config = pipeline_config(stack, tmp_path, name, delivery=delivery, topics=[topic], trigger="continuous",
-                             max_offsets_per_trigger=500, stop_poll_seconds=0.5)
+    config = pipeline_config(stack, tmp_path, name, delivery=delivery, topics=[topic], engine="continuous",
+                             trigger="processingTime", max_offsets_per_trigger=500, stop_poll_seconds=0.5)
     producer = LedgerProducer(stack["EOS_KAFKA_BOOTSTRAP"], topic, EVENTS)
     producer.start()
     killed, resumes, while_producing = 0, [], 0
@@ -190,8 +190,8 @@ def test_poison_goes_to_dead_letters(stack: dict, tmp_path: Path, unique_name: s
     produced = produce_ledger(stack["EOS_KAFKA_BOOTSTRAP"], 2000, topic=topic, batch_size=100, abort_every=5,
                               malformed=2, poison=2, seed=uuid.uuid4().int & 0xFFFF)
     assert produced.malformed == 2 and produced.poison == 2
-    config = pipeline_config(stack, tmp_path, name, topics=[topic], trigger="continuous", max_batch_attempts=1,
-                             run_seconds=8, stop_poll_seconds=0.5)
+    config = pipeline_config(stack, tmp_path, name, topics=[topic], engine="continuous", trigger="processingTime",
+                             max_batch_attempts=1, run_seconds=8, stop_poll_seconds=0.5)
     run = start_continuous(config, tmp_path)
     assert run.wait(120) == 0, run.log()[-3000:]
     conn = pg_connect(stack)
@@ -214,7 +214,7 @@ def test_sigterm_ends_the_engine_after_the_cycle_in_flight(stack: dict, tmp_path
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=2)
     producer = LedgerProducer(stack["EOS_KAFKA_BOOTSTRAP"], topic, 3000)
     producer.start()
-    config = pipeline_config(stack, tmp_path, name, topics=[topic], trigger="continuous",
+    config = pipeline_config(stack, tmp_path, name, topics=[topic], engine="continuous", trigger="processingTime",
                              max_offsets_per_trigger=300, stop_poll_seconds=0.5)
     run = start_continuous(config, tmp_path, label="term")
     _wait_for_batches(run, 2, 120)

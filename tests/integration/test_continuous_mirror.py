@@ -1,4 +1,4 @@
-"""The continuous engine (``trigger: continuous``) on a change stream's mirror: Debezium's
+"""The continuous engine (``engine: continuous``) on a change stream's mirror: Debezium's
 records of three tables (``bench/cdc_changes.ChangeStream``: creates, updates of keys changed
 several times within a cycle, deletes with their tombstones), committed in Kafka transactions.
 The engine is SIGKILLed at the sink's two fault points and at random moments, then runs until

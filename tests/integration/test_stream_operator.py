@@ -185,14 +185,14 @@ def test_available_now_run_is_exact_and_leaks_no_password(make_pipeline, airflow
     print(f"\navailableNow operator run + audit: {time.monotonic() - started:.1f}s")
 
 
-@pytest.mark.parametrize("trigger", ["processingTime", "continuous"])
-def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pipeline, trigger):
-    """processingTime (spark-submit) and continuous (the Spark-less engine, in its own process
+@pytest.mark.parametrize("engine", ["spark", "continuous"])
+def test_sigkilled_driver_is_restarted_then_a_stop_request_ends_the_run(make_pipeline, engine):
+    """Spark (spark-submit, processingTime) and the continuous engine (Spark-less, in its own process
     group): SIGKILL the driver's process group after its first batch; the supervisor restarts it;
     once caught up, StopPipelineOperator stops it; the target is exact."""
     p = make_pipeline("opkill")
     p.produce(3000)
-    watcher = Watcher(p.operator(trigger=trigger, trigger_interval="1 second",
+    watcher = Watcher(p.operator(engine=engine, trigger="processingTime", trigger_interval="1 second",
                                  max_offsets_per_trigger=500, max_restarts=2))
     watcher.start()
     first = watcher.live_hook(event="batch")

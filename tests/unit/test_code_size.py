@@ -1,12 +1,10 @@
-"""Size and layering of the code outside the tests: no module over 500 lines, no function over
-60, and the stream's packages import only downward."""
+"""Size of the code outside the tests: no module over 500 lines, no function over 60 (which module
+may import which: test_import_rules.py)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED = ("airflow_provider_eos", "spark_apps", "dags", "bench")
@@ -20,11 +18,6 @@ FUNCTION_ALLOWED: dict[str, str] = {
     # each step's why beside it. Split it only with a test that holds that order.
     "spark_apps/eos_stream/run/driver.py:claim": "the start's ordered protocol, read as one sequence",
 }
-STREAM = "spark_apps.eos_stream"
-# The stream's rooms, lowest first: a module imports only from its own room or a lower one
-# (same rank: neither imports the other). app.py, the spark-submit entry, is above them all.
-RANKS = {"kafka": 0, "records": 0, "events": 0, "known_keys": 0, "errors": 1, "state": 1, "sink": 2, "cdc": 3, "run": 3,
-         "audit": 4, "app": 5}
 
 
 def _modules() -> list[Path]:
@@ -55,37 +48,3 @@ def test_no_function_is_over_60_lines() -> None:
     stale = set(FUNCTION_ALLOWED) - set(over)
     assert not stale, f"allowed but no longer over: remove {sorted(stale)} from FUNCTION_ALLOWED"
 
-
-def _room(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[2] if module.startswith(STREAM + ".") and len(parts) > 2 else None
-
-
-def _imports(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return found
-
-
-@pytest.mark.parametrize("path", sorted((ROOT / "spark_apps" / "eos_stream").rglob("*.py")), ids=_name)
-def test_the_streams_rooms_import_only_downward(path: Path) -> None:
-    own = _room(".".join(path.relative_to(ROOT).with_suffix("").parts))
-    if own is None or own == "__init__":
-        return
-    assert own in RANKS, f"{own} has no rank in RANKS"
-    for module in _imports(path):
-        room = _room(module)
-        if room is None or room == own or room not in RANKS:
-            continue
-        assert RANKS[room] < RANKS[own], f"{_name(path)} ({own}) imports {module} ({room}): upward or sideways"
-
-
-def test_kafka_and_records_import_nothing_of_the_app_above_them() -> None:
-    for room in ("kafka", "records"):
-        for path in (ROOT / "spark_apps" / "eos_stream" / room).glob("*.py"):
-            assert not {m for m in _imports(path) if _room(m) not in (None, room)}, _name(path)

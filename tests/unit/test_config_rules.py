@@ -32,6 +32,8 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "topics": ({"topics": []}, {"topics": []}),
     "delivery": ({"delivery": "maybe"}, {"delivery": "maybe"}),
     "trigger": ({"stream": {"trigger": "always"}}, {"trigger": "always"}),
+    "engine": ({"stream": {"engine": "continuous", "trigger": "availableNow"}},
+               {"engine": "continuous", "trigger": "availableNow"}),
     "max_offsets_per_trigger": ({"stream": {"max_offsets_per_trigger": 0}}, {"max_offsets_per_trigger": 0}),
     "driver_write_max_records": ({"stream": {"driver_write_max_records": -1}}, {"driver_write_max_records": -1}),
     "continuous_linger_ms": ({"stream": {"continuous_linger_ms": -1}}, {"continuous_linger_ms": -1}),
@@ -43,8 +45,8 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "aggregates_need_exactly_once": ({"delivery": "idempotent"}, {"delivery": "idempotent"}),
     "create_targets_needs_ddl": ({"spec": f"{__name__}:NO_DDL", "stream": {"create_targets": True}},
                                  {"spec": f"{__name__}:NO_DDL", "create_targets": True}),
-    "continuous_reads_listed_topics": ({"spec": PATTERN_MIRROR, "stream": {"trigger": "continuous"}},
-                                       {"spec": PATTERN_MIRROR, "trigger": "continuous"}),
+    "continuous_reads_listed_topics": ({"spec": PATTERN_MIRROR, "stream": {"engine": "continuous"}},
+                                       {"spec": PATTERN_MIRROR, "engine": "continuous"}),
 }
 
 
@@ -99,6 +101,6 @@ def test_an_unknown_app_key_names_the_nearest() -> None:
 
 
 def test_the_continuous_engine_takes_a_listed_mirror_and_spark_takes_a_pattern() -> None:
-    # Only the pair is refused: a pattern under Spark's trigger, and listed tables under the engine, run.
-    assert refusals(from_dict(_app_config(spec=PATTERN_MIRROR, trigger="processingTime"))) == []
-    assert refusals(from_dict(_app_config(spec=MIRROR, trigger="continuous"))) == []
+    # Only the pair is refused: a pattern under Spark, and listed tables under the continuous engine, run.
+    assert refusals(from_dict(_app_config(spec=PATTERN_MIRROR, engine="spark"))) == []
+    assert refusals(from_dict(_app_config(spec=MIRROR, engine="continuous"))) == []

@@ -92,7 +92,7 @@ def test_the_hook_runs_the_engine_as_its_own_process_and_reads_its_exit(conns: A
     hook._secret_env["EOS_PG_PASSWORD"] = "s3cret"
     try:
         result = hook.run_app({"pipeline": "p", "topics": ["t"], "spec": "spark_apps.ledger.spec:LEDGER",
-                               "trigger": "continuous", "continuous_linger_ms": -1})
+                               "engine": "continuous", "continuous_linger_ms": -1})
         assert result.returncode == 2 and result.config_error, result
         assert "continuous_linger_ms must be 0 or more" in result.last_error["message"]
         assert hook._submit_sp is not None and "s3cret" not in " ".join(hook._submit_sp.args)

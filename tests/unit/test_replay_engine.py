@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_eos.recovery.replay_engine import DEFAULT_DIRECT_MAX_RECORDS, choose_replay_engine
+from airflow_provider_eos.utils.replay_engine import DEFAULT_DIRECT_MAX_RECORDS, choose_replay_engine
 
 
 @pytest.mark.parametrize(("records", "threshold", "engine"), [

@@ -183,7 +183,7 @@ class PipelineSpec:
 
 
 # Spec references of a kind that needs no Python: ``kind:argument`` is built by the kind's
-# factory, named like any spec (``module:ATTRIBUTE``), so this room imports none of them.
+# factory, named like any spec (``module:ATTRIBUTE``), so this package imports none of them.
 SPEC_KINDS = {"mirror": "spark_apps.eos_stream.cdc.pipeline:mirror_spec"}
 
 

@@ -14,7 +14,8 @@ fields; the stream operator takes that definition plus the :data:`RUN_FIELDS` a 
 sets. The source lives here, not in the provider, because the app runs on Spark
 without Airflow or pydantic; tests/unit/test_pipeline_shape.py fails when a form
 disagrees. What a config may not be is one list, ``config_rules.RULES``: ``validate``,
-the app's start and the provider's definition all apply it. No field defaults to an example
+the app's start and the provider's definition all apply it (config_rules reads the fields
+through a protocol and imports nothing of this module). No field defaults to an example
 pipeline: ``pipeline``, ``topics`` and ``spec`` are required.
 """
 
@@ -24,12 +25,13 @@ import argparse
 import difflib
 import json
 import os
-import re
+import warnings
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
-TRIGGERS = ("availableNow", "processingTime", "continuous")
+from spark_apps.eos_stream.run.config_rules import DEPRECATED_CONTINUOUS_TRIGGER, ConfigError, refuse
+
 # Switches that are gone, with what a config that still sets one is told. Each
 # measured slower than the one path that stayed (docs/benchmarks.md, "Removed switches").
 REMOVED_OPTIONS = {
@@ -38,10 +40,6 @@ REMOVED_OPTIONS = {
 }
 # How a recovery replays: the app under spark-submit, or direct_replay without Spark.
 REPLAY_ENGINES = ("spark", "direct")
-
-
-class ConfigError(ValueError):
-    """The configuration is wrong; the message says what and how to fix it."""
 
 
 # libpq keywords that are secrets: they never go into a config file or onto a command line.
@@ -85,9 +83,11 @@ class PipelineConfig:
     :param kafka_bootstrap: bootstrap servers.
     :param spec: ``module:ATTRIBUTE`` of the PipelineSpec.
     :param delivery: at_least_once, idempotent, exactly_once or two_phase.
-    :param trigger: availableNow (process what is there, exit), processingTime (Spark
-        micro-batches every ``trigger_interval``) or continuous (no Spark: one process commits
-        a cycle every few tens of milliseconds, ``run/continuous.py``; docs/latency.md).
+    :param engine: what runs the stream: ``spark`` (the Spark app under spark-submit, its
+        micro-batches set by ``trigger``) or ``continuous`` (no Spark: one process commits a cycle
+        every few tens of milliseconds until stopped, ``run/continuous.py``; docs/latency.md).
+    :param trigger: Spark's trigger: availableNow (process what is there, exit) or processingTime
+        (micro-batches every ``trigger_interval``). The continuous engine takes only the default.
     :param trigger_interval: processingTime interval, e.g. "1 second" (the default; docs/latency.md).
     :param max_offsets_per_trigger: bound on records per micro-batch (continuous: per cycle).
     :param continuous_linger_ms: continuous: how long a cycle keeps polling after its first
@@ -126,6 +126,7 @@ class PipelineConfig:
     spec: str
     kafka_bootstrap: str = "127.0.0.1:9092"
     delivery: str = "exactly_once"
+    engine: str = "spark"
     trigger: str = "processingTime"
     trigger_interval: str = "1 second"
     max_offsets_per_trigger: int = 20000
@@ -146,8 +147,6 @@ class PipelineConfig:
     def validate(self) -> PipelineConfig:
         """This config, or ConfigError naming every rule of its fields it breaks
         (``config_rules``: the one list of what a config may not be)."""
-        from spark_apps.eos_stream.run.config_rules import refuse
-
         return refuse(self, load_spec=False)
 
     def librdkafka_options(self) -> dict[str, str]:
@@ -212,7 +211,29 @@ def removed_option_problem(keys: Any) -> str | None:
     return "; ".join(f"{key} was removed ({REMOVED_OPTIONS[key]}): delete it" for key in removed)
 
 
+def read_deprecated_trigger(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a config or a definition's ``stream`` section) with ``trigger: continuous`` read as
+    ``engine: continuous``, and a FutureWarning naming the fix (shown once per process: Python's
+    default filter shows a warning once per place, and it has one). Read for one release; after it,
+    the rule on ``trigger`` refuses it.
+
+    :raises ConfigError: ``data`` also names another engine."""
+    data = dict(data)
+    if data.get("trigger") != DEPRECATED_CONTINUOUS_TRIGGER:
+        return data
+    engine = data.get("engine", "continuous")
+    if engine != "continuous":
+        raise ConfigError(f"trigger 'continuous' (the old spelling of engine 'continuous') contradicts engine "
+                          f"{engine!r}: remove trigger")
+    warnings.warn("trigger: continuous is deprecated and will be refused in the next release; it is read as "
+                  "engine: continuous. Write engine: continuous instead (and no trigger).", FutureWarning,
+                  stacklevel=1)  # the place is this line, whoever reads the config: one warning per process
+    data.update(engine="continuous", trigger=default_of("trigger"))
+    return data
+
+
 def from_dict(data: dict[str, Any]) -> PipelineConfig:
+    data = read_deprecated_trigger(data)
     problem = removed_option_problem(data)
     if problem:
         raise ConfigError(problem)

@@ -13,15 +13,44 @@ is not here: ``eos preflight`` and the driver's claim check that.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
-from spark_apps.eos_stream.run.config import PIPELINE_NAME, TRIGGERS, ConfigError
 from spark_apps.eos_stream.sink.modes import MODES
 
 if TYPE_CHECKING:
     from spark_apps.eos_stream.records.spec import PipelineSpec
-    from spark_apps.eos_stream.run.config import PipelineConfig
+
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
+# What ``trigger`` means to Spark: the Spark app's micro-batches. The continuous engine has none.
+TRIGGERS = ("availableNow", "processingTime")
+# What runs a stream: the Spark app under spark-submit, or the continuous engine (run/continuous.py).
+ENGINES = ("spark", "continuous")
+# The spelling of ``engine: continuous`` before ``engine`` was its own setting: read as it for one
+# release (``config.read_deprecated_trigger``), refused with the fix past that reader (``_trigger``).
+DEPRECATED_CONTINUOUS_TRIGGER = "continuous"
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; the message says what and how to fix it."""
+
+
+class RuledConfig(Protocol):
+    """The fields of the app's ``PipelineConfig`` (run/config.py) the rules read. A protocol, so
+    that this module imports nothing of config.py, which applies these rules in ``validate``."""
+
+    pipeline: str
+    topics: list[str]
+    spec: str
+    delivery: str
+    engine: str
+    trigger: str
+    create_targets: bool
+    transient_retry_seconds: float
+
+
+Config = TypeVar("Config", bound=RuledConfig)
 
 
 class Rule(NamedTuple):
@@ -34,26 +63,39 @@ class Rule(NamedTuple):
     needs_spec: bool = False
 
 
-def _delivery(config: PipelineConfig) -> str | None:
+def _delivery(config: RuledConfig) -> str | None:
     if config.delivery not in MODES:
         return f"unknown delivery mode {config.delivery!r}; choose one of {', '.join(MODES)}"
     return None
 
 
-def _trigger(config: PipelineConfig) -> str | None:
+def _trigger(config: RuledConfig) -> str | None:
+    if config.trigger == DEPRECATED_CONTINUOUS_TRIGGER:
+        return "trigger 'continuous' is now engine 'continuous': set engine: continuous and remove trigger"
     if config.trigger not in TRIGGERS:
         return f"unknown trigger {config.trigger!r}; choose one of {', '.join(TRIGGERS)}"
     return None
 
 
-def _topics(config: PipelineConfig) -> str | None:
+def _engine(config: RuledConfig) -> str | None:
+    if config.engine not in ENGINES:
+        return f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}"
+    if config.engine == "continuous" and config.trigger in TRIGGERS and config.trigger != "processingTime":
+        # The engine runs until stopped and has no micro-batch: a Spark trigger would say otherwise.
+        return (f"engine 'continuous' takes no Spark trigger, and trigger {config.trigger!r} is one: remove "
+                "trigger (the continuous engine commits a cycle as records arrive, until stopped), or use "
+                "engine 'spark'")
+    return None
+
+
+def _topics(config: RuledConfig) -> str | None:
     topics = list(config.topics or ())
     if not topics or any(not t or t.strip() != t for t in topics) or len(set(topics)) != len(topics):
         return f"topics must be one or more distinct non-empty names without spaces, not {topics!r}"
     return None
 
 
-def _pipeline_name(config: PipelineConfig) -> str | None:
+def _pipeline_name(config: RuledConfig) -> str | None:
     # The name prefixes staging tables and two-phase transaction ids, so one pipeline's name must
     # never be a prefix-with-separator of another's; it is also a path component.
     if not PIPELINE_NAME.fullmatch(config.pipeline or ""):
@@ -62,25 +104,25 @@ def _pipeline_name(config: PipelineConfig) -> str | None:
     return None
 
 
-def _positive(name: str, least: int) -> Callable[[PipelineConfig], str | None]:
-    def check(config: PipelineConfig) -> str | None:
+def _positive(name: str, least: int) -> Callable[[RuledConfig], str | None]:
+    def check(config: RuledConfig) -> str | None:
         return None if getattr(config, name) >= least else f"{name} must be at least {least}"
     return check
 
 
-def _not_negative(name: str) -> Callable[[PipelineConfig], str | None]:
-    def check(config: PipelineConfig) -> str | None:
+def _not_negative(name: str) -> Callable[[RuledConfig], str | None]:
+    def check(config: RuledConfig) -> str | None:
         return None if getattr(config, name) >= 0 else f"{name} must be 0 or more"
     return check
 
 
-def _transient_retry(config: PipelineConfig) -> str | None:
+def _transient_retry(config: RuledConfig) -> str | None:
     if config.transient_retry_seconds < 0:
         return "transient_retry_seconds must be 0 or more (0: no retry in the driver)"
     return None
 
 
-def aggregates_problem(config: PipelineConfig, spec: PipelineSpec) -> str | None:
+def aggregates_problem(config: RuledConfig, spec: PipelineSpec) -> str | None:
     from spark_apps.eos_stream.records.spec import AggregateTarget
     from spark_apps.eos_stream.sink.modes import MODES
 
@@ -92,7 +134,7 @@ def aggregates_problem(config: PipelineConfig, spec: PipelineSpec) -> str | None
     return None
 
 
-def mirror_delivery_problem(config: PipelineConfig, spec: PipelineSpec | None = None) -> str | None:
+def mirror_delivery_problem(config: RuledConfig, spec: PipelineSpec | None = None) -> str | None:
     """A mirror needs stored offsets: without them a replay moves a row back in time until the
     key's newer change arrives again (the at-least-once JDBC sinks' defect)."""
     from spark_apps.eos_stream.sink.modes import MODES
@@ -106,18 +148,18 @@ def mirror_delivery_problem(config: PipelineConfig, spec: PipelineSpec | None = 
     return None
 
 
-def _continuous_reads_listed_topics(config: PipelineConfig, spec: PipelineSpec) -> str | None:
+def _continuous_reads_listed_topics(config: RuledConfig, spec: PipelineSpec) -> str | None:
     # The continuous engine assigns the listed topics' partitions once, at its start; Spark's
     # source re-reads a pattern's topics at every trigger. Refused rather than silently partial.
-    pattern = spec.subscription(list(config.topics)) if config.trigger == "continuous" else None
+    pattern = spec.subscription(list(config.topics)) if config.engine == "continuous" else None
     if pattern is None:
         return None
-    return (f"trigger 'continuous' reads the pipeline's listed topics only, so it would leave out the tables "
-            f"this mirror names by pattern (subscription {pattern!r}), and every one created later. Use trigger "
-            "'processingTime' (Spark subscribes by the pattern), or list those tables")
+    return (f"engine 'continuous' reads the pipeline's listed topics only, so it would leave out the tables "
+            f"this mirror names by pattern (subscription {pattern!r}), and every one created later. Use engine "
+            "'spark' (Spark subscribes by the pattern), or list those tables")
 
 
-def _create_targets_needs_ddl(config: PipelineConfig, spec: PipelineSpec) -> str | None:
+def _create_targets_needs_ddl(config: RuledConfig, spec: PipelineSpec) -> str | None:
     if config.create_targets and spec.target_ddl is None:
         return f"create_targets is set but spec {spec.name!r} has no target_ddl; create its tables yourself"
     return None
@@ -128,6 +170,7 @@ RULES: tuple[Rule, ...] = (
     Rule("topics", _topics),
     Rule("delivery", _delivery),
     Rule("trigger", _trigger),
+    Rule("engine", _engine),
     Rule("max_offsets_per_trigger", _positive("max_offsets_per_trigger", 1)),
     Rule("driver_write_max_records", _not_negative("driver_write_max_records")),
     Rule("continuous_linger_ms", _not_negative("continuous_linger_ms")),
@@ -146,7 +189,7 @@ class Refusal(NamedTuple):
     message: str
 
 
-def refusals(config: PipelineConfig, *, load_spec: bool = True) -> list[Refusal]:
+def refusals(config: RuledConfig, *, load_spec: bool = True) -> list[Refusal]:
     """Every rule ``config`` breaks, in :data:`RULES` order.
 
     :param load_spec: also import the spec and apply the rules that need it (the app's start,
@@ -170,7 +213,7 @@ def refusals(config: PipelineConfig, *, load_spec: bool = True) -> list[Refusal]
                     if rule.needs_spec and (problem := rule.check(config, spec))]
 
 
-def refuse(config: PipelineConfig, *, load_spec: bool = True) -> Any:
+def refuse(config: Config, *, load_spec: bool = True) -> Config:
     """``config``, or :class:`ConfigError` naming every rule it breaks."""
     found = refusals(config, load_spec=load_spec)
     if found:

@@ -1,7 +1,7 @@
 """The continuous engine: a pipeline's records committed to the target tens of milliseconds
 after Kafka commits them, without Spark.
 
-    python -m spark_apps.eos_stream.run.continuous --config pipeline.json   # trigger: continuous
+    python -m spark_apps.eos_stream.run.continuous --config pipeline.json   # engine: continuous
 
 A Spark micro-batch costs about half a second of planning, offset and commit logs and job
 scheduling however few records it holds (``python -m bench.latency``); this engine has none of
@@ -79,8 +79,7 @@ from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.run.direct_replay import import_in_background
-from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim
+from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, import_in_background
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part_batches

@@ -49,9 +49,7 @@ Exit codes are the app's (``app.main``).
 
 from __future__ import annotations
 
-import importlib
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -66,7 +64,7 @@ from spark_apps.eos_stream.kafka.ranges import OffsetRange
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim
+from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, import_in_background
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part
@@ -116,14 +114,6 @@ def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartitio
             batch.append((tp, start[tp], ends[tp]))
             start[tp] = position[tp] = ends[tp]
         yield batch
-
-
-def import_in_background(module: str) -> None:
-    """Imports ``module`` in a daemon thread. pyarrow imports pandas at the first array it builds
-    from Python objects, about 0.8 s of a 20k-record replay's 2.5 s on the 2-core Intel VM: started
-    here, that import runs while the main thread waits on Kafka and PostgreSQL (the compaction
-    check, the claim, the offsets); the first batch's import then finds it done or waits for it."""
-    threading.Thread(target=importlib.import_module, args=(module,), name=f"import-{module}", daemon=True).start()
 
 
 def write_as_part(driver: Driver, sink: BatchSink, consumer: Any, batch_id: int,

@@ -18,7 +18,7 @@ from spark_apps.eos_stream.sink.modes import DeliveryMode
 
 class SinkConfig(Protocol):
     """The fields of the app's ``PipelineConfig`` (run/config.py) that a sink reads. A
-    protocol, so the sink never imports the run room above it."""
+    protocol, so the sink never imports the run package above it."""
 
     pipeline: str
     target_schema: str

@@ -120,7 +120,7 @@ class StopSignal:
         """Why this driver no longer owns the pipeline, or None.
 
         Batches check the epoch themselves; this catches the idle driver (a
-        continuous trigger with no new data), which would otherwise hold the
+        processingTime run or the continuous engine with no new data), which would otherwise hold the
         running lock, and keep a successor waiting, until its next batch."""
         if self.epoch is None:
             return None

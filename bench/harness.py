@@ -1,0 +1,194 @@
+"""The local stack's harness, for the benchmarks and the tests: where the stack's settings are, a
+pipeline's app config on it, and the app (under spark-submit), the continuous engine, the Spark-less
+replay and the audit run as real child processes. It imports nothing of the tests or the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "spark_apps" / "eos_stream" / "app.py"
+SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
+# Where scripts/stack.sh and scripts/airflow.sh keep their state and write their env files
+# (scripts/config.sh: $EOS_STATE_DIR, default .local in the checkout).
+STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """An env file the stack's scripts write (``export KEY=value`` lines) as a dict."""
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export "):].partition("=")
+            env[key] = value.strip("'\"")
+    return env
+
+
+def pipeline_config(stack: dict[str, str], tmp_path: Path, name: str, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "pipeline": name,
+        "topics": [f"ledger.{name}"],
+        "kafka_bootstrap": stack["EOS_KAFKA_BOOTSTRAP"],
+        "spec": "spark_apps.ledger.spec:LEDGER",
+        "delivery": "exactly_once",
+        "trigger": "availableNow",
+        "max_offsets_per_trigger": 5000,
+        "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "target_schema": f"t_{name}",
+        "meta_schema": f"m_{name}",
+        "create_targets": True,
+        "postgres": {"host": stack["EOS_PG_HOST"], "port": int(stack["EOS_PG_PORT"]),
+                     "dbname": stack["EOS_PG_DB"], "user": stack["EOS_PG_USER"]},
+    }
+    config.update(overrides)
+    return config
+
+
+@dataclass
+class AppRun:
+    process: subprocess.Popen
+    log_path: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the whole driver: spark-submit's JVM and the Python app."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        prefix = f"EOS-{kind.upper()} "
+        decoder = json.JSONDecoder()  # raw_decode: a JVM line may follow on the same line
+        return [decoder.raw_decode(line[len(prefix):])[0] for line in self.log().splitlines()
+                if line.startswith(prefix)]
+
+
+def spark_submit(master: str, jars: str, conf: dict[str, str] | None = None) -> list[str]:
+    """spark-submit with the settings every app run here has (a benchmark's Spark peer too),
+    then ``conf``'s properties."""
+    more = [arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")]
+    return [str(SPARK_SUBMIT), "--master", master, "--jars", jars,
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.ui.showConsoleProgress=false",
+            "--conf", "spark.driver.host=127.0.0.1",
+            "--conf", "spark.driver.bindAddress=127.0.0.1",
+            "--conf", "spark.sql.shuffle.partitions=2",
+            "--driver-memory", "1g", *more]  # last: a property given twice takes its last value
+
+
+def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
+              label: str = "run", root: Path = ROOT, master: str = "local[2]",
+              spark_conf: dict[str, str] | None = None) -> AppRun:
+    """Starts the app of the checkout at ``root`` (another one: a benchmark's baseline build),
+    with ``spark_conf``'s Spark properties."""
+    config_path = tmp_path / f"{config['pipeline']}.json"
+    config_path.write_text(json.dumps(config))
+    log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           **(env_extra or {})}
+    command = [*spark_submit(master, os.environ["EOS_SPARK_JARS"], spark_conf),
+               str(root / APP.relative_to(ROOT)), "--config", str(config_path)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
+                                   start_new_session=True)
+    return AppRun(process, log_path)
+
+
+def start_continuous(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
+                     label: str = "continuous", root: Path = ROOT) -> AppRun:
+    """Starts the continuous engine (``spark_apps.eos_stream.run.continuous``) of the checkout at
+    ``root`` on ``config`` (its engine set to ``continuous``, with the only trigger it takes), in a
+    process group of its own, as the provider's hook does; its output goes to the run's log."""
+    config = {**config, "engine": "continuous", "trigger": "processingTime"}
+    config_path = tmp_path / f"{config['pipeline']}-{label}.json"
+    config_path.write_text(json.dumps(config))
+    log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "spark_apps.eos_stream.run.continuous", "--config",
+                                    str(config_path)], stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(env_extra or {})}, cwd=root, start_new_session=True)
+    return AppRun(process, log_path)
+
+
+def run_app(config: dict[str, Any], tmp_path: Path, timeout: float = 300, **kwargs: Any) -> AppRun:
+    run = start_app(config, tmp_path, **kwargs)
+    try:
+        run.wait(timeout)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        raise AssertionError(f"app did not finish in {timeout}s; log tail:\n{run.log()[-4000:]}") from None
+    return run
+
+
+def run_direct_replay(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
+                      label: str = "replay", timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Runs the Spark-less replay (``spark_apps.eos_stream.run.direct_replay``) of ``config`` to Kafka's
+    last stable offsets: the app's claim and sink without a JVM, for a test that needs a pipeline's
+    state but not Spark. In its own process group (a fault point kills the whole group).
+
+    :param config: the app config (:func:`pipeline_config`).
+    :param tmp_path: where its config file goes.
+    :param env_extra: added to this process's environment.
+    :param label: names the config file.
+    :param timeout: seconds before ``subprocess.TimeoutExpired``.
+    :return: the finished process, its stdout and stderr captured as text.
+    """
+    path = tmp_path / f"{config['pipeline']}-{label}.json"
+    path.write_text(json.dumps(config))
+    return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.run.direct_replay", "--config", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env_extra or {})},
+                          timeout=timeout, start_new_session=True)
+
+
+def pg_connect(stack: dict[str, str]):
+    conn = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], dbname=stack["EOS_PG_DB"],
+                            user=stack["EOS_PG_USER"], password=stack["EOS_PG_PASSWORD"])
+    conn.autocommit = True
+    return conn
+
+
+def ledger_rows(stack: dict[str, str], schema: str) -> int:
+    """Rows in ``<schema>.ledger_events`` (0 while the table does not exist yet)."""
+    from psycopg2 import sql
+
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", (sql.SQL("{}.ledger_events").format(
+                sql.Identifier(schema)).as_string(cur),))
+            if cur.fetchone() == (None,):
+                return 0
+            cur.execute(sql.SQL("SELECT count(*) FROM {}.ledger_events").format(sql.Identifier(schema)))
+            row = cur.fetchone()
+            return int(row[0]) if row else 0
+    finally:
+        conn.close()
+
+
+def audit(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None) -> dict[str, Any]:
+    config_path = tmp_path / f"{config['pipeline']}-audit.json"
+    config_path.write_text(json.dumps(config))
+    result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.audit", "--config", str(config_path)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, **(env_extra or {})})
+    report = json.loads(result.stdout)
+    report["exit_code"] = result.returncode
+    return report
