@@ -44,24 +44,11 @@ if TYPE_CHECKING:
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
 Check = tuple[str, Callable[[], str]]
-# What to do about a definition directory the command line named and that does not exist.
-FIX_THE_ARGUMENT = "name the directory that holds your <pipeline>.yaml files"
-
-
-def definitions_root(directory: str | None) -> tuple[str, str]:
-    """The definition directory a command reads (``--dir``, else ``[eos] pipeline_config_dir``)
-    and what to do if it does not exist: the hint names where the directory came from."""
-    from airflow_provider_eos.utils import provider_config
-    from airflow_provider_eos.utils.definition_folder import FIX_THE_CONFIG
-
-    if directory:
-        return directory, FIX_THE_ARGUMENT
-    return provider_config.pipeline_config_dir(), f"{FIX_THE_CONFIG}, or give --dir"
 
 
 def validate(directory: str, out: TextIO) -> int:
     """Prints one line per definition file; 1 if any is refused."""
-    from airflow_provider_eos.utils.definition_folder import load_definitions
+    from airflow_provider_eos.utils.definition_folder import FIX_THE_ARGUMENT, load_definitions
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinitionError
 
     try:
@@ -94,7 +81,7 @@ def run_checks(checks: Sequence[Check], out: TextIO) -> int:
 def preflight_checks(name: str, directory: str | None) -> list[Check]:
     """The checks of ``eos preflight`` for pipeline ``name``."""
     from airflow_provider_eos.utils import provider_config
-    from airflow_provider_eos.utils.definition_folder import find_definition, load_definitions
+    from airflow_provider_eos.utils.definition_folder import definitions_root, find_definition, load_definitions
 
     root, fix = definitions_root(directory)
     definition = find_definition(root, name, fix)
@@ -179,7 +166,7 @@ class ConnectionLookupError(RuntimeError):
 def app_config(name: str, directory: str | None, with_connections: bool = True) -> dict[str, Any]:
     """The app config pipeline ``name``'s definition yields (no secret in it)."""
     from airflow_provider_eos.utils import provider_config
-    from airflow_provider_eos.utils.definition_folder import find_definition
+    from airflow_provider_eos.utils.definition_folder import definitions_root, find_definition
 
     root, fix = definitions_root(directory)
     definition = find_definition(root, name, fix)

@@ -64,11 +64,10 @@ def _target(args: argparse.Namespace) -> tuple[str, str, Callable[[], Any], tupl
         return (config.pipeline, config.meta_schema,
                 lambda: connect(config.postgres.dsn_kwargs(), describe=config.postgres.describe()),
                 (config.kafka_bootstrap, config.librdkafka_options()))
-    from airflow_provider_eos.cli import definitions_root
     from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
     from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
     from airflow_provider_eos.utils import provider_config
-    from airflow_provider_eos.utils.definition_folder import find_definition
+    from airflow_provider_eos.utils.definition_folder import definitions_root, find_definition
 
     root, fix = definitions_root(args.dir)
     definition = find_definition(root, args.name, fix)

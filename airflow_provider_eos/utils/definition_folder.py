@@ -21,6 +21,18 @@ SUFFIXES = (".yaml", ".yml", ".json")
 # What to do about a missing directory that the deployment's config named; a command that was
 # given the directory says its own (``cli``).
 FIX_THE_CONFIG = "set [eos] pipeline_config_dir to the directory of your <pipeline>.yaml files"
+# What to do about a definition directory the command line named and that does not exist.
+FIX_THE_ARGUMENT = "name the directory that holds your <pipeline>.yaml files"
+
+
+def definitions_root(directory: str | None) -> tuple[str, str]:
+    """The definition directory a command reads (``--dir``, else ``[eos] pipeline_config_dir``)
+    and what to do if it does not exist: the hint names where the directory came from."""
+    from airflow_provider_eos.utils import provider_config
+
+    if directory:
+        return directory, FIX_THE_ARGUMENT
+    return provider_config.pipeline_config_dir(), f"{FIX_THE_CONFIG}, or give --dir"
 
 
 def definition_files(directory: str | Path, fix: str = FIX_THE_CONFIG) -> list[Path]:
