@@ -52,6 +52,9 @@ class OrdersStages(StoryBase):
             # The tick's last transaction commits (aborted ones are extra), so its lines end here.
             last = first + summary.committed + summary.aborted - 1
             with probe.cursor() as cur:
+                cur.execute("SELECT to_regclass(%s)", (f"{ORDERS_TARGET}.{LINES_TABLE}",))
+                if cur.fetchone()[0] is None:
+                    return summary  # the engine has not created its targets yet: nothing to time
                 while time.monotonic() - committed_at < VISIBLE_WITHIN:
                     cur.execute(count, (first, last))
                     if cur.fetchone()[0] >= summary.committed:
