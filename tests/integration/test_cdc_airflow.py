@@ -201,7 +201,13 @@ def test_the_health_dag_names_a_paused_connector_and_a_slot_holding_wal(mirror: 
     assert all(healthy["tasks"][check] == "success" for check in checks), healthy
 
     mirror.hook.pause_connector(mirror.connector)
-    wait_until("paused", lambda: mirror.hook.get_connector_status(mirror.connector)["connector"]["state"] == "PAUSED")
+
+    def paused() -> bool:  # its task too: a task still running could confirm the filler's WAL
+        status = mirror.hook.get_connector_status(mirror.connector)
+        states = {status["connector"]["state"], *(task["state"] for task in status.get("tasks", []))}
+        return bool(status.get("tasks")) and states == {"PAUSED"}
+
+    wait_until("the connector and its task paused", paused)
     # WAL that no reader of the idle slot (nor the paused connector) confirms.
     write_source(mirror.source, [FILLER])
     try:
