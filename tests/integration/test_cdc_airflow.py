@@ -26,7 +26,14 @@ from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from tests.helpers.cdc_oracle import compare, high_watermarks, stored_offsets
-from tests.helpers.cdc_source import Source, drop_slot, source_connection, wait_until, write_source
+from tests.helpers.cdc_source import (
+    Source,
+    drop_slot,
+    pause_connector,
+    source_connection,
+    wait_until,
+    write_source,
+)
 from tests.helpers.cdc_workload import KEYS, SOURCE_DDL, Workload, mirror_connector, mirror_definition
 from tests.integration.test_recovery_dag import _airflow_env, _dag_test
 from tests.streaming import pg_connect, pipeline_config, run_direct_replay, write_definition
@@ -200,14 +207,7 @@ def test_the_health_dag_names_a_paused_connector_and_a_slot_holding_wal(mirror: 
     assert healthy["state"] == "success", healthy
     assert all(healthy["tasks"][check] == "success" for check in checks), healthy
 
-    mirror.hook.pause_connector(mirror.connector)
-
-    def paused() -> bool:  # its task too: a task still running could confirm the filler's WAL
-        status = mirror.hook.get_connector_status(mirror.connector)
-        states = {status["connector"]["state"], *(task["state"] for task in status.get("tasks", []))}
-        return bool(status.get("tasks")) and states == {"PAUSED"}
-
-    wait_until("the connector and its task paused", paused)
+    pause_connector(mirror.hook, mirror.connector)
     # WAL that no reader of the idle slot (nor the paused connector) confirms.
     write_source(mirror.source, [FILLER])
     try:
