@@ -12,8 +12,9 @@ starts found and resolved both.
 
 Every matrix reads the same topic (produced once per module) into its own
 pipeline, schemas and checkpoint. A matrix's time is its spark-submit starts:
-each kill waits for the driver's startup and its first batch, then kills within
-the next one or two (docs/testing.md).
+each kill waits for the driver's startup and its first batch or two, then kills
+within the next one (its fault point kills it before that batch commits, at the
+latest), so the plan's runs never read the topic to its end.
 """
 
 from __future__ import annotations
