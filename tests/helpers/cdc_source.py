@@ -67,3 +67,17 @@ def drop_slot(source: Source, slot: str) -> None:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             return True
     wait_until(f"slot {slot} released", released, timeout=60)
+
+
+def pause_connector(hook: Any, name: str) -> None:
+    """Pauses the connector ``name`` and waits until it and each of its tasks report PAUSED: a
+    task still running could confirm WAL written after the pause (its heartbeats confirm what
+    it skips), and a slot the test means to fill would not hold it."""
+    hook.pause_connector(name)
+
+    def paused() -> bool:
+        status = hook.get_connector_status(name)
+        tasks = status.get("tasks") or []
+        return bool(tasks) and {status["connector"]["state"], *(task["state"] for task in tasks)} == {"PAUSED"}
+
+    wait_until(f"{name} and its tasks paused", paused)

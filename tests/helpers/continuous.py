@@ -45,9 +45,13 @@ def applied_offsets(stack: dict, config: dict, partitions: list[Partition]) -> d
         finally:
             consumer.close()
         return {(tp.topic, tp.partition): tp.offset for tp in committed}
+    import psycopg2
+
     conn = pg_connect(stack)
     try:
         stored = OffsetsStore(config["meta_schema"], config["pipeline"]).load(conn)
+    except psycopg2.errors.UndefinedTable:  # a first run that has not created its tables yet
+        stored = {}
     finally:
         conn.close()
     return {tp: offset for tp, offset in stored.items() if tp in partitions}

@@ -7,16 +7,24 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk.exceptions import TaskDeferred
 
 
-def run_deferrable(operator: Any, context: dict[str, Any], timeout: float = 900.0) -> tuple[Any, bool]:
-    """The task's result and whether it deferred (exceptions of the task propagate)."""
+def run_deferrable(operator: Any, context: dict[str, Any], timeout: float = 900.0,
+                   on_defer: Callable[[], None] | None = None) -> tuple[Any, bool]:
+    """The task's result and whether it deferred (exceptions of the task propagate).
+
+    :param on_defer: called once the task has deferred, before its trigger runs: what a test
+        makes happen while the trigger waits (a timer started there fires during the wait).
+    """
     try:
         return operator.execute(context), False
     except TaskDeferred as deferred:
+        if on_defer is not None:
+            on_defer()
         classpath, kwargs = deferred.trigger.serialize()
         module, _, name = classpath.rpartition(".")
         trigger = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))

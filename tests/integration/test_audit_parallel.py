@@ -10,6 +10,7 @@ worker process may outlive the audit in either case.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -163,6 +164,17 @@ def test_workers_time_out_naming_the_partitions_and_fail_loudly(stack: dict, tmp
     assert not _own_workers()
 
     # A worker killed before it answers: the audit fails at once, naming it, and stops the other.
+    # The workers' spec comes from a module that holds them when they import it (it sleeps in
+    # children of this process only), so no worker can answer before the kill, however fast.
+    held = f"eos_held_{unique_name}"
+    (tmp_path / f"{held}.py").write_text(f"import os, time\nif os.getppid() == {os.getpid()}:\n    time.sleep(600)\n"
+                                         "\n\ndef unchanged(record):\n    return record\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        holding = dataclasses.replace(spec, transform=importlib.import_module(held).unchanged)
+    finally:
+        sys.path.remove(str(tmp_path))
+
     def kill_first_worker() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -174,8 +186,13 @@ def test_workers_time_out_naming_the_partitions_and_fail_loudly(stack: dict, tmp
 
     killer = threading.Thread(target=kill_first_worker)
     killer.start()
-    with pytest.raises(RuntimeError) as died:
-        audit(config, spec, workers=2)
+    sys.path.insert(0, str(tmp_path))  # the workers get this process's path
+    try:
+        with pytest.raises(RuntimeError) as died:
+            audit(config, holding, workers=2)
+    finally:
+        sys.path.remove(str(tmp_path))
+        del sys.modules[held]
     killer.join()
     print(f"with a worker killed: {died.value}")
     assert "closed its output without an answer (exit code -9)" in str(died.value)

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_children_before_their_parents_are_never_quarantined(stack: dict, tmp_path: Path, unique_name: str) -> None:
-    config = pipeline_config(stack, tmp_path, f"fk{unique_name}", transient_retry_seconds=8,
+    # The retry window counts from the batch's start, its first attempt's staging by Spark tasks
+    # (a fresh JVM's Python workers) included: 20 s leaves room for a retry on a loaded machine.
+    config = pipeline_config(stack, tmp_path, f"fk{unique_name}", transient_retry_seconds=20,
                              max_batch_attempts=1)
     topic, bootstrap = config["topics"][0], stack["EOS_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions=2)

@@ -26,7 +26,14 @@ from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from tests.helpers.cdc_oracle import compare, high_watermarks, stored_offsets
-from tests.helpers.cdc_source import Source, drop_slot, source_connection, wait_until, write_source
+from tests.helpers.cdc_source import (
+    Source,
+    drop_slot,
+    pause_connector,
+    source_connection,
+    wait_until,
+    write_source,
+)
 from tests.helpers.cdc_workload import KEYS, SOURCE_DDL, Workload, mirror_connector, mirror_definition
 from tests.integration.test_recovery_dag import _airflow_env, _dag_test
 from tests.streaming import pg_connect, pipeline_config, run_direct_replay, write_definition
@@ -200,8 +207,7 @@ def test_the_health_dag_names_a_paused_connector_and_a_slot_holding_wal(mirror: 
     assert healthy["state"] == "success", healthy
     assert all(healthy["tasks"][check] == "success" for check in checks), healthy
 
-    mirror.hook.pause_connector(mirror.connector)
-    wait_until("paused", lambda: mirror.hook.get_connector_status(mirror.connector)["connector"]["state"] == "PAUSED")
+    pause_connector(mirror.hook, mirror.connector)
     # WAL that no reader of the idle slot (nor the paused connector) confirms.
     write_source(mirror.source, [FILLER])
     try:

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
-from tests.helpers.cdc_source import Source, drop_slot, wait_until, write_source
+from tests.helpers.cdc_source import Source, drop_slot, pause_connector, wait_until, write_source
 
 CONNECT_CONN = "eos_cdc_connect_test"
 SOURCE_CONN = "eos_cdc_source_test"
@@ -148,8 +148,7 @@ def check_health(hook: KafkaConnectHook, name: str, slot: str, source: Source) -
     # The connector confirms what it has written (and, with heartbeats, what it skipped).
     wait_until(f"{slot} within 4 MiB", lambda: run_check(slot_check)[0], timeout=90, interval=2)
 
-    hook.pause_connector(name)
-    wait_until(f"{name} paused", lambda: hook.get_connector_status(name)["connector"]["state"] == "PAUSED")
+    pause_connector(hook, name)
     ok, message, recorded = run_check(connector_check)
     assert not ok and not recorded["ok"]
     assert f"connector '{name}' is PAUSED" in message, message

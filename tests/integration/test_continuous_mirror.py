@@ -33,16 +33,20 @@ CHANGES = 6000
 
 def _killed_run(config: dict, tmp_path: Path, label: str, faults: dict[str, str] | None, delay: float) -> AppRun:
     """One engine run ended by its fault point, or by a SIGKILL ``delay`` seconds after its
-    first committed cycle."""
-    run = start_continuous(config, tmp_path, label=label, env_extra=faults)
+    first committed cycle, within the second cycle at the latest: a fault point before that
+    cycle's commit ends the run if the delay has not. So a plan's runs commit at most six
+    cycles of 700 records, and each random kill finds records for its run's first cycle."""
     if faults:
+        run = start_continuous(config, tmp_path, label=label, env_extra=faults)
         run.wait(120)
         return run
+    backstop = {"EOS_FAULT_POINT": "before_commit", "EOS_FAULT_AT_BATCH": "2"}
+    run = start_continuous(config, tmp_path, label=label, env_extra=backstop)
     deadline = time.monotonic() + 120
     while not run.events("batch") and run.process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert run.events("batch"), f"the engine committed no cycle before its kill:\n{run.log()[-3000:]}"
     time.sleep(delay)
-    assert run.process.poll() is None, f"the engine exited before its kill:\n{run.log()[-3000:]}"
     run.kill()
     return run
 

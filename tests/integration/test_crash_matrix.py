@@ -12,8 +12,9 @@ starts found and resolved both.
 
 Every matrix reads the same topic (produced once per module) into its own
 pipeline, schemas and checkpoint. A matrix's time is its spark-submit starts:
-each kill waits for the driver's startup and its first batch, then kills within
-the next one or two (docs/testing.md).
+each kill waits for the driver's startup and its first batch or two, then kills
+within the next one (its fault point kills it before that batch commits, at the
+latest), so the plan's runs never read the topic to its end.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def _kill_plan(kills: int, seed: int) -> list[dict]:
     """Two deterministic crashes at the commit (inside the transaction just
     before COMMIT, and after COMMIT before Spark's checkpoint), the rest at
     random moments: after the run's first or second batch, plus a random delay
-    that lands inside the next batch or between two."""
+    that lands inside the next batch or between two (``_crash_once`` ends it at
+    that next batch's commit at the latest)."""
     rng = random.Random(seed)
     plan: list[dict] = [
         {"fault": "after_commit", "at_batch": 2},
@@ -70,7 +72,14 @@ def _kill_plan(kills: int, seed: int) -> list[dict]:
 
 def _crash_once(config: dict, tmp_path: Path, step: dict, label: str, resumes: list[dict] | None = None) -> bool:
     """Runs the app until the planned kill; returns whether a kill happened. Adds the run's
-    ``resume`` event (what its start found and resolved) to ``resumes``, if given."""
+    ``resume`` event (what its start found and resolved) to ``resumes``, if given.
+
+    A random kill's delay has no bound in batches: a driver writing small batches can finish
+    several within it, and the last runs of a plan would then find the topic read to its end
+    (a run that finishes is no kill). So the run's own fault point kills it before the commit
+    of the batch after the ones it waits for, should the delay not have run out by then: each
+    random run commits at most ``after_batches`` batches, and the plan leaves most of the
+    topic to the final run."""
     resumes = [] if resumes is None else resumes
     if "fault" in step:
         env = {"EOS_FAULT_POINT": step["fault"], "EOS_FAULT_AT_BATCH": str(step["at_batch"])}
@@ -78,22 +87,18 @@ def _crash_once(config: dict, tmp_path: Path, step: dict, label: str, resumes: l
         resumes += run.events("resume")
         # -9: the app SIGKILLed its own process group at the fault point.
         return run.process.returncode == -9 or "EOS-FAULT" in run.log()
-    run = start_app(config, tmp_path, label=label)
+    backstop = {"EOS_FAULT_POINT": "before_commit", "EOS_FAULT_AT_BATCH": str(step["after_batches"] + 1)}
+    run = start_app(config, tmp_path, env_extra=backstop, label=label)
     deadline = time.monotonic() + 240
-    killed = False
     while time.monotonic() < deadline and run.process.poll() is None:
         if len(run.events("batch")) >= step["after_batches"]:
             time.sleep(step["delay"])
-            if run.process.poll() is None:
-                run.kill()
-                killed = True
-                break
+            break
         time.sleep(0.05)
     if run.process.poll() is None:
         run.kill()
-        killed = True
     resumes += run.events("resume")
-    return killed
+    return run.process.returncode == -9  # killed here, or by the backstop
 
 
 def _run_matrix(stack: dict, tmp_path: Path, topic: str, name: str, delivery: str, kills: int,

@@ -8,9 +8,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import psycopg2
 import pytest
 from psycopg2 import sql
@@ -44,13 +41,22 @@ def _add_parents(stack: dict, sink: LedgerSink) -> None:
 
 def test_children_before_their_parents_wait_and_land_once(stack: dict, unique_name: str) -> None:
     """Issue test 3: the batch's events reference accounts that another writer adds
-    3 s later. Nothing is quarantined, no attempt is counted, everything lands once."""
-    with LedgerSink(stack, unique_name) as s:
+    while the batch waits, once its first attempt was turned away (not after a fixed time,
+    which a slow first attempt could outlast). Nothing is quarantined, no attempt is
+    counted, everything lands once."""
+    turned_away: list[dict] = []
+
+    def parents_once_blocked(event: str, **fields: object) -> None:
+        if event == "retry" and not turned_away:
+            turned_away.append(fields)
+            _add_parents(stack, s)
+
+    with LedgerSink(stack, unique_name, notify=parents_once_blocked) as s:
         _add_account_foreign_key(s)
-        threading.Timer(3.0, _add_parents, (stack, s)).start()
         result = s.process()
         assert result.applied == 10 and result.dead_lettered == 0
         assert result.transient_retries >= 1  # it did wait for the parents
+        assert [(f["error_class"], f["sqlstate"]) for f in turned_away] == [("blocked", "23503")]
         assert s.sink.guard.failed_attempts(batch_key({("t", 0): 0})) == 0
         assert dead_letter_count(s.conn, {"meta_schema": s.meta, "pipeline": s.pipeline}) == 0
         assert s.events_and_count() == ((10, 10), 10)
@@ -104,10 +110,10 @@ def test_the_guard_connection_lost_mid_batch_is_retried_and_loses_nothing(stack:
 
         def stage_then_lose_the_guard(stage_name: str, keep_raw: bool) -> int:
             killer = pg_connect(stack)
-            with killer.cursor() as cur:
-                cur.execute("SELECT pg_terminate_backend(%s)", (guard_pid,))
+            with killer.cursor() as cur:  # returns once the backend has exited (30 s at most)
+                cur.execute("SELECT pg_terminate_backend(%s, 30000)", (guard_pid,))
+                assert cur.fetchone() == (True,)
             killer.close()
-            time.sleep(0.5)
             return fill(stage_name, keep_raw)
 
         everything = s.records

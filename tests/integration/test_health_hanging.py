@@ -167,7 +167,9 @@ def test_hanging_transaction_seen_across_runs_then_aborted(setup, kafka_bootstra
         stuck_since = time.time() - stored[0]["age"]
 
         # Run 2, half-way: starts from the stored time, so it is open at its first observation.
-        time.sleep(max(0.0, info["began_at"] + HANGING_AFTER / 2 - time.time()))
+        # Half-way from that stored time (not from the transaction's start, which run 1 saw a
+        # moment later): the stuck time run 2 reports is then at least HANGING_AFTER / 2.
+        time.sleep(max(0.0, stuck_since + HANGING_AFTER / 2 - time.time()))
         second = _run(_sensor(setup, 2, deferrable))
         row = _row(second["message"], topic, 0)
         print(f"run 2 ({second['seconds']:.1f}s): {' '.join(row)}")

@@ -69,14 +69,22 @@ class StatsdListener(threading.Thread):
         self.port = self.sock.getsockname()[1]
         self.lines: list[str] = []
         self._done = threading.Event()
+        self._quiet = threading.Event()  # set by each receive that times out: nothing was waiting
 
     def run(self) -> None:
         while not self._done.is_set():
             try:
                 data = self.sock.recv(65535)
             except TimeoutError:
+                self._quiet.set()
                 continue
             self.lines += data.decode().splitlines()  # the client may pack several lines per packet
+
+    def drain(self, timeout: float = 30) -> None:
+        """Returns once every datagram sent before the call has been read: a receive that times
+        out after it found nothing waiting in the socket."""
+        self._quiet.clear()
+        assert self._quiet.wait(timeout), f"the StatsD socket did not go quiet within {timeout}s"
 
     def stop(self) -> None:
         self._done.set()
@@ -197,7 +205,7 @@ def test_metrics_reach_statsd(make_pipeline, statsd, stack) -> None:  # noqa: F8
         conn.close()
     assert health["state"] == "failed", health
     assert health["tasks"]["lso_lag"] == "failed" and health["tasks"]["summary"] == "failed", health
-    time.sleep(0.5)  # the last datagrams
+    statsd.drain()  # the sender has exited: its last datagrams are read
 
     # Airflow's own metrics arrived: the listener hears Airflow's StatsD client (else nothing below can).
     assert statsd.received(f"airflow.ti.finish.eos_stream__{name}.run_pipeline."), statsd.lines[-20:]

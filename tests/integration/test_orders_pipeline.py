@@ -70,7 +70,7 @@ def test_orders_exactly_once_under_sigkills(stack, tmp_path, orders_topic, uniqu
     report, kills = _crash_then_audit(stack, tmp_path, orders_topic, f"ord{unique_name}", "exactly_once", KILLS)
     summary, sales = report["summary"], report["aggregates"]["sku_store_sales"]
     print(f"orders exactly_once: kills={kills} summary={summary} sales={sales}")
-    assert kills >= KILLS - 1
+    assert kills >= KILLS  # every run of the plan ends in its kill (_crash_once bounds what each reads)
     assert summary["duplicated"] == 0 and summary["missing"] == 0 and summary["unexpected"] == 0
     assert summary["committed_records"] == LINES + BAD
     assert summary["dead_lettered"] == BAD and summary["wrongly_quarantined"] == 0

@@ -11,12 +11,10 @@ is exact once the resumed stream has caught up."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -318,16 +316,19 @@ def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay
     conf = {"snapshot": "latest", "resume": False, "quiet_seconds": 1, "dry_run": False}
     recovery = f"eos_recovery__{name}"
     first_run = "2026-01-02T03:04:05+00:00"
-    process, log = _start_dag_test(env, [[recovery, conf, first_run]], tmp_path)
-    deadline, killed_in = time.monotonic() + 300, None
-    while time.monotonic() < deadline and process.poll() is None:
-        if _task_state(env, recovery, first_run, "replay") == "running":
-            os.killpg(process.pid, signal.SIGKILL)  # the worker dies: restore done, replay just begun
-            killed_in = _task_state(env, recovery, first_run, "restore")
-            break
-        time.sleep(0.2)
-    process.wait(timeout=60)
-    assert killed_in == "success", (killed_in, log.read_text(errors="replace")[-4000:])
+    # The worker dies with the restore done and the replay just begun, before the replay's first
+    # batch commits: the replay (the direct engine, in the worker's process) SIGKILLs the
+    # dag.test process group at its fault point. (Polling the replay task's state for "running"
+    # could see it only after the replay of these 2000 records had committed, or ended.)
+    faulty = {**env, "EOS_FAULT_POINT": "before_commit", "EOS_FAULT_AT_BATCH": "1"}
+    process, log = _start_dag_test(faulty, [[recovery, conf, first_run]], tmp_path)
+    try:
+        process.wait(timeout=300)
+    finally:
+        end_process_group(process)
+    killed_in = {task: _task_state(env, recovery, first_run, task) for task in ("restore", "replay")}
+    assert process.returncode == -signal.SIGKILL and killed_in == {"restore": "success", "replay": "running"}, (
+        process.returncode, killed_in, log.read_text(errors="replace")[-4000:])
     restored = _state(stack, config)
     assert restored["ledger_events"][0] == 3000  # the snapshot's rows, not yet replayed
     conn = pg_connect(stack)

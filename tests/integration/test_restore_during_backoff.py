@@ -27,7 +27,9 @@ from tests.streaming import ledger_rows, pg_connect, start_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-BACKOFF = 20.0  # the stop request ends it within BACKOFF_POLL_SECONDS (5 s); the recovery steps fit in it
+# The stop request ends it within BACKOFF_POLL_SECONDS (5 s), so a long one costs no time; long
+# enough that the recovery steps (about 7 s) fit in it on a loaded machine too.
+BACKOFF = 60.0
 RECOVERY_RUN = "recovery-during-backoff"
 
 

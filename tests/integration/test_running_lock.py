@@ -103,11 +103,13 @@ def test_a_deferred_stop_keeps_the_recovery_lock_and_fails_if_it_is_taken_over(s
             cur.execute(sql.SQL("SELECT heartbeat_at FROM {}").format(lock_table(config["meta_schema"])))
             (beat_before,) = cur.fetchone()
 
-        # The driver goes away after 3 s: the deferred wait ends, its lock still this run's.
+        # The driver goes away 3 s into the deferred wait (counted from the deferral, not from
+        # before the step: a slow step would otherwise find it gone and not defer at all): the
+        # wait ends, its lock still this run's.
         import threading
 
-        threading.Timer(3.0, driver.close).start()
-        result, deferred = run_deferrable(stop, run, timeout=60)
+        result, deferred = run_deferrable(stop, run, timeout=60,
+                                          on_defer=lambda: threading.Timer(3.0, driver.close).start())
         assert deferred and result["driver_running"] is False and result["epoch"] >= 1, result
         with admin.cursor() as cur:
             cur.execute(sql.SQL("SELECT holder, heartbeat_at FROM {}").format(lock_table(config["meta_schema"])))
@@ -117,10 +119,10 @@ def test_a_deferred_stop_keeps_the_recovery_lock_and_fails_if_it_is_taken_over(s
         # Another run takes the lock over while this run's stop waits: the step fails.
         driver = pg_connect(stack)
         hold_running_lock(driver, config["pipeline"])
-        threading.Timer(2.0, lambda: admin.cursor().execute(
-            sql.SQL("UPDATE {} SET holder = 'another-run'").format(lock_table(config["meta_schema"])))).start()
+        take_over = threading.Timer(2.0, lambda: admin.cursor().execute(
+            sql.SQL("UPDATE {} SET holder = 'another-run'").format(lock_table(config["meta_schema"]))))
         with pytest.raises(Exception, match="taken over by another run"):
-            run_deferrable(stop, run, timeout=60)
+            run_deferrable(stop, run, timeout=60, on_defer=take_over.start)
     finally:
         driver.close()
         admin.close()

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_provider_eos.operators.snapshot import SnapshotOperator
 from airflow_provider_eos.recovery.aside import aside_schema_name
+from airflow_provider_eos.recovery.lock import swap_lock_key, target_lock_key
 from airflow_provider_eos.recovery.store import DUMP, SnapshotStore
 from airflow_provider_eos.recovery.swap import swap_in
 from tests.integration.test_snapshot_restore import PG_BIN, PG_CONN, _damage, make_snapped, target_state
@@ -24,6 +25,26 @@ HOLD_SECONDS = 5.0  # the swap stays open this long after everything but its COM
 def snapped(stack, tmp_path_factory):
     """This module's own pipeline (3000 events, 4 partitions) and one snapshot of it."""
     return make_snapped(stack, tmp_path_factory)
+
+
+def _wait_for_a_waiter(hook, key: str, timeout: float = 60) -> None:
+    """Returns once a session waits for the advisory lock ``key`` (after ``timeout`` at most:
+    a snapshot that never waits then fails the test's assertions on its wait)."""
+    deadline = time.monotonic() + timeout
+    conn = hook.connect()
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            while time.monotonic() < deadline:
+                cur.execute("SELECT count(*) FROM pg_locks l, (SELECT hashtextextended(%s, 0) AS k) h"
+                            " WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1"
+                            " AND l.classid::int8 = (h.k >> 32) & 4294967295 AND l.objid::int8 = h.k & 4294967295",
+                            (key,))
+                if cur.fetchone()[0]:
+                    return
+                time.sleep(0.05)
+    finally:
+        conn.close()
 
 
 def test_snapshot_during_a_swap_waits_and_sees_the_restored_tables(snapped, tmp_path) -> None:
@@ -40,6 +61,10 @@ def test_snapshot_during_a_swap_waits_and_sees_the_restored_tables(snapped, tmp_
     def hold_open() -> None:
         marks["swap_ready"] = time.monotonic()
         in_swap.set()
+        # HOLD_SECONDS from when the snapshot waits for the swap's lock, not from when it was
+        # started: the time its start takes (under load, seconds) is then not taken from its wait.
+        _wait_for_a_waiter(hook, swap_lock_key(target_lock_key(hook.dbname, manifest.target_schema,
+                                                               manifest.pipeline)))
         time.sleep(HOLD_SECONDS)
 
     def swap() -> None:

@@ -270,6 +270,27 @@ def test_running_stream_and_concurrent_recovery_are_refused(snapped) -> None:
     assert target_state(hook, config) == before
 
 
+def _wait_for_beat_after(hook: PgToolsHook, meta: str, key: str, taken_at: str, seconds: float) -> None:
+    """Waits (60 s at most) until the lock's heartbeat is ``seconds`` past ``taken_at``."""
+    import time
+
+    deadline = time.monotonic() + 60
+    conn = hook.connect()
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            while True:
+                cur.execute(sql.SQL("SELECT heartbeat_at > %s::timestamptz + make_interval(secs => %s)"
+                                    " FROM {}.recovery_locks WHERE lock_key = %s").format(sql.Identifier(meta)),
+                            (taken_at, seconds, key))
+                if cur.fetchone() == (True,):
+                    return
+                assert time.monotonic() < deadline, f"no heartbeat {seconds}s after the lock was taken"
+                time.sleep(0.1)
+    finally:
+        conn.close()
+
+
 def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, tmp_path) -> None:
     """The lock row through a crash: the dead run's rerun re-enters it, a new run
     is refused while the heartbeat is fresh and takes it over once it is stale,
@@ -284,9 +305,10 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
     assert acquire_lock(hook, key, "run-a", 2)["acquired"]
     again = acquire_lock(hook, key, "run-a", 2)  # run-a cleared and rerun after its worker died
     assert again["acquired"] and again["taken_over_from"] is None
-    refused = acquire_lock(hook, key, "run-b", 2)
+    # Refused while the heartbeat is fresh: judged with a TTL no pause of this process outlasts.
+    refused = acquire_lock(hook, key, "run-b", 600)
     assert not refused["acquired"] and refused["holder"] == "run-a"
-    with pytest.raises(RecoveryLockedError, match="lock held by run-a"), holding_lock(hook, key, "run-b", 2):
+    with pytest.raises(RecoveryLockedError, match="lock held by run-a"), holding_lock(hook, key, "run-b", 600):
         pass
     time.sleep(2.5)  # run-a's heartbeat goes stale: it died without its teardown
     taken = acquire_lock(hook, key, "run-b", 2)
@@ -294,10 +316,12 @@ def test_recovery_lock_is_reentrant_fenced_and_taken_over_when_abandoned(stack, 
     # run-a was only slow, not dead: its next step must not touch the target.
     with pytest.raises(RecoveryLockedError, match="lock held by run-b"), holding_lock(hook, key, "run-a", 60):
         pass
-    # A step holding the lock keeps it alive past the TTL, and notices a takeover.
-    with holding_lock(hook, key, "run-b", 1.2):
-        time.sleep(2.0)
-        assert not acquire_lock(hook, key, "run-c", 1.2)["acquired"]
+    # A step holding the lock keeps it alive past the TTL, and notices a takeover: once a beat
+    # is seen more than the TTL after the lock was taken, another run asking with the same TTL
+    # is refused (it would take a lock whose holder stopped beating 4 s ago).
+    with holding_lock(hook, key, "run-b", 4) as held:
+        _wait_for_beat_after(hook, meta, key, held["heartbeat_at"], 4)
+        assert not acquire_lock(hook, key, "run-c", 4)["acquired"]
     with pytest.raises(RecoveryLockedError, match="taken over by another run"), \
             holding_lock(hook, key, "run-b", 60):
         conn = hook.connect()

@@ -116,14 +116,20 @@ def _fault_injection() -> Callable[..., None]:
     """Test-only: EOS_FAULT_POINT=before_commit|after_commit with
     EOS_FAULT_AT_BATCH=N kills this driver's whole process group (JVM and
     Python alike) with SIGKILL at that point of the N-th batch of this run. The
-    line it prints names the batch's write path, so a test knows which
-    transitions the kill exercised."""
+    line it prints names the batch's write path and its records, so a test knows
+    which transitions the kill exercised. With EOS_FAULT_SKIP_EMPTY=1 it fires at
+    the first batch from the N-th on that holds records instead: a continuous
+    cycle that only moved past transaction markers (C5) writes nothing, so a kill
+    there would leave nothing in doubt, decided or to be replayed."""
     point = os.environ.get("EOS_FAULT_POINT")
     at_batch = int(os.environ.get("EOS_FAULT_AT_BATCH", "0") or 0)
+    skip_empty = os.environ.get("EOS_FAULT_SKIP_EMPTY") == "1"
 
-    def maybe_crash(where: str, batch_number: int, path: str = "staged") -> None:
-        if point == where and batch_number == at_batch:
-            print(f"EOS-FAULT killing the driver {where} of batch number {batch_number} ({path})", flush=True)
+    def maybe_crash(where: str, batch_number: int, path: str = "staged", records: int = 0) -> None:
+        due = batch_number >= at_batch and records > 0 if skip_empty else batch_number == at_batch
+        if point == where and due:
+            print(f"EOS-FAULT killing the driver {where} of batch number {batch_number} ({path}) holding "
+                  f"{records} records", flush=True)
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
     return maybe_crash
@@ -335,10 +341,11 @@ class BatchSink:
             prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record,
                                            staged_rows)
             clock.lap("apply")
-            self._crash_point("before_commit", self._batches_this_run)
+            records = prepared.applied + prepared.dead_lettered
+            self._crash_point("before_commit", self._batches_this_run, records=records)
             self.committer.commit(prepared)
             clock.lap("commit")
-            self._crash_point("after_commit", self._batches_this_run)
+            self._crash_point("after_commit", self._batches_this_run, records=records)
         except Exception:
             self.writer.abort()
             raise
@@ -386,7 +393,7 @@ class BatchSink:
                 parts.decide(cur, self.spec, self.target_schema, self.meta_schema, self.pipeline, batch_id, written)
                 self.offsets.advance(cur, end_offsets, batch_id)
             clock.lap("apply")
-            self._crash_point("before_commit", self._batches_this_run, "prepared_parts")
+            self._crash_point("before_commit", self._batches_this_run, "prepared_parts", written.rows)
             self.conn.commit()
             clock.lap("commit")
         except fencing.Fenced:
@@ -398,7 +405,7 @@ class BatchSink:
             self.drop_parts(written.prefix)
             self._notify("parts_not_decided", batch_id=batch_id, error=errors.one_line(exc))
             return None
-        self._crash_point("after_commit", self._batches_this_run, "prepared_parts")
+        self._crash_point("after_commit", self._batches_this_run, "prepared_parts", written.rows)
         # Decided: from here an error goes to the retry (P5), which commits the parts.
         parts.commit(self.conn, self.meta_schema, self.pipeline, written.gids)
         clock.lap("commit_parts")
