@@ -78,20 +78,38 @@ class Driver:
 
     def close(self) -> None:
         """Closing the guard connection releases the running lock."""
-        for conn in (self.conn, self.guard_conn, self.control_conn):
-            if not conn.closed:
-                conn.close()
+        _close([self.conn, self.guard_conn, self.control_conn])
 
 
 def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str) -> Driver | None:
     """Claims the pipeline, or returns None (after an ``EOS-STOPPED`` line)
-    when a stop request it honours holds it."""
+    when a stop request it honours holds it. A claim that fails or returns None closes the
+    sessions it opened (the running lock with them): a claim tried again never waits on its own."""
     laps = Stopwatch()  # each step's time, in the resume event: where a slow start went
     describe = config.postgres.describe()
-    dsn = config.postgres.dsn_kwargs()
-    conn = connect(dsn, describe=describe)
-    guard_conn = connect(dsn, describe=describe)
-    control_conn = connect(dsn, describe=describe)
+    opened: list[PgConnection] = []
+    try:
+        for _ in range(3):
+            opened.append(connect(config.postgres.dsn_kwargs(), describe=describe))
+        driver = _claim(config, spec, mode, run_id, laps, *opened)
+    except BaseException:
+        _close(opened)
+        raise
+    if driver is None:
+        _close(opened)
+    return driver
+
+
+def _close(conns: list[PgConnection]) -> None:
+    for conn in conns:
+        if not conn.closed:
+            conn.close()
+
+
+def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str, laps: Stopwatch,
+           conn: PgConnection, guard_conn: PgConnection, control_conn: PgConnection) -> Driver | None:
+    """``claim``'s steps, on its three sessions."""
+    describe = config.postgres.describe()
     control_conn.autocommit = True  # polled from the main thread while the sink's transaction runs on another
     preflight.check_two_phase(conn, mode, describe)
     preflight.check_encoding(conn, describe)
@@ -143,12 +161,11 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
     conn.rollback()
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
-    if mode.stores_offsets:
-        # The resume point must still be in Kafka: a stored offset below the log start (retention)
-        # or past its end (a recreated topic) fails here, before Spark, naming each partition.
-        lost_data.check_stored_offsets(config.pipeline, config.kafka_bootstrap, config.librdkafka_options(),
-                                       stored, sorted(starting))
-        laps.lap("log_bounds")
+    # The resume point (every mode's) must still be in Kafka: a stored offset below the log start
+    # (retention) or past its end (a recreated topic) fails here, before Spark, naming each partition.
+    lost_data.check_stored_offsets(config.pipeline, config.kafka_bootstrap, config.librdkafka_options(),
+                                   stored, sorted(starting))
+    laps.lap("log_bounds")
     write_parts, why = preflight.prepared_parts(conn, spec, mode)
     emit("resume", stored_offsets=offsets_to_json(stored), stale_stages_dropped=dropped,
          in_doubt_committed=[t["gid"] for t in in_doubt], parts_committed=resolved_parts["committed"],
