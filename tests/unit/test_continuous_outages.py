@@ -1,6 +1,7 @@
 """The continuous engine's pure parts for weather: the reconnect bound and backoff
-(``state/reconnect``), a cycle's byte bound and the Kafka errors it waits out
-(``run/continuous_read``), the sessions' timeouts and the waits a SIGTERM or a stop ends."""
+(``state/reconnect``), a cycle's byte bound, the Kafka errors it waits out and the partitions a
+refresh finds and holds back (``run/continuous_read``), the sessions' timeouts and the waits a
+SIGTERM or a stop ends."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import psycopg2
 import pytest
 from confluent_kafka import KafkaError
 
+from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.run import continuous
 from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
-from spark_apps.eos_stream.run.continuous_read import kafka_error_kind, poll_count
+from spark_apps.eos_stream.run.continuous_read import caught_up, kafka_error_kind, new_partitions, poll_count
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.reconnect import Outage, OutageTooLong, backoff_seconds, call_through
 
@@ -148,3 +150,19 @@ def test_a_retrys_wait_ends_on_sigterm_a_stop_or_a_fence() -> None:
     with pytest.raises(continuous.Interrupted) as raised:
         waits.pause(60)
     assert raised.value.reason == continuous.TERMINATED_MID_CYCLE
+
+
+A0, A1, A2, A3, B0 = ("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0)
+
+
+def test_a_refresh_finds_the_partitions_neither_read_nor_held() -> None:
+    assert new_partitions({A0, A1, A2}, {A0, A1, A2, A3, B0}) == [A3, B0]
+    assert new_partitions({A0, A1}, {A0}) == []  # a partition gone from the metadata is not new
+
+
+def test_a_new_partition_waits_until_its_topics_others_are_committed_up_to_their_end() -> None:
+    ends = {A0: 120, A1: 0}
+    assert not caught_up({A0: 119, A1: EARLIEST}, ends)
+    assert caught_up({A0: 120, A1: EARLIEST}, ends)  # never applied, and nothing to apply
+    assert caught_up({A0: 150, A1: 3}, ends)
+    assert not caught_up({A0: EARLIEST, A1: 3}, {A0: 1, A1: 0})

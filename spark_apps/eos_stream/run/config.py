@@ -94,8 +94,9 @@ class PipelineConfig:
         record before it commits (0: it commits what librdkafka had queued). Longer: fewer,
         larger transactions (less database load), each record visible later.
     :param continuous_max_bytes: continuous: a cycle stops reading once its records' keys and
-        values reach this many bytes (as ``max_offsets_per_trigger`` bounds its records): the
-        engine's memory is a cycle's records and their Arrow copy, whatever their size.
+        values reach this many bytes (as ``max_offsets_per_trigger`` bounds its records), and
+        its consumer fetches no further ahead: the engine's memory is bounded whatever the
+        records' size.
     :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, dead letters...).

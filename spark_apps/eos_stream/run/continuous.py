@@ -8,10 +8,10 @@ scheduling however few records it holds (``python -m bench.latency``); this engi
 it. It claims the pipeline as the Spark app and the Spark-less replay do (``driver.claim``: in-doubt
 batches committed, a new epoch, the running lock, prepared parts resolved) and then loops over
 *cycles*. A cycle is one ``read_committed`` consumer, assigned to every partition of the
-pipeline at the stored offsets, polled until it has ``max_offsets_per_trigger`` records or
-``continuous_max_bytes`` of keys and values, or ``continuous_linger_ms`` have passed since its
-first record (``continuous_read``); the cycle's end in each partition
-is the consumer's position there (past every record it handed out, and past the transaction
+pipeline at the stored offsets (and to new partitions as they appear, C12), polled until it has
+``max_offsets_per_trigger`` records or ``continuous_max_bytes`` of keys and values, or
+``continuous_linger_ms`` have passed since its first record (``continuous_read``); the cycle's
+end in each partition is the consumer's position there (past every record it handed out, and past the transaction
 markers and aborted records it skipped: never past a record it has not handed out, never past
 the last stable offset, which a read_committed fetch does not cross). The records polled are
 the batch: written as one prepared part, or staged from memory (every retry and an isolation
@@ -22,8 +22,8 @@ one transaction, dead letters, two_phase). Every failure transition of ``sink/ba
 transaction per cycle, covering all partitions, as with a Spark micro-batch.
 
 One process, no executors: its throughput is what one core parses and COPYs (docs/latency.md).
-Its memory is bounded by a cycle (``continuous_max_bytes``, and the records' Arrow copy while
-it is written) and librdkafka's prefetch queue.
+Its memory is bounded by ``continuous_max_bytes`` three times: librdkafka's prefetch queue
+(``consumer_settings``), a cycle's records, and their Arrow copy while it is written.
 
 Every session the engine opens runs with ``lock_timeout`` and ``statement_timeout``
 (``LOCK_TIMEOUT``, ``STATEMENT_TIMEOUT``; a connection's own ``options`` win), so a lock held on
@@ -75,6 +75,14 @@ C10. a session lost (a terminated backend, a PostgreSQL restart) or a statement 
 C11. the brokers unreachable (killed, restarting, a leader moving): the consumer keeps
     reconnecting and the engine keeps polling; an outage of more than
     ``transient_retry_seconds`` without a record or a metadata answer fails the run (exit 1).
+C12. partitions added to a topic while it runs: every poll reads the topics' partitions; a new
+    one is held back until every other partition of its topic is committed up to the last
+    stable offset it had when the new one was found, then read from its earliest offset, its
+    offsets stored with the first cycle that reads it. A crash before that cycle commits stores
+    nothing of it: the rerun's claim finds it and starts it at its earliest offset too. Per-key
+    order across the grow: a key's records written before the grow are applied before the ones
+    it writes after to a new partition (unless a producer with metadata older than the grow
+    still writes the key to its old partition after the engine found the new one).
 
 Bounds on ending: a SIGTERM or a stop request ends the run within ``stop_poll_seconds`` between
 cycles; mid-cycle within the statement in flight (at most ``LOCK_TIMEOUT`` waiting for a lock,
@@ -270,7 +278,7 @@ class ContinuousRun:
         the stop; why the run must stop, or None. Raises ``Fenced``."""
         self.record_progress()
         self.keep_running_lock()
-        self.reader.probe(self.config.topics[0])
+        self.reader.refresh(list(self.config.topics))
         fenced = self.stop.fenced()
         if fenced:
             raise fencing.Fenced(fenced)
@@ -368,6 +376,15 @@ class ContinuousRun:
         self._part_conn = None
 
 
+def consumer_settings(config: PipelineConfig) -> dict[str, Any]:
+    """The engine's consumer: a range reader's settings (``kafka_ranges``), fetching ahead no
+    more than a cycle's byte bound, so that librdkafka's queue is bounded with the cycle."""
+    settings = kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
+                                              f"eos-continuous-{config.pipeline}", prefetch_records=100_000)
+    return {**settings, "queued.max.messages.kbytes": max(1, config.continuous_max_bytes // 1024),
+            "max.partition.fetch.bytes": min(1 << 20, config.continuous_max_bytes)}
+
+
 def _transient(exc: BaseException) -> bool:
     """Weather a claim waits out (C10, C11): the database's, or Kafka's."""
     return (errors.classify(exc) == "transient" or isinstance(exc, preflight.KafkaUnavailable)
@@ -410,9 +427,7 @@ def run_continuous(config: PipelineConfig) -> int:
         driver = claim_through_outages(config, spec, mode, run_id, waits)
         if driver is None:
             return 0
-        consumer = Consumer(with_python_logging(kafka_ranges.consumer_settings(
-            config.kafka_bootstrap, config.librdkafka_options(), f"eos-continuous-{config.pipeline}",
-            prefetch_records=100_000)))
+        consumer = Consumer(with_python_logging(consumer_settings(config)))
         try:
             engine = ContinuousRun(config, driver, consumer, waits)
             try:

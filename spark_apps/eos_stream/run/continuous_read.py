@@ -9,6 +9,10 @@ or one of the connection's (``_WEATHER``: the broker down, restarting or moving 
 waited out while librdkafka reconnects, for at most ``transient_retry_seconds`` in a row
 (``reconnect.Outage``, step ``kafka read``); any other error (a lost offset, a denied access, a
 fatal one) fails the run before the cycle commits.
+
+Every poll of the engine reads the topics' partitions (``refresh``): a partition added to a
+topic is held back until the topic's other partitions are committed up to their last stable
+offsets of that moment, then assigned from its earliest offset (C12 of ``run/continuous.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.state.reconnect import Outage
@@ -130,6 +135,9 @@ class CycleReader:
         self.consumer, self.current = consumer, current
         self.max_records, self.max_bytes, self.linger = max_records, max_bytes, linger
         self.outage = Outage("kafka read", f"Kafka {bootstrap}", outage_seconds)
+        # Partitions found while running, held back until their topic's others caught up: the
+        # last stable offsets each of those must be committed up to.
+        self.held: dict[TopicPartition, dict[TopicPartition, int]] = {}
 
     def assign(self) -> None:
         from confluent_kafka import TopicPartition as KafkaPartition
@@ -185,20 +193,61 @@ class CycleReader:
             emit("kafka_unavailable", error=error.str(), code=error.name())
         self.outage.failed(failure)  # raises past the bound
 
-    def probe(self, topic: str) -> None:
-        """During an outage (errors seen, no record since), asks a broker for ``topic``'s
-        metadata: an answer ends the outage, no answer counts as one more failure."""
+    def refresh(self, topics: list[str]) -> None:
+        """Every poll: the partitions of ``topics`` from a broker. An answer ends a Kafka outage,
+        none counts as one more failure. A partition found is held back until every partition
+        of its topic is committed up to its last stable offset at the time (``caught_up``),
+        then assigned from its earliest offset; its offsets are stored with the first cycle
+        that reads it (its start EARLIEST, as the claim starts a partition never applied)."""
         from confluent_kafka import KafkaException
 
-        if self.outage.since is None:
-            return
+        found: set[TopicPartition] = set()
         try:
-            self.consumer.list_topics(topic, timeout=_PROBE_SECONDS)
+            for topic in topics:
+                described = self.consumer.list_topics(topic, timeout=_PROBE_SECONDS).topics.get(topic)
+                if described is not None and described.error is None:
+                    found.update((topic, p) for p in described.partitions)
         except KafkaException as exc:
-            self.outage.failed(exc)
+            self.outage.failed(exc)  # raises past the bound
             return
-        emit("kafka_available", after_seconds=round(time.monotonic() - self.outage.since, 1))
-        self.outage.ok()
+        if self.outage.since is not None:
+            emit("kafka_available", after_seconds=round(time.monotonic() - self.outage.since, 1))
+            self.outage.ok()
+        for tp in new_partitions(set(self.current) | set(self.held), found):
+            self.held[tp] = self._stable_ends([old for old in self.current if old[0] == tp[0]])
+            emit("partition_found", topic=tp[0], partition=tp[1], after=offsets_to_json(self.held[tp]))
+        self._assign_caught_up()
+
+    def _stable_ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        # A read_committed consumer's high watermark is the last stable offset.
+        return {tp: self.consumer.get_watermark_offsets(KafkaPartition(*tp), timeout=_PROBE_SECONDS)[1]
+                for tp in partitions}
+
+    def _assign_caught_up(self) -> None:
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        ready = sorted(tp for tp, ends in self.held.items() if caught_up(self.current, ends))
+        for tp in ready:
+            del self.held[tp]
+            self.current[tp] = EARLIEST
+        if ready:
+            self.consumer.incremental_assign([KafkaPartition(t, p, EARLIEST) for t, p in ready])
+            emit("partitions_assigned", partitions=[f"{t}[{p}]" for t, p in ready])
+
+
+def new_partitions(known: set[TopicPartition], found: set[TopicPartition]) -> list[TopicPartition]:
+    """The partitions a refresh found that the engine neither reads nor holds back, in order."""
+    return sorted(found - known)
+
+
+def caught_up(current: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> bool:
+    """Whether every partition of ``ends`` is committed up to its end there (a partition never
+    applied, EARLIEST, counts as 0): a topic's new partition is read only then, so each key's
+    records written before the topic grew are applied before those it wrote after, to a new
+    partition (per-key order across a grow, docs/ordering.md)."""
+    return all(max(current.get(tp, EARLIEST), 0) >= end for tp, end in ends.items())
 
 
 def is_kafka_weather(exc: BaseException) -> bool:
