@@ -22,12 +22,12 @@ CHUNK, PAUSE = 300, 0.5
 
 class LedgerProducer(threading.Thread):
     """Produces ``events`` committed ledger events to ``topic`` in sessions of ``CHUNK``
-    (transactions of 50, every fourth aborted), numbering them on across sessions so the
-    ordering oracle holds."""
+    (transactions of 50, every fourth aborted), numbering them on across sessions from
+    ``first_seq`` so the ordering oracle holds."""
 
-    def __init__(self, bootstrap: str, topic: str, events: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, events: int, first_seq: int = 0) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.events = bootstrap, topic, events
+        self.bootstrap, self.topic, self.events, self.first_seq = bootstrap, topic, events, first_seq
         self.committed = self.aborted = 0
         self.error: BaseException | None = None
 
@@ -36,7 +36,8 @@ class LedgerProducer(threading.Thread):
             while self.committed < self.events:
                 size = min(CHUNK, self.events - self.committed)
                 produced = produce_ledger(self.bootstrap, size, topic=self.topic, batch_size=50, abort_every=4,
-                                          seed=self.committed, first_seq=self.committed)
+                                          seed=self.first_seq + self.committed,
+                                          first_seq=self.first_seq + self.committed)
                 self.committed += produced.committed
                 self.aborted += produced.aborted
                 time.sleep(PAUSE)

@@ -263,7 +263,9 @@ def test_partitions_added_while_running_are_read_in_key_order(stack: dict, tmp_p
     found = _wait_for(run, "partition_found", lambda e: True, 60)
     stop_when_caught_up(stack, config, run, [topic])
     assigned = run.events("partitions_assigned")
-    print(f"\ngrow: found={found} assigned={assigned} exits=0")
+    largest = max(b["bytes"] for b in run.events("batch"))
+    print(f"\ngrow: found={found} assigned={assigned} exits=0 largest cycle={largest} bytes")
+    assert 3000 < largest <= 4096 + 1024  # cycles ended on the byte bound, passing it by a record at most
     assert [e["partitions"] for e in assigned] == [[f"{topic}[2]", f"{topic}[3]"]]
     order = _exact_but_split(stack, config, tmp_path, 3000)
     # The audit takes a spread key's last record in any of its partitions as right; the events'
