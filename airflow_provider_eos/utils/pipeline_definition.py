@@ -118,6 +118,7 @@ class StreamSettings(Section):
     trigger_interval: str = default_of("trigger_interval")
     max_offsets_per_trigger: int = default_of("max_offsets_per_trigger")
     continuous_linger_ms: int = default_of("continuous_linger_ms")
+    continuous_max_bytes: int = default_of("continuous_max_bytes")
     driver_write_max_records: int = default_of("driver_write_max_records")
     max_batch_attempts: int = default_of("max_batch_attempts")
     transient_retry_seconds: float = default_of("transient_retry_seconds")

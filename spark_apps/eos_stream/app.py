@@ -31,7 +31,6 @@ from spark_apps.eos_stream.kafka import security as kafka_security
 from spark_apps.eos_stream.kafka.offsets import from_nested
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.records.spec import load_spec
 from spark_apps.eos_stream.run import entry, preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
@@ -90,12 +89,11 @@ class OffsetLog:
         return from_nested(json.loads(lines[-1]))
 
 
-def _run_checkpoint(config: PipelineConfig, mode_stores_offsets: bool, run_id: str) -> str:
-    base = f"{config.checkpoint_dir.rstrip('/')}/{config.pipeline}"
-    # exactly_once: the database holds the replay point, so every run starts a
-    # fresh checkpoint from the stored offsets; a lost or stale checkpoint is
-    # harmless. Other modes keep Spark's checkpoint, their only replay point.
-    return f"{base}/run-{run_id}" if mode_stores_offsets else f"{base}/{config.delivery}"
+def _run_checkpoint(config: PipelineConfig, run_id: str) -> str:
+    # The database holds every mode's replay point (at_least_once and idempotent: the offsets
+    # stored after each batch's commit), so every run starts a fresh checkpoint from the stored
+    # offsets; a lost or stale checkpoint is harmless, and a pipeline moves between engines.
+    return f"{config.checkpoint_dir.rstrip('/')}/{config.pipeline}/run-{run_id}"
 
 
 def run_stream(config: PipelineConfig) -> int:
@@ -140,12 +138,12 @@ class StreamRun:
         if ui_url:  # None when spark.ui.enabled is false
             # The supervisor turns this into the stream task's "Spark driver UI" link.
             emit("ui", url=ui_url, application_id=spark.sparkContext.applicationId)
-        self.checkpoint = _run_checkpoint(config, self.mode.stores_offsets, self.run_id)
+        self.checkpoint = _run_checkpoint(config, self.run_id)
         self.offset_log = OffsetLog(spark, self.checkpoint)
 
     def _source(self) -> Any:
         """The query's Kafka source; sets where its first batch starts and the tasks' consumer settings."""
-        config, mode, starting = self.config, self.mode, self.starting
+        config, starting = self.config, self.starting
         # A mirror's pattern also reads topics created later: Spark's source finds them at each
         # trigger and starts them at their earliest offset; the tasks read a partition the
         # batch's start lacks from there too (kafka_ranges.offset_ranges).
@@ -156,11 +154,10 @@ class StreamRun:
             .option(*subscription)
             .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
         )
-        reader = reader.option("startingOffsets", offsets_to_json(starting) if mode.stores_offsets else "earliest")
+        reader = reader.option("startingOffsets", offsets_to_json(starting))
         # Where the source starts this run's first batch: the tasks read from there (kafka_ranges), so it
-        # must be the source's own start, the log's start in modes whose replay point is Spark's checkpoint
-        # (whatever offsets an earlier exactly_once run of the pipeline stored).
-        self.first_start = starting if mode.stores_offsets else {tp: EARLIEST for tp in starting}
+        # must be the source's own start.
+        self.first_start = starting
         # Spark's source plans each batch's offset ranges; its tasks read them (kafka_ranges).
         records = reader.load()
         self.kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,

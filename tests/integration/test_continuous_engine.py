@@ -3,8 +3,8 @@ the real stack: SIGKILLed at random moments while a transactional producer write
 transaction aborted), then audited as the crash matrix audits the Spark app.
 
 exactly_once and two_phase must end with 0 duplicates, 0 missing, exact balances and every
-account's events in order; the same kills on at_least_once (whose offsets are the consumer
-group's, committed after the database's commit) must fail the same audit, which proves the
+account's events in order; the same kills on at_least_once (whose offsets are stored after the
+database's commit, in a transaction of their own) must fail the same audit, which proves the
 audit can fail. Two kills of each plan are the sink's fault points (inside the commit, and right
 after it); the others land at random moments of the engine's life: in its claim, in a cycle's
 read, part, apply or commit, or between cycles. A poison record still goes to dead letters.
@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.helpers.continuous import run_until_caught_up
+from tests.helpers.continuous import LedgerProducer, run_until_caught_up, wait_for_batches
 from tests.helpers.kafka import delete_topics
 from tests.streaming import (
-    AppRun,
     audit,
     dead_letter_count,
     ledger_order,
@@ -37,36 +36,8 @@ from tests.streaming import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 EVENTS = 12_000  # at least: the producer goes on until the plan's last kill
-# Events per producer session, and the pause between sessions.
-CHUNK, PAUSE = 300, 0.5
 KILLS = 10
 NEGATIVE_CONTROL_KILLS = 3
-
-
-class LedgerProducer(threading.Thread):
-    """Produces ``events`` committed ledger events to ``topic`` in sessions of ``CHUNK``
-    (transactions of 50, every fourth aborted), numbering them on across sessions so the
-    ordering oracle holds; given ``until``, it goes on in sessions of ``CHUNK`` until that
-    is set too, so that every kill lands while it writes, however long the kills take."""
-
-    def __init__(self, bootstrap: str, topic: str, events: int, until: threading.Event | None = None) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.events = bootstrap, topic, events
-        self.until = until
-        self.committed = self.aborted = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while self.committed < self.events or (self.until is not None and not self.until.is_set()):
-                size = min(CHUNK, self.events - self.committed) if self.committed < self.events else CHUNK
-                produced = produce_ledger(self.bootstrap, size, topic=self.topic, batch_size=50, abort_every=4,
-                                          seed=self.committed, first_seq=self.committed)
-                self.committed += produced.committed
-                self.aborted += produced.aborted
-                time.sleep(PAUSE)
-        except BaseException as exc:  # reported by the test
-            self.error = exc
 
 
 def _kill_plan(kills: int, seed: int) -> list[dict]:
@@ -77,12 +48,6 @@ def _kill_plan(kills: int, seed: int) -> list[dict]:
     plan += [{"after_batches": rng.randint(0, 3), "delay": rng.uniform(0.0, 0.4)} for _ in range(kills - 2)]
     rng.shuffle(plan)
     return plan
-
-
-def _wait_for_batches(run: AppRun, batches: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and run.process.poll() is None and len(run.events("batch")) < batches:
-        time.sleep(0.01)
 
 
 def _fault_kills(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[int, list[dict]]:
@@ -117,7 +82,7 @@ def _kill_once(config: dict, tmp_path: Path, step: dict, label: str) -> tuple[in
         return _fault_kills(config, tmp_path, step, label)
     run = start_continuous(config, tmp_path, label=label)
     if step["after_batches"]:
-        _wait_for_batches(run, step["after_batches"], 120)
+        wait_for_batches(run, step["after_batches"], 120)
     else:
         time.sleep(0.5)  # the interpreter's start: the kill lands in the claim or the first cycle
     time.sleep(step["delay"])
@@ -228,7 +193,7 @@ def test_sigterm_ends_the_engine_after_the_cycle_in_flight(stack: dict, tmp_path
     config = pipeline_config(stack, tmp_path, name, topics=[topic], engine="continuous", trigger="processingTime",
                              max_offsets_per_trigger=300, stop_poll_seconds=0.5)
     run = start_continuous(config, tmp_path, label="term")
-    _wait_for_batches(run, 2, 120)
+    wait_for_batches(run, 2, 120)
     assert run.process.poll() is None, run.log()[-3000:]
     run.process.send_signal(signal.SIGTERM)
     assert run.wait(30) == 143, run.log()[-3000:]

@@ -38,7 +38,7 @@ EVENTS = 50_000
 KILL_BATCH = 1500
 # The final run only has to finish the topic; bigger batches make it fewer.
 FINAL_BATCH = 10_000
-# at_least_once's duplicates need one kill between the database's commit and Spark's checkpoint: the
+# at_least_once's duplicates need one kill between the database's commit and its offsets' (stored right after): the
 # "after_commit" fault is one on every run, and the plan's random kills add more chances.
 NEGATIVE_CONTROL_KILLS = 3
 

@@ -94,6 +94,20 @@ def _dag_test(env: dict[str, str], runs: list, tmp: Path) -> list[dict]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def _forget_offsets(stack: dict, config: dict) -> None:
+    """Deletes the pipeline's stored offsets, every delivery mode's replay point."""
+    from spark_apps.eos_stream.state import meta_tables
+
+    conn = pg_connect(stack)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DELETE FROM {} WHERE pipeline = %s").format(
+                meta_tables.table(config["meta_schema"], meta_tables.OFFSETS)), (config["pipeline"],))
+        conn.commit()
+    finally:
+        conn.close()
+
+
 def _state(stack: dict, config: dict) -> dict:
     conn = pg_connect(stack)
     t, m = sql.Identifier(config["target_schema"]), sql.Identifier(config["meta_schema"])
@@ -302,10 +316,10 @@ def test_recovery_finishes_after_its_worker_is_killed_between_restore_and_replay
     shutil.rmtree(config["checkpoint_dir"], ignore_errors=True)
     assert run_app(config, tmp_path, label="lost-checkpoint-eos").process.returncode == 0
     assert _state(stack, config) == reference
-    # Damage: the same pipeline redeployed in at_least_once, whose only replay
-    # point is Spark's checkpoint. The checkpoint is lost, the DB is ahead of it,
-    # so Spark starts over from the earliest offsets: every event lands twice.
-    shutil.rmtree(config["checkpoint_dir"], ignore_errors=True)
+    # Damage: the pipeline's stored offsets lost (a hand-made DELETE) and the same pipeline
+    # redeployed in at_least_once, which resumes from them and has no other guard: it starts
+    # over from the earliest offsets, so every event lands twice.
+    _forget_offsets(stack, config)
     assert run_app({**config, "delivery": "at_least_once"}, tmp_path, label="lost-checkpoint-alo"
                    ).process.returncode == 0
     damaged = _state(stack, config)

@@ -1,8 +1,9 @@
 """The driver's stop and epoch poll (``state/control.StopSignal``) against a real PostgreSQL whose
 server ends its connection, as a PostgreSQL restart does (seen in test_cdc_mirror.py's
 immediate restart: the batch's retries reconnected the sink, then this poll's dead connection
-made the driver exit). It opens a new connection and keeps polling; without ``reconnect``, and
-after ``outage_seconds`` of an unreachable database, it raises as before."""
+made the driver exit). It opens a new connection and keeps polling; without ``reconnect`` it raises the connection's
+error, and after ``outage_seconds`` of an unreachable database ``OutageTooLong``, naming the poll
+and the database."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from psycopg2 import sql
 from spark_apps.eos_stream.sink.postgres import TargetUnavailable
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.eos_stream.state.control import StopSignal
+from spark_apps.eos_stream.state.reconnect import OutageTooLong
 from tests.streaming import pg_connect
 
 
@@ -68,6 +70,6 @@ def test_an_outage_longer_than_allowed_raises(stack: dict[str, str], pg_conn: An
     signal = StopSignal(conn, meta, "p", 0, epoch=0, reconnect=unreachable, outage_seconds=0)
     _cut(pg_conn, conn)
     assert signal.fenced() is None  # the outage begins: nothing known
-    with pytest.raises((psycopg2.OperationalError, psycopg2.InterfaceError)):
-        signal.fenced()  # longer than outage_seconds
+    with pytest.raises(OutageTooLong, match=r"step 'stop-and-fence poll' could not reach PostgreSQL .*@"):
+        signal.fenced()  # longer than outage_seconds: the error names the step and the database
     conn.close()

@@ -37,6 +37,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "max_offsets_per_trigger": ({"stream": {"max_offsets_per_trigger": 0}}, {"max_offsets_per_trigger": 0}),
     "driver_write_max_records": ({"stream": {"driver_write_max_records": -1}}, {"driver_write_max_records": -1}),
     "continuous_linger_ms": ({"stream": {"continuous_linger_ms": -1}}, {"continuous_linger_ms": -1}),
+    "continuous_max_bytes": ({"stream": {"continuous_max_bytes": 0}}, {"continuous_max_bytes": 0}),
     "max_batch_attempts": ({"stream": {"max_batch_attempts": 0}}, {"max_batch_attempts": 0}),
     "transient_retry_seconds": ({"stream": {"transient_retry_seconds": -1}}, {"transient_retry_seconds": -1}),
     "mirror_needs_stored_offsets": ({"spec": MIRROR, "delivery": "at_least_once"},

@@ -32,17 +32,13 @@ EXIT_DATA_LOST = 4
 DATA_LOST_KIND = "data_lost"
 
 
-
-def way_out(pipeline: str, checkpoint_dir: str | None = None) -> str:
-    """What to do, for the message: ``eos offsets reset`` moves the offsets stored with the data;
-    a mode without them (``at_least_once``, ``idempotent``) resumes from Spark's checkpoint."""
-    text = ("Kafka no longer holds these records, so no restart can succeed. To skip them on purpose, with "
+def way_out(pipeline: str) -> str:
+    """What to do, for the message: ``eos offsets reset`` moves the stored offsets, every delivery
+    mode's replay point."""
+    return ("Kafka no longer holds these records, so no restart can succeed. To skip them on purpose, with "
             f"the skipped ranges recorded for the audit: eos offsets reset {pipeline} --to earliest "
             "--reason \"...\" --yes (docs/streaming_app.md, 'Lost data')")
-    if checkpoint_dir:
-        text += (f"; a delivery mode that stores no offsets resumes from Spark's checkpoint instead: move "
-                 f"{checkpoint_dir.rstrip('/')}/{pipeline} aside to start from Kafka's earliest offsets")
-    return text
+
 
 # What Spark's Kafka source or a Kafka client says when the offsets it must read are gone, mid-stream:
 # Spark's KafkaIllegalStateException ("Some data may have been lost ...", error class

@@ -93,6 +93,10 @@ class PipelineConfig:
     :param continuous_linger_ms: continuous: how long a cycle keeps polling after its first
         record before it commits (0: it commits what librdkafka had queued). Longer: fewer,
         larger transactions (less database load), each record visible later.
+    :param continuous_max_bytes: continuous: a cycle stops reading once its records' keys and
+        values reach this many bytes (as ``max_offsets_per_trigger`` bounds its records), and
+        its consumer fetches no further ahead: the engine's memory is bounded whatever the
+        records' size.
     :param checkpoint_dir: Spark checkpoint root (any Hadoop-compatible path).
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, dead letters...).
@@ -131,6 +135,7 @@ class PipelineConfig:
     trigger_interval: str = "1 second"
     max_offsets_per_trigger: int = 20000
     continuous_linger_ms: int = 20
+    continuous_max_bytes: int = 32 * 1024 * 1024
     driver_write_max_records: int = 5000
     checkpoint_dir: str = "/tmp/eos-checkpoints"
     target_schema: str = "public"

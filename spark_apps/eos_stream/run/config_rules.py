@@ -174,6 +174,7 @@ RULES: tuple[Rule, ...] = (
     Rule("max_offsets_per_trigger", _positive("max_offsets_per_trigger", 1)),
     Rule("driver_write_max_records", _not_negative("driver_write_max_records")),
     Rule("continuous_linger_ms", _not_negative("continuous_linger_ms")),
+    Rule("continuous_max_bytes", _positive("continuous_max_bytes", 1)),
     Rule("max_batch_attempts", _positive("max_batch_attempts", 1)),
     Rule("transient_retry_seconds", _transient_retry),
     Rule("mirror_needs_stored_offsets", mirror_delivery_problem),

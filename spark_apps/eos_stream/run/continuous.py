@@ -8,9 +8,10 @@ scheduling however few records it holds (``python -m bench.latency``); this engi
 it. It claims the pipeline as the Spark app and the Spark-less replay do (``driver.claim``: in-doubt
 batches committed, a new epoch, the running lock, prepared parts resolved) and then loops over
 *cycles*. A cycle is one ``read_committed`` consumer, assigned to every partition of the
-pipeline at the stored offsets, polled until it has ``max_offsets_per_trigger`` records or
-``continuous_linger_ms`` have passed since its first record; the cycle's end in each partition
-is the consumer's position there (past every record it handed out, and past the transaction
+pipeline at the stored offsets (and to new partitions as they appear, C12), polled until it has
+``max_offsets_per_trigger`` records or ``continuous_max_bytes`` of keys and values, or
+``continuous_linger_ms`` have passed since its first record (``continuous_read``); the cycle's
+end in each partition is the consumer's position there (past every record it handed out, and past the transaction
 markers and aborted records it skipped: never past a record it has not handed out, never past
 the last stable offset, which a read_committed fetch does not cross). The records polled are
 the batch: written as one prepared part, or staged from memory (every retry and an isolation
@@ -21,11 +22,16 @@ one transaction, dead letters, two_phase). Every failure transition of ``sink/ba
 transaction per cycle, covering all partitions, as with a Spark micro-batch.
 
 One process, no executors: its throughput is what one core parses and COPYs (docs/latency.md).
+Its memory is bounded by ``continuous_max_bytes`` three times: librdkafka's prefetch queue
+(``consumer_settings``), a cycle's records, and their Arrow copy while it is written.
 
-at_least_once and idempotent store no offsets with the rows; in them the engine commits the
-consumer group's offsets (group ``eos-continuous-<pipeline>``) after the database's commit and
-starts from them, the classic at-least-once sink: a crash between the two commits replays the
-cycle.
+Every session the engine opens runs with ``lock_timeout`` and ``statement_timeout``
+(``LOCK_TIMEOUT``, ``STATEMENT_TIMEOUT``; a connection's own ``options`` win), so a lock held on
+a target or a hung statement ends in an error the sink retries (8) instead of blocking a cycle,
+a stop and a fence without bound. A lost session, a timeout or an unreachable broker is
+weather, waited out with backoff (``state/reconnect``: 0.5 s doubling to 5 s) for at most
+``transient_retry_seconds`` in a row; past that bound the run fails with ``OutageTooLong``, whose
+message names the step, the database or brokers and the cause (exit 1: a supervisor restarts it).
 
 Its own transitions:
 
@@ -42,18 +48,46 @@ C4. a cycle ends on a transaction marker or inside aborted records: the end is t
 C5. a cycle that only moved past markers or aborted records (no record to write) is committed
     only when the stream has been idle for ``stop_poll_seconds`` or stops: the stored offsets
     then reach the last stable offset without a database transaction per marker.
-C6. Kafka no longer holds the offset to read (retention) or the consumer reports any other
-    error: the run fails (exit 1, or 4 for lost data found by the claim) before the cycle
-    commits; the supervisor restarts it from the stored offsets.
+C6. Kafka no longer holds the offset to read (retention), or the consumer reports an error
+    that is neither retriable nor a lost connection (``continuous_read``): the run fails (exit
+    1, or 4 for lost data found by the claim) before the cycle commits; the supervisor restarts
+    it from the stored offsets.
 C7. a stop request, ``run_seconds`` or a changed epoch is looked for between cycles, at least
-    every ``stop_poll_seconds``: a stop ends the run after the cycle in flight commits (exit
-    0), a changed epoch fails it (exit 3) without writing; a cycle that commits under a newer
-    epoch is refused by the sink's ownership check (7) in any case.
-C8. at_least_once and idempotent: a crash after the database's commit and before the consumer
-    group's commit replays the cycle (duplicates in at_least_once; upserts in idempotent).
-C9. SIGTERM (a supervisor's kill, a pod's eviction): the cycle in flight commits, then the
-    engine exits 143 within ``stop_poll_seconds``. Not 0: whoever sent it did not ask the pipeline
-    to stop, so a supervisor restarts it (a stop request is C7). A SIGKILL is C2 or C3.
+    every ``stop_poll_seconds``, and at every wait of a cycle's retries: a stop between cycles
+    ends the run after the cycle in flight commits, a stop seen in a retry's wait ends it with
+    that cycle uncommitted (exit 0 either way); a changed epoch fails it (exit 3) without
+    writing. A cycle that commits under a newer epoch is refused by the sink's ownership check
+    (7) in any case.
+C8. at_least_once and idempotent: the cycle's end offsets are stored in the offsets table right
+    after its commit, in a transaction of their own (``BatchSink``, as for every engine: one
+    replay point whichever engine ran before); a crash between the two commits replays the
+    cycle (duplicates in at_least_once; upserts in idempotent).
+C9. SIGTERM (a supervisor's kill, a pod's eviction): a cycle committing normally commits, then
+    the engine exits 143 within ``stop_poll_seconds``. A cycle waiting to retry (8) is abandoned
+    at once, uncommitted. Not 0: whoever sent it did not ask the pipeline to stop, so a
+    supervisor restarts it (a stop request is C7). A SIGKILL is C2 or C3.
+C10. a session lost (a terminated backend, a PostgreSQL restart) or a statement timed out: the
+    claim is tried again whole, on new sessions, after closing its own (its running lock with
+    them); a cycle's session, guard session or part session is opened again by the sink's retry
+    (8, P2), the guard taking the running lock again and the retry checking the epoch again;
+    the stop-and-fence poll and the progress row reopen theirs at the next poll (a row not
+    written is summed into the next). Bound: ``transient_retry_seconds`` in a row, then exit 1.
+C11. the brokers unreachable (killed, restarting, a leader moving): the consumer keeps
+    reconnecting and the engine keeps polling; an outage of more than
+    ``transient_retry_seconds`` without a record or a metadata answer fails the run (exit 1).
+C12. partitions added to a topic while it runs: every poll reads the topics' partitions; a new
+    one is held back until every other partition of its topic is committed up to the last
+    stable offset it had when the new one was found, then read from its earliest offset, its
+    offsets stored with the first cycle that reads it. A crash before that cycle commits stores
+    nothing of it: the rerun's claim finds it and starts it at its earliest offset too. Per-key
+    order across the grow: a key's records written before the grow are applied before the ones
+    it writes after to a new partition (unless a producer with metadata older than the grow
+    still writes the key to its old partition after the engine found the new one).
+
+Bounds on ending: a SIGTERM or a stop request ends the run within ``stop_poll_seconds`` between
+cycles; mid-cycle within the statement in flight (at most ``LOCK_TIMEOUT`` waiting for a lock,
+``STATEMENT_TIMEOUT`` running, 10 s connecting) plus 0.05 s. A fence waits on the engine's
+pipeline lock at most as long.
 
 Exit codes are the app's (``app.main``).
 """
@@ -61,86 +95,97 @@ Exit codes are the app's (``app.main``).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from psycopg2 import sql
 
+from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.records.spec import PipelineSpec, load_spec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
+from spark_apps.eos_stream.run.continuous_read import Cycle, CycleReader, is_kafka_weather
 from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, import_in_background
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
+from spark_apps.eos_stream.sink.modes import DeliveryMode
 from spark_apps.eos_stream.sink.part_writer import write_part_batches
 from spark_apps.eos_stream.sink.parts import WrittenParts
+from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import stage_batches
-from spark_apps.eos_stream.state import fencing, meta_tables
+from spark_apps.eos_stream.state import fencing, meta_tables, reconnect
 from spark_apps.eos_stream.state.control import StopSignal
 
-# librdkafka's offset of a partition the consumer has handed nothing out of yet.
-_NO_POSITION = -1001
-# librdkafka hands out at most this many messages per consume() call (it refuses more).
-_MAX_CONSUME = 100_000
-# The longest one poll waits while no record has come: a cycle's first record waits at most
-# this long in librdkafka's queue before the linger starts.
-_IDLE_POLL_SECONDS = 0.005
-# C9: the stop reason a SIGTERM gives, and the exit code it ends with (128 + SIGTERM, as a shell
+# C9: the stop reasons a SIGTERM gives, and the exit code it ends with (128 + SIGTERM, as a shell
 # reports a process the signal ended).
 TERMINATED = "SIGTERM: ended after the cycle in flight"
+TERMINATED_MID_CYCLE = "SIGTERM: ended in a cycle's retry, the cycle uncommitted"
 EXIT_TERMINATED = 128 + signal.SIGTERM
+# Every session's lock and statement timeouts: a cycle's statements take milliseconds, a cycle's
+# COPY of ``continuous_max_bytes`` a few seconds. Short enough that a SIGTERM's 5 s before the
+# hook's SIGKILL covers a lock wait.
+LOCK_TIMEOUT, STATEMENT_TIMEOUT = "3s", "30s"
+# How often a retry's wait looks at the SIGTERM flag.
+_WAIT_SLICE_SECONDS = 0.05
 
 
-@dataclass
-class Cycle:
-    """What one cycle read: its records in poll order, and each moved partition's range."""
-
-    messages: list[Any]
-    starts: dict[TopicPartition, int]
-    ends: dict[TopicPartition, int]
-
-    def batches(self) -> Iterator[Any]:
-        """The records as Arrow batches of at most one COPY chunk each."""
-        for first in range(0, len(self.messages), kafka_ranges.CHUNK_RECORDS):
-            yield kafka_ranges.message_batch(self.messages[first:first + kafka_ranges.CHUNK_RECORDS])
+def with_session_timeouts(config: PipelineConfig) -> PipelineConfig:
+    """``config`` with ``LOCK_TIMEOUT`` and ``STATEMENT_TIMEOUT`` in its sessions' startup
+    options, before the connection's own ``options`` (or ``PGOPTIONS``), which win."""
+    own = str(config.postgres.options.get("options") or os.environ.get("PGOPTIONS", ""))
+    options = f"-c lock_timeout={LOCK_TIMEOUT} -c statement_timeout={STATEMENT_TIMEOUT} {own}".strip()
+    return replace(config, postgres=replace(config.postgres, options={**config.postgres.options, "options": options}))
 
 
-def moved_ranges(current: dict[TopicPartition, int], positions: dict[TopicPartition, int]
-                 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """(starts, ends) of the partitions whose position moved past where the cycle started
-    (``current``: a stored offset, or EARLIEST for a partition never applied)."""
-    starts, ends = {}, {}
-    for tp, position in positions.items():
-        start = current[tp]
-        if position == _NO_POSITION or position < 0:
-            continue
-        if start == EARLIEST or position > start:
-            starts[tp], ends[tp] = start, position
-        elif position < start:
-            raise RuntimeError(f"{tp[0]}[{tp[1]}]: the consumer's position {position} is below the cycle's start "
-                               f"{start}")
-    return starts, ends
+class Interrupted(BaseException):
+    """The run was asked to end (C7, C9) while a cycle waited to retry: the cycle's failed
+    attempt has rolled back. A BaseException, so that no ``except Exception`` retries it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
-def check_messages(messages: list[Any], starts: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> None:
-    """Every record polled lies in its partition's range: a cycle never stores an offset
-    below a record it writes, nor writes a record twice."""
-    for m in messages:
-        tp = (m.topic(), m.partition())
-        start = starts.get(tp)
-        if start is None or m.offset() >= ends[tp] or (start != EARLIEST and m.offset() < start):
-            raise RuntimeError(f"{tp[0]}[{tp[1]}] offset {m.offset()} lies outside the cycle's range "
-                               f"{start}..{ends.get(tp)}")
+class Waits:
+    """The SIGTERM flag, and the waits between retries (the claim's, a cycle's), which end
+    early on a SIGTERM, a stop request or a changed epoch (``stop``, once the run has one)."""
+
+    def __init__(self, poll_seconds: float) -> None:
+        self.poll_seconds = poll_seconds
+        self.terminated = False
+        self.stop: StopSignal | None = None
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        self.terminated = True
+
+    def pause(self, seconds: float) -> None:
+        """Sleeps ``seconds``, or raises ``Interrupted`` (``Fenced``) as soon as asked to end."""
+        end, polled = time.monotonic() + seconds, None
+        while True:
+            if self.terminated:
+                raise Interrupted(TERMINATED_MID_CYCLE)
+            now = time.monotonic()
+            if self.stop is not None and (polled is None or now - polled >= self.poll_seconds):
+                polled = now
+                fenced = self.stop.fenced()
+                if fenced:
+                    raise fencing.Fenced(fenced)
+                reason = self.stop.requested()
+                if reason:
+                    raise Interrupted(reason)
+            if now >= end:
+                return
+            time.sleep(min(end - now, _WAIT_SLICE_SECONDS))
 
 
 class Progress:
@@ -185,31 +230,33 @@ class Progress:
 class ContinuousRun:
     """One run of the engine: claim, then cycles until stopped, fenced or failed."""
 
-    def __init__(self, config: PipelineConfig, driver: Driver, consumer: Any) -> None:
-        self.config, self.driver, self.consumer = config, driver, consumer
+    def __init__(self, config: PipelineConfig, driver: Driver, consumer: Any, waits: Waits) -> None:
+        self.config, self.driver, self.consumer, self.waits = config, driver, consumer, waits
+        self.where = f"PostgreSQL {config.postgres.describe()}"
         self.sink: BatchSink = driver.sink()
-        self.group_offsets = not driver.mode.stores_offsets  # C8: the consumer group is the replay point
+        # C9, C10: a retry's wait ends on a SIGTERM or a stop, and comes often (the records wait).
+        self.sink.sleep = waits.pause
+        self.sink.MAX_BACKOFF_SECONDS = reconnect.MAX_BACKOFF_SECONDS
         self.current = dict(driver.starting)
         self.batch_id = 0
-        self.linger = config.continuous_linger_ms / 1000
+        self.reader = CycleReader(consumer, self.current, config.kafka_bootstrap,
+                                  max_records=config.max_offsets_per_trigger, max_bytes=config.continuous_max_bytes,
+                                  linger=config.continuous_linger_ms / 1000,
+                                  outage_seconds=config.transient_retry_seconds)
         self.progress = Progress(config, driver.run_id)
+        self.guard_outage = reconnect.Outage("running lock", self.where, config.transient_retry_seconds)
         self._part_conn: Any = None
         self.stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
-                               epoch=driver.epoch, honour_requests=not config.ignore_stop_request)
-        self.terminated = False  # C9: set by the SIGTERM handler, read between cycles
-
-    def assign(self) -> None:
-        from confluent_kafka import TopicPartition as KafkaPartition
-
-        # EARLIEST is librdkafka's OFFSET_BEGINNING too.
-        self.consumer.assign([KafkaPartition(t, p, offset) for (t, p), offset in sorted(self.current.items())])
+                               epoch=driver.epoch, honour_requests=not config.ignore_stop_request,
+                               reconnect=driver.connect, outage_seconds=config.transient_retry_seconds)
+        waits.stop = self.stop
 
     def run(self) -> str:
         """Cycles until a stop (returned: why) or an error (raised)."""
-        self.assign()
+        self.reader.assign()
         looked_at = time.monotonic()
         while True:
-            cycle = self.read_cycle(self.config.stop_poll_seconds - (time.monotonic() - looked_at))
+            cycle = self.reader.read(self.config.stop_poll_seconds - (time.monotonic() - looked_at))
             if cycle.messages:
                 self.commit(cycle)
             if time.monotonic() - looked_at < self.config.stop_poll_seconds:
@@ -217,49 +264,55 @@ class ContinuousRun:
             if cycle.ends and not cycle.messages:
                 self.commit(cycle)  # C5: idle, past markers only
             looked_at = time.monotonic()
-            self.progress.record(self.driver.control_conn)
-            fenced = self.stop.fenced()
-            if fenced:
-                raise fencing.Fenced(fenced)
-            reason = TERMINATED if self.terminated else self.stop.requested()
+            reason = self.look_around()
             if reason:
-                last = self.read_cycle(0)
+                last = self.reader.read(0)
                 if last.ends:
                     self.commit(last)
-                self.progress.record(self.driver.control_conn)
+                self.record_progress()
                 return reason
 
-    def read_cycle(self, idle_seconds: float) -> Cycle:
-        """Polls until ``max_offsets_per_trigger`` records, or the linger after the first
-        record, or ``idle_seconds`` without any record; the ranges are the positions reached."""
-        from confluent_kafka import KafkaError, KafkaException
-        from confluent_kafka import TopicPartition as KafkaPartition
+    def look_around(self) -> str | None:
+        """Between cycles (C7, C9-C11): the progress row, a Kafka outage's probe, the epoch and
+        the stop; why the run must stop, or None. Raises ``Fenced``."""
+        self.record_progress()
+        self.keep_running_lock()
+        self.reader.refresh(list(self.config.topics))
+        fenced = self.stop.fenced()
+        if fenced:
+            raise fencing.Fenced(fenced)
+        return TERMINATED if self.waits.terminated else self.stop.requested()
 
-        wanted = self.config.max_offsets_per_trigger
-        messages: list[Any] = []
-        now = time.monotonic()
-        idle_until, deadline = now + max(idle_seconds, 0), None
-        while len(messages) < wanted:
-            polled_at = time.monotonic()
-            limit = deadline if deadline is not None else min(idle_until, polled_at + _IDLE_POLL_SECONDS)
-            batch = min(wanted - len(messages), _MAX_CONSUME)
-            for message in self.consumer.consume(batch, timeout=max(limit - polled_at, 0)):
-                error = message.error()
-                if error is None:
-                    messages.append(message)
-                elif error.code() != KafkaError._PARTITION_EOF:
-                    raise RuntimeError(f"{message.topic()}[{message.partition()}]: the consumer failed at offset "
-                                       f"{message.offset()}: {error.str()}") from KafkaException(error)
-            if messages and deadline is None:
-                deadline = polled_at + self.linger  # the poll that found the first record counts
-            now = time.monotonic()
-            if (deadline is not None and now >= deadline) or (deadline is None and now >= idle_until):
-                break
-        partitions = [KafkaPartition(t, p) for t, p in sorted(self.current)]
-        positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(partitions)}
-        starts, ends = moved_ranges(self.current, positions)
-        check_messages(messages, starts, ends)
-        return Cycle(messages, starts, ends)
+    def keep_running_lock(self) -> None:
+        """C10: the guard session holds the running lock, and a lost one is noticed only when used:
+        it is looked at every poll and opened again (the lock taken again: another driver that
+        took it meanwhile fails this one, ``AlreadyRunning``), so the lock is never missing for
+        longer than a poll while the database is up."""
+        import psycopg2
+
+        guard = self.sink.guard
+        try:
+            with guard.conn.cursor() as cur:
+                cur.execute("SELECT 1")
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            self.guard_outage.failed(exc)  # raises past the bound
+            try:
+                guard.reopen(self.driver.reconnect_guard())
+            except Exception as again:
+                if errors.classify(again) != "transient":
+                    raise
+            return
+        self.guard_outage.ok()
+
+    def record_progress(self) -> None:
+        """The progress row, on the poll's session; a lost session leaves the cycles to the next
+        row, and the poll opens a new one (C10)."""
+        import psycopg2
+
+        try:
+            self.progress.record(self.stop.conn)
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            emit("progress_not_recorded", error=errors.one_line(exc))
 
     def commit(self, cycle: Cycle) -> None:
         """The cycle's records and end offsets in one transaction (``BatchSink.process``)."""
@@ -270,15 +323,20 @@ class ContinuousRun:
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
             return stage_batches(driver.dsn, driver.spec, config.meta_schema, stage_name, keep_raw, cycle.batches())
 
-        result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=written)
-        if self.group_offsets:
-            self.commit_group_offsets(cycle.ends)
+        try:
+            result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=written)
+        except Exception as exc:
+            if errors.classify(exc) == "transient" and not isinstance(exc, reconnect.OutageTooLong):
+                # 8's retries are spent: the error names the step and where
+                raise reconnect.OutageTooLong("cycle commit", self.where, config.transient_retry_seconds,
+                                              exc) from exc
+            raise
         self.progress.add(batch_id, cycle, result.applied)
         self.current.update(cycle.ends)
         self.batch_id += 1
         emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
              record_by_record=result.record_by_record, timings_ms=result.timings_ms, records=len(cycle.messages),
-             transient_retries=result.transient_retries,
+             bytes=cycle.bytes, transient_retries=result.transient_retries,
              # every partition's stored offset after this cycle, as a Spark batch's end offsets
              end_offsets=offsets_to_json({tp: o for tp, o in self.current.items() if o != EARLIEST}),
              started_at=round(started, 3), committed_at=round(time.time(), 3))
@@ -305,11 +363,10 @@ class ContinuousRun:
     def part_connection(self) -> Any:
         """The session every cycle's part is written on: a new session costs a backend start and
         authentication, 44-225 ms each under a load average of 40 on the 2-core machine, more than
-        the rest of a cycle. A session that broke is replaced at the next cycle."""
-        import psycopg2
-
+        the rest of a cycle. A session that broke is replaced at the next cycle (C10)."""
         if self._part_conn is None or self._part_conn.closed:
-            self._part_conn = psycopg2.connect(**{**self.driver.dsn, "application_name": "eos-part"})
+            self._part_conn = connect(self.driver.dsn, describe=self.config.postgres.describe(),
+                                      application_name="eos-part")
         return self._part_conn
 
     def close_part_connection(self) -> None:
@@ -317,55 +374,76 @@ class ContinuousRun:
             self._part_conn.close()
         self._part_conn = None
 
-    def commit_group_offsets(self, ends: dict[TopicPartition, int]) -> None:
-        from confluent_kafka import TopicPartition as KafkaPartition
 
-        self.consumer.commit(offsets=[KafkaPartition(t, p, end) for (t, p), end in sorted(ends.items())],
-                             asynchronous=False)
+def consumer_settings(config: PipelineConfig) -> dict[str, Any]:
+    """The engine's consumer: a range reader's settings (``kafka_ranges``), fetching ahead no
+    more than a cycle's byte bound, so that librdkafka's queue is bounded with the cycle."""
+    settings = kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
+                                              f"eos-continuous-{config.pipeline}", prefetch_records=100_000)
+    return {**settings, "queued.max.messages.kbytes": max(1, config.continuous_max_bytes // 1024),
+            "max.partition.fetch.bytes": min(1 << 20, config.continuous_max_bytes)}
 
 
-def group_starting(consumer: Any, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-    """C8: where at_least_once and idempotent resume: the consumer group's committed offsets
-    (EARLIEST where it committed none)."""
-    from confluent_kafka import TopicPartition as KafkaPartition
+def _transient(exc: BaseException) -> bool:
+    """Weather a claim waits out (C10, C11): the database's, or Kafka's."""
+    return (errors.classify(exc) == "transient" or isinstance(exc, preflight.KafkaUnavailable)
+            or is_kafka_weather(exc))
 
-    committed = consumer.committed([KafkaPartition(t, p) for t, p in partitions], timeout=30)
-    return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else EARLIEST for tp in committed}
+
+def claim_through_outages(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str,
+                          waits: Waits) -> Driver | None:
+    """C1, C10: the compaction check and the claim, tried again whole after a transient failure
+    (a failed claim closes its sessions) for at most ``transient_retry_seconds`` in a row."""
+    from confluent_kafka.admin import AdminClient
+
+    def attempt() -> Driver | None:
+        admin = AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
+                                                 **config.librdkafka_options()}))
+        preflight.refuse_compacted(admin, list(config.topics), "continuous")
+        return claim(config, spec, mode, run_id)
+
+    def told(exc: BaseException, wait: float) -> None:
+        emit("retry", step="claim", error_class="transient", message=errors.one_line(exc), retry_in_seconds=wait)
+
+    return reconnect.call_through("claim", f"PostgreSQL {config.postgres.describe()} or Kafka {config.kafka_bootstrap}",
+                                  config.transient_retry_seconds, attempt, transient=_transient, sleep=waits.pause,
+                                  on_retry=told)
 
 
 def run_continuous(config: PipelineConfig) -> int:
     """Runs the engine until stopped; returns the app's exit code (or raises as the app does)."""
     from confluent_kafka import Consumer
-    from confluent_kafka.admin import AdminClient
 
     import_in_background("pandas")  # pyarrow's first array from Python objects imports it: not in a cycle
+    config = with_session_timeouts(config)
     spec = load_spec(config.spec)
     mode = preflight.delivery_mode(config, spec)
-    preflight.refuse_compacted(AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
-                                            **config.librdkafka_options()})), list(config.topics), "continuous")
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-continuous-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="continuous")
-    driver = claim(config, spec, mode, run_id)
-    if driver is None:
-        return 0
-    consumer = Consumer(with_python_logging(kafka_ranges.consumer_settings(
-        config.kafka_bootstrap, config.librdkafka_options(), f"eos-continuous-{config.pipeline}",
-        prefetch_records=100_000)))
+    waits = Waits(config.stop_poll_seconds)
+    signal.signal(signal.SIGTERM, waits.on_sigterm)
     try:
-        if not mode.stores_offsets:
-            driver.starting = group_starting(consumer, sorted(driver.starting))
-        engine = ContinuousRun(config, driver, consumer)
-        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(engine, "terminated", True))
+        driver = claim_through_outages(config, spec, mode, run_id, waits)
+        if driver is None:
+            return 0
+        consumer = Consumer(with_python_logging(consumer_settings(config)))
         try:
-            reason = engine.run()
+            engine = ContinuousRun(config, driver, consumer, waits)
+            try:
+                reason = engine.run()
+            finally:
+                engine.close_part_connection()
+                driver.control_conn = engine.stop.conn  # the poll's session now: closed with the driver
         finally:
-            engine.close_part_connection()
-    finally:
-        consumer.close()
-        driver.close()
-    emit("stopped", reason=reason)
+            consumer.close()
+            driver.close()
+    except Interrupted as interrupted:
+        reason = interrupted.reason
+        emit("stopped", reason=reason, cycle_abandoned=True)
+    else:
+        emit("stopped", reason=reason)
     emit("finished", pipeline=config.pipeline, run_id=run_id, engine="continuous")
-    return EXIT_TERMINATED if reason == TERMINATED else 0
+    return EXIT_TERMINATED if waits.terminated else 0
 
 
 def main(argv: list[str] | None = None) -> int:

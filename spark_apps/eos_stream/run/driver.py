@@ -81,9 +81,7 @@ class Driver:
 
     def close(self) -> None:
         """Closing the guard connection releases the running lock."""
-        for conn in (self.conn, self.guard_conn, self.control_conn):
-            if not conn.closed:
-                conn.close()
+        _close([self.conn, self.guard_conn, self.control_conn])
 
 
 def import_in_background(module: str) -> None:
@@ -97,13 +95,33 @@ def import_in_background(module: str) -> None:
 
 def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str) -> Driver | None:
     """Claims the pipeline, or returns None (after an ``EOS-STOPPED`` line)
-    when a stop request it honours holds it."""
+    when a stop request it honours holds it. A claim that fails or returns None closes the
+    sessions it opened (the running lock with them): a claim tried again never waits on its own."""
     laps = Stopwatch()  # each step's time, in the resume event: where a slow start went
     describe = config.postgres.describe()
-    dsn = config.postgres.dsn_kwargs()
-    conn = connect(dsn, describe=describe)
-    guard_conn = connect(dsn, describe=describe)
-    control_conn = connect(dsn, describe=describe)
+    opened: list[PgConnection] = []
+    try:
+        for _ in range(3):
+            opened.append(connect(config.postgres.dsn_kwargs(), describe=describe))
+        driver = _claim(config, spec, mode, run_id, laps, *opened)
+    except BaseException:
+        _close(opened)
+        raise
+    if driver is None:
+        _close(opened)
+    return driver
+
+
+def _close(conns: list[PgConnection]) -> None:
+    for conn in conns:
+        if not conn.closed:
+            conn.close()
+
+
+def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str, laps: Stopwatch,
+           conn: PgConnection, guard_conn: PgConnection, control_conn: PgConnection) -> Driver | None:
+    """``claim``'s steps, on its three sessions."""
+    describe = config.postgres.describe()
     control_conn.autocommit = True  # polled from the main thread while the sink's transaction runs on another
     preflight.check_two_phase(conn, mode, describe)
     preflight.check_encoding(conn, describe)
@@ -157,7 +175,8 @@ def claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
     if mode.stores_offsets:
         # The resume point must still be in Kafka: a stored offset below the log start (retention)
-        # or past its end (a recreated topic) fails here, before Spark, naming each partition.
+        # or past its end (a recreated topic) fails here, before Spark, naming each partition. The
+        # other modes' offsets, stored after the data, meet the loss in the read (Spark's source).
         lost_data.check_stored_offsets(config.pipeline, config.kafka_bootstrap, config.librdkafka_options(),
                                        stored, sorted(starting))
         laps.lap("log_bounds")

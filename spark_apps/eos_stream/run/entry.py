@@ -112,7 +112,7 @@ def _data_lost(exc: BaseException, config: PipelineConfig | None) -> str | None:
         return None
     pipeline = config.pipeline if config is not None else "<pipeline>"
     return (f"pipeline {pipeline!r}: Kafka no longer holds records the stream had to read: "
-            f"{root_cause(exc).rstrip('.')}. {lost_data.way_out(pipeline, config.checkpoint_dir if config else None)}")
+            f"{root_cause(exc).rstrip('.')}. {lost_data.way_out(pipeline)}")
 
 
 def main(argv: list[str] | None, run: Callable[[PipelineConfig], int],

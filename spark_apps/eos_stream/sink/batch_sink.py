@@ -73,8 +73,10 @@ transition:
 The transitions of applying ahead (A1-A3) are in ``apply_ahead``'s docstring, those of
 prepared parts (P1-P6) in ``parts``'s.
 
-``at_least_once`` keeps none of these guards (Spark's checkpoint is its only
-replay point), which is what makes it the baseline that shows duplicates.
+``at_least_once`` keeps none of these guards, which is what makes it the baseline
+that shows duplicates. Its replay point, as ``idempotent``'s, is the offsets table
+too, written right after each batch's commit in a transaction of its own
+(``_store_replay_point``): a crash between the two commits replays the batch.
 """
 
 from __future__ import annotations
@@ -187,6 +189,9 @@ class BatchSink:
         self._reconnect_guard = reconnect_guard
         self._notify = notify or (lambda event, **fields: None)
         self._crash_point = _fault_injection()
+        # How a retry waits (8): a driver that must end mid-batch (a SIGTERM, a stop request)
+        # sets one that raises to end the wait; the failed attempt has rolled back by then.
+        self.sleep: Callable[[float], Any] = time.sleep
         self._batches_this_run = 0
         # Why this driver was fenced, once a batch found out. foreachBatch runs
         # in the driver process, so run() reads it after the query has failed.
@@ -247,7 +252,7 @@ class BatchSink:
                 self._notify("retry", batch_id=batch_id, retry=retries, error_class=kind,
                              sqlstate=errors.sqlstate_of(exc), message=str(exc).strip()[:500],
                              retry_in_seconds=delay)
-                time.sleep(delay)
+                self.sleep(delay)
                 delay = min(delay * 2, self.MAX_BACKOFF_SECONDS)
                 continue
             result.transient_retries = retries
@@ -349,12 +354,33 @@ class BatchSink:
         except Exception:
             self.writer.abort()
             raise
+        if not self.mode.stores_offsets:
+            self._store_replay_point(end_offsets, batch_id)
         self._forget_attempts(start_offsets)
         if stage is not None:
             with self.conn.cursor() as cur:
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage))
             self.conn.commit()
         return BatchResult(batch_id, prepared.applied, prepared.dead_lettered, record_by_record, clock.laps)
+
+    def _store_replay_point(self, end_offsets: Mapping[TopicPartition, int], batch_id: int) -> None:
+        """at_least_once and idempotent: the batch's end offsets, stored right after its commit
+        in a transaction of their own, under the pipeline lock and the epoch's check: the
+        replay point of every engine (the Spark app, the continuous engine, the replay). A
+        crash between the two commits replays the batch, as these modes allow. A transient
+        failure here only leaves the replay point behind (the next batch's offsets move it
+        on), so it is told, not retried."""
+        try:
+            with self.conn.cursor() as cur:
+                self.offsets.lock(cur)
+                self.writer.check_ownership(cur, {})
+                self.offsets.advance(cur, end_offsets, batch_id)
+            self.conn.commit()
+        except Exception as exc:
+            self.writer.abort()
+            if errors.classify(exc) != "transient":  # Fenced among them
+                raise
+            self._notify("replay_point_not_stored", batch_id=batch_id, error=errors.one_line(exc))
 
     def parts_prefix(self, batch_id: int) -> str:
         """The id prefix of the batch's prepared parts (``parts.batch_prefix``)."""

@@ -12,6 +12,7 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.state import fencing, meta_tables
+from spark_apps.eos_stream.state.reconnect import Outage, describe_connection
 
 
 class AlreadyRunning(RuntimeError):
@@ -37,7 +38,10 @@ def hold_running_lock(conn: PgConnection, pipeline: str, wait_seconds: float = 6
     previous, conn.autocommit = conn.autocommit, True
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(wait_seconds * 1000)}ms",))
+            # The wait is this call's own: a session's statement_timeout (the continuous engine
+            # sets one) must not cut it, and both go back to the session's values afterwards.
+            cur.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', false)",
+                        (f"{int(wait_seconds * 1000)}ms",))
             try:
                 cur.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (running_lock_key(pipeline),))
             except Exception as exc:  # LockNotAvailable (55P03) after lock_timeout
@@ -47,7 +51,7 @@ def hold_running_lock(conn: PgConnection, pipeline: str, wait_seconds: float = 6
                     f"another driver of pipeline {pipeline!r} is connected to the target database and still "
                     f"running after {wait_seconds:g}s; stop it first (one driver per pipeline)"
                 ) from exc
-            cur.execute("SELECT set_config('lock_timeout', '0', false)")
+            cur.execute("RESET lock_timeout; RESET statement_timeout")
     finally:
         conn.autocommit = previous
 
@@ -96,8 +100,9 @@ class StopSignal:
     :param reconnect: opens a new connection when ``conn`` is lost (a PostgreSQL
         restart). None: a lost connection raises at once.
     :param outage_seconds: how long the database may stay unreachable before a
-        poll raises; until then a poll knows nothing and answers None. Safe: a
-        stop request waits in the database, and every batch checks the epoch.
+        poll raises (``reconnect.OutageTooLong``, naming the poll and the database);
+        until then a poll knows nothing and answers None. Safe: a stop request
+        waits in the database, and every batch checks the epoch.
     """
 
     def __init__(self, conn: PgConnection, meta_schema: str, pipeline: str, run_seconds: float,
@@ -105,8 +110,7 @@ class StopSignal:
                  reconnect: Callable[[], PgConnection] | None = None, outage_seconds: float = 0.0) -> None:
         self.conn = conn
         self.reconnect = reconnect
-        self.outage_seconds = outage_seconds
-        self.unreachable_since: float | None = None
+        self.outage = Outage("stop-and-fence poll", describe_connection(conn), outage_seconds)
         self.meta_schema = meta_schema
         self.pipeline = pipeline
         self.epoch = epoch
@@ -151,17 +155,13 @@ class StopSignal:
         try:
             with self.conn.cursor() as cur:
                 result = read(cur)
-        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
             if self.reconnect is None:
                 raise
-            now = time.monotonic()
-            if self.unreachable_since is None:
-                self.unreachable_since = now
-            if now - self.unreachable_since > self.outage_seconds:
-                raise
+            self.outage.failed(exc)  # raises past outage_seconds
             self._reopen()
             return _UNKNOWN
-        self.unreachable_since = None
+        self.outage.ok()
         return result
 
     def _reopen(self) -> None:

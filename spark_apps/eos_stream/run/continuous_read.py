@@ -1,0 +1,258 @@
+"""How the continuous engine reads a cycle from Kafka (``run/continuous.py``): one ``read_committed``
+consumer assigned to every partition of the pipeline, polled until the cycle holds
+``max_offsets_per_trigger`` records, or ``continuous_max_bytes`` of keys and values, or
+``continuous_linger_ms`` passed since its first record. The cycle's end in each partition is
+the consumer's position there.
+
+The consumer's errors: an end of partition is no error; an error librdkafka calls retriable,
+or one of the connection's (``_WEATHER``: the broker down, restarting or moving a leader), is
+waited out while librdkafka reconnects, for at most ``transient_retry_seconds`` in a row
+(``reconnect.Outage``, step ``kafka read``); any other error (a lost offset, a denied access, a
+fatal one) fails the run before the cycle commits.
+
+Every poll of the engine reads the topics' partitions (``refresh``): a partition added to a
+topic is held back until the topic's other partitions are committed up to their last stable
+offsets of that moment, then assigned from its earliest offset (C12 of ``run/continuous.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.kafka.ranges import EARLIEST
+from spark_apps.eos_stream.state.reconnect import Outage
+
+# librdkafka's offset of a partition the consumer has handed nothing out of yet.
+_NO_POSITION = -1001
+# librdkafka hands out at most this many messages per consume() call (it refuses more).
+_MAX_CONSUME = 100_000
+# The longest one poll waits while no record has come: a cycle's first record waits at most
+# this long in librdkafka's queue before the linger starts.
+_IDLE_POLL_SECONDS = 0.005
+# How long the probe of a Kafka outage (a metadata request) waits for a broker.
+_PROBE_SECONDS = 2.0
+
+
+def _weather_codes() -> frozenset[int]:
+    """librdkafka's codes of a broker that is down, restarting or handing a partition over:
+    a consumer reconnects and fetches again by itself (not all of them flagged retriable)."""
+    from confluent_kafka import KafkaError as E
+
+    return frozenset({E._TRANSPORT, E._ALL_BROKERS_DOWN, E._RESOLVE, E._TIMED_OUT, E._WAIT_COORD,
+                      E.NETWORK_EXCEPTION, E.REQUEST_TIMED_OUT, E.LEADER_NOT_AVAILABLE,
+                      E.NOT_LEADER_FOR_PARTITION, E.BROKER_NOT_AVAILABLE, E.REPLICA_NOT_AVAILABLE,
+                      E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS})
+
+
+def kafka_error_kind(error: Any) -> str:
+    """``skip`` (an end of partition), ``transient`` (waited out) or ``fatal`` (fails the run)
+    for a ``KafkaError`` the consumer handed out."""
+    from confluent_kafka import KafkaError
+
+    if error.code() == KafkaError._PARTITION_EOF:
+        return "skip"
+    if error.fatal():
+        return "fatal"
+    return "transient" if error.retriable() or error.code() in _weather_codes() else "fatal"
+
+
+def record_bytes(message: Any) -> int:
+    """What a record's key and value weigh in a cycle's byte bound."""
+    return len(message.key() or b"") + len(message.value() or b"")
+
+
+def poll_count(records_left: int, bytes_left: int, largest: int) -> int:
+    """How many records one poll may ask for: no more than the records left, librdkafka's
+    limit, and what fits in the bytes left at the largest record seen so far (``largest``; 0:
+    none yet, so one record), but at least one. A cycle passes its byte bound by at most the
+    last poll's records, which were each thought to fit."""
+    fits = bytes_left // largest if largest > 0 else 1
+    return max(1, min(records_left, _MAX_CONSUME, fits))
+
+
+@dataclass
+class Cycle:
+    """What one cycle read: its records in poll order, and each moved partition's range."""
+
+    messages: list[Any]
+    starts: dict[TopicPartition, int]
+    ends: dict[TopicPartition, int]
+    bytes: int = 0
+
+    def batches(self) -> Iterator[Any]:
+        """The records as Arrow batches of at most one COPY chunk each."""
+        for first in range(0, len(self.messages), kafka_ranges.CHUNK_RECORDS):
+            yield kafka_ranges.message_batch(self.messages[first:first + kafka_ranges.CHUNK_RECORDS])
+
+
+def moved_ranges(current: dict[TopicPartition, int], positions: dict[TopicPartition, int]
+                 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """(starts, ends) of the partitions whose position moved past where the cycle started
+    (``current``: a stored offset, or EARLIEST for a partition never applied)."""
+    starts, ends = {}, {}
+    for tp, position in positions.items():
+        start = current[tp]
+        if position == _NO_POSITION or position < 0:
+            continue
+        if start == EARLIEST or position > start:
+            starts[tp], ends[tp] = start, position
+        elif position < start:
+            raise RuntimeError(f"{tp[0]}[{tp[1]}]: the consumer's position {position} is below the cycle's start "
+                               f"{start}")
+    return starts, ends
+
+
+def check_messages(messages: list[Any], starts: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> None:
+    """Every record polled lies in its partition's range: a cycle never stores an offset
+    below a record it writes, nor writes a record twice."""
+    for m in messages:
+        tp = (m.topic(), m.partition())
+        start = starts.get(tp)
+        if start is None or m.offset() >= ends[tp] or (start != EARLIEST and m.offset() < start):
+            raise RuntimeError(f"{tp[0]}[{tp[1]}] offset {m.offset()} lies outside the cycle's range "
+                               f"{start}..{ends.get(tp)}")
+
+
+class CycleReader:
+    """Reads cycles on ``consumer`` from ``current`` (each partition's next offset, or
+    EARLIEST), which the caller moves on as cycles commit.
+
+    :param max_records: a cycle's record bound (``max_offsets_per_trigger``).
+    :param max_bytes: a cycle's bound on its records' keys and values (``continuous_max_bytes``).
+    :param linger: seconds a cycle goes on polling after its first record.
+    :param outage_seconds: how long Kafka's transient errors may go on in a row.
+    """
+
+    def __init__(self, consumer: Any, current: dict[TopicPartition, int], bootstrap: str, *, max_records: int,
+                 max_bytes: int, linger: float, outage_seconds: float) -> None:
+        self.consumer, self.current = consumer, current
+        self.max_records, self.max_bytes, self.linger = max_records, max_bytes, linger
+        self.outage = Outage("kafka read", f"Kafka {bootstrap}", outage_seconds)
+        # Partitions found while running, held back until their topic's others caught up: the
+        # last stable offsets each of those must be committed up to.
+        self.held: dict[TopicPartition, dict[TopicPartition, int]] = {}
+
+    def assign(self) -> None:
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        # EARLIEST is librdkafka's OFFSET_BEGINNING too.
+        self.consumer.assign([KafkaPartition(t, p, offset) for (t, p), offset in sorted(self.current.items())])
+
+    def read(self, idle_seconds: float) -> Cycle:
+        """Polls until the record or byte bound, or the linger after the first record, or
+        ``idle_seconds`` without any record; the ranges are the positions reached."""
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        messages: list[Any] = []
+        size = largest = 0
+        idle_until, deadline = time.monotonic() + max(idle_seconds, 0), None
+        while len(messages) < self.max_records and size < self.max_bytes:
+            polled_at = time.monotonic()
+            limit = deadline if deadline is not None else min(idle_until, polled_at + _IDLE_POLL_SECONDS)
+            count = poll_count(self.max_records - len(messages), self.max_bytes - size, largest)
+            for message in self.consumer.consume(count, timeout=max(limit - polled_at, 0)):
+                if message.error() is None:
+                    messages.append(message)
+                    weight = record_bytes(message)
+                    size, largest = size + weight, max(largest, weight)
+                else:
+                    self._on_error(message)
+            if messages:
+                self.outage.ok()
+                if deadline is None:
+                    deadline = polled_at + self.linger  # the poll that found the first record counts
+            now = time.monotonic()
+            if (deadline is not None and now >= deadline) or (deadline is None and now >= idle_until):
+                break
+        partitions = [KafkaPartition(t, p) for t, p in sorted(self.current)]
+        positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(partitions)}
+        starts, ends = moved_ranges(self.current, positions)
+        check_messages(messages, starts, ends)
+        return Cycle(messages, starts, ends, size)
+
+    def _on_error(self, message: Any) -> None:
+        from confluent_kafka import KafkaException
+
+        error = message.error()
+        kind = kafka_error_kind(error)
+        if kind == "skip":
+            return
+        failure = RuntimeError(f"{message.topic()}[{message.partition()}]: the consumer failed at offset "
+                               f"{message.offset()}: {error.str()}")
+        failure.__cause__ = KafkaException(error)
+        if kind == "fatal":
+            raise failure
+        if self.outage.since is None:
+            emit("kafka_unavailable", error=error.str(), code=error.name())
+        self.outage.failed(failure)  # raises past the bound
+
+    def refresh(self, topics: list[str]) -> None:
+        """Every poll: the partitions of ``topics`` from a broker. An answer ends a Kafka outage,
+        none counts as one more failure. A partition found is held back until every partition
+        of its topic is committed up to its last stable offset at the time (``caught_up``),
+        then assigned from its earliest offset; its offsets are stored with the first cycle
+        that reads it (its start EARLIEST, as the claim starts a partition never applied)."""
+        from confluent_kafka import KafkaException
+
+        found: set[TopicPartition] = set()
+        try:
+            for topic in topics:
+                described = self.consumer.list_topics(topic, timeout=_PROBE_SECONDS).topics.get(topic)
+                if described is not None and described.error is None:
+                    found.update((topic, p) for p in described.partitions)
+        except KafkaException as exc:
+            self.outage.failed(exc)  # raises past the bound
+            return
+        if self.outage.since is not None:
+            emit("kafka_available", after_seconds=round(time.monotonic() - self.outage.since, 1))
+            self.outage.ok()
+        for tp in new_partitions(set(self.current) | set(self.held), found):
+            self.held[tp] = self._stable_ends([old for old in self.current if old[0] == tp[0]])
+            emit("partition_found", topic=tp[0], partition=tp[1], after=offsets_to_json(self.held[tp]))
+        self._assign_caught_up()
+
+    def _stable_ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        # A read_committed consumer's high watermark is the last stable offset.
+        return {tp: self.consumer.get_watermark_offsets(KafkaPartition(*tp), timeout=_PROBE_SECONDS)[1]
+                for tp in partitions}
+
+    def _assign_caught_up(self) -> None:
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        ready = sorted(tp for tp, ends in self.held.items() if caught_up(self.current, ends))
+        for tp in ready:
+            del self.held[tp]
+            self.current[tp] = EARLIEST
+        if ready:
+            self.consumer.incremental_assign([KafkaPartition(t, p, EARLIEST) for t, p in ready])
+            emit("partitions_assigned", partitions=[f"{t}[{p}]" for t, p in ready])
+
+
+def new_partitions(known: set[TopicPartition], found: set[TopicPartition]) -> list[TopicPartition]:
+    """The partitions a refresh found that the engine neither reads nor holds back, in order."""
+    return sorted(found - known)
+
+
+def caught_up(current: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> bool:
+    """Whether every partition of ``ends`` is committed up to its end there (a partition never
+    applied, EARLIEST, counts as 0): a topic's new partition is read only then, so each key's
+    records written before the topic grew are applied before those it wrote after, to a new
+    partition (per-key order across a grow, docs/ordering.md)."""
+    return all(max(current.get(tp, EARLIEST), 0) >= end for tp, end in ends.items())
+
+
+def is_kafka_weather(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``KafkaException`` of an error ``kafka_error_kind`` waits out."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(error, KafkaError) and kafka_error_kind(error) == "transient"
