@@ -22,7 +22,7 @@ from typing import Any
 
 from spark_apps.eos_stream.cdc import fast_envelope
 from spark_apps.eos_stream.cdc.fast_envelope import OPS, row_schema, struct_fields
-from spark_apps.eos_stream.cdc.values import ColumnValueError, FieldSchema, Placeholders, decode_value
+from spark_apps.eos_stream.cdc.values import ColumnValueError, FieldSchema, Placeholders, decode_value, plain_kind
 
 _DEFAULT_PLACEHOLDERS = Placeholders()
 _NONE: frozenset[str] = frozenset()
@@ -169,8 +169,12 @@ def _typed_row(row: dict[str, Any] | None, types: Mapping[str, str], schemas: Ma
             unavailable.add(column)
             continue
         pg_type, schema = type_of(column), schema_of(column)
-        known = pg_type is not None or schema is not None
-        out[column] = decode_value(column, raw, pg_type or "text", schema) if known else raw
+        if pg_type is None and schema is None:
+            out[column] = raw  # a column the target does not know yet
+        elif type(raw) is str and plain_kind(pg_type or "text", schema) == "scalar":
+            out[column] = raw  # what decode_value returns, its checks skipped
+        else:
+            out[column] = decode_value(column, raw, pg_type or "text", schema)
     return out, frozenset(unavailable) if unavailable else _NONE
 
 

@@ -158,7 +158,8 @@ def stage_column_types() -> list[tuple[str, str]]:
 def _row_json(row: Mapping[str, Any]) -> str:
     """A row's values as a JSON object of their PostgreSQL text (a jsonb in the apply).
     jsonb cannot hold a NUL, and no UTF-8 a lone surrogate: refused here, as a record error."""
-    texts = {c: pg_text(v) for c, v in row.items()}
+    # A text or an int is its own text: most values skip pg_text's checks.
+    texts = {c: v if v is None or type(v) is str else str(v) if type(v) is int else pg_text(v) for c, v in row.items()}
     try:
         # msgspec writes what json.dumps(ensure_ascii=False) writes, several times faster; it
         # refuses a lone surrogate, which json.dumps writes for the check below to name.
@@ -202,8 +203,9 @@ def change_cells(target: MirrorTarget, change: Change, create: str | None = None
     (``patterns.create_cell``)."""
     key = dict(zip(target.key, key_of(target, change), strict=True))
     before = _row_json(change.before) if target.feeds_aggregates and change.before is not None else None
+    unchanged = json.dumps(sorted(change.unchanged)) if change.unchanged else "[]"
     return [target.table, change.op, _row_json(key), None if change.after is None else _row_json(change.after),
-            json.dumps(sorted(change.unchanged)), before, shape_cell(target, change), create]
+            unchanged, before, shape_cell(target, change), create]
 
 
 Resolved = tuple[Change, MirrorTarget, str | None]  # a change, its target, its _create cell

@@ -211,12 +211,17 @@ def _plain_kind(pg_type: str, schema_type: str | None, name: str | None) -> str 
     return "integer" if kind in _INTEGER_TYPES else "scalar"
 
 
+def plain_kind(pg_type: str, schema: FieldSchema | None) -> str | None:
+    """``_plain_kind`` of a column (its event schema is no cache key: its parameters are a dict)."""
+    return _plain_kind(pg_type, None, None) if schema is None else _plain_kind(pg_type, schema.type, schema.name)
+
+
 def decode_value(column: str, raw: Any, pg_type: str, schema: FieldSchema | None = None) -> Any:
     """One column's value: None, bool, int, float, Decimal, str, bytes, datetime.date, or a
     list of those. Times and timestamps come back as their ISO text, jsonb as its JSON text."""
     if raw is None:
         return None
-    plain = _plain_kind(pg_type, None if schema is None else schema.type, None if schema is None else schema.name)
+    plain = plain_kind(pg_type, schema)
     if plain == "scalar" and not isinstance(raw, (dict, list)):
         return raw
     if plain == "integer" and type(raw) is int:
