@@ -21,7 +21,9 @@ the path reads), the median of ``--runs``, over two clocks: the wall clock and t
 CPU time. On a loaded machine the wall clock counts the time other processes held the core;
 CPU time does not, so it is the steadier figure for comparing two trees. ``--profile`` prints
 cProfile's top functions of one ``stage`` run instead. Writes ``--output`` (JSON) with the machine's load average: the
-figures are of a shared machine.
+figures are of a shared machine. With ``--baseline DIR`` (a checkout of another commit holding
+this script), each of ``--runs`` rounds runs both trees once, in alternating order, and the
+medians of both are written side by side.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import cProfile
 import json
 import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +101,35 @@ def timed(run: Callable[[], int]) -> tuple[float, float]:
     return time.perf_counter() - started, time.process_time() - cpu
 
 
+def side_by_side(args: argparse.Namespace) -> None:
+    """``--runs`` rounds, each one run of this tree and one of ``--baseline`` (a checkout of
+    another commit, given this script), in alternating order: both see the same load."""
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+    trees = {"baseline": args.baseline, "this": ROOT}
+    for round_ in range(args.runs):
+        for label in (("baseline", "this") if round_ % 2 == 0 else ("this", "baseline")):
+            out = Path(tempfile.mkdtemp()) / "run.json"
+            subprocess.run([sys.executable, str(trees[label] / "bench/cdc_decode.py"), "--changes", str(args.changes),
+                            "--batch", str(args.batch), "--runs", "1", "--schemas", args.schemas, "--output",
+                            str(out)], check=True, cwd=trees[label])
+            runs[label].append(json.loads(out.read_text()))
+    report: dict[str, Any] = {"command": " ".join(["bench/cdc_decode.py", *sys.argv[1:]]), "machine": machine(),
+                              "changes": args.changes, "schemas": args.schemas, "runs": args.runs}
+    for label, results in runs.items():
+        records = results[0]["records"]
+        report[label] = {"commit": results[0]["commit"], "records": records,
+                         "mean_record_bytes": results[0]["mean_record_bytes"],
+                         "load_average": [r["load_average"] for r in results]}
+        for clock, key in (("records_per_second", "seconds"), ("records_per_cpu_second", "cpu_seconds")):
+            report[label][clock] = {name: round(records / statistics.median(r[key][name][0] for r in results))
+                                    for name in results[0][key]}
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    before, after = report["baseline"], report["this"]
+    for name, rate in after["records_per_cpu_second"].items():
+        print(f"{name:>9}: {before['records_per_cpu_second'][name]:>9,} -> {rate:>9,} records/CPU-s, "
+              f"{before['records_per_second'][name]:>9,} -> {after['records_per_second'][name]:>9,} records/s (wall)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=50_000)
@@ -106,7 +139,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--label", default="", help="what this tree is, in the results")
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/cdc_decode.json")
+    parser.add_argument("--baseline", type=Path, help="a checkout to compare with, run in alternation")
     args = parser.parse_args()
+    if args.baseline is not None:
+        side_by_side(args)
+        return
     records = make_records(args.changes, args.schemas == "on")
     batches = arrow_batches(records, args.batch)
     run = stages(records, batches)
