@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from spark_apps.eos_stream.cdc import pipeline
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
 from spark_apps.eos_stream.records.spec import SpecError, load_spec
 from spark_apps.eos_stream.run.config import ConfigError, from_dict
@@ -119,3 +120,23 @@ def test_a_pipeline_definition_with_a_mirror_section_yields_the_apps_mirror_spec
         parse_definition({**data, "delivery": "at_least_once"}, source="shop.yaml")
     with pytest.raises(PipelineDefinitionError, match="either a spec or a mirror section"):
         parse_definition({**data, "spec": "a.b:C"}, source="shop.yaml")
+
+
+def test_a_batch_of_one_megabyte_records_is_staged_in_chunks_of_about_the_bound() -> None:
+    spec = load_spec("mirror:" + json.dumps(SECTION))
+    notes = "x" * (1 << 20)  # a record of about 1 MB: its line holds the value again as JSON
+    records = [_envelope("c", "customers", {"id": i}, {"id": i, "name": "a", "notes": notes}) for i in range(20)]
+    batch = pa.record_batch([pa.array(["t"] * 20), pa.array([0] * 20, pa.int32()), pa.array(range(20), pa.int64()),
+                             pa.array([k for k, _ in records], pa.binary()),
+                             pa.array([v for _, v in records], pa.binary())],
+                            names=["topic", "partition", "offset", "key", "value"])
+    chunks = [bytes(c) for c in copy_chunks([batch], spec, False, {"staged": 0})]
+    line = len(chunks[-1].splitlines()[-1]) + 1
+    assert line > 1 << 20 and len(chunks) == -(-20 * line // pipeline.STAGE_CHUNK_CHARS)
+    assert all(len(c) < pipeline.STAGE_CHUNK_CHARS + line for c in chunks)
+    assert sum(c.count(b"\n") for c in chunks) == 20
+
+
+def test_bounded_chunks_keeps_whole_lines_and_an_empty_batch_its_one_empty_chunk() -> None:
+    assert list(pipeline.bounded_chunks(iter([]), 10)) == [b""]
+    assert list(pipeline.bounded_chunks(["abc\n", "defgh\n", "ij\n", "k\n"], 10)) == [b"abc\ndefgh\n", b"ij\nk\n"]

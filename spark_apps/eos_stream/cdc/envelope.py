@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from spark_apps.eos_stream.cdc.values import ColumnValueError, FieldSchema, Placeholders, decode_value
+from spark_apps.eos_stream.cdc import fast_envelope
+from spark_apps.eos_stream.cdc.fast_envelope import OPS, row_schema, struct_fields
+from spark_apps.eos_stream.cdc.values import ColumnValueError, FieldSchema, Placeholders, decode_value, plain_kind
 
-OPS = ("c", "r", "u", "d")
 _DEFAULT_PLACEHOLDERS = Placeholders()
+_NONE: frozenset[str] = frozenset()
+_NO_SCHEMAS: dict[str, FieldSchema] = {}
 
 
 class EnvelopeError(ValueError):
@@ -92,24 +95,6 @@ def _unwrap(document: Any, what: str) -> tuple[Any, Mapping[str, Any] | None]:
     return document, None
 
 
-def _struct_fields(schema: Mapping[str, Any] | None) -> dict[str, FieldSchema] | None:
-    if schema is None or not isinstance(schema.get("fields"), list):
-        return None
-    return {str(f.get("field")): FieldSchema.from_json(f) for f in schema["fields"] if isinstance(f, Mapping)}
-
-
-def _row_schema(value_schema: Mapping[str, Any] | None) -> dict[str, FieldSchema] | None:
-    """The row's column schemas: the ``after`` (else ``before``) struct of the envelope's schema."""
-    if value_schema is None:
-        return None
-    structs = {f.get("field"): f for f in value_schema.get("fields") or [] if isinstance(f, Mapping)}
-    for side in ("after", "before"):
-        fields = _struct_fields(structs.get(side))
-        if fields is not None:
-            return fields
-    return None
-
-
 def _row(payload: Mapping[str, Any], side: str) -> dict[str, Any] | None:
     row = payload.get(side)
     if row is not None and not isinstance(row, dict):
@@ -123,9 +108,28 @@ def _optional_int(source: Mapping[str, Any], name: str) -> int | None:
 
 
 def parse_envelope(key: bytes | None, value: bytes | None) -> RawChange | None:
-    """Reads one Kafka record of a Debezium topic; None for a tombstone."""
+    """Reads one Kafka record of a Debezium topic; None for a tombstone. A well-formed change
+    is read by ``fast_envelope``; any other record by ``json`` here, which gives its verdict."""
     if value is None:
         return None
+    read = fast_envelope.read(key, value)
+    if read is None:
+        return _parse_with_json(key, value)
+    return _raw_change(read.op, read.before, read.after, read.source, read.key, read.key_schema, read.row_schema)
+
+
+def _raw_change(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, source: Mapping[str, Any],
+                key: dict[str, Any], key_schema: dict[str, FieldSchema] | None,
+                row_fields: dict[str, FieldSchema] | None) -> RawChange:
+    schema_name = source.get("schema")
+    table = f"{schema_name}.{source['table']}" if isinstance(schema_name, str) else source["table"]
+    snapshot = source.get("snapshot") not in (None, False, "false")
+    return RawChange(table, op, key, before, after, _optional_int(source, "lsn"), _optional_int(source, "txId"),
+                     snapshot, key_schema, row_fields)
+
+
+def _parse_with_json(key: bytes | None, value: bytes) -> RawChange:
+    """The reference reading of a change record: every refusal is raised here."""
     payload, value_schema = _unwrap(_json(value, "value"), "value")
     if not isinstance(payload, dict):
         raise EnvelopeError(f"change event must be a JSON object, got {type(payload).__name__}")
@@ -144,11 +148,7 @@ def parse_envelope(key: bytes | None, value: bytes | None) -> RawChange | None:
     key_payload, key_schema = _unwrap(_json(key, "key"), "key")
     if not isinstance(key_payload, dict) or not key_payload:
         raise EnvelopeError("change record key must be a non-empty JSON object of the key columns")
-    schema_name = source.get("schema")
-    table = f"{schema_name}.{source['table']}" if isinstance(schema_name, str) else source["table"]
-    snapshot = source.get("snapshot") not in (None, False, "false")
-    return RawChange(table, op, key_payload, before, after, _optional_int(source, "lsn"),
-                     _optional_int(source, "txId"), snapshot, _struct_fields(key_schema), _row_schema(value_schema))
+    return _raw_change(op, before, after, source, key_payload, struct_fields(key_schema), row_schema(value_schema))
 
 
 def _typed_row(row: dict[str, Any] | None, types: Mapping[str, str], schemas: Mapping[str, FieldSchema] | None,
@@ -157,18 +157,25 @@ def _typed_row(row: dict[str, Any] | None, types: Mapping[str, str], schemas: Ma
     unchanged-TOAST placeholder (left out). A column the target does not know yet keeps
     its raw value: the schema-change rules judge it (``schema_changes``)."""
     if row is None:
-        return None, frozenset()
+        return None, _NONE
     out: dict[str, Any] = {}
     unavailable = set()
+    type_of, schema_of = types.get, (schemas or _NO_SCHEMAS).get
     for column, raw in row.items():
+        if raw is None:  # NULL whatever the column: nothing to decode, no placeholder
+            out[column] = None
+            continue
         if placeholders is not None and placeholders.matches(raw):
             unavailable.add(column)
             continue
-        pg_type = types.get(column)
-        schema = schemas.get(column) if schemas else None
-        known = pg_type is not None or schema is not None
-        out[column] = decode_value(column, raw, pg_type or "text", schema) if known else raw
-    return out, frozenset(unavailable)
+        pg_type, schema = type_of(column), schema_of(column)
+        if pg_type is None and schema is None:
+            out[column] = raw  # a column the target does not know yet
+        elif type(raw) is str and plain_kind(pg_type or "text", schema) == "scalar":
+            out[column] = raw  # what decode_value returns, its checks skipped
+        else:
+            out[column] = decode_value(column, raw, pg_type or "text", schema)
+    return out, frozenset(unavailable) if unavailable else _NONE
 
 
 def decode_change(raw: RawChange, types: Mapping[str, str], placeholders: Placeholders | None = None) -> Change:

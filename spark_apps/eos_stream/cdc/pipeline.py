@@ -56,6 +56,27 @@ def read_definition(argument: str) -> Mapping[str, Any]:
     return document
 
 
+# The COPY text a batch's stage lines are sent in, at most this many characters and one line
+# more: the text of a batch of large records (a stage line holds the record's columns as JSON)
+# is never held whole beside the records it is made of.
+STAGE_CHUNK_CHARS = 8 << 20
+
+
+def bounded_chunks(lines: Iterable[str], limit: int) -> Iterator[bytes]:
+    """``lines`` as UTF-8 chunks of whole lines, each of fewer than ``limit`` characters but
+    its last line; one empty chunk when there is no line (a batch's chunk, as before)."""
+    chunk: list[str] = []
+    size, sent = 0, False
+    for line in lines:
+        chunk.append(line)
+        size += len(line)
+        if size >= limit:
+            yield "".join(chunk).encode()
+            chunk, size, sent = [], 0, True
+    if chunk or not sent:
+        yield "".join(chunk).encode()
+
+
 def mirror_spec(argument: str) -> PipelineSpec:
     """The spec of a mirror pipeline from its definition (``read_definition``)."""
     try:
@@ -91,11 +112,12 @@ class MirrorBatches:
                 + [aggregate_sql.aggregate_ddl(a, tables[a.source], target_schema) for a in self.definition.aggregates])
 
     def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]:
-        """The COPY text of a task's Arrow batches: one line per Kafka record."""
+        """The COPY text of a task's Arrow batches: one line per Kafka record, in chunks of
+        about ``STAGE_CHUNK_CHARS`` (``bounded_chunks``)."""
         resolve = patterns.Router(self.definition).resolve
         for batch in batches:
-            lines = mirror.resolved_staging_lines(resolve, batch_lines.arrow_records(batch), keep_raw)
-            yield "".join(lines).encode()
+            yield from bounded_chunks(mirror.resolved_staging_lines(resolve, batch_lines.arrow_records(batch),
+                                                                    keep_raw), STAGE_CHUNK_CHARS)
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool) -> BatchRun:

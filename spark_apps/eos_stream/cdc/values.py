@@ -198,11 +198,34 @@ def _adaptive_units(pg_type: str) -> int:
     return 1000 if precision is not None and precision <= 3 else 1_000_000
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every value: a table has few (type, schema) pairs
+def _plain_kind(pg_type: str, schema_type: str | None, name: str | None) -> str | None:
+    """``scalar`` when ``decode_value`` keeps a column's value as it is unless it is an object or
+    an array, ``integer`` when it keeps an int as it is; None when it converts. The branches
+    ``decode_value`` takes before its last two checks, each ruled out once per type."""
+    kind = base_type(pg_type)
+    if (element_type(pg_type) is not None or schema_type in ("array", "bytes") or name in _NAMED_TIMES
+            or name in _NAMED_TIMESTAMPS or name == "io.debezium.time.Date" or (name or "").endswith("Decimal")
+            or kind in ("date", "numeric", "decimal", "time", "timestamp", "bytea", "boolean")):
+        return None
+    return "integer" if kind in _INTEGER_TYPES else "scalar"
+
+
+def plain_kind(pg_type: str, schema: FieldSchema | None) -> str | None:
+    """``_plain_kind`` of a column (its event schema is no cache key: its parameters are a dict)."""
+    return _plain_kind(pg_type, None, None) if schema is None else _plain_kind(pg_type, schema.type, schema.name)
+
+
 def decode_value(column: str, raw: Any, pg_type: str, schema: FieldSchema | None = None) -> Any:
     """One column's value: None, bool, int, float, Decimal, str, bytes, datetime.date, or a
     list of those. Times and timestamps come back as their ISO text, jsonb as its JSON text."""
     if raw is None:
         return None
+    plain = plain_kind(pg_type, schema)
+    if plain == "scalar" and not isinstance(raw, (dict, list)):
+        return raw
+    if plain == "integer" and type(raw) is int:
+        return raw
     element = element_type(pg_type)
     if element is not None or (schema is not None and schema.type == "array"):
         if not isinstance(raw, list):
@@ -259,8 +282,8 @@ def _array_literal(values: list) -> str:
 def pg_text(value: Any) -> str | None:
     """A decoded value as the text PostgreSQL's input function of its column reads
     (None stays None: SQL NULL)."""
-    if value is None:
-        return None
+    if value is None or type(value) is str:
+        return value
     if isinstance(value, bool):
         return "t" if value else "f"
     if isinstance(value, (bytes, bytearray)):

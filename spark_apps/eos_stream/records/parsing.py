@@ -140,7 +140,6 @@ def _parse(spec: PipelineSpec, value: bytes) -> dict[str, Any]:
 
 # --- COPY text format -------------------------------------------------------
 
-_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 NULL = "\\N"
 
 
@@ -151,7 +150,14 @@ def _encode(value: Any) -> str:
         return "t" if value else "f"
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "\\\\x" + bytes(value).hex()
-    return str(value).translate(_ESCAPES)
+    return escape_copy(str(value))
+
+
+def escape_copy(value: str) -> str:
+    """A text as a COPY text cell: backslash first, so the escapes added after stay single.
+    ``str.replace`` finds nothing in most values and returns them as they are, many times
+    faster than ``str.translate`` with a mapping (which builds a new string char by char)."""
+    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _encode_number(value: Any) -> str:
@@ -159,13 +165,10 @@ def _encode_number(value: Any) -> str:
 
 
 def _encode_str(value: str | None) -> str:
-    """``_encode`` for a str, without translating the many strings that hold
-    nothing to escape (translate costs more than the whole rest of a record)."""
+    """``_encode`` for a str."""
     if value is None:
         return NULL
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-        return value.translate(_ESCAPES)
-    return value
+    return escape_copy(value)
 
 
 def _encode_bool(value: bool | None) -> str:

@@ -1,0 +1,173 @@
+"""The common Debezium record read in msgspec's C, its Connect schema read once per schema.
+
+A change record with schemas (``{"schema": ..., "payload": ...}``) is mostly its schema, the
+same text in every record of a table. Here the schema is skipped as raw bytes (``msgspec.Raw``:
+its JSON syntax still checked) and its column schemas are read once per distinct text
+(:class:`_SchemaCache`); the payload is read into structs that keep only the fields the mirror
+uses, so ``source``'s and the envelope's other fields are never built as Python objects.
+
+This path only vouches: :func:`read` returns None for anything but a well-formed change
+(invalid JSON, a value msgspec reads otherwise than ``json`` would, a missing or mistyped
+field, a schema that is no object), and ``envelope.parse_envelope`` then reads the record with
+``json``, the reference, which gives its verdict. So a record is refused, and in the same
+words, exactly when it was before this path existed. Numbers read as ``json`` reads them with
+``parse_float=Decimal``: a fraction or exponent as its Decimal (``float_hook``), an integer of
+any length up to Python's 4,300 digits (beyond it msgspec refuses too: the reference decides).
+Literals ``json`` takes and msgspec does not (``NaN``, a lone surrogate escape) also go back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+import msgspec
+
+from spark_apps.eos_stream.cdc.values import FieldSchema
+
+OPS = ("c", "r", "u", "d")
+_MAX_SCHEMAS = 256  # distinct schema texts kept; a pipeline holds about two per table
+
+
+class _Source(msgspec.Struct):
+    """What the mirror reads of ``source``; the connector's other fields are skipped."""
+
+    schema: Any = None
+    table: Any = None
+    lsn: Any = None
+    txId: Any = None  # Debezium's name
+    snapshot: Any = None
+
+
+class _Envelope(msgspec.Struct):
+    before: Any = None
+    after: Any = None
+    source: _Source | None = None
+    op: Any = None
+
+
+class _Wrapped(msgspec.Struct, forbid_unknown_fields=True):
+    """The converter's output with schemas: exactly these two keys, as ``envelope._unwrap`` requires."""
+
+    schema: msgspec.Raw
+    payload: _Envelope
+
+
+class _WrappedKey(msgspec.Struct, forbid_unknown_fields=True):
+    schema: msgspec.Raw
+    payload: Any
+
+
+_VALUE = msgspec.json.Decoder(_Wrapped, float_hook=Decimal)
+_PLAIN_VALUE = msgspec.json.Decoder(_Envelope, float_hook=Decimal)
+_KEY = msgspec.json.Decoder(_WrappedKey, float_hook=Decimal)
+_ANY = msgspec.json.Decoder(float_hook=Decimal)
+
+
+def struct_fields(schema: Mapping[str, Any] | None) -> dict[str, FieldSchema] | None:
+    """A struct schema's fields by name, None when ``schema`` is no struct schema."""
+    if schema is None or not isinstance(schema.get("fields"), list):
+        return None
+    return {str(f.get("field")): FieldSchema.from_json(f) for f in schema["fields"] if isinstance(f, Mapping)}
+
+
+def row_schema(value_schema: Mapping[str, Any] | None) -> dict[str, FieldSchema] | None:
+    """The row's column schemas: the ``after`` (else ``before``) struct of the envelope's schema."""
+    fields = None if value_schema is None else value_schema.get("fields")
+    if not isinstance(fields, list):  # no struct schema: read as without schemas
+        return None
+    structs = {f.get("field"): f for f in fields if isinstance(f, Mapping)}
+    for side in ("after", "before"):
+        fields = struct_fields(structs.get(side))
+        if fields is not None:
+            return fields
+    return None
+
+
+class _Refused(Exception):
+    """A schema text the reference must judge."""
+
+
+class _SchemaCache:
+    """A Connect schema's text -> what ``derive`` makes of it, for the last ``_MAX_SCHEMAS``
+    texts. The values are shared by every change of that schema: nothing may change them."""
+
+    def __init__(self, derive: Callable[[Mapping[str, Any] | None], dict[str, FieldSchema] | None]) -> None:
+        self.derive = derive
+        self.known: dict[bytes, dict[str, FieldSchema] | None] = {}
+
+    def get(self, raw: msgspec.Raw) -> dict[str, FieldSchema] | None:
+        text = bytes(raw)
+        try:
+            return self.known[text]
+        except KeyError:
+            pass
+        schema = _ANY.decode(text)
+        if schema is not None and not isinstance(schema, dict):
+            raise _Refused
+        if len(self.known) >= _MAX_SCHEMAS:
+            self.known.clear()  # a schema per table: only a pipeline of very many tables gets here
+        derived = self.known[text] = self.derive(schema)
+        return derived
+
+
+_KEY_SCHEMAS = _SchemaCache(struct_fields)
+_ROW_SCHEMAS = _SchemaCache(row_schema)
+
+
+class Read(NamedTuple):
+    """A change record as ``envelope.parse_envelope`` needs it; ``source`` as a mapping."""
+
+    op: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    source: dict[str, Any]
+    key: dict[str, Any]
+    key_schema: dict[str, FieldSchema] | None
+    row_schema: dict[str, FieldSchema] | None
+
+
+def _key(key: bytes) -> tuple[dict[str, Any], dict[str, FieldSchema] | None] | None:
+    try:
+        wrapped = _KEY.decode(key)
+        payload, schema = wrapped.payload, _KEY_SCHEMAS.get(wrapped.schema)
+    except msgspec.ValidationError:  # no schema wrapper: the key's columns themselves
+        payload, schema = _ANY.decode(key), None
+        if isinstance(payload, dict) and set(payload) == {"schema", "payload"}:
+            return None
+    if not isinstance(payload, dict) or not payload:
+        return None
+    return payload, schema
+
+
+def _value(value: bytes) -> tuple[_Envelope, dict[str, FieldSchema] | None]:
+    try:
+        wrapped = _VALUE.decode(value)
+        return wrapped.payload, _ROW_SCHEMAS.get(wrapped.schema)
+    except msgspec.ValidationError:
+        # No schema wrapper, or one whose payload is no envelope: an ``op`` is required below,
+        # so a document of only ``schema`` and ``payload`` never passes as an envelope.
+        return _PLAIN_VALUE.decode(value), None
+
+
+def read(key: bytes | None, value: bytes) -> Read | None:
+    """The record's change, or None when the reference reading must decide (see the module)."""
+    try:
+        envelope, schema = _value(value)
+        source = envelope.source
+        if envelope.op not in OPS or source is None or not isinstance(source.table, str):
+            return None
+        before, after = envelope.before, envelope.after
+        if not (before is None or isinstance(before, dict)) or not (after is None or isinstance(after, dict)):
+            return None
+        if (after is None and envelope.op != "d") or key is None:
+            return None
+        keyed = _key(key)
+    except (msgspec.MsgspecError, _Refused, UnicodeError, RecursionError, ValueError):
+        return None
+    if keyed is None:
+        return None
+    fields = {"schema": source.schema, "table": source.table, "lsn": source.lsn, "txId": source.txId,
+              "snapshot": source.snapshot}
+    return Read(envelope.op, before, after, fields, keyed[0], keyed[1], schema)
