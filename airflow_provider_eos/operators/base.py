@@ -100,7 +100,7 @@ class PipelineOperatorMixin:
     name in ``[eos] pipeline_config_dir``) and gets the app's config from one call,
     :meth:`app_config` (``hooks.app_config.complete_app_config``: the connections filled in, nothing
     mutated afterwards). ``pipeline_config`` (an app config dict or JSON file) is read for one
-    release, with a DeprecationWarning: its Kafka and database are then the connections' too."""
+    release, with a FutureWarning: its Kafka and database are then the connections' too."""
 
     definition: Any = None
     pipeline_config: Any = None
@@ -117,7 +117,7 @@ class PipelineOperatorMixin:
         if (definition is None) == (pipeline_config is None):
             raise ValueError("give the pipeline's definition: definition=<PipelineDefinition, its dict or its name>")
         if pipeline_config is not None:
-            warnings.warn(DEPRECATED_PIPELINE_CONFIG, DeprecationWarning, stacklevel=3)
+            warnings.warn(DEPRECATED_PIPELINE_CONFIG, FutureWarning, stacklevel=3)  # shown by default, as engine's is
         self.definition = definition
         self.pipeline_config = pipeline_config
 

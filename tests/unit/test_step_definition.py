@@ -51,7 +51,7 @@ def test_the_replay_runs_the_definitions_config_once_to_the_end_past_the_stop_re
 
 
 def test_a_step_given_an_app_config_is_warned_and_still_reads_it(conns: None) -> None:
-    with pytest.warns(DeprecationWarning, match="pipeline_config is deprecated"):
+    with pytest.warns(FutureWarning, match="pipeline_config is deprecated"):
         step = SnapshotOperator(task_id="snap", pipeline_config={"pipeline": "orders", "topics": ["orders.events"],
                                                                 "spec": "spark_apps.ledger.spec:LEDGER",
                                                                 "meta_schema": "m_orders",
