@@ -172,14 +172,13 @@ def app_config(name: str, directory: str | None, with_connections: bool = True) 
     definition = find_definition(root, name, fix)
     if not with_connections:
         return definition.app_config(kafka_bootstrap="", postgres={})
-    from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-    from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
+    from airflow_provider_eos.hooks.app_config import complete_app_config
 
     connections = definition.connections.resolved(provider_config.connection_defaults())
     try:
-        hook = EosPostgresHook(postgres_conn_id=connections.postgres, meta_schema=definition.meta_schema)
-        return definition.app_config(kafka_bootstrap=kafka_bootstrap_from_connection(connections.kafka),
-                                     postgres=hook.app_target())
+        # The stream task's own call; its JSON is what the app gets (no password, no Kafka options).
+        config = complete_app_config(definition, kafka_config_id=connections.kafka, postgres=connections.postgres)
+        return dict(json.loads(config.to_json()))
     except Exception as exc:  # a connection missing or unusable: say how to see the config without them
         raise ConnectionLookupError(
             f"{type(exc).__name__}: {exc} (the pipeline's connections: kafka {connections.kafka!r}, postgres "

@@ -72,13 +72,6 @@ def connection_ids(definition: PipelineDefinition) -> ResolvedConnections:
     return definition.connections.resolved(provider_config.connection_defaults())
 
 
-def step_config(definition: PipelineDefinition) -> dict[str, Any]:
-    """The app config the pipeline-step operators (stop, snapshot, recovery) take. Kafka's bootstrap servers and
-    the database come from the pipeline's connections when the task runs (the operators get
-    ``kafka_config_id`` and ``postgres_conn_id``), so neither is written here."""
-    return definition.app_config(kafka_bootstrap="", postgres={})
-
-
 def refuse_undeclared_conf(context: Any, declared: Iterable[str]) -> None:
     """A run conf may tune how a run goes, never where it reads or writes: any key the DAG does
     not declare as a Param is refused before anything is touched."""

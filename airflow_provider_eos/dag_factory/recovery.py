@@ -37,7 +37,6 @@ from airflow_provider_eos.dag_factory.common import (
     refuse_undeclared_conf,
     resumable_wait,
     spark_task_args,
-    step_config,
     tags,
     task_defaults,
 )
@@ -242,7 +241,7 @@ def _rollback_and_resume(definition: PipelineDefinition, restore: Any,
 def build_recovery_dag(definition: PipelineDefinition, assets: PipelineAssets | None = None) -> DAG:
     """:param assets: the pipeline's assets; a finished recovery announces its target assets."""
     conns = connection_ids(definition)
-    common: dict[str, Any] = {"pipeline_config": step_config(definition), "postgres_conn_id": conns.postgres}
+    common: dict[str, Any] = {"definition": definition, "postgres_conn_id": conns.postgres}
     # Steps that change the target hold the pipeline's recovery lock.
     locked: dict[str, Any] = {**common, "hold_lock": True, "lock_ttl": DEFAULT_LOCK_TTL}
     with DAG(

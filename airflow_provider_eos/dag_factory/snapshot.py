@@ -15,7 +15,6 @@ from airflow_provider_eos.dag_factory.common import (
     connection_ids,
     dag_id,
     refuse_undeclared_conf,
-    step_config,
     tags,
     task_defaults,
 )
@@ -45,7 +44,7 @@ def build_snapshot_dag(definition: PipelineDefinition) -> DAG:
     ) as dag:
         pin_snapshot_store() >> SnapshotOperator(
             task_id="snapshot",
-            pipeline_config=step_config(definition),
+            definition=definition,
             snapshot_store="{{ ti.xcom_pull(task_ids='pin_snapshot_store')['snapshot_store'] }}",
             keep_last=definition.snapshot.keep_last,
             postgres_conn_id=conns.postgres,

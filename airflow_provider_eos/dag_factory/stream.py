@@ -20,7 +20,6 @@ from airflow_provider_eos.dag_factory.common import (
     refuse_undeclared_conf,
     resumable_wait,
     spark_task_args,
-    step_config,
     tags,
     task_defaults,
 )
@@ -120,7 +119,7 @@ def build_stop_dag(definition: PipelineDefinition) -> DAG:
     ) as dag:
         refuse_any_conf() >> StopPipelineOperator(
             task_id="stop_pipeline",
-            pipeline_config=step_config(definition),
+            definition=definition,
             postgres_conn_id=conns.postgres,
             deferrable=DEFERRABLE,
             **resumable_wait(definition),

@@ -8,41 +8,35 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_eos.launchers.protocol import KAFKA_OPTIONS_ENV, PASSWORD_ENV, kill_group
+from airflow_provider_eos.launchers.result import (
+    EXIT_CONFIG,
+    EXIT_DATA_LOST,
+    EXIT_FAILED,
+    EXIT_FENCED,
+    EXIT_OK,
+    AppRunResult,
+    parse_event,
+)
 from airflow_provider_eos.utils import provider_config
-from spark_apps.eos_stream.kafka.lost_data import DATA_LOST_KIND, EXIT_DATA_LOST
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-# The app's exit when the database fenced it (``spark_apps.eos_stream.state.fencing.EXIT_FENCED``; not
-# imported: this module must load without the app's psycopg2-based modules on the import path).
-EXIT_FENCED = 3
-# The exit of a run that found a stored offset Kafka no longer holds (retention deleted the
-# records, or the topic was recreated): no restart can succeed. The app reports it with this
-# exit, or with an ``EOS-ERROR`` line of kind ``data_lost`` (its message names each partition,
-# the stored offset and the log's start): ``EXIT_DATA_LOST`` and ``DATA_LOST_KIND``, imported above
-# from the app's module that defines them (it needs nothing but the standard library).
-EVENT_PREFIX = "EOS-"
-_JSON = json.JSONDecoder()
-PASSWORD_ENV = "EOS_PG_PASSWORD"
-# The engine that runs without Spark instead of spark-submit, and its module.
+# The run's result and events are every launcher's (launchers/result.py); named here too for the
+# hook's users. The secrets' environment variables are the launchers' (launchers/protocol.py).
+__all__ = ["EXIT_CONFIG", "EXIT_DATA_LOST", "EXIT_FAILED", "EXIT_FENCED", "EXIT_OK", "AppRunResult",
+           "EosStreamSubmitHook", "parse_event"]
 CONTINUOUS = "continuous"
-CONTINUOUS_MODULE = "spark_apps.eos_stream.run.continuous"
-KAFKA_OPTIONS_ENV = "EOS_KAFKA_OPTIONS_JSON"
 
 
 def spark_apps_dir() -> Path:
@@ -100,90 +94,6 @@ def build_spark_apps_zip(target_dir: str | Path, spec: str | None = None) -> str
         for file, name in spec_package_files(spec):
             archive.write(file, name)
     return str(path)
-
-
-def parse_event(line: str) -> tuple[str, dict[str, Any]] | None:
-    """``EOS-BATCH {...}`` -> ("batch", {...}); None for any other line.
-
-    Anything after the JSON value is ignored: another process writing to the
-    same pipe (the driver's JVM logs on stderr) can glue its output to the line."""
-    if not line.startswith(EVENT_PREFIX):
-        return None
-    kind, _, payload = line[len(EVENT_PREFIX):].partition(" ")
-    try:
-        data = _JSON.raw_decode(payload.lstrip())[0] if payload.strip() else {}
-    except json.JSONDecodeError:
-        return None
-    return kind.lower(), data if isinstance(data, dict) else {"value": data}
-
-
-@dataclass
-class AppRunResult:
-    """How one spark-submit of the app ended.
-
-    :param returncode: spark-submit's exit status (negative: killed by that signal).
-    :param events: parsed ``EOS-`` lines, in order, as (kind, payload).
-    """
-
-    returncode: int
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    duration_s: float = 0.0
-    log_tail: str = ""
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [data for k, data in self.events if k == kind]
-
-    @property
-    def ok(self) -> bool:
-        """The run finished, or stopped on request or at its time."""
-        return self.returncode == EXIT_OK
-
-    @property
-    def last_error(self) -> dict[str, Any] | None:
-        errors = self.of("error")
-        return errors[-1] if errors else None
-
-    @property
-    def config_error(self) -> bool:
-        error = self.last_error
-        return self.returncode == EXIT_CONFIG or bool(error and error.get("kind") == "config")
-
-    @property
-    def fenced(self) -> bool:
-        """The database took the target away from this driver (a newer driver, a restore, a
-        fence): it wrote nothing after that, and a restart must begin from the stored offsets."""
-        error = self.last_error
-        return self.returncode == EXIT_FENCED or bool(
-            self.returncode != EXIT_OK and error and error.get("kind") == "fenced")
-
-    @property
-    def data_lost(self) -> bool:
-        """The run found a stored offset that Kafka no longer holds: a retry would fail the same way."""
-        error = self.last_error
-        return self.returncode == EXIT_DATA_LOST or bool(
-            self.returncode != EXIT_OK and error and error.get("kind") == DATA_LOST_KIND)
-
-    def reason(self) -> str:
-        """One line: why this run ended."""
-        if self.returncode == EXIT_OK:
-            stopped = self.of("stopped")
-            return f"stopped ({stopped[-1].get('reason')})" if stopped else "finished"
-        error = self.last_error
-        if self.fenced:
-            detail = error.get("message") if error and error.get("kind") == "fenced" else "no EOS-ERROR line"
-            return f"fenced (exit {self.returncode}): {detail}"
-        if self.data_lost and not error:
-            return f"data lost (exit {self.returncode}): no EOS-ERROR line"
-        if error:
-            return f"exit {self.returncode}: {error.get('kind')}: {error.get('message')}"
-        if self.returncode < 0:
-            try:
-                name = signal.Signals(-self.returncode).name
-            except ValueError:
-                name = f"signal {-self.returncode}"
-            return f"killed by {name} (no EOS-ERROR line)"
-        tail = self.log_tail.strip().splitlines()[-1:] if self.log_tail else []
-        return f"exit {self.returncode} without an EOS-ERROR line" + (f"; last output: {tail[0]}" if tail else "")
 
 
 def is_local_master(master: str) -> bool:
@@ -314,15 +224,15 @@ class EosStreamSubmitHook(SparkSubmitHook):
         return self._build_spark_submit_command(app_path())
 
     def run_app(self, config: dict[str, Any]) -> AppRunResult:
-        """Runs the app until it exits; never raises for the app's own failures. A config whose
-        engine is ``continuous`` runs the Spark-less engine instead (:meth:`run_continuous`)."""
+        """spark-submits the app and runs it until it exits; never raises for the app's own
+        failures. A config of the continuous engine is refused: that engine is no Spark app
+        (``launchers.child_process`` runs it)."""
         from spark_apps.eos_stream.run.config import read_deprecated_trigger
         from spark_apps.eos_stream.run.pyspark_pairing import installed_versions, pairing_problem
 
-        config = read_deprecated_trigger(config)  # a config of before ``engine`` runs as it did
-        if config.get("engine") == CONTINUOUS:
-            return self.run_continuous(config)
-
+        if read_deprecated_trigger(config).get("engine") == CONTINUOUS:
+            raise AirflowFailException("the continuous engine is not spark-submitted: run it with "
+                                       "airflow_provider_eos.launchers.child_process.ChildProcessLauncher")
         # spark-submit comes from this environment's pyspark: refuse a mix of two Sparks before it starts.
         problem = pairing_problem(installed_versions())
         if problem:
@@ -345,58 +255,6 @@ class EosStreamSubmitHook(SparkSubmitHook):
             duration_s=round(time.monotonic() - started, 2),
             log_tail="\n".join(list(self._last_submit_log_lines)[-5:]),
         )
-
-    def run_continuous(self, config: dict[str, Any]) -> AppRunResult:
-        """Runs the continuous engine (``spark_apps.eos_stream.run.continuous``) in this worker, as
-        a child in a process group of its own (so :meth:`kill_process_group` ends it as it ends a
-        spark-submit), with the secrets in its environment only; its ``EOS-`` lines are read as
-        the app's. Never raises for the engine's own failures."""
-        self.events = []
-        command = [sys.executable, "-m", CONTINUOUS_MODULE, "--config", self.write_config(config)]
-        env = {**os.environ, **self._secret_env}
-        started = time.monotonic()
-        tail: list[str] = []
-        self._submit_sp = process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            bufsize=-1, universal_newlines=True, errors="replace")
-        assert process.stdout is not None
-        self.log.info("Started the continuous engine (pid %s): %s", process.pid, " ".join(command))
-        for raw in iter(process.stdout.readline, ""):
-            line = raw.rstrip("\n")
-            tail = [*tail[-4:], line]
-            self._on_line(line)
-        returncode = process.wait()
-        return AppRunResult(returncode=int(returncode), events=list(self.events),
-                            duration_s=round(time.monotonic() - started, 2), log_tail="\n".join(tail))
-
-    def _on_line(self, line: str) -> None:
-        """One output line of the engine: an ``EOS-`` event is recorded and passed on; a batch's is
-        not logged (one per cycle, tens a second), every other line is."""
-        event = parse_event(line.strip())
-        if event is not None:
-            self._record(event)
-            if self.on_event is not None:
-                try:
-                    self.on_event(*event)
-                except Exception:  # a logging callback must never stop the log reader
-                    self.log.exception("on_event callback failed for %s", event[0])
-            if event[0] == "batch":
-                return
-        self.log.info("%s", line)
-
-    def _record(self, event: tuple[str, dict[str, Any]]) -> None:
-        """Keeps ``event``; a batch's is folded into the previous batch's (its counts summed, its
-        end offsets kept, ``folded_batches`` counting them), so a run of weeks at tens of cycles a
-        second holds one batch event, not millions."""
-        kind, data = event
-        last = self.events[-1] if self.events else None
-        if kind != "batch" or last is None or last[0] != "batch":
-            self.events.append((kind, {**data, "folded_batches": 1} if kind == "batch" else data))
-            return
-        folded = last[1]
-        self.events[-1] = (kind, {**data, "folded_batches": int(folded.get("folded_batches", 1)) + 1,
-                                  **{key: int(folded.get(key) or 0) + int(data.get(key) or 0)
-                                     for key in ("applied", "dead_lettered")}})
 
     def _process_spark_submit_log(self, itr: Any) -> None:
         def tee() -> Any:
@@ -421,36 +279,7 @@ class EosStreamSubmitHook(SparkSubmitHook):
     def kill_process_group(self, grace_seconds: float = 5.0) -> None:
         """SIGTERM the spark-submit process group (JVM, Python driver, Python workers), then
         SIGKILL whatever is left after ``grace_seconds`` -- including descendants that left the group."""
-        process = self._submit_sp
-        if process is None or process.poll() is not None:
-            return
-        try:
-            descendants = psutil.Process(process.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        self.log.info("Stopping spark-submit process group %s (%d descendants)", process.pid, len(descendants))
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for child in descendants:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(descendants, timeout=10)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.log.warning("spark-submit %s did not exit after SIGKILL", process.pid)
+        kill_group(self._submit_sp, self.log, grace_seconds)
 
     def on_kill(self) -> None:
         self.kill_process_group()

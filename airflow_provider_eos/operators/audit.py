@@ -33,7 +33,9 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     offsets must have reached the goal. What producers committed after the replay started
     is the resumed stream's next work, not missing (see docs/audit.md, "After a replay").
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param kafka_config_id: the Kafka connection whose ``bootstrap.servers`` the audit reads;
         None: the pipeline config's ``kafka_bootstrap``.
@@ -52,13 +54,14 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     template_fields: Sequence[str] = ("pipeline_config", "plan_only", "goal_offsets", "replayed")
     ui_color = "#f3e8fd"
 
-    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str | None = None, fail_on_mismatch: bool = True, hold_lock: bool = False,
                  lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, goal_offsets: Any = None,
                  replayed: Any = None, pending: str = "auto", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.postgres_conn_id = postgres_conn_id
         self.kafka_config_id = kafka_config_id
         self.fail_on_mismatch = fail_on_mismatch

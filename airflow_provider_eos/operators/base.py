@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property
@@ -17,9 +18,18 @@ from airflow_provider_eos.hooks.pg_tools import PgToolsHook
 from airflow_provider_eos.recovery.lock import DEFAULT_LOCK_TTL, holding_lock, target_lock_key
 from airflow_provider_eos.recovery.store import SnapshotStore
 from airflow_provider_eos.utils.pipeline_config import PipelineConfigError, load_pipeline_config
+from airflow_provider_eos.utils.pipeline_definition import (
+    PipelineDefinition,
+    PipelineDefinitionError,
+    parse_definition,
+)
 
 T = TypeVar("T")
 
+# What a step given an app config instead of the pipeline's definition is told (read for one release).
+DEPRECATED_PIPELINE_CONFIG = (
+    "pipeline_config is deprecated and will be removed in the next release: pass the pipeline's definition "
+    "(definition=<PipelineDefinition, its dict or its name>); the step gets its complete app config from it")
 # Seconds a deferrable step checks in the worker before it defers (see poll_before_defer).
 DEFAULT_DEFER_AFTER = 10.0
 
@@ -83,22 +93,55 @@ def timed_step(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 
 class PipelineOperatorMixin:
-    """Shared by the recovery operators: the pipeline config and the snapshot hook."""
+    """Shared by the recovery operators: the pipeline's definition, its one complete app config and
+    the snapshot hook.
 
-    pipeline_config: Any
+    A step takes the pipeline's ``definition`` (a ``PipelineDefinition``, its dict form, or its
+    name in ``[eos] pipeline_config_dir``) and gets the app's config from one call,
+    :meth:`app_config` (``hooks.app_config.complete_app_config``: the connections filled in, nothing
+    mutated afterwards). ``pipeline_config`` (an app config dict or JSON file) is read for one
+    release, with a FutureWarning: its Kafka and database are then the connections' too."""
+
+    definition: Any = None
+    pipeline_config: Any = None
     postgres_conn_id: str
     pg_bin_dir: str | None
     # Steps of a recovery run hold the target's recovery lock (see recovery/lock.py).
     hold_lock: bool = False
     lock_ttl: float = DEFAULT_LOCK_TTL
-    # When set, Kafka's bootstrap servers come from this connection, not from the config.
+    # When set, Kafka's bootstrap servers come from this connection, not from the definition's (or the config).
     kafka_config_id: str | None = None
+
+    def take_definition(self, definition: Any, pipeline_config: Any) -> None:
+        """Keeps what the step was given: a definition, or (deprecated) an app config."""
+        if (definition is None) == (pipeline_config is None):
+            raise ValueError("give the pipeline's definition: definition=<PipelineDefinition, its dict or its name>")
+        if pipeline_config is not None:
+            warnings.warn(DEPRECATED_PIPELINE_CONFIG, FutureWarning, stacklevel=3)  # shown by default, as engine's is
+        self.definition = definition
+        self.pipeline_config = pipeline_config
+
+    def pipeline_definition(self) -> PipelineDefinition | None:
+        """The step's validated definition (a dict or a name read once); None for a deprecated ``pipeline_config``."""
+        if self.definition is None or isinstance(self.definition, PipelineDefinition):
+            return self.definition
+        from airflow_provider_eos.utils import provider_config
+        from airflow_provider_eos.utils.definition_folder import find_definition
+
+        try:
+            self.definition = (find_definition(provider_config.pipeline_config_dir(), self.definition)
+                               if isinstance(self.definition, str)
+                               else parse_definition(self.definition, source=f"task {getattr(self, 'task_id', '?')}"))
+        except PipelineDefinitionError as exc:
+            raise AirflowException(str(exc)) from exc
+        return self.definition
 
     @cached_property
     def hook(self) -> PgToolsHook:
-        """Built for the pipeline's meta schema (from its config), once: no call passes it again."""
-        return PgToolsHook(postgres_conn_id=self.postgres_conn_id, pg_bin_dir=self.pg_bin_dir,
-                           meta_schema=self.load_config().meta_schema)
+        """Built for the pipeline's meta schema, once: no call passes it again."""
+        definition = self.pipeline_definition()
+        meta_schema = definition.meta_schema if definition is not None else self.load_config().meta_schema
+        return PgToolsHook(postgres_conn_id=self.postgres_conn_id, pg_bin_dir=self.pg_bin_dir, meta_schema=meta_schema)
 
     def resolve_store(self) -> SnapshotStore:
         """The store this step reads or writes: its own ``snapshot_store``, else the deployment's
@@ -108,27 +151,37 @@ class PipelineOperatorMixin:
         return SnapshotStore(getattr(self, "snapshot_store", None) or provider_config.snapshot_store())
 
     def load_config(self) -> Any:
+        """The pipeline's app config: for a definition the complete one (:meth:`app_config`); a
+        deprecated ``pipeline_config`` as it was given."""
+        if self.pipeline_definition() is not None:
+            return self.app_config()
         try:
             return load_pipeline_config(self.pipeline_config)
         except PipelineConfigError as exc:
             raise AirflowException(str(exc)) from exc
 
     def app_config(self) -> Any:
-        """The pipeline config with the database taken from the Airflow connection
-        (password included, for in-process use only), and Kafka's bootstrap servers and security
-        options from ``kafka_config_id`` when the operator has one."""
-        config = self.load_config()
-        if self.kafka_config_id:
-            from airflow_provider_eos.hooks.kafka_connection import kafka_client_settings
+        """The pipeline's complete app config, from one call: Kafka's bootstrap servers and security
+        options from ``kafka_config_id`` (else, for a definition, its Kafka connection; for a
+        deprecated ``pipeline_config``, that config's bootstrap servers), the database from
+        ``postgres_conn_id``, its password included (for in-process use and the launchers only)."""
+        if self.__dict__.get("_app_config") is None:
+            self.__dict__["_app_config"] = self._complete_config()
+        return self.__dict__["_app_config"]
 
-            kafka = kafka_client_settings(self.kafka_config_id)
-            config.kafka_bootstrap = kafka.bootstrap
-            config.kafka_options = {**kafka.security, **config.kafka_options}
-        # The same target the submitted app gets (libpq options included), plus the password.
-        for key, value in self.hook.app_target().items():
-            setattr(config.postgres, key, value)
-        config.postgres.password = self.hook.app_password()
-        return config
+    def _complete_config(self) -> Any:
+        from airflow_provider_eos.hooks.app_config import complete_app_config, connections_filled_in
+
+        definition = self.pipeline_definition()
+        if definition is None:
+            return connections_filled_in(self.load_config(), kafka_config_id=self.kafka_config_id, postgres=self.hook)
+        if self.kafka_config_id:
+            kafka = self.kafka_config_id
+        else:
+            from airflow_provider_eos.utils import provider_config
+
+            kafka = definition.connections.resolved(provider_config.connection_defaults()).kafka
+        return complete_app_config(definition, kafka_config_id=kafka, postgres=self.hook)
 
     def pipeline_lineage(self, write: bool, audit: dict[str, Any] | None = None) -> Any:
         """OpenLineage for this step: the pipeline's topics in, its target tables out (``write``)

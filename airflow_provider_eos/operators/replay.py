@@ -3,9 +3,9 @@ the caught-up check."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -29,7 +29,8 @@ from airflow_provider_eos.utils.subscription import subscribed_topics
 from spark_apps.eos_stream.kafka.offsets import from_nested, to_nested
 
 if TYPE_CHECKING:
-    from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
+    from airflow_provider_eos.launchers.protocol import AppLauncher
+    from spark_apps.eos_stream.run.config import PipelineConfig
 
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -52,7 +53,9 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
     The replay point is the chosen snapshot's offsets (``snapshot`` given) or the
     offsets stored in the database (``snapshot=None``).
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param snapshot: ``latest``, an id, an ISO-8601 timestamp, or None for the database (templated); or
         the snapshot an earlier step chose (``contracts.ChosenSnapshot``'s XCom, e.g. the choosing
         task's ``.output``), whose offsets are checked without choosing again.
@@ -65,11 +68,12 @@ class RetentionCheckOperator(KafkaOffsetsMixin, BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline_config", "snapshot", "snapshot_store")
 
-    def __init__(self, *, pipeline_config: Any, snapshot: Any = LATEST, snapshot_store: Any = None,
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 snapshot: Any = LATEST, snapshot_store: Any = None,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "eos_postgres",
                  pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.snapshot = snapshot
         self.snapshot_store = snapshot_store
         self.kafka_config_id = kafka_config_id
@@ -107,10 +111,9 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     Reads the stored offsets, checks Kafka still retains them (fails before
     starting anything otherwise), chooses the engine (``engine``; ``auto`` by the
     records to replay, see :mod:`airflow_provider_eos.utils.replay_engine`),
-    then replays: ``direct`` in this process, or ``spark``, the streaming app run
-    once with ``trigger=availableNow`` through the provider's one submit path,
-    :class:`~airflow_provider_eos.hooks.stream_submit.EosStreamSubmitHook`
-    (``spark_apps`` shipped for non-local masters; the database password and
+    then replays through that engine's launcher (``launchers.choose``): ``direct`` in this
+    process, or ``spark``, the streaming app run once with ``trigger=availableNow`` under
+    spark-submit (``launchers.spark_submit``; ``spark_apps`` shipped for non-local masters; the database password and
     the Kafka client options only in the environment or a private properties
     file, never on the command line). In ``exactly_once`` delivery every run
     starts a fresh checkpoint from the database's offsets, so the replay begins
@@ -124,7 +127,9 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     Kafka through ``kafka_config_id`` (its ``bootstrap.servers``), the cluster
     the retention check and the caught-up check look at.
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param kafka_config_id: The connection object to use, defaults to "kafka_default"
     :param spark_conn_id: The connection object to use, defaults to "spark_default"
@@ -150,7 +155,8 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     template_fields: Sequence[str] = ("pipeline_config", "jars", "checkpoint_dir", "plan_only")
     ui_color = "#e7eefc"
 
-    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres",
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 postgres_conn_id: str = "eos_postgres",
                  kafka_config_id: str = "kafka_default", spark_conn_id: str = "spark_default",
                  jars: str | None = None, spark_conf: dict[str, str] | None = None, driver_memory: str = "1g",
                  checkpoint_dir: str | None = None, kafka_options: dict[str, str] | None = None,
@@ -162,7 +168,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
             raise ValueError(f"unknown replay engine {engine!r}; choose one of {', '.join(REPLAY_ENGINE_CHOICES)}")
         self.engine = engine
         self.direct_max_records = direct_max_records
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.postgres_conn_id = postgres_conn_id
         self.kafka_config_id = kafka_config_id
         self.spark_conn_id = spark_conn_id
@@ -176,7 +182,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         self.lock_ttl = lock_ttl
         self.plan_only = plan_only
         self.pg_bin_dir = pg_bin_dir
-        self._submit: EosStreamSubmitHook | None = None
+        self._launcher: AppLauncher | None = None
 
     def _row_counts(self, config: Any) -> dict[str, int]:
         from spark_apps.eos_stream.records.spec import RowTarget, load_spec
@@ -230,10 +236,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
                         f"pipeline {config.pipeline!r} has no stop request: a supervisor could start a driver "
                         "that fights the replay for the target. Stop it first (the recovery's stop_stream step).")
             counts_before = self._row_counts(config)
-            if choice.engine == "direct":
-                self._run_direct(config)
-            else:
-                self._run_app(config)
+            self._run_engine(choice.engine, self.replay_config(config))
         after = self._stored(config)
         behind = {f"{t}[{p}]": lso - after.get((t, p), 0) for (t, p), lso in lso_at_start.items()
                   if after.get((t, p), 0) < lso}
@@ -250,63 +253,43 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         self.log.info("replay done: %s", {k: v for k, v in result.items() if k != "retention"})
         return result
 
-    def replay_config(self, config: Any) -> dict[str, Any]:
-        """The replay run's app config: the pipeline's, run once to the end, past the stop request."""
-        from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
+    def replay_config(self, config: PipelineConfig) -> PipelineConfig:
+        """The replay run's complete config: the pipeline's, run once to the end, past the stop request."""
+        return replace(
+            config,
+            # The Spark app, run once to the end (the direct replay reads neither key).
+            engine="spark", trigger="availableNow", run_seconds=0,
+            # The stop request keeps supervisors off the target; only this run may write through it.
+            ignore_stop_request=True,
+            checkpoint_dir=self.checkpoint_dir or config.checkpoint_dir,
+            kafka_options={**config.kafka_options, **(self.kafka_options or {})},
+        ).validate()
 
-        data = json.loads(config.to_json())  # no password, no kafka options
-        # The Spark app, run once to the end (the direct replay reads neither key).
-        data.update(engine="spark", trigger="availableNow")
-        data["run_seconds"] = 0
-        # The stop request keeps supervisors off the target; only this run may write through it.
-        data["ignore_stop_request"] = True
-        data["kafka_bootstrap"] = kafka_bootstrap_from_connection(self.kafka_config_id)
-        if self.checkpoint_dir:
-            data["checkpoint_dir"] = self.checkpoint_dir
-        return data
+    def _run_engine(self, engine: str, config: PipelineConfig) -> None:
+        """The replay by its engine's launcher: ``direct`` in this process (no spark-submit, the same
+        claim and sink as the app), ``spark`` the app under spark-submit."""
+        from airflow_provider_eos.launchers.choose import launcher_for
+        from airflow_provider_eos.launchers.protocol import run_to_end
+        from airflow_provider_eos.launchers.spark_submit import SparkSubmission
 
-    def _run_direct(self, config: Any) -> None:
-        """The replay in this process: no spark-submit, the same claim and sink as the app."""
-        from spark_apps.eos_stream.run.config import from_dict
-        from spark_apps.eos_stream.run.direct_replay import replay
-
-        direct = from_dict(self.replay_config(config))
-        direct.postgres.password = config.postgres.password
-        direct.kafka_options = {**config.kafka_options, **(self.kafka_options or {})}
-        started = time.monotonic()
-        try:
-            replay(direct.validate())
-        except Exception as exc:
-            raise AirflowException(f"direct replay of pipeline {config.pipeline!r} failed: "
-                                   f"{type(exc).__name__}: {exc}") from exc
-        self.log.info("direct replay of pipeline %s finished in %.1fs", config.pipeline, time.monotonic() - started)
-
-    def _run_app(self, config: Any) -> None:
-        from airflow_provider_eos.hooks.stream_submit import EXIT_OK, EosStreamSubmitHook
-
-        data = self.replay_config(config)
-        kafka_options = {**config.kafka_options, **(self.kafka_options or {})}
-        self._submit = EosStreamSubmitHook(
-            conn_id=self.spark_conn_id,
-            jars=self.jars,
-            postgres_password=config.postgres.password,
-            kafka_options=kafka_options or None,
-            conf={**DEFAULT_SPARK_CONF, **(self.spark_conf or {})},
-            driver_memory=self.driver_memory,
-            name=f"eos-replay-{config.pipeline}",
-        )
-        try:
-            result = self._submit.run_app(data)
-        finally:
-            self._submit.cleanup()
-        if result.returncode != EXIT_OK:
-            raise AirflowException(f"replay run of pipeline {config.pipeline!r} failed: {result.reason()}")
-        self.log.info("replay run of pipeline %s %s in %.1fs", config.pipeline, result.reason(), result.duration_s)
+        submission = SparkSubmission(conn_id=self.spark_conn_id, jars=self.jars,
+                                     conf={**DEFAULT_SPARK_CONF, **(self.spark_conf or {})},
+                                     extra={"driver_memory": self.driver_memory,
+                                            "name": f"eos-replay-{config.pipeline}"})
+        self._launcher = launcher = launcher_for(engine, submission)
+        result = run_to_end(launcher, config, log=self.log)
+        what = "direct replay" if engine == "direct" else "replay run"
+        if not result.ok:
+            error = result.last_error
+            detail = error["message"] if engine == "direct" and error else result.reason()
+            raise AirflowException(f"{what} of pipeline {config.pipeline!r} failed: {detail}") \
+                from getattr(launcher, "error", None)
+        self.log.info("%s of pipeline %s %s in %.1fs", what, config.pipeline, result.reason(), result.duration_s)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Replayed from the pipeline's topics into its target tables."""
         return self.pipeline_lineage(write=True)
 
     def on_kill(self) -> None:
-        if self._submit is not None:
-            self._submit.on_kill()
+        if self._launcher is not None:
+            self._launcher.stop()

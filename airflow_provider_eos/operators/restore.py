@@ -89,7 +89,9 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
     offsets, the retention re-check and timings. With ``plan_only`` and a selector it
     returns the ``contracts.ChosenSnapshot`` it chose (the recovery's choosing step).
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param snapshot: ``latest``, a snapshot id or an ISO-8601 timestamp (templated); or the snapshot an
         earlier step chose (``contracts.ChosenSnapshot``'s XCom, e.g. the choosing task's ``.output``),
         restored from the store it was chosen from without choosing again.
@@ -136,7 +138,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline_config: Any,
+        definition: Any = None, pipeline_config: Any = None,
         snapshot: Any = LATEST,
         snapshot_store: Any = None,
         postgres_conn_id: str = "eos_postgres",
@@ -160,7 +162,7 @@ class RestoreOperator(KafkaOffsetsMixin, BaseOperator):
         self.allow_dependents = allow_dependents
         self.allow_table_changes = allow_table_changes
         self.allow_other_database = allow_other_database
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.snapshot = snapshot
         self.snapshot_store = snapshot_store
         self.postgres_conn_id = postgres_conn_id
@@ -232,7 +234,9 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
     crashed run goes on; one whose heartbeat is older than ``lock_ttl`` is
     taken over.
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param action: ``acquire`` or ``release``.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
     :param lock_ttl: seconds without heartbeat after which a lock left behind is taken over.
@@ -241,13 +245,14 @@ class RecoveryLockOperator(PipelineOperatorMixin, BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline_config", "plan_only")
 
-    def __init__(self, *, pipeline_config: Any, action: str = "acquire", postgres_conn_id: str = "eos_postgres",
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 action: str = "acquire", postgres_conn_id: str = "eos_postgres",
                  lock_ttl: float = DEFAULT_LOCK_TTL, plan_only: Any = False, pg_bin_dir: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if action not in ("acquire", "release"):
             raise ValueError("action must be 'acquire' or 'release'")
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.action = action
         self.postgres_conn_id = postgres_conn_id
         self.lock_ttl = lock_ttl
@@ -275,7 +280,9 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
 
     Returns the new ``epoch`` and whether a stop was requested (XCom).
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param request_stop: also set the stop request (before the bump).
     :param reason: recorded with the epoch (``pipeline_epochs.reason``).
     :param postgres_conn_id: the target database connection, default "eos_postgres"
@@ -290,13 +297,14 @@ class FenceOperator(PipelineOperatorMixin, BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline_config", "reason", "plan_only")
 
-    def __init__(self, *, pipeline_config: Any, request_stop: bool = False, reason: str = "manual fence",
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 request_stop: bool = False, reason: str = "manual fence",
                  postgres_conn_id: str = "eos_postgres", hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, wait_seconds: float = DEFAULT_FENCE_WAIT,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.wait_seconds = float(wait_seconds)
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.request_stop = request_stop
         self.reason = reason
         self.postgres_conn_id = postgres_conn_id
@@ -332,7 +340,9 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
 
     Returns what was dropped (XCom).
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param aside_schema: the aside schema to act on (templated).
     :param restored: instead of ``aside_schema``: the restore's output (``contracts.Restored``, its XCom
         or the restore task's ``.output``), which names it.
@@ -350,12 +360,13 @@ class FinalizeRestoreOperator(PipelineOperatorMixin, BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline_config", "aside_schema", "restored", "retention_days", "plan_only")
 
-    def __init__(self, *, pipeline_config: Any, aside_schema: str | None = None, restored: Any = None,
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 aside_schema: str | None = None, restored: Any = None,
                  retention_days: float | str | None = None, allow_dependents: bool = False,
                  postgres_conn_id: str = "eos_postgres", hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.aside_schema = aside_schema
         self.restored = restored
         self.retention_days = retention_days
@@ -404,7 +415,9 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
 
     Returns what it did (XCom): ``restored_dropped``, ``moved_back``, ``epoch``.
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param aside_schema: the aside schema to act on (templated).
     :param restored: instead of ``aside_schema``: the restore's output (``contracts.Restored``, its XCom
         or the restore task's ``.output``), which names it.
@@ -418,11 +431,12 @@ class RollbackRestoreOperator(PipelineOperatorMixin, BaseOperator):
     template_fields: Sequence[str] = ("pipeline_config", "aside_schema", "restored", "plan_only")
     ui_color = "#f9d9d9"
 
-    def __init__(self, *, pipeline_config: Any, aside_schema: str | None = None, restored: Any = None,
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 aside_schema: str | None = None, restored: Any = None,
                  postgres_conn_id: str = "eos_postgres", hold_lock: bool = False, lock_ttl: float = DEFAULT_LOCK_TTL,
                  plan_only: Any = False, pg_bin_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.aside_schema = aside_schema
         self.restored = restored
         self.postgres_conn_id = postgres_conn_id

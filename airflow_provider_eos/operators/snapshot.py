@@ -28,7 +28,9 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
     the manifest (``recovery.scratch``); a dump that fails is never saved, and a restore of
     one that passed loads its data once. Returns the manifest summary (XCom).
 
-    :param pipeline_config: the pipeline's config, a dict or a JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param snapshot_store: local directory or object storage URL (templated); default: the deployment's
         ``[eos] snapshot_store``, read at execute time.
     :param postgres_conn_id: the target database connection, default "eos_postgres"
@@ -42,7 +44,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline_config: Any,
+        definition: Any = None, pipeline_config: Any = None,
         snapshot_store: Any = None,
         postgres_conn_id: str = "eos_postgres",
         keep_last: int | str = 24,
@@ -50,7 +52,7 @@ class SnapshotOperator(PipelineOperatorMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.snapshot_store = snapshot_store
         self.postgres_conn_id = postgres_conn_id
         self.keep_last = keep_last

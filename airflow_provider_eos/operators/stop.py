@@ -56,7 +56,9 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     spark-submit process group. Exactly-once delivery makes that safe: an interrupted batch
     rolls back and is replayed.
 
-    :param pipeline_config: the pipeline's config, dict or JSON file path (templated).
+    :param definition: the pipeline (``PipelineDefinition``, its dict, or its name); its complete app config
+        comes from one call (``PipelineOperatorMixin.app_config``).
+    :param pipeline_config: deprecated (read for one release): the app's config, dict or JSON file path.
     :param postgres_conn_id: target database connection, default "eos_postgres".
     :param fence: also bump the pipeline's epoch after the request (a recovery step).
     :param quiet_seconds: also require this long without a finished batch (templated).
@@ -79,7 +81,8 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
     template_fields: Sequence[str] = ("pipeline_config", "quiet_seconds", "plan_only")
     ui_color = "#ffe8e8"
 
-    def __init__(self, *, pipeline_config: Any, postgres_conn_id: str = "eos_postgres", fence: bool = False,
+    def __init__(self, *, definition: Any = None, pipeline_config: Any = None,
+                 postgres_conn_id: str = "eos_postgres", fence: bool = False,
                  quiet_seconds: float | str = 0.0, wait: bool = True, timeout_seconds: float = 600.0,
                  poll_interval: float = 2.0, deferrable: bool = default_deferrable(),
                  defer_after: float = DEFAULT_DEFER_AFTER,
@@ -90,7 +93,7 @@ class StopPipelineOperator(PipelineOperatorMixin, BaseOperator):
         self.fence_wait_seconds = float(fence_wait_seconds)
         if hold_lock and timeout_seconds >= lock_ttl:
             raise ValueError(f"timeout_seconds ({timeout_seconds:g}) must be shorter than lock_ttl ({lock_ttl:g})")
-        self.pipeline_config = pipeline_config
+        self.take_definition(definition, pipeline_config)
         self.postgres_conn_id = postgres_conn_id
         self.fence = fence
         self.quiet_seconds = quiet_seconds

@@ -1,11 +1,11 @@
-"""Launch and supervise one eos streaming pipeline (spark-submit of spark_apps/eos_stream/app.py).
+"""Launch and supervise one eos streaming pipeline by its engine's launcher (``launchers``).
 
 The operator takes the pipeline's validated definition (``PipelineDefinition``; a dict is
 validated once), never the pipeline's fields one by one, and a run's ``tuning`` of its stream
 section apart (the one templated part): what the pipeline is and its
 defaults are defined once (spark_apps/eos_stream/run/config.py, utils/pipeline_definition.py), and
-the app's config is the definition's ``app_config`` plus what a run sets. Its own arguments are
-what only a supervisor knows: connections, the run's time, restarts, Spark submission.
+the app's config is ``hooks.app_config.complete_app_config`` of the definition and what a run
+sets. Its own arguments are what only a supervisor knows: connections, the run's time, restarts, Spark submission.
 """
 
 from __future__ import annotations
@@ -13,20 +13,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_eos.hooks.app_config import complete_app_config
 from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
-from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection, kafka_client_settings
-from airflow_provider_eos.hooks.stream_submit import AppRunResult, EosStreamSubmitHook
+from airflow_provider_eos.hooks.kafka_connection import kafka_bootstrap_from_connection
+from airflow_provider_eos.launchers.choose import launcher_for
+from airflow_provider_eos.launchers.protocol import AppLauncher, run_to_end
+from airflow_provider_eos.launchers.result import AppRunResult
+from airflow_provider_eos.launchers.spark_submit import SparkSubmission
 from airflow_provider_eos.links.spark_ui import SparkDriverUILink
 from airflow_provider_eos.metrics.scheme import stream_event_metrics
 from airflow_provider_eos.metrics.sender import emit
-from airflow_provider_eos.operators.stream_errors import (
-    failure,
-)
+from airflow_provider_eos.operators.stream_errors import failure
 from airflow_provider_eos.operators.supervision import (
     Counters,
     End,
@@ -52,7 +55,7 @@ from airflow_provider_eos.utils.pipeline_definition import (
     PipelineDefinitionError,
     parse_definition,
 )
-from spark_apps.eos_stream.run.config import default_of
+from spark_apps.eos_stream.run.config import PipelineConfig, default_of
 
 # After a fenced exit, how long the driver's own database sessions may take to end (the
 # backend sees the closed socket at once; this covers a busy server) before a running
@@ -69,7 +72,7 @@ RUNS_UNTIL_STOPPED = ("processingTime",)
 
 class StreamingPipelineOperator(BaseOperator):
     """
-    Runs one pipeline with spark-submit and supervises it until it ends.
+    Runs one pipeline by its engine's launcher (``launchers.choose``) and supervises it until it ends.
 
     Before the first start it takes the pipeline's supervisor lock (a PostgreSQL advisory lock,
     so two tasks never run one pipeline), waits while a recovery holds the pipeline (up to
@@ -91,8 +94,8 @@ class StreamingPipelineOperator(BaseOperator):
     processes what is in the topics (one incremental batch per DAG run) and succeeds; with
     ``'processingTime'`` it runs until a stop is requested
     (:class:`~airflow_provider_eos.operators.stop.StopPipelineOperator`) or ``run_seconds`` have
-    passed, and so does ``engine='continuous'`` (the Spark-less engine, run by the hook in a process group
-    of its own in this worker, supervised alike). ``on_kill`` ends the spark-submit's or engine's group.
+    passed, and so does ``engine='continuous'`` (the Spark-less engine, run as a child process in a process
+    group of its own in this worker, supervised alike). ``on_kill`` ends the spark-submit's or engine's group.
 
     :param definition: the pipeline (``PipelineDefinition``, or its dict form, validated once).
         Its ``stream`` section gives the engine, the trigger, the batch limits and the restart policy.
@@ -180,7 +183,7 @@ class StreamingPipelineOperator(BaseOperator):
         self._pipeline: PipelineDefinition | None = None
         self._tuned_with: Any = None
         self._orphan: dict[str, Any] | None = None
-        self._hook: EosStreamSubmitHook | None = None
+        self._launcher: AppLauncher | None = None
         self._killed = threading.Event()
         self._lock_conn: Any = None
         # The running driver's UI (the app's EOS-UI line), behind the "Spark driver UI" link.
@@ -237,35 +240,32 @@ class StreamingPipelineOperator(BaseOperator):
     def pg_hook(self) -> EosPostgresHook:
         return EosPostgresHook(postgres_conn_id=self.connection("postgres"), meta_schema=self.meta_schema)
 
-    def build_config(self, pg: EosPostgresHook | None = None) -> dict[str, Any]:
-        """The app's config: the definition's ``app_config`` with the connections and this run's
-        keys; no secret."""
+    def build_config(self, pg: EosPostgresHook | None = None) -> PipelineConfig:
+        """The app's complete config (``complete_app_config``): the definition with this run's
+        tuning and time, the connections' Kafka and database, secrets included (the launcher
+        keeps them off the config file and the command line)."""
         self.validate()
-        pg = pg or self.pg_hook()
         processing = self.pipeline.stream.trigger in RUNS_UNTIL_STOPPED
-        return self.pipeline.app_config(
-            kafka_bootstrap=kafka_bootstrap_from_connection(self.connection("kafka")),
-            postgres=pg.app_target(),
-            run_seconds=float(self.run_seconds) if processing else 0,
-            stop_poll_seconds=float(self.stop_poll_seconds),
-        )
+        return complete_app_config(
+            self.pipeline, kafka_config_id=self.connection("kafka"), postgres=pg or self.pg_hook(),
+            kafka_options=self.kafka_options,  # an explicit option of this task wins over the connection's
+            run_seconds=float(self.run_seconds) if processing else 0, stop_poll_seconds=float(self.stop_poll_seconds))
 
-    def submit_hook(self, pg: EosPostgresHook) -> EosStreamSubmitHook:
+    def spark_submission(self) -> SparkSubmission:
+        """How the Spark engine is submitted: the definition's spark section; this task's own arguments win."""
         from airflow_provider_eos.utils import provider_config
 
-        spark = self.pipeline.spark  # the definition's spark section; this task's own arguments win
-        return EosStreamSubmitHook(
-            conn_id=self.connection("spark"),
-            jars=self.jars or spark.all_jars(provider_config.spark_jars()),
-            postgres_password=pg.app_password(),
-            # The connection's credentials first; an explicit option of this task wins.
-            kafka_options={**kafka_client_settings(self.connection("kafka")).security, **(self.kafka_options or {})},
-            driver_host=self.driver_host,
-            driver_bind_address=self.driver_bind_address,
+        spark = self.pipeline.spark
+        return SparkSubmission(
+            conn_id=self.connection("spark"), jars=self.jars or spark.all_jars(provider_config.spark_jars()),
             conf={**spark.submit_conf(), **(self.spark_conf or {})},
-            driver_memory=self.driver_memory or spark.driver_memory,
-            name=f"eos-{self.pipeline.name}",
-        )
+            extra={"driver_host": self.driver_host, "driver_bind_address": self.driver_bind_address,
+                   "driver_memory": self.driver_memory or spark.driver_memory, "name": f"eos-{self.pipeline.name}"})
+
+    def launcher(self) -> AppLauncher:
+        """What runs the definition's engine: spark-submit for ``spark``, a child process for ``continuous``."""
+        engine = self.pipeline.stream.engine
+        return launcher_for(engine, self.spark_submission() if engine == "spark" else None)
 
     # ------------------------------------------------------------------ run
     def backoff(self, restart: int) -> float:
@@ -276,7 +276,7 @@ class StreamingPipelineOperator(BaseOperator):
         self._ti = context.get("ti")
         pg = self.pg_hook()
         config = self.build_config(pg)
-        pipeline = config["pipeline"]
+        pipeline = config.pipeline
         self._lock_conn = acquire_supervisor_lock(pg, pipeline)
         if self._lock_conn is None:
             raise AirflowException(
@@ -385,12 +385,12 @@ class StreamingPipelineOperator(BaseOperator):
             except Exception:  # closing a dead connection
                 pass
 
-    def _supervise(self, pg: EosPostgresHook, config: dict[str, Any]) -> dict[str, Any]:
+    def _supervise(self, pg: EosPostgresHook, config: PipelineConfig) -> dict[str, Any]:
         """Runs the app until :func:`~.supervision.next_step` ends or fails the task, performing
         each step it decides."""
-        pipeline = config["pipeline"]
-        deadline = (time.monotonic() + float(config["run_seconds"])
-                    if config["trigger"] in RUNS_UNTIL_STOPPED and float(config["run_seconds"]) > 0 else None)
+        pipeline = config.pipeline
+        deadline = (time.monotonic() + float(config.run_seconds)
+                    if config.trigger in RUNS_UNTIL_STOPPED and float(config.run_seconds) > 0 else None)
         attempts: list[dict[str, Any]] = []
         results: list[AppRunResult] = []
         counters, policy = Counters(), self.policy()
@@ -400,7 +400,7 @@ class StreamingPipelineOperator(BaseOperator):
                 if remaining <= 0:
                     status = "run_seconds elapsed"
                     break
-                config["run_seconds"] = round(remaining, 1)
+                config = replace(config, run_seconds=round(remaining, 1))  # a restart gets what is left
             result, info = self._run_once(pg, config, len(attempts) + 1)
             results.append(result)
             attempts.append(info)
@@ -429,19 +429,18 @@ class StreamingPipelineOperator(BaseOperator):
         return RestartPolicy(max_restarts=restarts, max_fenced_restarts=int(self.max_fenced_restarts),
                              restart_backoff=backoff, max_backoff=float(self.max_backoff))
 
-    def _run_once(self, pg: EosPostgresHook, config: dict[str, Any],
+    def _run_once(self, pg: EosPostgresHook, config: PipelineConfig,
                   attempt: int) -> tuple[AppRunResult, dict[str, Any]]:
-        """One spark-submit of the app, its events sent on as they come; with its summary line."""
-        pipeline = config["pipeline"]
+        """One run of the app by its engine's launcher, its events sent on as they come; with its summary line."""
+        pipeline = config.pipeline
         self.log.info("Starting pipeline %r, attempt %d (engine %s, trigger %s, delivery %s)",
-                      pipeline, attempt, config["engine"], config["trigger"], config["delivery"])
-        hook = self.submit_hook(pg)
-        hook.on_event = lambda kind, data: self._on_event(pipeline, kind, data)
-        self._hook = hook
+                      pipeline, attempt, config.engine, config.trigger, config.delivery)
+        self._launcher = launcher = self.launcher()
         try:
-            result = hook.run_app(config)
-        finally:
-            hook.cleanup()
+            result = run_to_end(launcher, config, lambda kind, data: self._on_event(pipeline, kind, data), self.log)
+        except BaseException:
+            launcher.stop()  # nothing of a run that failed to start or to be read may outlive it
+            raise
         info = attempt_info(attempt, result)
         self.log.info("Pipeline %r attempt %d ended after %.1fs: %s (batches %d, rows applied %d)",
                       pipeline, attempt, result.duration_s, info["reason"], info["batches"], info["rows_applied"])
@@ -494,7 +493,7 @@ class StreamingPipelineOperator(BaseOperator):
 
     def on_kill(self) -> None:
         self._killed.set()
-        hook = self._hook
-        if hook is not None:
-            hook.on_kill()
+        launcher = self._launcher
+        if launcher is not None:
+            launcher.stop()
         self._release_lock()

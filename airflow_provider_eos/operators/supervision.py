@@ -45,7 +45,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from airflow_provider_eos.hooks.stream_submit import AppRunResult
+    from airflow_provider_eos.launchers.result import AppRunResult
+    from spark_apps.eos_stream.run.config import PipelineConfig
 
 
 class Outcome(enum.Enum):
@@ -213,7 +214,7 @@ def attempt_info(attempt: int, result: AppRunResult) -> dict[str, Any]:
         "reason": result.reason(),
         "duration_s": result.duration_s,
         "run_id": starts[-1].get("run_id") if starts else None,
-        # The continuous engine's batches arrive folded into one event (EosStreamSubmitHook._record).
+        # The continuous engine's batches arrive folded into one event (launchers.result.EventLog).
         "batches": sum(int(b.get("folded_batches", 1)) for b in batches),
         "rows_applied": sum(int(b.get("applied") or 0) for b in batches),
         "dead_lettered": sum(int(b.get("dead_lettered") or 0) for b in batches),
@@ -229,7 +230,7 @@ def exhausted_message(pipeline: str, attempts: list[dict[str, Any]], why: str | 
     return "\n".join(lines)
 
 
-def run_summary(config: dict[str, Any], status: str, attempts: list[dict[str, Any]],
+def run_summary(config: PipelineConfig, status: str, attempts: list[dict[str, Any]],
                 results: list[AppRunResult], counters: Counters) -> dict[str, Any]:
     """The task's XCom: its status, every attempt, and the last batch's end offsets."""
     end_offsets = None
@@ -241,10 +242,10 @@ def run_summary(config: dict[str, Any], status: str, attempts: list[dict[str, An
                 end_offsets = json.loads(end_offsets)
             break
     return {
-        "pipeline": config["pipeline"],
-        "engine": config["engine"],
-        "trigger": config["trigger"],
-        "delivery": config["delivery"],
+        "pipeline": config.pipeline,
+        "engine": config.engine,
+        "trigger": config.trigger,
+        "delivery": config.delivery,
         "status": status,
         "restarts": counters.restarts,
         "attempts": attempts,

@@ -253,9 +253,11 @@ class PipelineDefinition(Section):
 
     def app_pipeline_config(self, **run: Any) -> PipelineConfig:
         """The app's ``PipelineConfig`` this definition yields, with a run's fields (``RUN_FIELDS``;
-        the app's defaults for the rest)."""
+        the app's defaults for the rest) and the app fields a run sets for itself (a replay's
+        ``engine``, ``trigger``, ``checkpoint_dir``). The provider's one complete config is
+        ``hooks.app_config.complete_app_config``, which fills the run's fields from the connections."""
         postgres = PostgresTarget(**run.pop("postgres", {}) or {})
-        return PipelineConfig(**self.app_fields(), postgres=postgres, **run)
+        return PipelineConfig(**{**self.app_fields(), **run}, postgres=postgres)
 
     def app_fields(self) -> dict[str, Any]:
         """The app's pipeline fields (``pipeline_fields``), each read from where this model keeps it."""

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 import pytest
@@ -128,17 +128,37 @@ class Watcher(threading.Thread):
         except BaseException as err:
             self.error = err
 
-    def live_hook(self, timeout: float = 120, event: str | None = None, after: Any = None):
+    def live_hook(self, timeout: float = 120, event: str | None = None, after: Any = None) -> Live:
+        """The running engine's process and events once ``event`` was seen (``after``: not that run)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            hook = self.op._hook
-            if hook is not None and hook is not after and hook.pid is not None and hook._submit_sp.poll() is None:
-                if event is None or any(kind == event for kind, _ in hook.events):
-                    return hook
+            live = _live(self.op._launcher)
+            if live is not None and (after is None or live.source is not after.source):
+                if event is None or any(kind == event for kind, _ in live.events):
+                    return live
             if not self.is_alive():
                 break
             time.sleep(0.2)
         raise AssertionError(f"no live spark-submit (event {event}) within {timeout}s; error: {self.error}")
+
+
+class Live(NamedTuple):
+    """A running engine: what runs it (its launcher's hook, or the launcher), its pid, its events so far."""
+
+    source: Any
+    pid: int
+    events: list[tuple[str, dict[str, Any]]]
+
+
+def _live(launcher: Any) -> Live | None:
+    """spark-submit: the launcher's hook of this run; the continuous engine: the child-process launcher."""
+    hook = getattr(launcher, "hook", None)
+    if hook is not None and hook.pid is not None and hook._submit_sp.poll() is None:
+        return Live(hook, hook.pid, list(hook.events))
+    process = getattr(launcher, "process", None)
+    if process is not None and process.poll() is None:
+        return Live(launcher, process.pid, list(launcher.event_log.events))
+    return None
 
 
 def _tree(pid: int) -> list[psutil.Process]:

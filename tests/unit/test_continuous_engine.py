@@ -1,10 +1,9 @@
 """The continuous engine's pure parts: a cycle's ranges from the consumer's positions, the check
-that every polled record lies in them, and the hook's folding of its per-cycle events."""
+that every polled record lies in them, and the launcher's folding of its per-cycle events."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
@@ -12,13 +11,6 @@ from spark_apps.eos_stream.run.continuous_read import _NO_POSITION, check_messag
 from spark_apps.eos_stream.run.driver import EARLIEST
 
 A0, A1, A2 = ("a", 0), ("a", 1), ("a", 2)
-
-
-@pytest.fixture
-def conns(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hook's Spark connection (it is built for every trigger)."""
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
-    monkeypatch.setenv("AIRFLOW__EOS__SPARK_JARS", "/jars/a.jar")
 
 
 class Message:
@@ -56,45 +48,41 @@ def test_every_polled_record_must_lie_in_its_partitions_range() -> None:
             check_messages([outside], starts, ends)
 
 
-def _hook() -> Any:
-    from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
-
-    return EosStreamSubmitHook()
-
-
-def test_the_hook_folds_each_cycles_batch_event_into_one(conns: Any) -> None:
-    from airflow_provider_eos.hooks.stream_submit import AppRunResult
+def test_the_launcher_folds_each_cycles_batch_event_into_one() -> None:
+    from airflow_provider_eos.launchers.child_process import ChildProcessLauncher
+    from airflow_provider_eos.launchers.result import AppRunResult
     from airflow_provider_eos.operators.supervision import attempt_info
 
-    hook = _hook()
-    try:
-        hook._on_line('EOS-RESUME {"epoch": 2}')
-        for batch in range(3):
-            hook._on_line("EOS-BATCH " + json.dumps({"batch_id": batch, "applied": 10, "dead_lettered": batch,
-                                                      "end_offsets": {"a": {"0": batch}}}))
-        hook._on_line('EOS-RETRY {"batch_id": 3}')
-        hook._on_line('EOS-BATCH {"batch_id": 3, "applied": 1, "dead_lettered": 0}')
-        kinds = [kind for kind, _ in hook.events]
-        assert kinds == ["resume", "batch", "retry", "batch"]
-        folded = hook.events[1][1]
-        assert folded["folded_batches"] == 3 and folded["applied"] == 30 and folded["dead_lettered"] == 3
-        assert folded["end_offsets"] == {"a": {"0": 2}} and folded["batch_id"] == 2
-        info = attempt_info(1, AppRunResult(0, list(hook.events)))
-        assert info["batches"] == 4 and info["rows_applied"] == 31 and info["dead_lettered"] == 3
-    finally:
-        hook.cleanup()
+    launcher = ChildProcessLauncher()
+    launcher.on_line('EOS-RESUME {"epoch": 2}')
+    for batch in range(3):
+        launcher.on_line("EOS-BATCH " + json.dumps({"batch_id": batch, "applied": 10, "dead_lettered": batch,
+                                                     "end_offsets": {"a": {"0": batch}}}))
+    launcher.on_line('EOS-RETRY {"batch_id": 3}')
+    launcher.on_line('EOS-BATCH {"batch_id": 3, "applied": 1, "dead_lettered": 0}')
+    events = launcher.event_log.events
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["resume", "batch", "retry", "batch"]
+    folded = events[1][1]
+    assert folded["folded_batches"] == 3 and folded["applied"] == 30 and folded["dead_lettered"] == 3
+    assert folded["end_offsets"] == {"a": {"0": 2}} and folded["batch_id"] == 2
+    info = attempt_info(1, AppRunResult(0, list(events)))
+    assert info["batches"] == 4 and info["rows_applied"] == 31 and info["dead_lettered"] == 3
 
 
-def test_the_hook_runs_the_engine_as_its_own_process_and_reads_its_exit(conns: Any) -> None:
-    """A config the engine refuses: it runs (no Spark, no stack needed), reports a config error
-    and exits 2, and the secret never reaches its command line."""
-    hook = _hook()
-    hook._secret_env["EOS_PG_PASSWORD"] = "s3cret"
-    try:
-        result = hook.run_app({"pipeline": "p", "topics": ["t"], "spec": "spark_apps.ledger.spec:LEDGER",
-                               "engine": "continuous", "continuous_linger_ms": -1})
-        assert result.returncode == 2 and result.config_error, result
-        assert "continuous_linger_ms must be 0 or more" in result.last_error["message"]
-        assert hook._submit_sp is not None and "s3cret" not in " ".join(hook._submit_sp.args)
-    finally:
-        hook.cleanup()
+def test_the_launcher_runs_the_engine_as_its_own_process_and_reads_its_exit() -> None:
+    """A config the engine refuses: it runs (no Spark, no Spark hook, no stack needed), reports a
+    config error and exits 2, and the secret reaches neither its command line nor its config file."""
+    from airflow_provider_eos.launchers.child_process import ChildProcessLauncher
+    from airflow_provider_eos.launchers.protocol import run_to_end
+    from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
+
+    launcher = ChildProcessLauncher()
+    config = PipelineConfig(pipeline="p", topics=["t"], spec="spark_apps.ledger.spec:LEDGER", engine="continuous",
+                            continuous_linger_ms=-1, postgres=PostgresTarget(password="s3cret"))
+    seen: list[str] = []
+    result = run_to_end(launcher, config, lambda kind, data: seen.append(kind))
+    assert result.returncode == 2 and result.config_error, result
+    assert "continuous_linger_ms must be 0 or more" in result.last_error["message"]
+    assert "error" in seen
+    assert launcher.process is not None and "s3cret" not in " ".join(launcher.process.args)

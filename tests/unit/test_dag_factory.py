@@ -64,14 +64,15 @@ def test_each_pipeline_gets_its_own_dags(two_pipelines: Path) -> None:
     assert lso.persistent and dags["eos_health__alpha"].get_task("lso_lag").hanging_after == 900.0
     # One stop operator: graceful for eos_stop, fenced and lock-holding for the recovery; both wait deferred.
     stop = dags["eos_stop__beta"].get_task("stop_pipeline")
-    assert stop.pipeline_config["pipeline"] == "beta" and stop.deferrable and not stop.fence and not stop.hold_lock
+    assert stop.definition.name == "beta" and stop.pipeline_config is None
+    assert stop.deferrable and not stop.fence and not stop.hold_lock
     stop_stream = dags["eos_recovery__beta"].get_task("stop_stream")
     assert type(stop_stream) is type(stop) and stop_stream.fence and stop_stream.hold_lock and stop_stream.deferrable
     caught_up = dags["eos_recovery__beta"].get_task("wait_caught_up")
     assert type(caught_up).__name__ == "StreamCaughtUpSensor" and caught_up.deferrable
     assert (caught_up.pipeline, caught_up.meta_schema) == ("beta", "m_beta")
     restore = dags["eos_recovery__beta"].get_task("restore")
-    assert restore.pipeline_config["pipeline"] == "beta" and restore.pipeline_config["target_schema"] == "t_beta"
+    assert restore.definition.name == "beta" and restore.definition.target_schema == "t_beta"
 
 
 def test_a_cdc_source_adds_its_checks_to_the_health_summary(tmp_path: Path) -> None:
@@ -104,9 +105,9 @@ def test_a_recovery_resumes_its_own_pipeline_and_no_other(two_pipelines: Path) -
         assert not resume.conf  # the stream DAG's definition gives the mode; nothing to pass
         # Every step of one pipeline's recovery works on that pipeline's own schemas.
         for task in dags[f"eos_recovery__{name}"].tasks:
-            config = getattr(task, "pipeline_config", None)
-            if config is not None:
-                assert (config["pipeline"], config["meta_schema"]) == (name, f"m_{name}"), task.task_id
+            definition = getattr(task, "definition", None)
+            if definition is not None:
+                assert (definition.name, definition.meta_schema) == (name, f"m_{name}"), task.task_id
 
 
 def test_a_bad_definition_gets_an_invalid_dag_and_hides_no_other(two_pipelines: Path) -> None:

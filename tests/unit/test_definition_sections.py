@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow_provider_eos.dag_factory import pipeline_dags
+from airflow_provider_eos.hooks.app_config import complete_app_config
 from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
 
 CALLS: list[str] = []
@@ -70,10 +71,15 @@ def test_the_streams_submit_carries_the_spark_section(tmp_path: Path, monkeypatc
     operator.tuning = {}  # as rendered: this run tunes nothing
 
     class Pg:
+        def app_target(self) -> dict[str, object]:
+            return {"host": "db", "port": 5432, "dbname": "d", "user": "u", "options": {}}
+
         def app_password(self) -> str:
             return "secret"
 
-    hook: EosStreamSubmitHook = operator.submit_hook(Pg())  # type: ignore[arg-type]
+    config = complete_app_config(operator.pipeline, kafka_config_id=operator.connection("kafka"),
+                                 postgres=Pg())  # type: ignore[arg-type]
+    hook: EosStreamSubmitHook = operator.spark_submission().hook(config)
     command = hook._build_spark_submit_command("app.py")
     assert command[command.index("--driver-memory") + 1] == "3g"
     assert command[command.index("--jars") + 1] == "/jars/kafka.jar,/jars/x.jar"

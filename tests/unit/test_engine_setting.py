@@ -95,18 +95,32 @@ def test_the_old_spelling_beside_another_engine_is_refused_and_unread_it_is_refu
             built.validate()
 
 
-def test_the_hook_and_the_stream_dag_decide_by_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_launcher_and_the_stream_dag_decide_by_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
     from airflow_provider_eos.dag_factory.stream import stream_params
-    from airflow_provider_eos.hooks.stream_submit import AppRunResult, EosStreamSubmitHook
+    from airflow_provider_eos.hooks.stream_submit import EosStreamSubmitHook
+    from airflow_provider_eos.launchers.child_process import ChildProcessLauncher
+    from airflow_provider_eos.launchers.spark_submit import SparkSubmitLauncher
+    from airflow_provider_eos.operators.stream import StreamingPipelineOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[*]"}')
-    hook = EosStreamSubmitHook()
-    ran: list[dict[str, Any]] = []
-    monkeypatch.setattr(hook, "run_continuous", lambda config: ran.append(config) or AppRunResult(0))
-    hook.run_app(_app_config(engine="continuous"))
+
+    def launcher(**stream: Any) -> Any:
+        return StreamingPipelineOperator(task_id="t", definition=_definition(**stream)).launcher()
+
+    assert isinstance(launcher(), SparkSubmitLauncher)
+    assert isinstance(launcher(engine="continuous"), ChildProcessLauncher)
     with pytest.warns(FutureWarning, match=DEPRECATED):
-        hook.run_app(_app_config(trigger="continuous"))  # a config written before engine
-    assert [(c["engine"], c.get("trigger")) for c in ran] == [("continuous", None), ("continuous", "processingTime")]
+        assert isinstance(launcher(trigger="continuous"), ChildProcessLauncher)  # a definition written before engine
+    # Nothing that is not Spark passes through the Spark hook, whichever spelling says so.
+    hook = EosStreamSubmitHook()
+    try:
+        for config in (_app_config(engine="continuous"), _app_config(trigger="continuous")):
+            with pytest.raises(AirflowFailException, match="the continuous engine is not spark-submitted"):
+                hook.run_app(config)
+    finally:
+        hook.cleanup()
     params = stream_params(_definition())
     assert params["engine"].schema["enum"] == [None, "spark", "continuous"]
     assert "continuous" in params["trigger"].schema["enum"]  # the old spelling, for one release

@@ -98,9 +98,8 @@ def test_the_operators_config_is_the_definitions(monkeypatch) -> None:
         {"conn_type": "postgres", "host": "db", "port": 5433, "login": "app", "schema": "w"}))
     definition = PipelineDefinition.model_validate(MINIMAL)
     config = StreamingPipelineOperator(task_id="t", definition=definition).build_config()
-    expected = definition.app_config(kafka_bootstrap="broker:9092", postgres=config["postgres"],
-                                     run_seconds=default_of("run_seconds"),
-                                     stop_poll_seconds=default_of("stop_poll_seconds"))
+    expected = definition.app_pipeline_config(kafka_bootstrap="broker:9092", postgres=json.loads(config.to_json())[
+        "postgres"], run_seconds=default_of("run_seconds"), stop_poll_seconds=default_of("stop_poll_seconds"))
     assert config == expected
 
 

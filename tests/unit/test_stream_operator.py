@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -41,12 +42,14 @@ def test_config_from_the_definition_and_connections(conns):
         {"create_targets": "True", "max_offsets_per_trigger": "100", "trigger": "availableNow"},
         topics=["a", "b"]))
     config = op.build_config()
-    assert config["kafka_bootstrap"] == "broker:9092"
-    assert config["postgres"] == {"host": "db", "port": 5433, "dbname": "warehouse", "user": "app", "options": {}}
-    assert config["topics"] == ["a", "b"] and config["create_targets"] is True
-    assert config["max_offsets_per_trigger"] == 100 and config["run_seconds"] == 0
-    assert config["stop_poll_seconds"] == 0.5 and config["spec"] == "spark_apps.ledger.spec:LEDGER"
-    assert SECRET not in json.dumps(config)
+    assert config.kafka_bootstrap == "broker:9092"
+    assert json.loads(config.to_json())["postgres"] == {"host": "db", "port": 5433, "dbname": "warehouse",
+                                                        "user": "app", "options": {}}
+    assert config.topics == ["a", "b"] and config.create_targets is True
+    assert config.max_offsets_per_trigger == 100 and config.run_seconds == 0
+    assert config.stop_poll_seconds == 0.5 and config.spec == "spark_apps.ledger.spec:LEDGER"
+    # The one complete config holds the password; its JSON, which the app gets, never does.
+    assert config.postgres.password == SECRET and SECRET not in config.to_json()
 
 
 def test_a_definition_model_and_its_connections(conns):
@@ -169,21 +172,24 @@ class FakeConn:
         pass
 
 
-class FakeSubmit:
+class FakeLauncher:
+    """A launcher (``launchers.protocol.AppLauncher``) whose runs end as ``results`` say."""
+
     def __init__(self, results: list[AppRunResult], configs: list[dict[str, Any]]) -> None:
         self.results, self.configs = results, configs
-        self.on_event: Any = None
 
-    def run_app(self, config: dict[str, Any]) -> AppRunResult:
-        self.configs.append(dict(config))
-        result = self.results.pop(0)
-        for kind, data in result.events:
-            if self.on_event is not None:
-                self.on_event(kind, data)
-        return result
+    def start(self, config: Any) -> None:
+        self.configs.append(asdict(config))
+        self.result_of_run = self.results.pop(0)
 
-    def cleanup(self) -> None:
+    def events(self) -> Any:
+        yield from self.result_of_run.events
+
+    def stop(self) -> None:
         pass
+
+    def result(self) -> AppRunResult:
+        return self.result_of_run
 
 
 def _operator(monkeypatch, results: list[AppRunResult], pg: FakePg | None = None, trigger: str = "availableNow",
@@ -199,7 +205,7 @@ def _operator(monkeypatch, results: list[AppRunResult], pg: FakePg | None = None
                  "stop_requested_at"):
         monkeypatch.setattr(f"airflow_provider_eos.operators.stream.{name}",
                             lambda hook, *args, _name=name, **kw: getattr(hook, _name)(*args, **kw))
-    monkeypatch.setattr(op, "submit_hook", lambda _pg: FakeSubmit(results, configs))
+    monkeypatch.setattr(op, "launcher", lambda: FakeLauncher(results, configs))
     return op, configs, pg
 
 
@@ -380,7 +386,7 @@ def test_a_runs_tuning_applies_to_the_stream_section_only_and_is_checked(conns):
                                    tuning={"trigger": "availableNow", "max_offsets_per_trigger": None})
     assert op.pipeline.stream.trigger == "availableNow" and model.stream.trigger == "processingTime"
     assert op.pipeline.stream.max_offsets_per_trigger == model.stream.max_offsets_per_trigger
-    assert op.build_config()["trigger"] == "availableNow"
+    assert op.build_config().trigger == "availableNow"
     op.tuning = {"max_offsets_per_trigger": 0}  # as a rendered template sets it
     with pytest.raises(AirflowFailException, match=r"this run's tuning \{'max_offsets_per_trigger': 0\}: "
                        r"stream\.max_offsets_per_trigger: max_offsets_per_trigger must be at least 1$"):
