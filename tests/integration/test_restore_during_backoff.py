@@ -78,7 +78,7 @@ def test_restore_while_the_supervisor_is_in_restart_backoff(make_pipeline, airfl
         driver_epoch = first.events[[k for k, _ in first.events].index("resume")][1]["epoch"]
 
         os.killpg(first.pid, signal.SIGKILL)  # the driver dies; the supervisor sleeps BACKOFF seconds
-        first._submit_sp.wait(30)
+        first.source._submit_sp.wait(30)  # the spark-submit of this run (its launcher's hook)
         killed_at = time.monotonic()
 
         # The recovery, step by step, all inside the supervisor's backoff.
