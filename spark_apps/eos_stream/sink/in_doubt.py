@@ -106,7 +106,7 @@ def prepare_failure(exc: BaseException, gid: str | None = None) -> PreparedTrans
     What PostgreSQL answers (twophase.c, MarkAsPreparing): every slot taken is
     SQLSTATE 53200 "maximum number of prepared transactions reached" (its hint names
     the setting); ``max_prepared_transactions = 0`` is 55000 "prepared transactions
-    are disabled". Issue 22 calls it 53400 (configuration_limit_exceeded), also
+    are disabled". 53400 (configuration_limit_exceeded), which some reports name, is also
     accepted here. None of them is transient in the usual sense, nor any record's
     fault: the slots are held by transactions left in doubt (this pipeline's or
     another's, holding their locks until resolved) or the setting is too low for the
