@@ -33,13 +33,15 @@ class OrdersStages(StoryBase):
 
     # Seconds from a feed tick's commit (``commit_transaction`` returned) to all of its lines in the target.
     visible_after: list[float]
+    # The feed's own session for that timing, closed once the feed has stopped.
+    orders_probe: Any
 
     def orders_feed(self, bootstrap: str, lines_per_tick: int) -> Feed:
         """Keeps order lines flowing for the whole story, so the orders stream has work to commit
         while the ledger crashes, hangs and is recovered (every other transaction aborts). After
         each tick it times how long the tick's committed lines take to be in the target."""
         self.visible_after = []
-        probe = self.db()
+        self.orders_probe = probe = self.db()
         count = sql.SQL("SELECT count(*) FROM {}.{} WHERE seq BETWEEN %s AND %s").format(
             sql.Identifier(ORDERS_TARGET), sql.Identifier(LINES_TABLE))
 
@@ -132,6 +134,7 @@ class OrdersStages(StoryBase):
         self.console.stage(f"the orders feed stops; final audit of {ORDERS_PIPELINE}, then {ORDERS_STOP} "
                            "stops its stream")
         produced.extend(feed.stop())
+        self.orders_probe.close()
         self.wait_until("orders stream caught up with the LSO", self.orders_caught_up, 300)
         orders_final = self.final_audit(ORDERS_PIPELINE)
         self.run_dag(ORDERS_STOP, {}, budget=300)
