@@ -64,6 +64,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return WorkUnits(config, log)
 
 
+# Every test's phases with their times, one line each, appended by every worker: where a run's
+# time went beyond the 30 slowest that pytest prints (`sort -t$'\t' -k4 -rn` it, or sum by module).
+DURATIONS_FILE = STATE_DIR / "test-durations.tsv"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    DURATIONS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with DURATIONS_FILE.open("a") as out:
+        out.write(f"{int(time.time())}\t{worker}\t{report.when}\t{report.duration:.2f}\t{report.outcome}\t"
+                  f"{report.nodeid}\n")
+
+
 def spark_submit_opts() -> str:
     """SPARK_SUBMIT_OPTS for the tests' spark-submits: the environment's, else the tests' own."""
     return os.environ.get("SPARK_SUBMIT_OPTS", TEST_SPARK_SUBMIT_OPTS)
