@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, get_parsing_context, task
 
 from airflow_provider_eos.dag_factory import committed_assets, defined_pipelines
 from airflow_provider_eos.dag_factory.common import START_DATE
@@ -28,12 +28,17 @@ def report_committed(**context: Any) -> list[dict[str, Any]]:
     return seen
 
 
+PREFIX = "eos_example_downstream__"
+# A task's parse (the parsing context names its DAG) builds only that DAG.
+_wanted = get_parsing_context().dag_id or ""
 for _name in defined_pipelines():
+    if _wanted.startswith(PREFIX) and _wanted != PREFIX + _name:
+        continue
     try:
         _targets = committed_assets(_name)
     except ValueError:
         continue  # logged: the pipeline's connections or spec are not readable here
-    with DAG(dag_id=f"eos_example_downstream__{_name}", schedule=_targets, start_date=START_DATE, catchup=False,
+    with DAG(dag_id=PREFIX + _name, schedule=_targets, start_date=START_DATE, catchup=False,
              is_paused_upon_creation=True, tags=["eos", f"pipeline:{_name}", "example"], doc_md=__doc__) as _dag:
         report_committed()
     globals()[_dag.dag_id] = _dag

@@ -15,6 +15,11 @@ typo never takes another team's recovery DAG away. When two definitions claim th
 table, meta schema or checkpoint directory, the older definition file keeps its DAGs and only the
 newcomer is refused (``pipeline_definition.seniority``). Parsing reads the definition files and the
 provider config, never an environment variable of its own.
+
+When Airflow parses the file to run one task, its parsing context names the task's DAG
+(``airflow.sdk.get_parsing_context``): then only that DAG is built, and only its builder's module
+is imported, so a task's start costs the same with one pipeline or a hundred. Every definition is
+still loaded and checked, so a task sees the same valid pipelines as the DAG processor.
 """
 
 from __future__ import annotations
@@ -24,14 +29,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, get_parsing_context, task
 
 from airflow_provider_eos.dag_factory.assets import committed_assets, pipeline_assets
-from airflow_provider_eos.dag_factory.common import START_DATE, dag_id
-from airflow_provider_eos.dag_factory.health import build_health_dag
-from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
-from airflow_provider_eos.dag_factory.snapshot import build_snapshot_dag
-from airflow_provider_eos.dag_factory.stream import build_stop_dag, build_stream_dag
+from airflow_provider_eos.dag_factory.common import KINDS, START_DATE, dag_id
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.definition_folder import definition_files, load_definitions
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
@@ -41,12 +42,47 @@ __all__ = ["build_pipeline_dags", "committed_assets", "dag_id", "defined_pipelin
 log = logging.getLogger(__name__)
 
 
+def build_pipeline_dag(kind: str, definition: PipelineDefinition) -> DAG:
+    """The DAG of ``kind`` (one of ``common.KINDS``) of one pipeline. Its builder's module is
+    imported here, not at the top: a task's parse imports what its own DAG needs and no more (the
+    recovery's ``TriggerDagRunOperator`` alone costs a second). The stream reads its topic assets;
+    the recovery announces its target assets (see :mod:`.assets`)."""
+    if kind == "stream":
+        from airflow_provider_eos.dag_factory.stream import build_stream_dag
+        return build_stream_dag(definition, pipeline_assets(definition))
+    if kind == "stop":
+        from airflow_provider_eos.dag_factory.stream import build_stop_dag
+        return build_stop_dag(definition)
+    if kind == "health":
+        from airflow_provider_eos.dag_factory.health import build_health_dag
+        return build_health_dag(definition)
+    if kind == "snapshot":
+        from airflow_provider_eos.dag_factory.snapshot import build_snapshot_dag
+        return build_snapshot_dag(definition)
+    if kind == "recovery":
+        from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
+        return build_recovery_dag(definition, pipeline_assets(definition))
+    raise ValueError(f"unknown DAG kind {kind!r}; one of {KINDS}")
+
+
 def build_pipeline_dags(definition: PipelineDefinition) -> list[DAG]:
-    """The stream, stop, health, snapshot and recovery DAGs of one pipeline. The stream reads its
-    topic assets; the recovery announces its target assets (see :mod:`.assets`)."""
-    assets = pipeline_assets(definition)
-    return [build_stream_dag(definition, assets), build_stop_dag(definition), build_health_dag(definition),
-            build_snapshot_dag(definition), build_recovery_dag(definition, assets)]
+    """The stream, stop, health, snapshot and recovery DAGs of one pipeline."""
+    return [build_pipeline_dag(kind, definition) for kind in KINDS]
+
+
+def _task_dag(definitions: dict[str, PipelineDefinition]) -> tuple[str, PipelineDefinition] | None:
+    """The kind and pipeline of the DAG Airflow parses this file for, when it runs one of its
+    tasks (the parsing context); None when it parses for every DAG (the DAG processor, ``dag.test``,
+    a CLI) or the DAG is none of these pipelines' (an ``eos_invalid__`` one)."""
+    wanted = get_parsing_context().dag_id
+    if not wanted:
+        return None
+    for kind in KINDS:
+        prefix = dag_id(kind, "")
+        name = wanted[len(prefix):] if wanted.startswith(prefix) else None
+        if name in definitions:
+            return kind, definitions[name]
+    return None
 
 
 @task
@@ -90,6 +126,10 @@ def pipeline_dags(directory: str | Path | None = None) -> dict[str, DAG]:
     by DAG id. A missing or empty directory yields one ``eos_invalid__pipeline_config_dir`` DAG and
     an ERROR log that say so (the DAG file still imports: never silence, never an import error)."""
     definitions, errors = _definitions(directory)
+    one = _task_dag(definitions)
+    if one is not None:
+        dag = build_pipeline_dag(*one)
+        return {dag.dag_id: dag}
     dags: dict[str, DAG] = {}
     for definition in definitions.values():
         for dag in build_pipeline_dags(definition):

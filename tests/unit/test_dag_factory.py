@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,7 @@ def test_the_dags_folder_reads_the_provider_config_and_no_eos_environment(two_pi
 
 DEFERRING = """
 import json
+import os
 from airflow_provider_eos.operators.stop import StopPipelineOperator
 from airflow_provider_eos.sensors.lso_lag import LastStableOffsetLagSensor
 from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor, StreamLivenessSensor
@@ -210,3 +212,29 @@ def test_the_waits_that_may_start_again_ride_out_a_stale_defer_exit(tmp_path: Pa
     stop = dags["eos_stop__alpha"].get_task("stop_pipeline")
     assert stop.retry_delay.total_seconds() == 2
     assert dags["eos_stop__beta"].get_task("stop_pipeline").retry_delay.total_seconds() == 30
+
+
+def test_a_tasks_parse_builds_only_its_own_dag(two_pipelines: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When Airflow parses the file to run one task, its parsing context names the task's DAG: only
+    that DAG is built, and it is the DAG the full parse builds (same tasks, same outlets); a context
+    naming no pipeline's DAG (an invalid one) gets the full parse."""
+    full = pipeline_dags(two_pipelines)
+    for kind in KINDS:
+        wanted = f"eos_{kind}__beta"
+        monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", wanted)
+        only = pipeline_dags(two_pipelines)
+        assert list(only) == [wanted]
+        assert only[wanted].task_ids == full[wanted].task_ids
+        assert [t.outlets for t in only[wanted].tasks] == [t.outlets for t in full[wanted].tasks]
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "eos_invalid__gamma")
+    assert set(pipeline_dags(two_pipelines)) == set(full)
+
+
+def test_a_tasks_parse_imports_only_its_own_dags_builder(two_pipelines: Path) -> None:
+    """A health task's parse does not import the recovery DAG's builder (nor its TriggerDagRunOperator)."""
+    probe = ("import sys; from airflow_provider_eos.dag_factory import pipeline_dags; "
+             f"dags = pipeline_dags({str(two_pipelines)!r}); "
+             "print(sorted(dags), 'airflow_provider_eos.dag_factory.recovery' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "eos_health__alpha"})
+    assert out.stdout.strip().splitlines()[-1] == "['eos_health__alpha'] False", out.stdout + out.stderr
