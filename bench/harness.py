@@ -54,11 +54,21 @@ def pipeline_config(stack: dict[str, str], tmp_path: Path, name: str, **override
     return config
 
 
+# Every app run started here and not yet waited for: a test's teardown (tests/conftest.py) ends
+# those its test left running, so a failed test's driver does not spend the rest of a run's CPU.
+STARTED_RUNS: list[AppRun] = []
+
+
 @dataclass
 class AppRun:
     process: subprocess.Popen
     log_path: Path
     started: float = field(default_factory=time.monotonic)
+    # A run a module's fixture keeps across its tests: no test's teardown ends it.
+    outlives_test: bool = False
+
+    def __post_init__(self) -> None:
+        STARTED_RUNS.append(self)
 
     def wait(self, timeout: float) -> int:
         return self.process.wait(timeout=timeout)

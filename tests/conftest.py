@@ -77,6 +77,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                   f"{report.nodeid}\n")
 
 
+@pytest.fixture(autouse=True)
+def _no_app_outlives_its_test() -> Iterator[None]:
+    """Ends (SIGKILL, by process group) every app run the test started and left running: a test that
+    fails before its own kill or wait would otherwise leave a driver spending CPU under the next
+    tests. A run marked ``outlives_test`` (a module fixture's driver) is its fixture's to end."""
+    from bench.harness import STARTED_RUNS
+
+    before = len(STARTED_RUNS)
+    yield
+    for run in STARTED_RUNS[before:]:
+        if run.process.poll() is None and not run.outlives_test:
+            run.kill()
+    del STARTED_RUNS[before:]
+
+
 def spark_submit_opts() -> str:
     """SPARK_SUBMIT_OPTS for the tests' spark-submits: the environment's, else the tests' own."""
     return os.environ.get("SPARK_SUBMIT_OPTS", TEST_SPARK_SUBMIT_OPTS)

@@ -77,6 +77,7 @@ class Mirror:
 
     def start_driver(self, label: str, env_extra: dict[str, str] | None = None) -> AppRun:
         self.drivers.append(start_app(self.config, self.tmp_path, env_extra=env_extra, label=label))
+        self.drivers[-1].outlives_test = True  # the module's stream, driven by its tests in turn
         return self.drivers[-1]
 
     def supervise(self) -> None:
