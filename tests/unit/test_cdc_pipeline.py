@@ -142,6 +142,9 @@ def test_a_pipeline_definition_with_a_mirror_section_yields_the_apps_mirror_spec
         parse_definition({**data, "delivery": "at_least_once"}, source="shop.yaml")
     with pytest.raises(PipelineDefinitionError, match="either a spec or a mirror section"):
         parse_definition({**data, "spec": "a.b:C"}, source="shop.yaml")
+    # The earlier shape, read into the same field when the definition loads.
+    earlier = {key: value for key, value in data.items() if key != "mirror"}
+    assert parse_definition({**earlier, "spec": "mirror:" + json.dumps(SECTION)}, source="shop.yaml") == definition
 
 
 def test_a_batch_of_one_megabyte_records_is_staged_in_chunks_of_about_the_bound() -> None:

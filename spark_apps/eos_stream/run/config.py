@@ -55,7 +55,7 @@ def legacy_mirror(spec: str, mirror: Mapping[str, Any] | None) -> dict[str, Any]
     from spark_apps.eos_stream.records.spec import SpecError, read_mirror_section
 
     if mirror is not None:
-        raise ConfigError("a config names either a spec or a mirror section, not both")
+        raise ConfigError("a pipeline names either a spec or a mirror section, not both")
     try:
         return dict(read_mirror_section(spec.removeprefix(LEGACY_MIRROR_PREFIX)))
     except SpecError as exc:
