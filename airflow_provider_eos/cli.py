@@ -92,7 +92,8 @@ def preflight_checks(name: str, directory: str | None) -> list[Check]:
         mine = [error for file_name, error in errors.items() if Path(file_name).stem == name]
         if mine:
             raise ValueError("; ".join(mine))
-        return f"{root}: valid, spec {definition.spec} imports, no place shared with another pipeline"
+        what = f"spec {definition.spec} imports" if definition.mirror is None else "its mirror section parses"
+        return f"{root}: valid, {what}, no place shared with another pipeline"
 
     def snapshot_store_check() -> str:
         from airflow_provider_eos.recovery.store import SnapshotStore
@@ -152,7 +153,7 @@ def _postgres_check(definition: PipelineDefinition, connections: Any) -> str:
         if definition.stream.create_targets:
             found.append(f"targets in {definition.target_schema} created at the first start")
         else:
-            preflight.check_targets(conn, load_spec(definition.spec), definition.target_schema, mode)
+            preflight.check_targets(conn, load_spec(definition), definition.target_schema, mode)
             found.append(f"targets present in {definition.target_schema}")
     finally:
         conn.close()

@@ -12,7 +12,7 @@ over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsP
 ``--batch``, spark-submit ``local[2]`` with the same settings (``bench/harness.spark_submit``):
 
 * ``mirror``: this project's mirror pipeline, ``exactly_once``, from its declarative
-  definition (``spec: "mirror:<file>"``, docs/cdc.md), one driver for every table;
+  definition (the config's ``mirror`` section, docs/cdc.md), one driver for every table;
 * ``peer_values``, ``peer_copy``: Structured Streaming ``foreachBatch``, at-least-once, with
   its best settings (``bench/cdc_peer.py`` says which and why): ``INSERT ... ON CONFLICT DO
   UPDATE`` by ``execute_values``, or COPY into a temporary table and one merge per table.
@@ -132,9 +132,8 @@ def _clocks(launched: float, batches: list[dict[str, Any]]) -> dict[str, float]:
 
 def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
                batch: int, label: str) -> dict[str, Any]:
-    definition = tmp / f"{label}.mirror.json"
-    definition.write_text(json.dumps(mirror_definition(stream)))
-    config = pipeline_config(stack, tmp, label, topics=stream.topics(), spec=f"mirror:{definition}",
+    config = pipeline_config(stack, tmp, label, topics=stream.topics(), spec=None,
+                             mirror=mirror_definition(stream)["mirror"],
                              max_offsets_per_trigger=batch)
     launched = time.time()
     run = start_app(config, tmp, label=label)

@@ -319,7 +319,7 @@ class StoryBase:
                 raise RuntimeError(f"pipeline {name!r} in {directory}: topics, target and meta schema, spec are "
                                    f"{found}; the demo expects {([topic], target, meta, spec)}")
         mirror = find_definition(directory, MIRROR_PIPELINE)
-        seen = (mirror.topics, mirror.target_schema, mirror.meta_schema, mirror.spec.startswith("mirror:"))
+        seen = (mirror.topics, mirror.target_schema, mirror.meta_schema, mirror.mirror is not None)
         wanted = (change_topics(TOPIC_PREFIX, SOURCE_SCHEMA), MIRROR_TARGET, MIRROR_META, True)
         if seen != wanted:
             raise RuntimeError(f"pipeline {MIRROR_PIPELINE!r} in {directory}: topics, target and meta schema, a "

@@ -25,7 +25,7 @@ from airflow_provider_eos.triggers.committed_offsets import CommittedOffsetsTrig
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.definition_folder import find_definition
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.records.spec import spec_of
 
 log = logging.getLogger(__name__)
 # Seconds between the watcher's reads of the offsets table. A constant: the trigger's kwargs
@@ -52,7 +52,7 @@ def pipeline_assets(definition: PipelineDefinition) -> PipelineAssets | None:
 
     conns = connection_ids(definition)
     try:
-        spec = load_spec(definition.spec)
+        spec = spec_of(definition)
         server = first_bootstrap_server(kafka_bootstrap_from_connection(conns.kafka))
         db = EosPostgresHook(postgres_conn_id=conns.postgres).app_target()
         topics = [kafka_asset(server=server, topic=topic) for topic in definition.topics]

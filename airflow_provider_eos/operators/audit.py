@@ -76,7 +76,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
     @timed_step
     def execute(self, context: Any) -> dict[str, Any] | None:
         from spark_apps.eos_stream.audit.oracle import audit
-        from spark_apps.eos_stream.records.spec import load_spec
+        from spark_apps.eos_stream.records.spec import spec_of
 
         if as_bool(self.plan_only):
             self.log.info("dry run: audit skipped")
@@ -84,7 +84,7 @@ class AuditOperator(PipelineOperatorMixin, BaseOperator):
         config = self.app_config()
         goal = self.goal()
         with self.lock_guard(config, context):
-            report = audit(config, load_spec(config.spec), pending=self.pending, goal=goal)
+            report = audit(config, spec_of(config), pending=self.pending, goal=goal)
         self.report = report  # for the lineage's data-quality facet, on success and on failure
         self.log.info("audit of %s: ok=%s summary=%s mismatches=%s", config.pipeline, report["ok"],
                       report["summary"], report["mismatches"])

@@ -191,7 +191,7 @@ class PipelineOperatorMixin:
         from airflow_provider_eos.utils.lineage import operator_lineage, topics_read
         from airflow_provider_eos.utils.params import as_bool
         from airflow_provider_eos.utils.subscription import subscribed_topics
-        from spark_apps.eos_stream.records.spec import load_spec
+        from spark_apps.eos_stream.records.spec import spec_of
 
         if as_bool(getattr(self, "plan_only", False)):
             return OperatorLineage()
@@ -206,7 +206,7 @@ class PipelineOperatorMixin:
 
         topics = topics_read(subscribed_topics(config), resolve)
         return operator_lineage(config.kafka_bootstrap, topics, vars(config.postgres), config.target_schema,
-                                load_spec(config.spec), audit=audit, write=write)
+                                spec_of(config), audit=audit, write=write)
 
     def lock_key(self, config: Any) -> str:
         return target_lock_key(self.hook.dbname, config.target_schema, config.pipeline)

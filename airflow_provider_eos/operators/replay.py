@@ -185,10 +185,10 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
         self._launcher: AppLauncher | None = None
 
     def _row_counts(self, config: Any) -> dict[str, int]:
-        from spark_apps.eos_stream.records.spec import RowTarget, load_spec
+        from spark_apps.eos_stream.records.spec import RowTarget, spec_of
         from spark_apps.eos_stream.state import meta_tables
 
-        spec = load_spec(config.spec)
+        spec = spec_of(config)
         # A row target's rows are its events; a mirror's tables grow by inserts only (updates and
         # deletes are changes too: ``offsets_replayed`` counts those).
         tables = [(config.target_schema, t.table) for t in spec.targets if isinstance(t, RowTarget)]

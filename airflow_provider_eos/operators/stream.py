@@ -480,13 +480,13 @@ class StreamingPipelineOperator(BaseOperator):
         from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
         from airflow_provider_eos.utils.lineage import operator_lineage, topics_read
         from airflow_provider_eos.utils.subscription import subscribed_topics
-        from spark_apps.eos_stream.records.spec import load_spec
+        from spark_apps.eos_stream.records.spec import spec_of
 
         kafka = self.connection("kafka")
         topics = topics_read(subscribed_topics(self.pipeline), KafkaOffsetsHook(kafka_config_id=kafka).resolve_topics)
         return operator_lineage(kafka_bootstrap_from_connection(kafka), topics,
                                 EosPostgresHook(postgres_conn_id=self.connection("postgres")).app_target(),
-                                self.target_schema, load_spec(self.pipeline.spec))
+                                self.target_schema, spec_of(self.pipeline))
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         return self.get_openlineage_facets_on_start()

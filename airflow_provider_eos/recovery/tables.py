@@ -20,10 +20,10 @@ def snapshot_tables(hook: PgToolsHook, conn: Any, config: Any) -> tuple[list[tup
     restore must never move an epoch back: a fenced driver would own the
     target again), the recovery locks and the health check's LSO watch (Kafka's state, not the
     data's: a restore must not make a hanging transaction look younger)."""
-    from spark_apps.eos_stream.records.spec import load_spec
+    from spark_apps.eos_stream.records.spec import spec_of
     from spark_apps.eos_stream.state import meta_tables
 
-    spec = load_spec(config.spec)
+    spec = spec_of(config)
     present = set(list_tables(conn, config.target_schema))
     wanted = spec.target_tables()
     missing = [t for t in wanted if t not in present]
@@ -60,9 +60,9 @@ def table_changes(hook: PgToolsHook, conn: Any, config: Any, manifest: Any) -> d
     ``not_in_spec``: target tables of the snapshot that the spec no longer writes
     (a restore would bring them back with the snapshot's rows). Both empty: the
     snapshot covers exactly what the pipeline has now."""
-    from spark_apps.eos_stream.records.spec import load_spec
+    from spark_apps.eos_stream.records.spec import spec_of
 
-    wanted = [(config.target_schema, table) for table in load_spec(config.spec).target_tables()]
+    wanted = [(config.target_schema, table) for table in spec_of(config).target_tables()]
     now = set(wanted) | {(config.meta_schema, t) for t in snapshot_meta_tables(hook, conn, config)}
     held = {(t.schema, t.table) for t in manifest.tables}
     return {"not_in_snapshot": [[s, t] for s, t in sorted(now - held)],

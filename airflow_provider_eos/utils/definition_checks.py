@@ -21,21 +21,25 @@ from spark_apps.eos_stream.run.config_rules import refusals
 if TYPE_CHECKING:
     from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 
-def load_spec(reference: str) -> Any:
-    """The PipelineSpec that ``module:ATTRIBUTE`` names (the app's own ``spec.load_spec``).
+def load_spec(pipeline: Any) -> Any:
+    """The PipelineSpec of a definition or an app config (the app's own ``spec.spec_of``): the one
+    its ``mirror`` section builds, or the one its ``spec`` names; or the one a ``module:ATTRIBUTE``
+    string names.
 
     :raises ValueError: it does not import, or is not a PipelineSpec; the message says which,
         with the import's own error (a spec module may fail in any way, not only ImportError).
     """
-    from spark_apps.eos_stream.records.spec import SpecError
-    from spark_apps.eos_stream.records.spec import load_spec as load
+    from spark_apps.eos_stream.records.spec import SpecError, SpecSource
 
+    source = SpecSource(reference=pipeline) if isinstance(pipeline, str) else SpecSource.of(pipeline)
     try:
-        return load(reference)
+        return source.load()
     except SpecError as exc:
         raise ValueError(str(exc)) from None
     except Exception as exc:
-        raise ValueError(f"cannot import spec module of {reference!r}: {type(exc).__name__}: {exc}") from None
+        what = (f"cannot import spec module of {source.reference!r}" if source.reference
+                else "cannot read the mirror section")
+        raise ValueError(f"{what}: {type(exc).__name__}: {exc}") from None
 
 
 def load_callable(reference: str) -> Any:
@@ -55,7 +59,7 @@ def load_callable(reference: str) -> Any:
 def target_tables(definition: PipelineDefinition) -> set[str]:
     """``schema.table`` of each table the pipeline's spec writes (empty if the spec does not load)."""
     try:
-        spec = load_spec(definition.spec)
+        spec = load_spec(definition)
     except ValueError:
         return set()
     return {f"{definition.target_schema}.{table}" for table in spec.target_tables()}

@@ -42,6 +42,7 @@ Example ``payments.yaml``::
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Mapping
@@ -74,10 +75,12 @@ from airflow_provider_eos.utils.replay_engine import (
 )
 from spark_apps.eos_stream.known_keys import unknown_key_message
 from spark_apps.eos_stream.run.config import (
+    LEGACY_MIRROR_PREFIX,
     ConfigError,
     PipelineConfig,
     PostgresTarget,
     default_of,
+    legacy_mirror,
     pipeline_fields,
     read_deprecated_trigger,
     removed_option_problem,
@@ -86,6 +89,10 @@ from spark_apps.eos_stream.run.config_rules import refusals
 
 # A schema name the app quotes as an identifier; kept plain so it reads the same everywhere.
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+# What a definition without a spec or a mirror section holds until ``spec``'s check refuses it.
+_NO_SPEC = object()
 
 
 class PipelineDefinitionError(ValueError):
@@ -155,8 +162,11 @@ class PipelineDefinition(Section):
     :param name: keys offsets, progress, locks, snapshots and the DAG ids.
     :param topics: Kafka topics the stream reads (``read_committed``).
     :param spec: ``module:ATTRIBUTE`` of the app's PipelineSpec (what the records hold and
-        which targets they feed), or ``mirror:<file>`` naming a mirror definition; a ``mirror``
-        section in the definition's file sets it to the section, inline (docs/cdc.md).
+        which targets they feed); a mirror pipeline gives ``mirror`` instead.
+    :param mirror: a mirror pipeline's tables (docs/cdc.md), checked by the app's own parser
+        (``cdc.definition.parse_mirror``) when the definition loads: every error, an unknown key
+        at any level too, named by its place. The app gets it as its config's ``mirror``. The
+        earlier ``spec: "mirror:<file or inline JSON>"`` is read into it, for one release.
     :param delivery: one of the app's delivery modes.
     :param target_schema: schema of the target tables.
     :param meta_schema: schema of the bookkeeping tables (offsets, epochs, dead letters...).
@@ -167,7 +177,8 @@ class PipelineDefinition(Section):
 
     name: str
     topics: list[str]
-    spec: str
+    spec: str | None = default_of("spec")
+    mirror: dict[str, Any] | None = default_of("mirror")
     delivery: str = default_of("delivery")
     target_schema: str = default_of("target_schema")
     meta_schema: str = default_of("meta_schema")
@@ -184,24 +195,34 @@ class PipelineDefinition(Section):
     @model_validator(mode="before")
     @classmethod
     def _mirror_section(cls, data: Any) -> Any:
-        """A ``mirror`` section (docs/cdc.md) is a mirror pipeline's spec, inline: the definition
-        needs neither Python nor a second file. The app gets it as ``spec: "mirror:<JSON>"``."""
-        if isinstance(data, Mapping) and "mirror" in data:
-            data = dict(data)
-            section = data.pop("mirror")
-            if "spec" in data:
-                raise ValueError("a definition names either a spec or a mirror section, not both")
-            _check_mirror(section)
-            data["spec"] = "mirror:" + json.dumps(section, sort_keys=True, default=str)
+        """The ``mirror`` section checked as the app parses it, before pydantic's own check, so that
+        its errors name their place as the app's parser does (``_check_mirror``). A spec of the
+        earlier shape (``mirror:<file or inline JSON>``) is read into the section here."""
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        spec = data.get("spec")
+        if isinstance(spec, str) and spec.startswith(LEGACY_MIRROR_PREFIX):
+            try:
+                data["mirror"] = legacy_mirror(data.pop("spec"), data.get("mirror"))
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        elif data.get("spec") is not None and data.get("mirror") is not None:
+            raise ValueError("a definition names either a spec or a mirror section, not both")
+        if data.get("mirror") is not None:
+            _check_mirror(data["mirror"])
+        elif data.get("spec") is None:
+            data["spec"] = _NO_SPEC  # refused by the field's own check, beside the other fields' errors
         return data
 
-    @field_validator("spec")
+    @field_validator("spec", mode="before")
     @classmethod
-    def _spec_reference(cls, value: str) -> str:
-        if value.startswith("mirror:") and value.removeprefix("mirror:").strip():
-            return value  # a mirror definition: a YAML or JSON file, or the section inline (docs/cdc.md)
-        if not SPEC_REFERENCE.fullmatch(value):
-            raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE, or mirror:<definition file>")
+    def _spec_reference(cls, value: Any) -> Any:
+        if value is _NO_SPEC:
+            raise ValueError("required: name the spec (package.module:ATTRIBUTE), or give a mirror section "
+                             "(docs/cdc.md)")
+        if isinstance(value, str) and not SPEC_REFERENCE.fullmatch(value):
+            raise ValueError(f"{value!r} must look like package.module:ATTRIBUTE, or give a mirror section instead")
         return value
 
     @field_validator("target_schema", "meta_schema")
@@ -286,8 +307,6 @@ APP_FIELD_RENAMES = {"pipeline": "name"}
 DEFINITION_ONLY = {"top": ("connections", "stream", "snapshot", "health", "spark", "airflow", "cdc"),
                    "stream": ("max_restarts", "restart_backoff", "schedule", "replay_engine",
                               "replay_direct_max_records")}
-# Keys a definition's file may hold that are no field: the mirror section becomes ``spec``.
-_INPUT_ONLY_KEYS: dict[type[BaseModel], tuple[str, ...]] = {PipelineDefinition: ("mirror",)}
 
 
 def _check_mirror(section: Any) -> None:
@@ -327,7 +346,7 @@ def _place(place: tuple[str, str]) -> str:
 
 
 def _copy(value: Any) -> Any:
-    return list(value) if isinstance(value, list) else value
+    return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
 
 def parse_definition(data: Any, *, source: str) -> PipelineDefinition:
@@ -348,10 +367,7 @@ def _problem(error: Any, root: type[BaseModel] | None = None) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         section = _section_at(error["loc"][:-1], root or PipelineDefinition)
-        allowed = [*section.model_fields, *_INPUT_ONLY_KEYS.get(section, ())]
-        message = unknown_key_message(str(error["loc"][-1]), allowed)
-    elif error["type"] == "missing" and error["loc"] == ("spec",) and root is None:
-        message = "required: name the spec (package.module:ATTRIBUTE), or give a mirror section (docs/cdc.md)"
+        message = unknown_key_message(str(error["loc"][-1]), section.model_fields)
     return f"{where}: {message}" if where else message
 
 

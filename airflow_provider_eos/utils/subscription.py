@@ -10,12 +10,12 @@ from spark_apps.eos_stream.kafka.metadata import TOPIC_NAME
 def subscription_of(pipeline: Any) -> str | None:
     """A mirror's subscription regex when its definition names tables by pattern
     (``PipelineSpec.subscription``), else None. ``pipeline``: a definition or an app config
-    (its ``topics`` and ``spec``); a spec that is no mirror is not loaded."""
-    from spark_apps.eos_stream.records.spec import load_spec
+    (its ``topics`` and ``mirror``); a Python spec is not loaded."""
+    from spark_apps.eos_stream.records.spec import spec_of
 
-    if not str(pipeline.spec).startswith("mirror:"):
+    if getattr(pipeline, "mirror", None) is None:
         return None
-    return load_spec(pipeline.spec).subscription(list(pipeline.topics))
+    return spec_of(pipeline).subscription(list(pipeline.topics))
 
 
 def subscribed_topics(pipeline: Any) -> list[str]:

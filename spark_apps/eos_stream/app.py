@@ -31,7 +31,7 @@ from spark_apps.eos_stream.kafka import security as kafka_security
 from spark_apps.eos_stream.kafka.offsets import from_nested
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.records.spec import SpecSource, spec_of
 from spark_apps.eos_stream.run import entry, preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.run.driver import claim
@@ -107,7 +107,8 @@ class StreamRun:
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
-        self.spec = load_spec(config.spec)
+        self.spec = spec_of(config)
+        self.spec_source = SpecSource.of(config)  # what the Spark tasks build the spec from, once per executor
         self.mode = preflight.delivery_mode(config, self.spec)
         self.run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
@@ -163,7 +164,7 @@ class StreamRun:
         self.kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
                                                              kafka_security.executor_options(config.kafka_options),
                                                              f"eos-stage-{config.pipeline}")
-        self.write_in_driver = driver_part_writer(self.dsn, config.spec, config.target_schema, self.kafka_settings)
+        self.write_in_driver = driver_part_writer(self.dsn, self.spec, config.target_schema, self.kafka_settings)
         return records
 
     def _start_query(self) -> Any:
@@ -251,7 +252,7 @@ class _BatchWrite:
     def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
         """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
         stream, config = self.stream, self.stream.config
-        stager = range_stager(stream.dsn, config.spec, config.meta_schema, stage_name, keep_raw,
+        stager = range_stager(stream.dsn, stream.spec_source, config.meta_schema, stage_name, keep_raw,
                               stream.kafka_settings)
         staged = sum(self.on_tasks(lambda _index, share: stager(share)))
         stream.rows_read.record(self.batch_id, staged)
@@ -264,7 +265,7 @@ class _BatchWrite:
         if self.ranges and sum(r.end - r.start for r in self.ranges) <= config.driver_write_max_records:
             results = stream.write_in_driver(prefix, self.ranges)  # no Spark job: a small batch's main cost
         else:
-            results = self.on_tasks(part_writer(stream.dsn, config.spec, config.target_schema, prefix,
+            results = self.on_tasks(part_writer(stream.dsn, stream.spec_source, config.target_schema, prefix,
                                                 stream.kafka_settings))
         stream.rows_read.record(self.batch_id, sum(r["rows"] for r in results))
         return results

@@ -15,7 +15,8 @@ from psycopg2 import sql
 
 from demo.cdc_app import comparable, differences, rows
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.records.spec import spec_of
+from spark_apps.eos_stream.run.config import from_dict
 from spark_apps.eos_stream.sink.staging import create_stage, stage_ranges
 from tests.helpers.cdc_workload import AGGREGATES, KEYS, target_of
 from tests.streaming import pg_connect
@@ -97,7 +98,7 @@ def stored_offsets(conn: Any, config: dict[str, Any]) -> dict[str, int]:
 def replay(stack: dict[str, str], config: dict[str, Any], ends: dict[str, int], skip_applied: bool) -> int:
     """Stages each topic's records below ``ends`` and applies them through the mirror's own
     apply, with or without the stored offsets' check; returns the records it applied."""
-    spec = load_spec(config["spec"])
+    spec = spec_of(from_dict(config))  # a mirror section, or the earlier spec "mirror:<file>" read into one
     assert spec.mirror is not None
     conn = pg_connect(stack)
     conn.autocommit = False

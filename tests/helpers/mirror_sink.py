@@ -3,13 +3,12 @@ Kafka records as the executors stage them (tests/integration/test_cdc_*_sink.py)
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pyarrow as pa
 from psycopg2 import sql
 
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.cdc.pipeline import mirror_spec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.modes import MODES
@@ -25,7 +24,7 @@ class MirrorSink:
 
     def __init__(self, stack: dict[str, str], section: dict[str, Any], target: str, meta: str, name: str,
                  max_batch_attempts: int = 1) -> None:
-        self.spec = load_spec("mirror:" + json.dumps(section))
+        self.spec = mirror_spec(section)
         assert self.spec.mirror is not None and self.spec.target_ddl is not None
         self.stack, self.target, self.meta, self.name = stack, target, meta, name
         self.conn, self.guard = pg_connect(stack), pg_connect(stack)

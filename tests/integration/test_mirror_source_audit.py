@@ -115,7 +115,7 @@ def test_the_cli_exits_by_the_verdict_and_refuses_a_password(stack: dict[str, st
     _, target, schema = sides
     config = tmp_path / "pipeline.json"
     config.write_text(json.dumps(pipeline_config(stack, tmp_path, "audit_cli", topics=["shop.x"], target_schema=schema,
-                                                 spec="mirror:" + json.dumps(definition(schema)))))
+                                                 spec=None, mirror=definition(schema))))
     dsn = f"host={stack['EOS_PG_HOST']} port={stack['EOS_PG_PORT']} dbname={stack['EOS_SOURCE_PG_DB']} " \
           f"user={stack['EOS_PG_USER']}"
     env = {**os.environ, "PGPASSWORD": stack["EOS_PG_PASSWORD"], "EOS_PG_PASSWORD": stack["EOS_PG_PASSWORD"]}

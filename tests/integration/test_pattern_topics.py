@@ -5,12 +5,10 @@ other."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from airflow_provider_eos.hooks.kafka_offsets import KafkaOffsetsHook
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.cdc.pipeline import mirror_spec
 from spark_apps.eos_stream.run import preflight
 from tests.helpers.kafka import create_topic, delete_topics, kafka_conn_uri_env
 
@@ -25,7 +23,7 @@ def test_the_claim_and_the_hook_read_every_topic_the_subscription_matches_now(
     listed, first, later, other = (f"{prefix}.pub.x", f"{prefix}.inv.a", f"{prefix}.inv.b", f"{prefix}.pub.y")
     definition = {"topic_prefix": prefix, "tables": [
         {"source": "pub.x", "key": ["id"], "columns": {"id": "bigint"}}, {"source_pattern": "inv.*"}]}
-    pattern = load_spec("mirror:" + json.dumps(definition)).subscription([listed])
+    pattern = mirror_spec(definition).subscription([listed])
     assert pattern is not None
     monkeypatch.setenv(*kafka_conn_uri_env(CONN_ID, kafka_bootstrap))
     create_topic(kafka_bootstrap, listed)

@@ -116,9 +116,12 @@ def test_pipeline_names_that_could_collide_or_break_are_refused(name: str) -> No
 
 
 def test_a_config_without_a_pipeline_topics_or_spec_is_refused() -> None:
-    for key in REQUIRED:
+    for key in ("pipeline", "topics"):
         with pytest.raises(ConfigError, match=rf"missing config keys \['{key}'\]"):
             from_dict({k: v for k, v in REQUIRED.items() if k != key})
+    # A spec or a mirror section: which one is the rule ``spec``'s to say.
+    with pytest.raises(ConfigError, match=r"required: name the spec \(package.module:ATTRIBUTE\), or give a mirror"):
+        from_dict({k: v for k, v in REQUIRED.items() if k != "spec"}).validate()
 
 
 def test_driver_write_max_records_defaults_to_small_batches_and_is_never_negative() -> None:

@@ -15,7 +15,7 @@ import pytest
 from spark_apps.eos_stream.cdc.definition import parse_mirror
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS, resolved_staging_lines
 from spark_apps.eos_stream.cdc.patterns import Router
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.cdc.pipeline import mirror_spec
 from spark_apps.eos_stream.run.preflight import matching_topics
 from tests.helpers.cdc_typed_records import typed_record, untyped_record
 
@@ -93,7 +93,7 @@ def test_a_delete_of_a_pattern_table_carries_its_target_definition_too() -> None
 
 
 def test_the_subscription_reads_the_listed_topics_and_every_topic_a_pattern_matches() -> None:
-    spec = load_spec("mirror:" + json.dumps(SECTION))
+    spec = mirror_spec(SECTION)
     pattern = spec.subscription(["app.public.customers"])
     assert pattern is not None
     topics = ["app.public.customers", "app.public.other", "app.inventory.stock", "app.inventory.bins",
@@ -102,7 +102,7 @@ def test_the_subscription_reads_the_listed_topics_and_every_topic_a_pattern_matc
                                                              "app.inventory.bins"]
     assert matching_topics(topics, pattern, exclude=["app.public.customers"]) == ["app.inventory.bins",
                                                                                   "app.inventory.stock"]
-    listed_only = load_spec("mirror:" + json.dumps({**SECTION, "tables": SECTION["tables"][:1]}))
+    listed_only = mirror_spec({**SECTION, "tables": SECTION["tables"][:1]})
     assert listed_only.subscription(["app.public.customers"]) is None
     assert matching_topics(topics, None) == []
 
@@ -118,7 +118,7 @@ def test_a_pattern_names_its_targets(target: str, expected: str) -> None:
 def test_the_sensors_hook_expands_a_subscription_regex_to_the_topics_it_matches_now() -> None:
     from spark_apps.eos_stream.kafka.metadata import expand_patterns
 
-    pattern = load_spec("mirror:" + json.dumps(SECTION)).subscription(["app.public.customers"])
+    pattern = mirror_spec(SECTION).subscription(["app.public.customers"])
     assert pattern is not None
     existing = ["app.inventory.stock", "app.public.customers", "app.inventory.bins", "app.public.other"]
     assert expand_patterns(["app.public.customers", pattern], existing) == [
@@ -132,7 +132,8 @@ def test_a_mirror_by_pattern_has_its_sensors_and_recovery_read_the_subscription(
 
     from airflow_provider_eos.utils.subscription import subscribed_topics
 
-    mirror = SimpleNamespace(topics=["app.public.customers"], spec="mirror:" + json.dumps(SECTION))
+    mirror = SimpleNamespace(topics=["app.public.customers"], spec=None, mirror=SECTION)
     topics = subscribed_topics(mirror)
     assert topics[0] == "app.public.customers" and len(topics) == 2 and re.fullmatch(topics[1], "app.inventory.x")
-    assert subscribed_topics(SimpleNamespace(topics=["ledger.x"], spec="spark_apps.ledger.spec:LEDGER")) == ["ledger.x"]
+    assert subscribed_topics(SimpleNamespace(topics=["ledger.x"], spec="spark_apps.ledger.spec:LEDGER",
+                                             mirror=None)) == ["ledger.x"]

@@ -1,18 +1,21 @@
-"""A mirror pipeline's spec (spark_apps/eos_stream/cdc/pipeline.py): built from a declarative
-definition named by ``spec: "mirror:<file or inline>"``, staged one line per Kafka record, refused
-where it cannot be exact. The apply runs on the real stack in tests/integration/test_cdc_mirror.py."""
+"""A mirror pipeline's spec (spark_apps/eos_stream/cdc/pipeline.py): built from a config's
+``mirror`` section (the earlier ``spec: "mirror:<file or inline>"`` read into it), staged one
+line per Kafka record, refused where it cannot be exact. The apply runs on the real stack in
+tests/integration/test_cdc_mirror.py."""
 
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import yaml
 
 from spark_apps.eos_stream.cdc import pipeline
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
-from spark_apps.eos_stream.records.spec import SpecError, load_spec
+from spark_apps.eos_stream.records.spec import SpecError, SpecSource, load_spec, spec_of
 from spark_apps.eos_stream.run.config import ConfigError, from_dict
 from spark_apps.eos_stream.run.preflight import delivery_mode
 from spark_apps.eos_stream.sink.staging import copy_chunks, stage_column_types
@@ -37,8 +40,8 @@ def _envelope(op: str, table: str, key: dict, after: dict | None) -> tuple[bytes
     return json.dumps(key).encode(), json.dumps(value).encode()
 
 
-def test_an_inline_definition_builds_a_spec_with_its_targets_and_ddl() -> None:
-    spec = load_spec("mirror:" + json.dumps(SECTION))
+def test_a_mirror_section_builds_a_spec_with_its_targets_and_ddl() -> None:
+    spec = pipeline.mirror_spec(SECTION)
     assert spec.mirror is not None and spec.fields == () and spec.targets == ()
     assert spec.mirror.target_tables() == ["customers", "lines", "sku_totals"]
     assert stage_column_types(spec) == spec.mirror.stage_column_types()
@@ -46,30 +49,49 @@ def test_an_inline_definition_builds_a_spec_with_its_targets_and_ddl() -> None:
     assert spec.target_ddl is not None and len(spec.target_ddl("t", False)) == 4
 
 
-def test_a_yaml_file_with_a_mirror_section_builds_the_same_targets(tmp_path: Path) -> None:
+def test_a_config_of_the_earlier_shape_is_read_into_its_mirror_section(tmp_path: Path) -> None:
     path = tmp_path / "mirror.yaml"
     path.write_text(YAML)
-    spec = load_spec(f"mirror:{path}")
+    config = from_dict({"pipeline": "p", "topics": ["t"], "spec": f"mirror:{path}"})
+    assert config.spec is None and config.mirror == yaml.safe_load(YAML)["mirror"]
+    spec = spec_of(config)
     assert spec.mirror is not None and spec.mirror.target_tables() == ["customers"]
+    inline = from_dict({"pipeline": "p", "topics": ["t"], "spec": "mirror:" + json.dumps(SECTION)})
+    assert inline.spec is None and inline.mirror == SECTION and json.loads(inline.to_json())["mirror"] == SECTION
+    with pytest.raises(ConfigError, match="either a spec or a mirror section"):
+        from_dict({"pipeline": "p", "topics": ["t"], "spec": f"mirror:{path}", "mirror": SECTION})
+    with pytest.raises(SpecError, match="is no Python spec"):
+        load_spec(f"mirror:{path}")
 
 
 def test_a_definition_file_that_is_no_mapping_is_refused(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("[1, 2]")
-    with pytest.raises(SpecError, match="must be a mapping"):
-        load_spec(f"mirror:{tmp_path / 'list.yaml'}")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        from_dict({"pipeline": "p", "topics": ["t"], "spec": f"mirror:{tmp_path / 'list.yaml'}"})
 
 
-@pytest.mark.parametrize(("argument", "message"), [
-    ("/no/such/file.yaml", "cannot read the mirror definition"),
-    ('{"topic_prefix": "app"}', "mirror definition: mirror.tables: must list"),
+@pytest.mark.parametrize(("config", "message"), [
+    ({"spec": "mirror:/no/such/file.yaml"}, "cannot read the mirror definition"),
+    ({"spec": 'mirror:{"topic_prefix": "app"}'}, "mirror definition: mirror.tables: must list"),
+    ({"mirror": {"topic_prefix": "app"}}, "mirror definition: mirror.tables: must list"),
 ])
-def test_a_bad_definition_is_refused_naming_what_is_wrong(argument: str, message: str) -> None:
-    with pytest.raises(SpecError, match=message):
-        load_spec(f"mirror:{argument}")
+def test_a_bad_definition_is_refused_naming_what_is_wrong(config: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        spec_of(from_dict({"pipeline": "p", "topics": ["t"], **config}))
+
+
+def test_a_spark_task_builds_the_mirror_spec_once_per_process_from_plain_values() -> None:
+    config = from_dict({"pipeline": "p", "topics": ["t"], "mirror": SECTION})
+    source = SpecSource.of(config)
+    assert source.reference is None and json.loads(source.mirror_json or "") == SECTION
+    # What a task's closure carries: the pickled source, which builds the process's one spec.
+    assert pickle.loads(pickle.dumps(source)).load() is spec_of(config) is source.load()
+    python = SpecSource.of(from_dict({"pipeline": "p", "topics": ["t"], "spec": "spark_apps.ledger.spec:LEDGER"}))
+    assert python.mirror_json is None and python.load() is load_spec("spark_apps.ledger.spec:LEDGER")
 
 
 def test_the_executors_stage_one_line_per_record_tombstones_and_refusals_included() -> None:
-    spec = load_spec("mirror:" + json.dumps(SECTION))
+    spec = pipeline.mirror_spec(SECTION)
     records = [_envelope("c", "customers", {"id": 1}, {"id": 1, "name": "a", "notes": "n"}),
                (json.dumps({"id": 1}).encode(), None),  # a tombstone
                _envelope("u", "lines", {"order_id": 1, "line_no": 2},
@@ -92,19 +114,18 @@ def test_the_executors_stage_one_line_per_record_tombstones_and_refusals_include
 
 @pytest.mark.parametrize("delivery", ["at_least_once", "idempotent"])
 def test_a_mirror_is_refused_in_a_mode_without_stored_offsets(delivery: str) -> None:
-    config = from_dict({"pipeline": "p", "topics": ["app.public.customers"], "spec": "mirror:" + json.dumps(SECTION),
+    config = from_dict({"pipeline": "p", "topics": ["app.public.customers"], "mirror": SECTION,
                         "delivery": delivery})
     with pytest.raises(ConfigError, match="cannot keep a mirror equal to its source"):
         config.validate()
     with pytest.raises(ConfigError, match="cannot keep a mirror equal to its source"):
-        delivery_mode(config, load_spec(config.spec))
+        delivery_mode(config, spec_of(config))
 
 
 def test_exactly_once_and_two_phase_take_a_mirror() -> None:
     for delivery in ("exactly_once", "two_phase"):
-        config = from_dict({"pipeline": "p", "topics": ["t"], "spec": "mirror:" + json.dumps(SECTION),
-                            "delivery": delivery})
-        assert delivery_mode(config.validate(), load_spec(config.spec)).stores_offsets
+        config = from_dict({"pipeline": "p", "topics": ["t"], "mirror": SECTION, "delivery": delivery})
+        assert delivery_mode(config.validate(), spec_of(config)).stores_offsets
 
 
 def test_a_pipeline_definition_with_a_mirror_section_yields_the_apps_mirror_spec() -> None:
@@ -114,16 +135,20 @@ def test_a_pipeline_definition_with_a_mirror_section_yields_the_apps_mirror_spec
             "target_schema": "shop", "meta_schema": "shop_eos", "checkpoint_dir": "/ck/shop"}
     definition = parse_definition(data, source="shop.yaml")
     config = definition.app_config(kafka_bootstrap="k:9092", postgres={"host": "h"})
-    spec = load_spec(config["spec"])
+    assert config["spec"] is None and config["mirror"] == SECTION  # its own field, as the file holds it
+    spec = spec_of(from_dict(config))
     assert spec.mirror is not None and spec.mirror.target_tables() == ["customers", "lines", "sku_totals"]
     with pytest.raises(PipelineDefinitionError, match="cannot keep a mirror equal to its source"):
         parse_definition({**data, "delivery": "at_least_once"}, source="shop.yaml")
     with pytest.raises(PipelineDefinitionError, match="either a spec or a mirror section"):
         parse_definition({**data, "spec": "a.b:C"}, source="shop.yaml")
+    # The earlier shape, read into the same field when the definition loads.
+    earlier = {key: value for key, value in data.items() if key != "mirror"}
+    assert parse_definition({**earlier, "spec": "mirror:" + json.dumps(SECTION)}, source="shop.yaml") == definition
 
 
 def test_a_batch_of_one_megabyte_records_is_staged_in_chunks_of_about_the_bound() -> None:
-    spec = load_spec("mirror:" + json.dumps(SECTION))
+    spec = pipeline.mirror_spec(SECTION)
     notes = "x" * (1 << 20)  # a record of about 1 MB: its line holds the value again as JSON
     records = [_envelope("c", "customers", {"id": i}, {"id": i, "name": "a", "notes": notes}) for i in range(20)]
     batch = pa.record_batch([pa.array(["t"] * 20), pa.array([0] * 20, pa.int32()), pa.array(range(20), pa.int64()),

@@ -21,11 +21,11 @@ LEDGER = "spark_apps.ledger.spec:LEDGER"
 # A spec the app cannot create tables for: create_targets must be refused at once.
 NO_DDL = dataclasses.replace(LEDGER_EVENTS_ONLY, target_ddl=None)
 
-# A mirror pipeline's inline definition: refused in a mode without stored offsets.
-MIRROR = "mirror:" + json.dumps({"topic_prefix": "app",
-                                 "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]})
+# A mirror pipeline's section (in place of its spec): refused in a mode without stored offsets.
+MIRROR = {"spec": None, "mirror": {"topic_prefix": "app",
+                                   "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]}}
 # A mirror that names tables by pattern: refused under the continuous engine.
-PATTERN_MIRROR = "mirror:" + json.dumps({"topic_prefix": "app", "tables": [{"source_pattern": "inventory.*"}]})
+PATTERN_MIRROR = {"spec": None, "mirror": {"topic_prefix": "app", "tables": [{"source_pattern": "inventory.*"}]}}
 # Per rule: (the definition's keys that break it, the app config's keys that break it).
 EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "pipeline": ({"name": "no spaces"}, {"pipeline": "no spaces"}),
@@ -40,14 +40,14 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "continuous_max_bytes": ({"stream": {"continuous_max_bytes": 0}}, {"continuous_max_bytes": 0}),
     "max_batch_attempts": ({"stream": {"max_batch_attempts": 0}}, {"max_batch_attempts": 0}),
     "transient_retry_seconds": ({"stream": {"transient_retry_seconds": -1}}, {"transient_retry_seconds": -1}),
-    "mirror_needs_stored_offsets": ({"spec": MIRROR, "delivery": "at_least_once"},
-                                    {"spec": MIRROR, "delivery": "at_least_once"}),
+    "mirror_needs_stored_offsets": ({**MIRROR, "delivery": "at_least_once"},
+                                    {**MIRROR, "delivery": "at_least_once"}),
     "spec": ({"spec": "spark_apps.ledger.spec:LEDGR"}, {"spec": "spark_apps.ledger.spec:LEDGR"}),
     "aggregates_need_exactly_once": ({"delivery": "idempotent"}, {"delivery": "idempotent"}),
     "create_targets_needs_ddl": ({"spec": f"{__name__}:NO_DDL", "stream": {"create_targets": True}},
                                  {"spec": f"{__name__}:NO_DDL", "create_targets": True}),
-    "continuous_reads_listed_topics": ({"spec": PATTERN_MIRROR, "stream": {"engine": "continuous"}},
-                                       {"spec": PATTERN_MIRROR, "engine": "continuous"}),
+    "continuous_reads_listed_topics": ({**PATTERN_MIRROR, "stream": {"engine": "continuous"}},
+                                       {**PATTERN_MIRROR, "engine": "continuous"}),
 }
 
 
@@ -103,5 +103,14 @@ def test_an_unknown_app_key_names_the_nearest() -> None:
 
 def test_the_continuous_engine_takes_a_listed_mirror_and_spark_takes_a_pattern() -> None:
     # Only the pair is refused: a pattern under Spark, and listed tables under the continuous engine, run.
-    assert refusals(from_dict(_app_config(spec=PATTERN_MIRROR, engine="spark"))) == []
-    assert refusals(from_dict(_app_config(spec=MIRROR, engine="continuous"))) == []
+    assert refusals(from_dict(_app_config(**PATTERN_MIRROR, engine="spark"))) == []
+    assert refusals(from_dict(_app_config(**MIRROR, engine="continuous"))) == []
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"spec": None}, "required: name the spec (package.module:ATTRIBUTE), or give a mirror section"),
+    ({"mirror": MIRROR["mirror"]}, "either a spec or a mirror section, not both"),
+])
+def test_a_config_names_a_spec_or_a_mirror_section(change: dict[str, Any], message: str) -> None:
+    found = refusals(from_dict(_app_config(**change)), load_spec=False)
+    assert [r.rule for r in found] == ["spec"] and message in found[0].message, found

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from airflow_provider_eos.utils.lineage import (
     audit_assertions,
     kafka_dataset_name,
@@ -11,7 +9,7 @@ from airflow_provider_eos.utils.lineage import (
     postgres_dataset_name,
     topics_read,
 )
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.cdc.pipeline import mirror_spec
 from spark_apps.ledger.spec import LEDGER
 
 TARGET = {"host": "pg.example", "port": 6432, "dbname": "warehouse"}
@@ -54,9 +52,9 @@ def test_writers_output_the_tables_and_the_audit_reads_them_with_its_facet() -> 
         ("aggregates_exact", True), ("no_valid_record_quarantined", True)]
 
 
-MIRROR = load_spec("mirror:" + json.dumps({"mirror": {"topic_prefix": "app", "tables": [
+MIRROR = mirror_spec({"topic_prefix": "app", "tables": [
     {"source": "shop.customers", "key": ["id"], "columns": {"id": "bigint", "name": "text"}},
-    {"source_pattern": "inventory.*"}]}}))
+    {"source_pattern": "inventory.*"}]})
 
 
 def test_a_mirror_outputs_its_tables_and_its_offsets_audit_asserts_nothing_about_rows() -> None:

@@ -4,14 +4,13 @@ empty), so a snapshot that read ``targets`` took none of them."""
 
 from __future__ import annotations
 
-import json
-
+from spark_apps.eos_stream.cdc.pipeline import mirror_spec
 from spark_apps.eos_stream.records.spec import load_spec
 from tests.unit.test_cdc_pipeline import SECTION
 
 
 def test_a_mirror_writes_its_tables_and_aggregates() -> None:
-    spec = load_spec("mirror:" + json.dumps(SECTION))
+    spec = mirror_spec(SECTION)
     assert spec.targets == () and spec.target_tables() == ["customers", "lines", "sku_totals"]
 
 

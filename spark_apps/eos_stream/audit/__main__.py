@@ -12,7 +12,7 @@ from spark_apps.eos_stream.audit.oracle import DEFAULT_TIMEOUT, audit
 from spark_apps.eos_stream.audit.readers import PARALLEL_MIN_RECORDS
 from spark_apps.eos_stream.audit.rules import PENDING_POLICIES, AuditTimeout
 from spark_apps.eos_stream.kafka.offsets import from_nested
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.records.spec import spec_of
 from spark_apps.eos_stream.run.config import add_config_arguments, config_from_arguments
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = config_from_arguments(args)
     try:
-        report = audit(config, load_spec(config.spec), timeout=args.timeout, pending=args.pending,
+        report = audit(config, spec_of(config), timeout=args.timeout, pending=args.pending,
                        goal=None if args.goal is None else from_nested(args.goal), workers=args.workers)
     except AuditTimeout as exc:
         print(str(exc), file=sys.stderr)

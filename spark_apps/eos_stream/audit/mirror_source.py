@@ -199,7 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg2
 
     from spark_apps.eos_stream.cdc.definition import parse_mirror
-    from spark_apps.eos_stream.cdc.pipeline import read_definition
     from spark_apps.eos_stream.run.config import add_config_arguments, config_from_arguments
 
     parser = argparse.ArgumentParser(prog="python -m spark_apps.eos_stream.audit.mirror_source",
@@ -213,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--source must not hold a password: a command line is visible to every user of the "
                      "machine; set PGPASSWORD or a PGPASSFILE instead")
     config = config_from_arguments(args)
-    if not config.spec.startswith("mirror:"):
+    if config.mirror is None:
         parser.error(f"pipeline {config.pipeline} is not a mirror pipeline (its spec is {config.spec!r})")
-    definition = parse_mirror(read_definition(config.spec.removeprefix("mirror:")))
+    definition = parse_mirror(config.mirror)
     source, target = psycopg2.connect(args.source), psycopg2.connect(**config.postgres.dsn_kwargs())
     try:
         report = audit_against_source(source, target, definition, config.target_schema)

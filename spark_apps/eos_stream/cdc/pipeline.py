@@ -1,8 +1,7 @@
 """A mirror pipeline's spec: the change stream's mirror plugged into the sink's staged path.
 
-``mirror_spec`` builds the :class:`PipelineSpec` that a config's ``spec: "mirror:<definition>"``
-names (``records.spec.load_spec``): the definition is a YAML or JSON file (its ``mirror``
-section, or the section alone), or the section inline as JSON. No Python is needed.
+``mirror_spec`` builds the :class:`PipelineSpec` of a config's ``mirror`` section
+(``records.spec.spec_of``, once per process). No Python is needed.
 
 The sink knows no mirror: it calls :class:`MirrorBatches` through ``PipelineSpec.mirror``.
 On the executors, each Kafka record becomes one stage line (``mirror.staging_lines``); in the
@@ -15,7 +14,6 @@ sink in that same transaction, so a batch applies whole, with its offsets, or no
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -26,35 +24,8 @@ from spark_apps.eos_stream.cdc.definition import MirrorDefinition, parse_mirror
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.records import batch_lines
-from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec, SpecError
+from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec, SpecError, read_mirror_section
 from spark_apps.eos_stream.state.ddl import run_ddl
-
-
-def read_definition(argument: str) -> Mapping[str, Any]:
-    """The ``mirror`` section a ``mirror:`` reference names: inline JSON (``{...}``), or a
-    YAML or JSON file holding the section, or a pipeline definition with a ``mirror`` key."""
-    text = argument.strip()
-    if not text.startswith("{"):
-        try:
-            with open(text) as handle:
-                text = handle.read()
-        except OSError as exc:
-            raise SpecError(f"cannot read the mirror definition {argument!r}: {exc}") from exc
-    try:
-        import yaml  # JSON is YAML too
-
-        # libyaml's loader where built: each Spark task reads the definition again.
-        document = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except ImportError:
-        document = json.loads(text)
-    except Exception as exc:
-        raise SpecError(f"the mirror definition {argument[:200]!r} is not valid YAML or JSON: {exc}") from exc
-    if isinstance(document, Mapping) and isinstance(document.get("mirror"), Mapping):
-        document = document["mirror"]
-    if not isinstance(document, Mapping):
-        raise SpecError(f"the mirror definition {argument[:200]!r} must be a mapping (the mirror section)")
-    return document
-
 
 # The COPY text a batch's stage lines are sent in, at most this many characters and one line
 # more: the text of a batch of large records (a stage line holds the record's columns as JSON)
@@ -77,10 +48,11 @@ def bounded_chunks(lines: Iterable[str], limit: int) -> Iterator[bytes]:
         yield "".join(chunk).encode()
 
 
-def mirror_spec(argument: str) -> PipelineSpec:
-    """The spec of a mirror pipeline from its definition (``read_definition``)."""
+def mirror_spec(section: Mapping[str, Any] | str) -> PipelineSpec:
+    """The spec of a mirror pipeline from its ``mirror`` section (a Python spec module may build
+    one too), or from a file or inline JSON holding it (``records.spec.read_mirror_section``)."""
     try:
-        definition = parse_mirror(read_definition(argument))
+        definition = parse_mirror(read_mirror_section(section) if isinstance(section, str) else section)
     except MirrorError as exc:
         raise SpecError(f"mirror definition: {exc}") from exc
     batches = MirrorBatches(definition)
@@ -89,8 +61,8 @@ def mirror_spec(argument: str) -> PipelineSpec:
 
 
 class MirrorBatches:
-    """``records.spec.MirrorApply`` for one mirror definition: picklable (plain values), as
-    the executors rebuild it from the spec reference anyway."""
+    """``records.spec.MirrorApply`` for one mirror definition: plain values (the executors build
+    their own from the section, ``records.spec.SpecSource``)."""
 
     def __init__(self, definition: MirrorDefinition) -> None:
         self.definition = definition

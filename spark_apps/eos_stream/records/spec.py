@@ -8,7 +8,9 @@ names it in the app's config as ``module:attribute``. The other packages under
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -140,7 +142,7 @@ class PipelineSpec:
         added later) that creates the targets; used only when the app is asked
         to create them.
     :param mirror: a change stream's mirror instead of ``fields`` and ``targets``
-        (``MirrorApply``; a ``mirror:`` reference builds one, see ``load_spec``).
+        (``MirrorApply``; a config's ``mirror`` section builds one, see ``spec_of``).
     """
 
     name: str
@@ -182,18 +184,89 @@ class PipelineSpec:
         return [t.table for t in self.targets] + (self.mirror.target_tables() if self.mirror is not None else [])
 
 
-# Spec references of a kind that needs no Python: ``kind:argument`` is built by the kind's
-# factory, named like any spec (``module:ATTRIBUTE``), so this package imports none of them.
-SPEC_KINDS = {"mirror": "spark_apps.eos_stream.cdc.pipeline:mirror_spec"}
+# Where a mirror's spec is built (``cdc.pipeline``), named like a spec so that this package
+# imports no change-stream code.
+MIRROR_SPEC_FACTORY = "spark_apps.eos_stream.cdc.pipeline:mirror_spec"
+
+
+@dataclass(frozen=True)
+class SpecSource:
+    """Where a pipeline's spec comes from, as plain values a Spark task's closure pickles: the
+    ``module:ATTRIBUTE`` of a Python spec, or a mirror section as JSON. :meth:`load` builds a
+    mirror's spec once per process (each executor's Python worker parses its section once).
+
+    :param reference: a Python spec's ``module:ATTRIBUTE``; None for a mirror.
+    :param mirror_json: the config's ``mirror`` section as JSON (sorted keys); None for a Python spec.
+    """
+
+    reference: str | None = None
+    mirror_json: str | None = None
+
+    @classmethod
+    def of(cls, pipeline: Any) -> SpecSource:
+        """The source of a pipeline's spec: ``pipeline`` is an app config or a definition (its
+        ``spec`` and ``mirror``)."""
+        mirror = getattr(pipeline, "mirror", None)
+        if mirror is not None:
+            return cls(mirror_json=json.dumps(mirror, sort_keys=True, default=str))
+        return cls(reference=pipeline.spec)
+
+    def load(self) -> PipelineSpec:
+        if self.mirror_json is not None:
+            return _mirror_spec(self.mirror_json)
+        if not self.reference:
+            raise SpecError("the pipeline names no spec: name one (package.module:ATTRIBUTE), or give a mirror section")
+        return load_spec(self.reference)
+
+
+@functools.lru_cache(maxsize=8)
+def _mirror_spec(mirror_json: str) -> PipelineSpec:
+    """A mirror section's spec, built once per process and section (the spec holds plain values)."""
+    factory_module, _, factory_name = MIRROR_SPEC_FACTORY.partition(":")
+    return getattr(importlib.import_module(factory_module), factory_name)(json.loads(mirror_json))
+
+
+def read_mirror_section(argument: str) -> Mapping[str, Any]:
+    """The ``mirror`` section a reference of the earlier shape (``mirror:<argument>``) names:
+    inline JSON (``{...}``), or a YAML or JSON file holding the section, or a pipeline definition
+    with a ``mirror`` key. Read for one release, when a config or a definition is built.
+
+    :raises SpecError: the file cannot be read, or holds no mapping."""
+    text = argument.strip()
+    if not text.startswith("{"):
+        try:
+            with open(text) as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise SpecError(f"cannot read the mirror definition {argument!r}: {exc}") from exc
+    try:
+        import yaml  # JSON is YAML too
+
+        # libyaml's loader where built: a large definition loads faster.
+        document = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except ImportError:
+        document = json.loads(text)
+    except Exception as exc:
+        raise SpecError(f"the mirror definition {argument[:200]!r} is not valid YAML or JSON: {exc}") from exc
+    if isinstance(document, Mapping) and isinstance(document.get("mirror"), Mapping):
+        document = document["mirror"]
+    if not isinstance(document, Mapping):
+        raise SpecError(f"the mirror definition {argument[:200]!r} must be a mapping (the mirror section)")
+    return document
+
+
+def spec_of(pipeline: Any) -> PipelineSpec:
+    """The spec of ``pipeline`` (an app config or a definition): its mirror section's, built once
+    per process, or the Python spec its ``spec`` names."""
+    return SpecSource.of(pipeline).load()
 
 
 def load_spec(reference: str) -> PipelineSpec:
-    """Imports ``package.module:ATTRIBUTE`` and checks it is a PipelineSpec; a reference
-    ``mirror:<definition file or inline JSON>`` builds a mirror pipeline's spec."""
-    kind, _, argument = reference.partition(":")
-    if kind in SPEC_KINDS:
-        factory_module, _, factory_name = SPEC_KINDS[kind].partition(":")
-        return getattr(importlib.import_module(factory_module), factory_name)(argument)
+    """Imports ``package.module:ATTRIBUTE`` and checks it is a PipelineSpec (a mirror's spec comes
+    from its section: :func:`spec_of`)."""
+    if reference.startswith("mirror:"):
+        raise SpecError(f"spec {reference[:80]!r} is no Python spec: a mirror pipeline gives its section as the "
+                        "config's mirror field (docs/cdc.md)")
     module_name, _, attribute = reference.partition(":")
     if not attribute:
         raise SpecError(f"spec {reference!r} must look like 'package.module:ATTRIBUTE'")

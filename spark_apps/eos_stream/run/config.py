@@ -11,12 +11,14 @@ fields and their defaults. The provider derives its forms from it mechanically:
 field in :func:`pipeline_fields` under the same name (``pipeline`` is its ``name``)
 with :func:`default_of` as its default, and builds the app's config by walking those
 fields; the stream operator takes that definition plus the :data:`RUN_FIELDS` a run
-sets. The source lives here, not in the provider, because the app runs on Spark
+sets. A mirror pipeline's ``mirror`` section is a field of its own, the section as the
+definition holds it (plain JSON); the app builds its spec from it once per process
+(``records.spec.spec_of``). The source lives here, not in the provider, because the app runs on Spark
 without Airflow or pydantic; tests/unit/test_pipeline_shape.py fails when a form
 disagrees. What a config may not be is one list, ``config_rules.RULES``: ``validate``,
 the app's start and the provider's definition all apply it (config_rules reads the fields
 through a protocol and imports nothing of this module). No field defaults to an example
-pipeline: ``pipeline``, ``topics`` and ``spec`` are required.
+pipeline: ``pipeline`` and ``topics`` are required, and ``spec`` or ``mirror`` (rule ``spec``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,24 @@ REMOVED_OPTIONS = {
 }
 # How a recovery replays: the app under spark-submit, or direct_replay without Spark.
 REPLAY_ENGINES = ("spark", "direct")
+
+
+# The earlier shape of a mirror pipeline's spec, ``mirror:<file or inline JSON>``: read for one release.
+LEGACY_MIRROR_PREFIX = "mirror:"
+
+
+def legacy_mirror(spec: str, mirror: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``mirror`` section a spec of the earlier shape names (``records.spec.read_mirror_section``).
+
+    :raises ConfigError: the config names a mirror section too, or the reference holds none."""
+    from spark_apps.eos_stream.records.spec import SpecError, read_mirror_section
+
+    if mirror is not None:
+        raise ConfigError("a pipeline names either a spec or a mirror section, not both")
+    try:
+        return dict(read_mirror_section(spec.removeprefix(LEGACY_MIRROR_PREFIX)))
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 # libpq keywords that are secrets: they never go into a config file or onto a command line.
@@ -81,7 +101,10 @@ class PipelineConfig:
     :param pipeline: name that keys offsets, progress and dead letters.
     :param topics: Kafka topics to read.
     :param kafka_bootstrap: bootstrap servers.
-    :param spec: ``module:ATTRIBUTE`` of the PipelineSpec.
+    :param spec: ``module:ATTRIBUTE`` of the PipelineSpec; None for a mirror pipeline.
+    :param mirror: a mirror pipeline's ``mirror`` section (docs/cdc.md), in place of ``spec``.
+        The earlier shape, ``spec: "mirror:<file or inline JSON>"``, is read into it when the
+        config is built, for one release.
     :param delivery: at_least_once, idempotent, exactly_once or two_phase.
     :param engine: what runs the stream: ``spark`` (the Spark app under spark-submit, its
         micro-batches set by ``trigger``) or ``continuous`` (no Spark: one process commits a cycle
@@ -127,7 +150,8 @@ class PipelineConfig:
 
     pipeline: str
     topics: list[str]
-    spec: str
+    spec: str | None = None
+    mirror: dict[str, Any] | None = None
     kafka_bootstrap: str = "127.0.0.1:9092"
     delivery: str = "exactly_once"
     engine: str = "spark"
@@ -148,6 +172,13 @@ class PipelineConfig:
     transient_retry_seconds: float = 300
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold SASL secrets
     postgres: PostgresTarget = field(default_factory=PostgresTarget)
+
+    def __post_init__(self) -> None:
+        # The earlier shape of a mirror (a config written by an earlier release, a hand-written
+        # one), read into ``mirror`` here, so no code past this sees a mirror inside ``spec``.
+        if isinstance(self.spec, str) and self.spec.startswith(LEGACY_MIRROR_PREFIX):
+            self.mirror = legacy_mirror(self.spec, self.mirror)
+            self.spec = None
 
     def validate(self) -> PipelineConfig:
         """This config, or ConfigError naming every rule of its fields it breaks

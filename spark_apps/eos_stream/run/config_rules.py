@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from spark_apps.eos_stream.sink.modes import MODES
 
@@ -42,7 +42,8 @@ class RuledConfig(Protocol):
 
     pipeline: str
     topics: list[str]
-    spec: str
+    spec: str | None
+    mirror: dict[str, Any] | None
     delivery: str
     engine: str
     trigger: str
@@ -139,7 +140,7 @@ def mirror_delivery_problem(config: RuledConfig, spec: PipelineSpec | None = Non
     key's newer change arrives again (the at-least-once JDBC sinks' defect)."""
     from spark_apps.eos_stream.sink.modes import MODES
 
-    mirror = config.spec.startswith("mirror:") or (spec is not None and spec.mirror is not None)
+    mirror = config.mirror is not None or (spec is not None and spec.mirror is not None)
     mode = MODES.get(config.delivery)
     if mirror and mode is not None and not mode.stores_offsets:
         return (f"delivery {config.delivery!r} cannot keep a mirror equal to its source: without offsets stored "
@@ -157,6 +158,15 @@ def _continuous_reads_listed_topics(config: RuledConfig, spec: PipelineSpec) -> 
     return (f"engine 'continuous' reads the pipeline's listed topics only, so it would leave out the tables "
             f"this mirror names by pattern (subscription {pattern!r}), and every one created later. Use engine "
             "'spark' (Spark subscribes by the pattern), or list those tables")
+
+
+def _spec_or_mirror(config: RuledConfig) -> str | None:
+    # What the records hold is told once: by a Python spec, or by a mirror section.
+    if config.spec and config.mirror is not None:
+        return "a pipeline names either a spec or a mirror section, not both"
+    if not config.spec and config.mirror is None:
+        return "required: name the spec (package.module:ATTRIBUTE), or give a mirror section (docs/cdc.md)"
+    return None
 
 
 def _create_targets_needs_ddl(config: RuledConfig, spec: PipelineSpec) -> str | None:
@@ -178,7 +188,7 @@ RULES: tuple[Rule, ...] = (
     Rule("max_batch_attempts", _positive("max_batch_attempts", 1)),
     Rule("transient_retry_seconds", _transient_retry),
     Rule("mirror_needs_stored_offsets", mirror_delivery_problem),
-    Rule("spec", lambda config: None),  # made by loading the spec: see refusals()
+    Rule("spec", _spec_or_mirror),  # and by loading the spec: see refusals()
     Rule("aggregates_need_exactly_once", aggregates_problem, needs_spec=True),
     Rule("create_targets_needs_ddl", _create_targets_needs_ddl, needs_spec=True),
     Rule("continuous_reads_listed_topics", _continuous_reads_listed_topics, needs_spec=True),
@@ -196,20 +206,19 @@ def refusals(config: RuledConfig, *, load_spec: bool = True) -> list[Refusal]:
     :param load_spec: also import the spec and apply the rules that need it (the app's start,
         ``eos validate``); without it (a definition being built, a recovery step reading its
         config) only the rules on the fields apply."""
-    from spark_apps.eos_stream.records.spec import SpecError
-    from spark_apps.eos_stream.records.spec import load_spec as load
+    from spark_apps.eos_stream.records.spec import SpecError, spec_of
 
     found = [Refusal(rule.name, problem) for rule in RULES
              if not rule.needs_spec and (problem := rule.check(config))]
-    if not load_spec or any(r.rule == "delivery" for r in found):
+    if not load_spec or any(r.rule in ("delivery", "spec") for r in found):
         return found
     try:
-        spec = load(config.spec)
+        spec = spec_of(config)
     except SpecError as exc:
         return [*found, Refusal("spec", str(exc))]
     except Exception as exc:  # a spec module may fail in any way, not only ImportError
-        return [*found, Refusal("spec", f"cannot import spec module of {config.spec!r}: "
-                                        f"{type(exc).__name__}: {exc}")]
+        what = f"cannot import spec module of {config.spec!r}" if config.spec else "cannot read the mirror section"
+        return [*found, Refusal("spec", f"{what}: {type(exc).__name__}: {exc}")]
     return found + [Refusal(rule.name, problem) for rule in RULES
                     if rule.needs_spec and (problem := rule.check(config, spec))]
 

@@ -111,7 +111,7 @@ from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import PipelineSpec, load_spec
+from spark_apps.eos_stream.records.spec import PipelineSpec, spec_of
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.run.continuous_read import Cycle, CycleReader, is_kafka_weather
@@ -416,7 +416,7 @@ def run_continuous(config: PipelineConfig) -> int:
 
     import_in_background("pandas")  # pyarrow's first array from Python objects imports it: not in a cycle
     config = with_session_timeouts(config)
-    spec = load_spec(config.spec)
+    spec = spec_of(config)
     mode = preflight.delivery_mode(config, spec)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-continuous-" + uuid.uuid4().hex[:6]
     emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="continuous")

@@ -61,7 +61,7 @@ from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import OffsetRange
-from spark_apps.eos_stream.records.spec import load_spec
+from spark_apps.eos_stream.records.spec import spec_of
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, import_in_background
@@ -138,7 +138,7 @@ def replay(config: PipelineConfig) -> int:
 
     entered = time.perf_counter()
     import_in_background("pandas")
-    spec = load_spec(config.spec)
+    spec = spec_of(config)
     mode = preflight.delivery_mode(config, spec)
     admin = AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
                                              **config.librdkafka_options()}))

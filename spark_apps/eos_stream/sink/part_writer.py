@@ -29,7 +29,7 @@ from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records import aggregate_deltas, batch_lines
 from spark_apps.eos_stream.records.parsing import RecordError, parse_record
-from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, PipelineSpec, RowTarget, load_spec
+from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, PipelineSpec, RowTarget, SpecSource
 from spark_apps.eos_stream.sink.parts import aggregate_targets
 from spark_apps.eos_stream.sink.staging import copy_from_chunks
 
@@ -161,11 +161,12 @@ def _write(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str, g
     return part_result(gid, counts["rows"], deltas)
 
 
-def part_writer(dsn_kwargs: dict[str, Any], spec_ref: str, target_schema: str, prefix: str,
+def part_writer(dsn_kwargs: dict[str, Any], spec_source: SpecSource, target_schema: str, prefix: str,
                 kafka_settings: dict[str, Any]) -> Callable[[int, Iterable[kafka_ranges.OffsetRange]], Iterator[dict]]:
     """Returns the function each Spark task runs (``mapPartitionsWithIndex``) on its share of
     a batch's offset ranges: it writes them as the part ``<prefix><task>:<attempt id>`` and
-    yields its ``part_result``. It captures only plain values, so it pickles to any executor."""
+    yields its ``part_result``. It captures only plain values, so it pickles to any executor; the
+    spec is built from ``spec_source`` once per executor process."""
 
     def write(index: int, ranges: Iterable[kafka_ranges.OffsetRange]) -> Iterator[dict[str, Any]]:
         from pyspark import TaskContext
@@ -179,7 +180,7 @@ def part_writer(dsn_kwargs: dict[str, Any], spec_ref: str, target_schema: str, p
         started = time.perf_counter()
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         try:
-            result = write_part(dsn_kwargs, load_spec(spec_ref), target_schema, f"{prefix}{index}:{attempt}",
+            result = write_part(dsn_kwargs, spec_source.load(), target_schema, f"{prefix}{index}:{attempt}",
                                 consumer, share)
             # The task's own time: the write job's wall time less this is Spark's scheduling.
             yield {**result, "ms": round((time.perf_counter() - started) * 1000)}
@@ -190,13 +191,12 @@ def part_writer(dsn_kwargs: dict[str, Any], spec_ref: str, target_schema: str, p
     return write
 
 
-def driver_part_writer(dsn_kwargs: dict[str, Any], spec_ref: str, target_schema: str,
+def driver_part_writer(dsn_kwargs: dict[str, Any], spec: PipelineSpec, target_schema: str,
                        kafka_settings: dict[str, Any]) -> Callable[[str, list[kafka_ranges.OffsetRange]], list[dict]]:
     """Writes a whole batch as one part in this process, the driver, as the Spark-less replay
     does (one task, P1-P6): a small batch then costs no Spark job, whose scheduling is most of
     a small batch's write (``python -m bench.latency``). The part is ``<prefix>driver:0``; a batch is
     written by the driver or by its tasks, never both. Returns ``[part_result]``."""
-    spec = load_spec(spec_ref)
 
     def write(prefix: str, ranges: list[kafka_ranges.OffsetRange]) -> list[dict[str, Any]]:
         started = time.perf_counter()

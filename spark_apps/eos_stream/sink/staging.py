@@ -21,7 +21,7 @@ from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records import batch_lines
 from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
-from spark_apps.eos_stream.records.spec import PipelineSpec, load_spec
+from spark_apps.eos_stream.records.spec import PipelineSpec, SpecSource
 
 _PG_COLUMN_TYPES = {"_topic": "text", "_partition": "integer", "_offset": "bigint", "_key": "bytea",
                     "_value": "bytea", "_error": "text"}
@@ -166,12 +166,13 @@ def stage_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: s
     return counts["staged"]
 
 
-def range_stager(dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, stage_name: str, keep_raw: bool,
+def range_stager(dsn_kwargs: dict[str, Any], spec_source: SpecSource, meta_schema: str, stage_name: str, keep_raw: bool,
                  kafka_settings: dict[str, Any]) -> Callable[[Iterable[kafka_ranges.OffsetRange]], Iterator[int]]:
     """Returns the function each Spark task runs on its share of the batch's offset ranges:
     it reads and stages them and yields its count, for the driver to sum.
 
-    It captures only plain values, so it pickles to any executor."""
+    It captures only plain values, so it pickles to any executor; the spec is built from
+    ``spec_source`` once per executor process."""
 
     def stage(ranges: Iterable[kafka_ranges.OffsetRange]) -> Iterator[int]:
         share = list(ranges)
@@ -180,7 +181,7 @@ def range_stager(dsn_kwargs: dict[str, Any], spec_ref: str, meta_schema: str, st
             return  # an empty task opens no connection
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         try:
-            yield stage_ranges(dsn_kwargs, load_spec(spec_ref), meta_schema, stage_name, keep_raw, consumer, share)
+            yield stage_ranges(dsn_kwargs, spec_source.load(), meta_schema, stage_name, keep_raw, consumer, share)
         except BaseException:
             kafka_ranges.drop_worker_consumer(kafka_settings)  # a failed read may leave it mid-fetch
             raise
