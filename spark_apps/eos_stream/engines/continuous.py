@@ -103,7 +103,7 @@ from typing import Any
 
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.engines.continuous_read import Cycle, CycleReader, is_kafka_weather
-from spark_apps.eos_stream.engines.shared import ProgressRows, batch_event, poll_stop
+from spark_apps.eos_stream.engines.shared import ProgressRows, batch_event, poll_stop, write_one_part
 from spark_apps.eos_stream.engines.start import EARLIEST, Driver, Start, begin, import_in_background, open_consumer
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
@@ -111,7 +111,6 @@ from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part_batches
 from spark_apps.eos_stream.sink.parts import WrittenParts
@@ -322,22 +321,16 @@ class ContinuousRun:
 
     def write_as_part(self, cycle: Cycle) -> WrittenParts | None:
         """The cycle written as one prepared part, or None after rolling back what it left (P2)."""
-        driver, sink = self.driver, self.sink
-        prefix = sink.parts_prefix(self.batch_id)
+        driver = self.driver
         try:
-            written = parts.write_batch(
-                lambda prefix: [write_part_batches(driver.dsn, driver.spec, self.config.target_schema,
-                                                   f"{prefix}0:0", cycle.batches(), self.part_connection())],
-                driver.spec, prefix, self.batch_id, time.perf_counter(), emit)
+            # Refused or failed (P2): the write may have ended inside its transaction, which closing
+            # the session rolls back; the next part starts on a new one.
+            return write_one_part(self.sink, driver.spec, self.batch_id, lambda name: write_part_batches(
+                driver.dsn, driver.spec, self.config.target_schema, name, cycle.batches(), self.part_connection()),
+                on_failed=self.close_part_connection)
         except BaseException:
             self.close_part_connection()  # it may be inside a part: the next one starts on a new session
             raise
-        if written is None:
-            # Refused or failed (P2): the write may have ended inside its transaction, which closing
-            # the session rolls back; the next part starts on a new one.
-            self.close_part_connection()
-            sink.drop_parts(prefix)
-        return written
 
     def part_connection(self) -> Any:
         """The session every cycle's part is written on: a new session costs a backend start and

@@ -57,15 +57,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from spark_apps.eos_stream.engines.shared import batch_event
+from spark_apps.eos_stream.engines.shared import batch_event, write_one_part
 from spark_apps.eos_stream.engines.start import EARLIEST, Driver, begin, import_in_background, open_consumer
-from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import OffsetRange
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part
 from spark_apps.eos_stream.sink.parts import WrittenParts
@@ -121,14 +119,8 @@ def write_as_part(driver: Driver, sink: BatchSink, consumer: Any, batch_id: int,
     """The batch written as one prepared part, or None after rolling back whatever it left
     (P2: refused, or the read failed): then the sink stages it, and a read that failed here
     fails there the same way."""
-    prefix = sink.parts_prefix(batch_id)
-    written = parts.write_batch(
-        lambda prefix: [write_part(driver.dsn, driver.spec, driver.config.target_schema, f"{prefix}0:0", consumer,
-                                   ranges)],
-        driver.spec, prefix, batch_id, time.perf_counter(), emit)
-    if written is None:
-        sink.drop_parts(prefix)
-    return written
+    return write_one_part(sink, driver.spec, batch_id, lambda name: write_part(
+        driver.dsn, driver.spec, driver.config.target_schema, name, consumer, ranges))
 
 
 def replay(config: PipelineConfig) -> int:

@@ -1,5 +1,6 @@
 """What every engine does around its batches, once claimed (``start``): the ``batch`` event, the
-progress row with its ``progress`` event, and the stop-and-fence poll.
+progress row with its ``progress`` event, the stop-and-fence poll, and a batch written as one
+prepared part by an engine that reads in its own process (``write_one_part``).
 
 An engine's batch is committed by the one sink (``BatchSink.process``), whose result every
 engine reports the same way (``batch_event``). The progress table (``stream_progress``) holds
@@ -11,6 +12,7 @@ session (``Driver.stop_signal``: ``StopSignal``, which opens a lost session agai
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +21,10 @@ from psycopg2 import sql
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.spec import PipelineSpec
+from spark_apps.eos_stream.sink import parts
+from spark_apps.eos_stream.sink.batch_sink import BatchSink
+from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.writer import BatchResult
 from spark_apps.eos_stream.state import fencing, meta_tables
 from spark_apps.eos_stream.state.control import StopSignal
@@ -73,3 +79,21 @@ def poll_stop(stop: StopSignal, on_fenced: Callable[[], Any] | None = None) -> s
             on_fenced()
         raise fencing.Fenced(fenced)
     return stop.requested()
+
+
+def write_one_part(sink: BatchSink, spec: PipelineSpec, batch_id: int, write: Callable[[str], dict[str, Any]],
+                   on_failed: Callable[[], Any] | None = None) -> WrittenParts | None:
+    """The batch written as one prepared part (a driver with one task: P1-P6), or None after
+    rolling back whatever it left (P2: refused, or the write failed), when the sink stages it.
+
+    :param write: writes the part named by its argument and returns its result (``part_writer``).
+    :param on_failed: called first when it returns None (the continuous engine closes the part's
+        session, which may have ended inside its transaction)."""
+    prefix = sink.parts_prefix(batch_id)
+    written = parts.write_batch(lambda prefix: [write(f"{prefix}0:0")], spec, prefix, batch_id,
+                                time.perf_counter(), emit)
+    if written is None:
+        if on_failed is not None:
+            on_failed()
+        sink.drop_parts(prefix)
+    return written
