@@ -3,7 +3,7 @@
     .venv/bin/python bench/direct_replay_ab.py --events 20000 200000 --runs 3 --baseline /tmp/before
 
 Per size N: produce N ledger events into a 4-partition topic, then ``--runs`` times replay the
-whole topic with each checkout's ``spark_apps.eos_stream.run.direct_replay`` into a pipeline of its
+whole topic with each checkout's ``spark_apps.eos_stream.engines.direct_replay`` into a pipeline of its
 own (fresh schemas, as a recovery's replay after the restore: nothing applied past the
 snapshot), alternating which goes first; each replay is a fresh Python process with that
 checkout first on ``PYTHONPATH``, timed from its start to its exit. ``max_offsets_per_trigger``
@@ -36,7 +36,7 @@ def _replay(tree: Path, config: dict[str, Any], tmp: Path) -> float:
     path = tmp / f"{config['pipeline']}.json"
     path.write_text(json.dumps(config))
     clock = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.run.direct_replay", "--config", str(path)],
+    done = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.engines.direct_replay", "--config", str(path)],
                           capture_output=True, text=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                           timeout=900)
     seconds = time.monotonic() - clock

@@ -124,7 +124,7 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
 
 def start_continuous(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
                      label: str = "continuous", root: Path = ROOT) -> AppRun:
-    """Starts the continuous engine (``spark_apps.eos_stream.run.continuous``) of the checkout at
+    """Starts the continuous engine (``spark_apps.eos_stream.engines.continuous``) of the checkout at
     ``root`` on ``config`` (its engine set to ``continuous``, with the only trigger it takes), in a
     process group of its own, as the provider's hook does; its output goes to the run's log."""
     config = {**config, "engine": "continuous", "trigger": "processingTime"}
@@ -132,7 +132,7 @@ def start_continuous(config: dict[str, Any], tmp_path: Path, env_extra: dict[str
     config_path.write_text(json.dumps(config))
     log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "spark_apps.eos_stream.run.continuous", "--config",
+        process = subprocess.Popen([sys.executable, "-m", "spark_apps.eos_stream.engines.continuous", "--config",
                                     str(config_path)], stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, **(env_extra or {})}, cwd=root, start_new_session=True)
     return AppRun(process, log_path)
@@ -150,7 +150,7 @@ def run_app(config: dict[str, Any], tmp_path: Path, timeout: float = 300, **kwar
 
 def run_direct_replay(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | None = None,
                       label: str = "replay", timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Runs the Spark-less replay (``spark_apps.eos_stream.run.direct_replay``) of ``config`` to Kafka's
+    """Runs the Spark-less replay (``spark_apps.eos_stream.engines.direct_replay``) of ``config`` to Kafka's
     last stable offsets: the app's claim and sink without a JVM, for a test that needs a pipeline's
     state but not Spark. In its own process group (a fault point kills the whole group).
 
@@ -163,7 +163,7 @@ def run_direct_replay(config: dict[str, Any], tmp_path: Path, env_extra: dict[st
     """
     path = tmp_path / f"{config['pipeline']}-{label}.json"
     path.write_text(json.dumps(config))
-    return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.run.direct_replay", "--config", str(path)],
+    return subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.engines.direct_replay", "--config", str(path)],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env_extra or {})},
                           timeout=timeout, start_new_session=True)
 

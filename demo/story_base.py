@@ -42,8 +42,8 @@ from demo.names import (
     UNPAUSE_AT_START,
 )
 from spark_apps.eos_stream.audit.oracle import audit
+from spark_apps.eos_stream.engines import continuous as continuous_engine
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.run import continuous as continuous_engine
 from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
 from spark_apps.ledger.spec import LEDGER
 from spark_apps.orders.spec import LINES_TABLE, ORDERS, SALES_TABLE
@@ -233,7 +233,7 @@ class StoryBase:
 
     def stream_engines(self, pipeline: str) -> list[psutil.Process]:
         """The processes that stream ``pipeline``, found in one scan: its Spark drivers, or its
-        continuous engine (``python -m spark_apps.eos_stream.run.continuous --config <file>``,
+        continuous engine (``python -m spark_apps.eos_stream.engines.continuous --config <file>``,
         the file naming it)."""
         return [process for process in psutil.process_iter(["cmdline", "name"])
                 if _is_spark_driver(process.info, pipeline) or _is_continuous_engine(process.info, pipeline)]

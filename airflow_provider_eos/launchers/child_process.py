@@ -1,4 +1,4 @@
-"""The continuous engine (``spark_apps.eos_stream.run.continuous``) as a child of this worker: no
+"""The continuous engine (``spark_apps.eos_stream.engines.continuous``) as a child of this worker: no
 Spark, no Spark hook. Its config in a private file, its secrets in its environment only, in a
 process group of its own so a stop ends it and whatever it started."""
 
@@ -20,7 +20,7 @@ from airflow_provider_eos.launchers.result import AppRunResult, Event, EventLog,
 if TYPE_CHECKING:
     from spark_apps.eos_stream.run.config import PipelineConfig
 
-CONTINUOUS_MODULE = "spark_apps.eos_stream.run.continuous"
+CONTINUOUS_MODULE = "spark_apps.eos_stream.engines.continuous"
 
 
 class ChildProcessLauncher:

@@ -1,4 +1,4 @@
-"""The direct replay (``spark_apps.eos_stream.run.direct_replay``) in this process: no spark-submit,
+"""The direct replay (``spark_apps.eos_stream.engines.direct_replay``) in this process: no spark-submit,
 no child, the same claim and sink as the app."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class _EventTee(io.TextIOBase):
 
 
 def direct_replay_engine(config: PipelineConfig) -> int:
-    from spark_apps.eos_stream.run.direct_replay import replay
+    from spark_apps.eos_stream.engines.direct_replay import replay
 
     return replay(config)
 

@@ -146,7 +146,7 @@ class ReplayOperator(KafkaOffsetsMixin, BaseOperator):
     :param engine: ``auto`` (the default: ``direct`` when the records between the stored offsets
         and the last stable offsets are at most ``direct_max_records``, ``spark`` otherwise),
         ``spark`` (the app through spark-submit, on the Spark connection's master) or ``direct``
-        (``spark_apps.eos_stream.run.direct_replay`` in this worker: the same claim and sink without
+        (``spark_apps.eos_stream.engines.direct_replay`` in this worker: the same claim and sink without
         Spark, so no cold spark-submit and no cold first batch; one process reads). The choice is
         logged and returned as ``engine`` (:class:`~airflow_provider_eos.utils.replay_engine.ReplayChoice`).
     :param direct_max_records: ``auto``'s threshold (a definition's ``stream.replay_direct_max_records``).

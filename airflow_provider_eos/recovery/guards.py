@@ -55,7 +55,7 @@ def commit_orphans(hook: Any, config: Any) -> list[str]:
     under the pipeline's lock) and never reached COMMIT PREPARED: it holds the
     pipeline's lock until someone resolves it, so an epoch bump, and with it a stop or
     fence, would wait forever. Committing it finishes exactly what the dead driver was
-    about to do (a restarted driver does the same, ``driver.claim``), so the target stays
+    about to do (a restarted driver does the same, ``start.claim``), so the target stays
     exact. Only while holding the running lock (no driver runs, none can start
     meanwhile): a live driver's prepared batch is its own to commit a moment later."""
     from spark_apps.eos_stream.sink import parts

@@ -1,7 +1,7 @@
 """Which engine replays a recovery: ``spark``, ``direct``, or ``auto`` (by the replay's size).
 
 A recovery's replay is usually small (what came after the snapshot) and urgent. ``direct``
-(``spark_apps/eos_stream/run/direct_replay.py``) replays in the Airflow worker's process and pays
+(``spark_apps/eos_stream/engines/direct_replay.py``) replays in the Airflow worker's process and pays
 no spark-submit and no cold first batch; ``spark`` pays ~12 s for those whatever the size but
 then reads with every executor of the cluster. So ``auto`` takes ``direct`` when the records
 between the restored offsets and Kafka's last stable offsets are at most

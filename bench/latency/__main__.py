@@ -111,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deliveries", nargs="+", choices=sorted(SPECS), default=sorted(SPECS))
     p.add_argument("--triggers", nargs="+", type=_trigger, default=["5", "1", "0", "continuous"],
                    help="processingTime intervals in seconds (0: as fast as it goes), or 'continuous' "
-                        "(the Spark-less engine, spark_apps/eos_stream/run/continuous.py)")
+                        "(the Spark-less engine, spark_apps/eos_stream/engines/continuous.py)")
     p.add_argument("--rates", nargs="+", type=int, default=[2000, 20000], help="events per second")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--pipelines", type=int, default=1, help="pipelines streaming at once")

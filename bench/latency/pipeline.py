@@ -103,7 +103,7 @@ def _kind(process: psutil.Process) -> str | None:
         return "python_worker"
     if "python" in process.name() and "app.py" in cmdline:
         return "driver_python"
-    if "python" in process.name() and "eos_stream.run.continuous" in cmdline:
+    if "python" in process.name() and "eos_stream.engines.continuous" in cmdline:
         return "continuous_engine"
     return None
 

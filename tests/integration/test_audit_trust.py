@@ -459,7 +459,7 @@ def test_partitions_left_with_markers_or_nothing_do_not_hang_the_audit(
 def test_a_compacted_topic_is_refused_by_the_audit_and_the_replay(stack: dict, tmp_path: Path,
                                                                   unique_name: str) -> None:
     from spark_apps.eos_stream.audit import oracle as audit_module
-    from spark_apps.eos_stream.run import direct_replay
+    from spark_apps.eos_stream.engines import direct_replay
     from spark_apps.eos_stream.run.config import ConfigError, from_dict
     from spark_apps.ledger.spec import LEDGER
 

@@ -1,4 +1,4 @@
-"""The continuous engine (``engine: continuous``, spark_apps/eos_stream/run/continuous.py) against
+"""The continuous engine (``engine: continuous``, spark_apps/eos_stream/engines/continuous.py) against
 the real stack: SIGKILLed at random moments while a transactional producer writes (every fourth
 transaction aborted), then audited as the crash matrix audits the Spark app.
 

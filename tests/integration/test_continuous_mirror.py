@@ -5,7 +5,7 @@ The engine is SIGKILLed at the sink's two fault points and at random moments, th
 its stored offsets reach every partition's last stable offset; every mirror table must then
 equal the rows the stream leaves (0 rows differ), which no replayed older change could leave.
 A mirror writes the staged way (upserts and deletes by key), so its cycles go through the
-sink's transitions 1-10 and the engine's C1-C8 (``run/continuous.py``).
+sink's transitions 1-10 and the engine's C1-C8 (``engines/continuous.py``).
 
 What this oracle catches: a lost change, and an older change of a key applied after a newer one.
 A whole cycle replayed in Kafka order converges to the same rows, so a mirror's final state

@@ -1,4 +1,4 @@
-"""The continuous engine (``run/continuous.py``, C7, C9-C12) against the real stack's weather:
+"""The continuous engine (``engines/continuous.py``, C7, C9-C12) against the real stack's weather:
 its database sessions terminated at random moments while a transactional producer writes (every
 fourth transaction aborted), a lock held on its target past ``lock_timeout``, a SIGTERM or a
 stop request while a cycle waits on that lock, and its topic grown while it runs. Each ends with
@@ -23,7 +23,7 @@ import psutil
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream.run import continuous
+from spark_apps.eos_stream.engines import continuous
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from spark_apps.ledger.spec import BALANCES_TABLE, EVENTS_TABLE

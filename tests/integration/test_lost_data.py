@@ -121,7 +121,7 @@ def test_topic_recreated_under_the_pipeline(stack: dict[str, str], tmp_path: Pat
 
 def test_spark_data_loss_mid_stream_names_the_jvm_cause(stack: dict[str, str], tmp_path: Path,
                                                         unique_name: str) -> None:
-    """at_least_once's claim does not check its stored offsets against the log (``driver.claim``),
+    """at_least_once's claim does not check its stored offsets against the log (``start.claim``),
     so the loss surfaces inside Spark's Kafka source, in the JVM, as the source starts from them:
     the run still exits 4 and names the Java cause, not the query's id."""
     config = pipeline_config(stack, tmp_path, f"jvm{unique_name}", delivery="at_least_once")

@@ -86,8 +86,9 @@ def corpus_topic(stack: dict[str, str]) -> str:
 def _replay(config: dict, tmp_path: Path) -> int:
     path = tmp_path / f"{config['pipeline']}-replay.json"
     path.write_text(json.dumps(config))
-    result = subprocess.run([sys.executable, "-m", "spark_apps.eos_stream.run.direct_replay", "--config", str(path)],
-                            capture_output=True, text=True, cwd=ROOT, env=dict(os.environ), timeout=300)
+    replay = "spark_apps.eos_stream.engines.direct_replay"
+    result = subprocess.run([sys.executable, "-m", replay, "--config", str(path)], capture_output=True, text=True,
+                            cwd=ROOT, env=dict(os.environ), timeout=300)
     (tmp_path / "replay.log").write_text(result.stdout + result.stderr)
     return result.returncode
 

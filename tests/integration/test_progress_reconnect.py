@@ -1,4 +1,4 @@
-"""The driver's progress listener (``run/progress.ProgressRecorder``) against a real PostgreSQL
+"""The driver's progress listener (``engines/spark_progress.ProgressRecorder``) against a real PostgreSQL
 whose server ends the listener's session, as a restart does: the health DAG's liveness check
 reads these rows, so a driver that rode out the restart must go on writing them. The listener
 opens a new connection once and writes the batch's row on it; a database still down raises
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream.run.progress import ProgressRecorder, RowsRead
+from spark_apps.eos_stream.engines.spark_progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.state import meta_tables
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from psycopg2 import sql
 
-from spark_apps.eos_stream import app
+from spark_apps.eos_stream.engines import spark as app
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.streaming import audit, pg_connect, pipeline_config, run_app, start_app
 

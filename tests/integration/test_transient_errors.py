@@ -107,7 +107,7 @@ def test_lock_timeout_during_record_by_record_rolls_the_batch_back(
     lock timeout: the records it hits are not quarantined; the whole batch
     rolls back and is retried, and in the end only the poison record is
     dead-lettered, with its SQLSTATE."""
-    from spark_apps.eos_stream.run.driver import EARLIEST
+    from spark_apps.eos_stream.kafka.ranges import EARLIEST
     from spark_apps.eos_stream.sink.poison_guard import PoisonGuard, batch_key
 
     config = _storm_pipeline(stack, tmp_path, f"rbr{unique_name}", poison=1)

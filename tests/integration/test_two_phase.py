@@ -15,7 +15,7 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.state.stop_requests import set_stop_request
-from spark_apps.eos_stream import app
+from spark_apps.eos_stream.engines import spark as app
 from spark_apps.eos_stream.sink.in_doubt import gid_prefix
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.conftest import ROOT

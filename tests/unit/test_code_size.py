@@ -16,7 +16,7 @@ FUNCTION_ALLOWED: dict[str, str] = {
     # The start's order is its protocol (in-doubt first, stop request, epoch bump, parts, running
     # lock, the epoch and stop re-checked, targets, Kafka's bounds): one sequence read top to bottom,
     # each step's why beside it. Split it only with a test that holds that order.
-    "spark_apps/eos_stream/run/driver.py:_claim": "the start's ordered protocol, read as one sequence",
+    "spark_apps/eos_stream/engines/start.py:_claim": "the start's ordered protocol, read as one sequence",
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_eos.cli import main as eos
-from spark_apps.eos_stream import app
+from spark_apps.eos_stream.engines import spark as app
 from spark_apps.eos_stream.run.config import ConfigError, from_dict
 from spark_apps.eos_stream.run.config_rules import RULES, refusals, refuse
 from spark_apps.ledger.spec import LEDGER_EVENTS_ONLY

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from spark_apps.eos_stream.run.continuous_read import _NO_POSITION, check_messages, moved_ranges
-from spark_apps.eos_stream.run.driver import EARLIEST
+from spark_apps.eos_stream.engines.continuous_read import _NO_POSITION, check_messages, moved_ranges
+from spark_apps.eos_stream.kafka.ranges import EARLIEST
 
 A0, A1, A2 = ("a", 0), ("a", 1), ("a", 2)
 

@@ -1,6 +1,6 @@
 """The continuous engine's pure parts for weather: the reconnect bound and backoff
 (``state/reconnect``), a cycle's byte bound, the Kafka errors it waits out and the partitions a
-refresh finds and holds back (``run/continuous_read``), the sessions' timeouts and the waits a
+refresh finds and holds back (``engines/continuous_read``), the sessions' timeouts and the waits a
 SIGTERM or a stop ends."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import psycopg2
 import pytest
 from confluent_kafka import KafkaError
 
+from spark_apps.eos_stream.engines import continuous
+from spark_apps.eos_stream.engines.continuous_read import caught_up, kafka_error_kind, new_partitions, poll_count
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
-from spark_apps.eos_stream.run import continuous
 from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
-from spark_apps.eos_stream.run.continuous_read import caught_up, kafka_error_kind, new_partitions, poll_count
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.reconnect import Outage, OutageTooLong, backoff_seconds, call_through
 

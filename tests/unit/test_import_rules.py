@@ -6,8 +6,9 @@ module's top, inside functions and under ``TYPE_CHECKING``.
 - the stream's packages import only downward (``LAYERS``);
 - the provider's ``utils`` import nothing of the provider's other packages, which all build on them;
 - the app (``spark_apps``) imports no Airflow: it runs on Spark without it;
-- an engine (the Spark app, the continuous engine, the Spark-less replay) imports no other engine,
-  not even through the modules they share;
+- an engine (``engines/``: Spark, continuous, the direct replay) imports no other engine, not
+  even through the modules they share (``SHARED``), which import none; every other module of
+  ``engines/`` belongs to one engine alone;
 - the benchmarks import neither the tests nor the demo (their harness is ``bench/harness.py``).
 """
 
@@ -26,9 +27,12 @@ STREAM = "spark_apps.eos_stream"
 # The stream's packages, lowest first: a module imports only from its own package or a lower one
 # (same rank: neither imports the other). app.py, the spark-submit entry, is above them all.
 LAYERS = {"kafka": 0, "records": 0, "events": 0, "known_keys": 0, "errors": 1, "state": 1, "sink": 2, "cdc": 3,
-          "run": 3, "audit": 4, "app": 5}
-ENGINES = {"the Spark app": f"{STREAM}.app", "the continuous engine": f"{STREAM}.run.continuous",
-           "the Spark-less replay": f"{STREAM}.run.direct_replay"}
+          "run": 3, "audit": 4, "engines": 4, "app": 5}
+ENGINES_PACKAGE = f"{STREAM}.engines"
+ENGINES = {"the Spark engine": f"{ENGINES_PACKAGE}.spark", "the continuous engine": f"{ENGINES_PACKAGE}.continuous",
+           "the direct replay": f"{ENGINES_PACKAGE}.direct_replay"}
+# What the engines share: the start and the loop's pieces (the package's own docstring too).
+SHARED = {ENGINES_PACKAGE, f"{ENGINES_PACKAGE}.start", f"{ENGINES_PACKAGE}.shared"}
 
 
 def _module_name(path: Path) -> str:
@@ -177,6 +181,22 @@ def test_no_engine_imports_another() -> None:
         assert module in _sources(), f"{name}: {module} is gone; update ENGINES"
         others = {other for other, engine in ENGINES.items() if engine in reachable(_graph(), module)}
         assert others == set(), f"{name} ({module}) imports {sorted(others)}"
+
+
+def test_what_the_engines_share_imports_no_engine() -> None:
+    for module in sorted(SHARED):
+        assert module in _sources(), f"{module} is gone; update SHARED"
+        engines = {name for name, engine in ENGINES.items() if engine in reachable(_graph(), module)}
+        assert engines == set(), f"{module}, shared by the engines, imports {sorted(engines)}"
+
+
+def test_every_module_of_the_engines_package_is_an_engine_shared_or_one_engines_own() -> None:
+    """A module two engines import is shared and belongs in SHARED (where it is checked to import
+    no engine); one no engine imports is dead."""
+    package = [m for m in _sources() if m.startswith(ENGINES_PACKAGE + ".")]
+    for module in sorted(set(package) - SHARED - set(ENGINES.values())):
+        users = sorted(name for name, engine in ENGINES.items() if module in reachable(_graph(), engine))
+        assert len(users) == 1, f"{module} is imported by {users or 'no engine'}"
 
 
 def test_the_benchmarks_import_neither_the_tests_nor_the_demo() -> None:

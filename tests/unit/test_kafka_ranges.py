@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
+from spark_apps.eos_stream.engines import direct_replay
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka.ranges import EARLIEST, OffsetRange
-from spark_apps.eos_stream.run import direct_replay
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from spark_apps.eos_stream.run.progress import RowsRead
+from spark_apps.eos_stream.engines.spark_progress import RowsRead
 
 
 def test_the_listener_waits_for_a_batch_still_staging() -> None:

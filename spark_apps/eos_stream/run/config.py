@@ -108,7 +108,7 @@ class PipelineConfig:
     :param delivery: at_least_once, idempotent, exactly_once or two_phase.
     :param engine: what runs the stream: ``spark`` (the Spark app under spark-submit, its
         micro-batches set by ``trigger``) or ``continuous`` (no Spark: one process commits a cycle
-        every few tens of milliseconds until stopped, ``run/continuous.py``; docs/latency.md).
+        every few tens of milliseconds until stopped, ``engines/continuous.py``; docs/latency.md).
     :param trigger: Spark's trigger: availableNow (process what is there, exit) or processingTime
         (micro-batches every ``trigger_interval``). The continuous engine takes only the default.
     :param trigger_interval: processingTime interval, e.g. "1 second" (the default; docs/latency.md).

@@ -1,7 +1,7 @@
 """What a pipeline's config may not be: every refusal the app's start makes from the config alone.
 
 One list, :data:`RULES`, and one function, :func:`refusals`. The app calls it at its start
-(``app.main``, through :func:`refuse`); the provider calls it when a definition is built
+(every engine's ``main``, through :func:`refuse`); the provider calls it when a definition is built
 (``PipelineDefinition``), and ``eos validate``, ``eos preflight`` and the DAG factory call it with
 the spec loaded (``definition_checks``). So a definition the app would refuse is refused before it
 is deployed, with the app's own words. tests/unit/test_config_rules.py proves each rule of the
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a path component: never '.', '..' or hidden
 # What ``trigger`` means to Spark: the Spark app's micro-batches. The continuous engine has none.
 TRIGGERS = ("availableNow", "processingTime")
-# What runs a stream: the Spark app under spark-submit, or the continuous engine (run/continuous.py).
+# What runs a stream: the Spark engine under spark-submit, or the continuous engine (engines/continuous.py).
 ENGINES = ("spark", "continuous")
 # The spelling of ``engine: continuous`` before ``engine`` was its own setting: read as it for one
 # release (``config.read_deprecated_trigger``), refused with the fix past that reader (``_trigger``).

@@ -1,4 +1,14 @@
-"""The exit codes of a run (the stream's or the Spark-less replay's) and its errors as one line."""
+"""The exit codes of a run, whichever engine runs it (``engines/``), and its errors as one line.
+
+Exit codes: 0 finished or stopped on request (also before the first batch); 1 failed
+(retryable: a supervisor restarts it); 2 configuration error (retrying will not help); 3 fenced
+(``fencing.EXIT_FENCED``: this driver no longer owns the target; start again from the
+database's offsets, unless a stop or a recovery holds the pipeline); 4 data lost
+(``lost_data.EXIT_DATA_LOST``: a stored offset Kafka no longer holds, or Spark's source lost
+records mid-stream; no restart can help, ``eos offsets reset`` is the way out). The continuous
+engine ends on a SIGTERM with 143 (``engines/continuous.py``, C9). Lines starting with ``EOS-``
+are machine-readable progress for the supervisor (``events.emit``).
+"""
 
 from __future__ import annotations
 
@@ -118,7 +128,7 @@ def _data_lost(exc: BaseException, config: PipelineConfig | None) -> str | None:
 def main(argv: list[str] | None, run: Callable[[PipelineConfig], int],
          before: Callable[[], None] | None = None) -> int:
     """Runs the pipeline with ``run`` (after ``before``, a check of the environment) and turns
-    its errors into the exit codes of ``app``'s docstring."""
+    its errors into the exit codes above."""
     config: PipelineConfig | None = None
     try:
         if before is not None:

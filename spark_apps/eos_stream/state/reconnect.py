@@ -5,8 +5,9 @@ it out instead of exiting, as long as the outage lasts no more than a bound (the
 ``transient_retry_seconds``, the time one batch may spend on transient errors). Past it, the
 run fails with ``OutageTooLong``, whose text names the step that could not go on, where it
 could not reach (the database's ``user@host:port/db``, Kafka's bootstrap servers) and the
-last cause. Used by the stop-and-fence poll (``control.StopSignal``: the Spark app's and the
-continuous engine's) and by every session of the continuous engine (``run/continuous.py``).
+last cause. Used by the stop-and-fence poll (``control.StopSignal``, which every engine that
+polls builds with ``Driver.stop_signal``) and by every session of the continuous engine
+(``engines/continuous.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How the continuous engine reads a cycle from Kafka (``run/continuous.py``): one ``read_committed``
+"""How the continuous engine reads a cycle from Kafka (``engines/continuous.py``): one ``read_committed``
 consumer assigned to every partition of the pipeline, polled until the cycle holds
 ``max_offsets_per_trigger`` records, or ``continuous_max_bytes`` of keys and values, or
 ``continuous_linger_ms`` passed since its first record. The cycle's end in each partition is
@@ -12,7 +12,7 @@ fatal one) fails the run before the cycle commits.
 
 Every poll of the engine reads the topics' partitions (``refresh``): a partition added to a
 topic is held back until the topic's other partitions are committed up to their last stable
-offsets of that moment, then assigned from its earliest offset (C12 of ``run/continuous.py``).
+offsets of that moment, then assigned from its earliest offset (C12 of ``engines/continuous.py``).
 """
 
 from __future__ import annotations

@@ -1,27 +1,32 @@
-"""Claiming a pipeline: what every driver does before its first batch.
+"""How every engine starts a run, before its first batch: the spec, the delivery mode and a
+run id (``begin``), the claim (``claim``) and the Kafka consumer of an engine that reads in
+its own process (``open_consumer``).
 
-Every way of running a pipeline shares it: the Spark app (``app.py``), the
-continuous engine (``continuous.py``) and the Spark-less replay
-(``direct_replay.py``). A claimed driver holds three connections, the
-pipeline's new epoch and its running lock, and knows where the database says
-to resume.
+The Spark engine (``spark.py``), the continuous engine (``continuous.py``) and the direct
+replay (``direct_replay.py``) all start here. A claimed driver holds three connections, the
+pipeline's new epoch and its running lock, and knows where the database says to resume; its
+stop-and-fence poll (``Driver.stop_signal``) reads on the third.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass
+import time
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import lost_data
+from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
-from spark_apps.eos_stream.records.spec import PipelineSpec
+from spark_apps.eos_stream.records.spec import PipelineSpec, spec_of
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.sink import parts
@@ -33,7 +38,57 @@ from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.settings import SinkSettings
 from spark_apps.eos_stream.sink.staging import drop_stages
 from spark_apps.eos_stream.state import fencing
-from spark_apps.eos_stream.state.control import hold_running_lock, stop_requested
+from spark_apps.eos_stream.state.control import StopSignal, hold_running_lock, stop_requested
+
+
+@dataclass(frozen=True)
+class Start:
+    """A run before its claim: the config, the loaded spec, the delivery mode and the run id.
+
+    :param engine: the engine's name in the ``start`` and ``finished`` events (None: the
+        Spark engine, whose events carry no name).
+    """
+
+    config: PipelineConfig
+    spec: PipelineSpec
+    mode: DeliveryMode
+    run_id: str
+    engine: str | None = None
+
+    def announce(self, **extra: Any) -> None:
+        """The ``start`` event: the pipeline, the run id and the config without secrets."""
+        emit("start", pipeline=self.config.pipeline, run_id=self.run_id, config=self.config.redacted(),
+             **self._named(), **extra)
+
+    def finished(self) -> None:
+        emit("finished", pipeline=self.config.pipeline, run_id=self.run_id, **self._named())
+
+    def claim(self) -> Driver | None:
+        return claim(self.config, self.spec, self.mode, self.run_id)
+
+    def _named(self) -> dict[str, str]:
+        return {"engine": self.engine} if self.engine else {}
+
+
+def begin(config: PipelineConfig, engine: str | None = None) -> Start:
+    """The spec loaded, the delivery mode decided (``preflight.delivery_mode``: a config error
+    raises here, before any connection) and a run id: the time, the engine's name, six hex
+    digits."""
+    spec = spec_of(config)
+    mode = preflight.delivery_mode(config, spec)
+    run_id = "-".join([time.strftime("%Y%m%dT%H%M%S"), *([engine] if engine else []), uuid.uuid4().hex[:6]])
+    return Start(config, spec, mode, run_id, engine)
+
+
+def open_consumer(config: PipelineConfig, group_prefix: str, **overrides: Any) -> Any:
+    """A ``read_committed`` consumer for an engine that reads Kafka in its own process: a range
+    reader's settings (``kafka_ranges``) with librdkafka's own prefetch depth (100,000 records),
+    which keeps it fed from one batch to the next, and ``overrides`` on top."""
+    from confluent_kafka import Consumer
+
+    settings = kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
+                                              f"{group_prefix}-{config.pipeline}", prefetch_records=100_000)
+    return Consumer(with_python_logging({**settings, **overrides}))
 
 
 @dataclass
@@ -55,6 +110,8 @@ class Driver:
     starting: dict[TopicPartition, int]
     # Batches are written as prepared parts (``sink.parts``) before falling back to staging.
     prepared_parts: bool = False
+    # The stop-and-fence poll, once ``stop_signal`` made it: its session replaces control_conn.
+    stop: StopSignal | None = field(default=None, repr=False)
 
     @property
     def dsn(self) -> dict[str, Any]:
@@ -79,9 +136,19 @@ class Driver:
         self.guard_conn = conn
         return conn
 
+    def stop_signal(self) -> StopSignal:
+        """The stop-and-fence poll on the control session. A PostgreSQL restart cuts that
+        session too: the poll opens it again, within the time a batch may spend on transient
+        errors (``transient_retry_seconds``), and ``close`` closes the poll's session then."""
+        config = self.config
+        self.stop = StopSignal(self.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
+                               epoch=self.epoch, honour_requests=not config.ignore_stop_request,
+                               reconnect=self.connect, outage_seconds=config.transient_retry_seconds)
+        return self.stop
+
     def close(self) -> None:
         """Closing the guard connection releases the running lock."""
-        _close([self.conn, self.guard_conn, self.control_conn])
+        _close([self.conn, self.guard_conn, self.stop.conn if self.stop is not None else self.control_conn])
 
 
 def import_in_background(module: str) -> None:

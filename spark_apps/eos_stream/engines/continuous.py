@@ -1,11 +1,11 @@
 """The continuous engine: a pipeline's records committed to the target tens of milliseconds
 after Kafka commits them, without Spark.
 
-    python -m spark_apps.eos_stream.run.continuous --config pipeline.json   # engine: continuous
+    python -m spark_apps.eos_stream.engines.continuous --config pipeline.json   # engine: continuous
 
 A Spark micro-batch costs about half a second of planning, offset and commit logs and job
 scheduling however few records it holds (``python -m bench.latency``); this engine has none of
-it. It claims the pipeline as the Spark app and the Spark-less replay do (``driver.claim``: in-doubt
+it. It claims the pipeline as the Spark engine and the direct replay do (``start.claim``: in-doubt
 batches committed, a new epoch, the running lock, prepared parts resolved) and then loops over
 *cycles*. A cycle is one ``read_committed`` consumer, assigned to every partition of the
 pipeline at the stored offsets (and to new partitions as they appear, C12), polled until it has
@@ -89,41 +89,34 @@ cycles; mid-cycle within the statement in flight (at most ``LOCK_TIMEOUT`` waiti
 ``STATEMENT_TIMEOUT`` running, 10 s connecting) plus 0.05 s. A fence waits on the engine's
 pipeline lock at most as long.
 
-Exit codes are the app's (``app.main``).
+Exit codes: ``run/entry.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
-import uuid
 from dataclasses import replace
 from typing import Any
 
-from psycopg2 import sql
-
 from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.engines.continuous_read import Cycle, CycleReader, is_kafka_weather
+from spark_apps.eos_stream.engines.shared import ProgressRows, batch_event, poll_stop, write_one_part
+from spark_apps.eos_stream.engines.start import EARLIEST, Driver, Start, begin, import_in_background, open_consumer
 from spark_apps.eos_stream.events import emit
-from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import PipelineSpec, spec_of
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.run.continuous_read import Cycle, CycleReader, is_kafka_weather
-from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, import_in_background
-from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
-from spark_apps.eos_stream.sink.modes import DeliveryMode
 from spark_apps.eos_stream.sink.part_writer import write_part_batches
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import stage_batches
-from spark_apps.eos_stream.state import fencing, meta_tables, reconnect
+from spark_apps.eos_stream.state import reconnect
 from spark_apps.eos_stream.state.control import StopSignal
 
 # C9: the stop reasons a SIGTERM gives, and the exit code it ends with (128 + SIGTERM, as a shell
@@ -177,10 +170,7 @@ class Waits:
             now = time.monotonic()
             if self.stop is not None and (polled is None or now - polled >= self.poll_seconds):
                 polled = now
-                fenced = self.stop.fenced()
-                if fenced:
-                    raise fencing.Fenced(fenced)
-                reason = self.stop.requested()
+                reason = poll_stop(self.stop)
                 if reason:
                     raise Interrupted(reason)
             if now >= end:
@@ -189,16 +179,12 @@ class Waits:
 
 
 class Progress:
-    """The progress table's rows (``stream_progress``, as the Spark app writes one per batch): one
-    per ``stop_poll_seconds`` at most, summing the cycles committed since the last, so sensors and
-    health read a continuous pipeline as they read a Spark one without a row per cycle."""
+    """The progress table's rows (``shared.ProgressRows``, as the Spark engine writes one per
+    batch): one per ``stop_poll_seconds`` at most, summing the cycles committed since the last, so
+    sensors and health read a continuous pipeline as they read a Spark one without a row per cycle."""
 
     def __init__(self, config: PipelineConfig, run_id: str) -> None:
-        self.pipeline, self.run_id = config.pipeline, run_id
-        self.insert = sql.SQL(
-            "INSERT INTO {} (pipeline, run_id, batch_id, input_rows, start_offsets, end_offsets,"
-            " durations_ms, batch_duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT DO NOTHING").format(meta_tables.table(config.meta_schema, meta_tables.PROGRESS))
+        self.rows_table = ProgressRows(config.meta_schema, config.pipeline, run_id)
         self._reset()
 
     def _reset(self) -> None:
@@ -217,13 +203,11 @@ class Progress:
         if not self.cycles:
             return
         millis = round((time.monotonic() - self.since) * 1000)
-        with conn.cursor() as cur:
-            cur.execute(self.insert, (self.pipeline, self.run_id, self.last_batch, self.rows,
-                                      offsets_to_json(self.starts), offsets_to_json(self.ends),
-                                      json.dumps({"cycles": self.cycles, "triggerExecution": millis}), millis))
-        emit("progress", batch_id=self.last_batch, input_rows=self.rows, cycles=self.cycles,
-             rows_per_second=round(self.rows * 1000 / millis, 1) if millis else 0.0,
-             end_offsets=offsets_to_json(self.ends))
+        table = self.rows_table
+        ends = offsets_to_json(self.ends)
+        table.write(conn, table.row(self.last_batch, self.rows, offsets_to_json(self.starts), ends,
+                                    {"cycles": self.cycles, "triggerExecution": millis}, millis))
+        table.announce(self.last_batch, self.rows, millis, ends, cycles=self.cycles)
         self._reset()
 
 
@@ -246,9 +230,7 @@ class ContinuousRun:
         self.progress = Progress(config, driver.run_id)
         self.guard_outage = reconnect.Outage("running lock", self.where, config.transient_retry_seconds)
         self._part_conn: Any = None
-        self.stop = StopSignal(driver.control_conn, config.meta_schema, config.pipeline, config.run_seconds,
-                               epoch=driver.epoch, honour_requests=not config.ignore_stop_request,
-                               reconnect=driver.connect, outage_seconds=config.transient_retry_seconds)
+        self.stop = driver.stop_signal()
         waits.stop = self.stop
 
     def run(self) -> str:
@@ -278,10 +260,8 @@ class ContinuousRun:
         self.record_progress()
         self.keep_running_lock()
         self.reader.refresh(list(self.config.topics))
-        fenced = self.stop.fenced()
-        if fenced:
-            raise fencing.Fenced(fenced)
-        return TERMINATED if self.waits.terminated else self.stop.requested()
+        reason = poll_stop(self.stop)
+        return TERMINATED if self.waits.terminated else reason
 
     def keep_running_lock(self) -> None:
         """C10: the guard session holds the running lock, and a lost one is noticed only when used:
@@ -334,31 +314,23 @@ class ContinuousRun:
         self.progress.add(batch_id, cycle, result.applied)
         self.current.update(cycle.ends)
         self.batch_id += 1
-        emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
-             record_by_record=result.record_by_record, timings_ms=result.timings_ms, records=len(cycle.messages),
-             bytes=cycle.bytes, transient_retries=result.transient_retries,
-             # every partition's stored offset after this cycle, as a Spark batch's end offsets
-             end_offsets=offsets_to_json({tp: o for tp, o in self.current.items() if o != EARLIEST}),
-             started_at=round(started, 3), committed_at=round(time.time(), 3))
+        # The end offsets: every partition's stored offset after this cycle, as a Spark batch's.
+        batch_event(batch_id, result, {tp: o for tp, o in self.current.items() if o != EARLIEST},
+                    records=len(cycle.messages), bytes=cycle.bytes, started_at=round(started, 3),
+                    committed_at=round(time.time(), 3))
 
     def write_as_part(self, cycle: Cycle) -> WrittenParts | None:
         """The cycle written as one prepared part, or None after rolling back what it left (P2)."""
-        driver, sink = self.driver, self.sink
-        prefix = sink.parts_prefix(self.batch_id)
+        driver = self.driver
         try:
-            written = parts.write_batch(
-                lambda prefix: [write_part_batches(driver.dsn, driver.spec, self.config.target_schema,
-                                                   f"{prefix}0:0", cycle.batches(), self.part_connection())],
-                driver.spec, prefix, self.batch_id, time.perf_counter(), emit)
+            # Refused or failed (P2): the write may have ended inside its transaction, which closing
+            # the session rolls back; the next part starts on a new one.
+            return write_one_part(self.sink, driver.spec, self.batch_id, lambda name: write_part_batches(
+                driver.dsn, driver.spec, self.config.target_schema, name, cycle.batches(), self.part_connection()),
+                on_failed=self.close_part_connection)
         except BaseException:
             self.close_part_connection()  # it may be inside a part: the next one starts on a new session
             raise
-        if written is None:
-            # Refused or failed (P2): the write may have ended inside its transaction, which closing
-            # the session rolls back; the next part starts on a new one.
-            self.close_part_connection()
-            sink.drop_parts(prefix)
-        return written
 
     def part_connection(self) -> Any:
         """The session every cycle's part is written on: a new session costs a backend start and
@@ -375,13 +347,12 @@ class ContinuousRun:
         self._part_conn = None
 
 
-def consumer_settings(config: PipelineConfig) -> dict[str, Any]:
-    """The engine's consumer: a range reader's settings (``kafka_ranges``), fetching ahead no
-    more than a cycle's byte bound, so that librdkafka's queue is bounded with the cycle."""
-    settings = kafka_ranges.consumer_settings(config.kafka_bootstrap, config.librdkafka_options(),
-                                              f"eos-continuous-{config.pipeline}", prefetch_records=100_000)
-    return {**settings, "queued.max.messages.kbytes": max(1, config.continuous_max_bytes // 1024),
-            "max.partition.fetch.bytes": min(1 << 20, config.continuous_max_bytes)}
+def open_cycle_consumer(config: PipelineConfig) -> Any:
+    """The engine's consumer (``start.open_consumer``), fetching ahead no more than a cycle's byte
+    bound, so that librdkafka's queue is bounded with the cycle."""
+    return open_consumer(config, "eos-continuous", **{
+        "queued.max.messages.kbytes": max(1, config.continuous_max_bytes // 1024),
+        "max.partition.fetch.bytes": min(1 << 20, config.continuous_max_bytes)})
 
 
 def _transient(exc: BaseException) -> bool:
@@ -390,17 +361,18 @@ def _transient(exc: BaseException) -> bool:
             or is_kafka_weather(exc))
 
 
-def claim_through_outages(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str,
-                          waits: Waits) -> Driver | None:
+def claim_through_outages(start: Start, waits: Waits) -> Driver | None:
     """C1, C10: the compaction check and the claim, tried again whole after a transient failure
     (a failed claim closes its sessions) for at most ``transient_retry_seconds`` in a row."""
     from confluent_kafka.admin import AdminClient
+
+    config = start.config
 
     def attempt() -> Driver | None:
         admin = AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
                                                  **config.librdkafka_options()}))
         preflight.refuse_compacted(admin, list(config.topics), "continuous")
-        return claim(config, spec, mode, run_id)
+        return start.claim()
 
     def told(exc: BaseException, wait: float) -> None:
         emit("retry", step="claim", error_class="transient", message=errors.one_line(exc), retry_in_seconds=wait)
@@ -411,29 +383,24 @@ def claim_through_outages(config: PipelineConfig, spec: PipelineSpec, mode: Deli
 
 
 def run_continuous(config: PipelineConfig) -> int:
-    """Runs the engine until stopped; returns the app's exit code (or raises as the app does)."""
-    from confluent_kafka import Consumer
-
+    """Runs the engine until stopped; returns the exit code (``run/entry.py``; or raises as every engine does)."""
     import_in_background("pandas")  # pyarrow's first array from Python objects imports it: not in a cycle
     config = with_session_timeouts(config)
-    spec = spec_of(config)
-    mode = preflight.delivery_mode(config, spec)
-    run_id = time.strftime("%Y%m%dT%H%M%S") + "-continuous-" + uuid.uuid4().hex[:6]
-    emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="continuous")
+    start = begin(config, "continuous")
+    start.announce()
     waits = Waits(config.stop_poll_seconds)
     signal.signal(signal.SIGTERM, waits.on_sigterm)
     try:
-        driver = claim_through_outages(config, spec, mode, run_id, waits)
+        driver = claim_through_outages(start, waits)
         if driver is None:
             return 0
-        consumer = Consumer(with_python_logging(consumer_settings(config)))
+        consumer = open_cycle_consumer(config)
         try:
             engine = ContinuousRun(config, driver, consumer, waits)
             try:
                 reason = engine.run()
             finally:
                 engine.close_part_connection()
-                driver.control_conn = engine.stop.conn  # the poll's session now: closed with the driver
         finally:
             consumer.close()
             driver.close()
@@ -442,7 +409,7 @@ def run_continuous(config: PipelineConfig) -> int:
         emit("stopped", reason=reason, cycle_abandoned=True)
     else:
         emit("stopped", reason=reason)
-    emit("finished", pipeline=config.pipeline, run_id=run_id, engine="continuous")
+    start.finished()
     return EXIT_TERMINATED if waits.terminated else 0
 
 

@@ -1,19 +1,22 @@
-"""Replays a pipeline to Kafka's last stable offsets without Spark.
+"""The direct replay: a pipeline replayed to Kafka's last stable offsets without Spark.
 
-    python -m spark_apps.eos_stream.run.direct_replay --config pipeline.json
+    python -m spark_apps.eos_stream.engines.direct_replay --config pipeline.json
+
+A recovery runs it in the Airflow worker's process when its ``replay_engine`` says ``direct``
+(or ``auto`` finds the replay small: ``utils/replay_engine.py``).
 
 A recovery's replay is usually small (what came after the snapshot) and
 urgent, and a cold spark-submit and a cold first micro-batch cost it about
 20 s before the first record moves. This replay makes the same claim as the
-Spark app (``driver.claim``: in-doubt batches committed, a new epoch, the
+Spark engine (``start.claim``: in-doubt batches committed, a new epoch, the
 running lock, prepared parts resolved) and writes through the same sink
 (``BatchSink``: the ownership check, the data and the offsets in one
 transaction, dead letters, two_phase), so every failure transition of
 ``sink/batch_sink.py`` holds as it is. Only the reading differs: one
 ``read_committed`` consumer in this process reads each range as the Spark
-app's tasks read theirs (``kafka_ranges``), and writes it as they do: as one
+engine's tasks read theirs (``kafka_ranges``), and writes it as they do: as one
 prepared part (``part_writer.write_part``; the replay is a driver with one
-task, P1-P6) where the app would, decided and committed by the sink, and
+task, P1-P6) where the Spark engine would, decided and committed by the sink, and
 otherwise, or when the part is refused, staged (``staging.stage_ranges``),
 where the database judges each record.
 
@@ -44,28 +47,23 @@ R6. a batch written as a prepared part: the sink's P1-P6 with one task. A crash
     the reader of the refused range is closed at once, so the staged read of
     the same consumer starts clean.
 
-Exit codes are the app's (``app.main``).
+Exit codes: ``run/entry.py``.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from spark_apps.eos_stream.events import emit
-from spark_apps.eos_stream.kafka import ranges as kafka_ranges
+from spark_apps.eos_stream.engines.shared import batch_event, write_one_part
+from spark_apps.eos_stream.engines.start import EARLIEST, Driver, begin, import_in_background, open_consumer
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import OffsetRange
-from spark_apps.eos_stream.records.spec import spec_of
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
-from spark_apps.eos_stream.run.driver import EARLIEST, Driver, claim, import_in_background
-from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part
 from spark_apps.eos_stream.sink.parts import WrittenParts
@@ -95,7 +93,7 @@ def batch_ranges(starting: dict[TopicPartition, int], bounds: dict[TopicPartitio
     the stored offsets and the last stable offsets. Every partition with offsets left has a
     range in every batch, and a batch holds at most ``max_offsets`` offsets, shared evenly among
     them (what a partition does not need goes to the others): a small replay is one
-    transaction, not one per partition. A partition never applied starts at EARLIEST, as the Spark app's first batch
+    transaction, not one per partition. A partition never applied starts at EARLIEST, as the Spark engine's first batch
     does (the ownership check sees no gap below it)."""
     start = dict(starting)
     position = {tp: bounds[tp][0] if offset == EARLIEST else offset for tp, offset in starting.items()}
@@ -121,25 +119,18 @@ def write_as_part(driver: Driver, sink: BatchSink, consumer: Any, batch_id: int,
     """The batch written as one prepared part, or None after rolling back whatever it left
     (P2: refused, or the read failed): then the sink stages it, and a read that failed here
     fails there the same way."""
-    prefix = sink.parts_prefix(batch_id)
-    written = parts.write_batch(
-        lambda prefix: [write_part(driver.dsn, driver.spec, driver.config.target_schema, f"{prefix}0:0", consumer,
-                                   ranges)],
-        driver.spec, prefix, batch_id, time.perf_counter(), emit)
-    if written is None:
-        sink.drop_parts(prefix)
-    return written
+    return write_one_part(sink, driver.spec, batch_id, lambda name: write_part(
+        driver.dsn, driver.spec, driver.config.target_schema, name, consumer, ranges))
 
 
 def replay(config: PipelineConfig) -> int:
-    """Replays to the last stable offsets; returns the app's exit code (or raises as the app does)."""
-    from confluent_kafka import Consumer
+    """Replays to the last stable offsets; returns the exit code (``run/entry.py``; or raises as every engine does)."""
     from confluent_kafka.admin import AdminClient
 
     entered = time.perf_counter()
     import_in_background("pandas")
-    spec = spec_of(config)
-    mode = preflight.delivery_mode(config, spec)
+    start = begin(config, "direct")
+    spec = start.spec
     admin = AdminClient(with_python_logging({"bootstrap.servers": config.kafka_bootstrap,
                                              **config.librdkafka_options()}))
     topics = list(config.topics)
@@ -147,18 +138,13 @@ def replay(config: PipelineConfig) -> int:
     if pattern:  # a mirror's pattern: the topics it matches now (the claim reads the same list)
         topics += preflight.matching_topics(admin.list_topics(timeout=15).topics, pattern, exclude=topics)
     preflight.refuse_compacted(admin, topics, "replay")
-    run_id = time.strftime("%Y%m%dT%H%M%S") + "-direct-" + uuid.uuid4().hex[:6]
-    emit("start", pipeline=config.pipeline, run_id=run_id, config=config.redacted(), engine="direct",
-         preflight_ms=round((time.perf_counter() - entered) * 1000))
-    driver = claim(config, spec, mode, run_id)
+    start.announce(preflight_ms=round((time.perf_counter() - entered) * 1000))
+    driver = start.claim()
     if driver is None:
         return 0
-    # One consumer reads every batch of every partition in turn: librdkafka's own prefetch depth
-    # (100,000 records) keeps it fed from one batch to the next; the tasks' shallower one is for
-    # ranges nobody reads on from.
-    consumer = Consumer(with_python_logging(kafka_ranges.consumer_settings(
-        config.kafka_bootstrap, config.librdkafka_options(), f"eos-replay-{config.pipeline}",
-        prefetch_records=100_000)))
+    # One consumer reads every batch of every partition in turn; the Spark engine's tasks have a
+    # shallower prefetch, for ranges nobody reads on from.
+    consumer = open_consumer(config, "eos-replay")
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))
@@ -173,15 +159,12 @@ def replay(config: PipelineConfig) -> int:
                                     offset_ranges)
 
             result = sink.process(batch_id, starts, ends, fill_stage, staged=written)
-            emit("batch", batch_id=batch_id, applied=result.applied, dead_lettered=result.dead_lettered,
-                 record_by_record=result.record_by_record, timings_ms=result.timings_ms,
-                 transient_retries=result.transient_retries, end_offsets=offsets_to_json(ends),
-                 # where the replay's time went between its batches (the claim is in the resume event)
-                 since_start_ms=round((time.perf_counter() - entered) * 1000))
+            # since_start_ms: where the replay's time went between its batches (the claim is in the resume event)
+            batch_event(batch_id, result, ends, since_start_ms=round((time.perf_counter() - entered) * 1000))
     finally:
         consumer.close()
         driver.close()
-    emit("finished", pipeline=config.pipeline, run_id=run_id, engine="direct")
+    start.finished()
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Progress: one row per finished micro-batch, and its EOS-PROGRESS line (``events.emit``)."""
+"""The Spark engine's progress: one row per finished micro-batch (``shared.ProgressRows``), with
+the records its tasks read (``RowsRead``), written by a listener of Spark's query progress."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ import threading
 from typing import Any
 
 import psycopg2
-from psycopg2 import sql
 from pyspark.sql.streaming import StreamingQueryListener
 
-from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.engines.shared import ProgressRows
 from spark_apps.eos_stream.sink.postgres import connect
-from spark_apps.eos_stream.state import meta_tables
 
 
 def _as_json(offsets: Any) -> str | None:
@@ -65,13 +64,7 @@ class ProgressRecorder(StreamingQueryListener):
         self.rows_read = rows_read
         self._dsn_kwargs, self._describe = dsn_kwargs, describe
         self.conn = self._connect()
-        self.pipeline = config.pipeline
-        self.run_id = run_id
-        self.insert = sql.SQL(
-            "INSERT INTO {} (pipeline, run_id, batch_id, input_rows, start_offsets, end_offsets,"
-            " durations_ms, batch_duration_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT DO NOTHING"
-        ).format(meta_tables.table(config.meta_schema, meta_tables.PROGRESS))
+        self.rows = ProgressRows(config.meta_schema, config.pipeline, run_id)
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -84,12 +77,9 @@ class ProgressRecorder(StreamingQueryListener):
         if rows is None:
             rows = progress.numInputRows
         millis = durations.get("triggerExecution")
-        self._write((self.pipeline, self.run_id, progress.batchId, rows,
-                     _as_json(source.startOffset) if source else None,
-                     _as_json(source.endOffset) if source else None, json.dumps(durations), millis))
-        emit("progress", batch_id=progress.batchId, input_rows=rows,
-             rows_per_second=round(rows * 1000 / millis, 1) if millis else 0.0,
-             end_offsets=source.endOffset if source else None)
+        self._write(self.rows.row(progress.batchId, rows, _as_json(source.startOffset) if source else None,
+                                  _as_json(source.endOffset) if source else None, durations, millis))
+        self.rows.announce(progress.batchId, rows, millis, source.endOffset if source else None)
 
     def _connect(self) -> Any:
         conn = connect(self._dsn_kwargs, describe=self._describe, application_name="eos-progress")
@@ -101,14 +91,12 @@ class ProgressRecorder(StreamingQueryListener):
         PostgreSQL restart): the health checks read these rows, so a driver that rode out a
         restart must go on writing them. A second failure raises (Spark logs it and goes on)."""
         try:
-            with self.conn.cursor() as cur:
-                cur.execute(self.insert, row)
+            self.rows.write(self.conn, row)
         except (psycopg2.OperationalError, psycopg2.InterfaceError):
             with contextlib.suppress(psycopg2.Error):
                 self.conn.close()
             self.conn = self._connect()
-            with self.conn.cursor() as cur:
-                cur.execute(self.insert, row)
+            self.rows.write(self.conn, row)
 
     def onQueryIdle(self, event: Any) -> None:
         pass
