@@ -1,0 +1,189 @@
+"""A mirror of whole source transactions (``mirror.transactions: whole``) through the sink on the
+real PostgreSQL (no Kafka: each batch's stage is filled as the executors fill it, from three topics:
+two tables' change topics and the connector's transaction topic).
+
+A transaction split across batches is invisible until its END and all its events are there, then
+visible whole; one larger than a batch accumulates in ``held_changes``; a later complete transaction
+waits for an earlier incomplete one; a snapshot read applies at once; a batch that fails after the
+walk leaves ``held_changes`` and the offsets as the previous batch left them, and applying a batch
+again changes nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from psycopg2 import sql
+
+from spark_apps.eos_stream.cdc import mirror_sql
+from tests.helpers.mirror_sink import MirrorSink
+
+ACCOUNTS, LEDGER, TX = "app.public.accounts", "app.public.ledger", "app.transaction"
+SECTION = {"topic_prefix": "app", "transactions": "whole", "tables": [
+    {"source": "public.accounts", "key": ["id"], "columns": {"id": "bigint", "balance": "numeric(20,6)"}},
+    {"source": "public.ledger", "key": ["id"], "columns": {"id": "bigint", "account": "bigint",
+                                                          "amount": "numeric(20,6)"}}],
+    "aggregates": [{"source": "public.ledger", "target": "ledger_sums", "group_by": ["account"],
+                    "sums": {"total": "amount"}}]}
+Record = tuple[str, int, bytes | None, bytes | None]  # topic, partition, key, value
+
+
+def account(op: str, key: int, balance: str, tx: str | None) -> Record:
+    return _change(ACCOUNTS, "accounts", op, {"id": key, "balance": balance}, tx)
+
+
+def ledger(key: int, account_id: int, amount: str, tx: str | None) -> Record:
+    return _change(LEDGER, "ledger", "c", {"id": key, "account": account_id, "amount": amount}, tx)
+
+
+def _change(topic: str, table: str, op: str, row: dict[str, Any], tx: str | None) -> Record:
+    value = {"op": op, "before": None, "after": row, "source": {"schema": "public", "table": table},
+             "transaction": None if tx is None else {"id": f"{tx}:{row['id'] * 7 + 3}",
+                                                      "total_order": 1, "data_collection_order": 1}}
+    return topic, 0, json.dumps({"id": row["id"]}).encode(), json.dumps(value).encode()
+
+
+def end(tx: str, accounts: int = 0, ledgers: int = 0) -> Record:
+    counts = {"public.accounts": accounts, "public.ledger": ledgers}
+    value = {"status": "END", "id": f"{tx}:999", "event_count": accounts + ledgers, "ts_ms": 1,
+             "data_collections": [{"data_collection": t, "event_count": n} for t, n in counts.items() if n]}
+    return TX, 0, json.dumps({"id": tx}).encode(), json.dumps(value).encode()
+
+
+def begin(tx: str) -> Record:
+    return TX, 0, json.dumps({"id": tx}).encode(), json.dumps({"status": "BEGIN", "id": f"{tx}:1"}).encode()
+
+
+class _Feed(MirrorSink):
+    """The sink of SECTION, fed batch after batch of records, each partition's offsets continuing."""
+
+    def __init__(self, stack: dict[str, str], unique_name: str) -> None:
+        super().__init__(stack, SECTION, f"t_txn_{unique_name}", f"m_txn_{unique_name}", f"txn_{unique_name}")
+        self.next: dict[tuple[str, int], int] = {}
+        self.batch_id = 0
+
+    def apply(self, records: list[Record], again: bool = False) -> Any:
+        """One batch of ``records`` after the ones before (``again``: the previous batch once more)."""
+        if again:
+            self.next, self.batch_id = self.previous
+        self.previous = dict(self.next), self.batch_id
+        start = dict(self.next)
+        rows = []
+        for topic, partition, key, value in records:
+            offset = self.next.setdefault((topic, partition), 0)
+            start.setdefault((topic, partition), offset)
+            rows.append((topic, partition, offset, key, value))
+            self.next[(topic, partition)] = offset + 1
+        batch = pa.record_batch([pa.array([r[i] for r in rows], t) for i, t in enumerate(
+            (pa.string(), pa.int32(), pa.int64(), pa.binary(), pa.binary()))],
+            names=["topic", "partition", "offset", "key", "value"])
+
+        def fill_stage(stage_name: str, keep_raw: bool) -> int:
+            self.stage(stage_name, keep_raw, batch)
+            return len(rows)
+
+        self.batch_id += 1
+        return self.sink.process(self.batch_id, start, dict(self.next), fill_stage)
+
+    def query(self, statement: str, schema: str | None = None) -> list[tuple]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql.SQL(statement).format(s=sql.Identifier(schema or self.target), m=sql.Identifier(self.meta)),
+                        {"p": self.name})
+            found = cur.fetchall()
+        self.conn.commit()
+        return found
+
+    def accounts(self) -> list[tuple]:
+        return self.query("SELECT id, balance::text FROM {s}.accounts ORDER BY id")
+
+    def ledgers(self) -> list[tuple]:
+        return self.query("SELECT id, account, amount::text FROM {s}.ledger ORDER BY id")
+
+    def held(self) -> list[tuple]:
+        return self.query("SELECT _topic, _offset, _tx FROM {m}.held_changes WHERE pipeline = %(p)s"
+                          " ORDER BY _topic, _offset")
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        found = self.query("SELECT topic, partition, next_offset FROM {m}.kafka_offsets WHERE pipeline = %(p)s")
+        return {(t, p): n for t, p, n in found}
+
+
+@pytest.fixture
+def feed(stack: dict[str, str], unique_name: str) -> Iterator[_Feed]:
+    sink = _Feed(stack, unique_name)
+    try:
+        yield sink
+    finally:
+        sink.close()
+
+
+def test_a_transaction_split_across_batches_is_invisible_until_whole_and_a_snapshot_read_is_free(
+        feed: _Feed) -> None:
+    feed.apply([account("r", 9, "90", None), begin("100"), account("c", 1, "10", "100"),
+                account("c", 2, "20", "100")])
+    assert feed.accounts() == [(9, "90.000000")]  # the snapshot read at once, nothing of transaction 100
+    assert [h[:2] for h in feed.held()] == [(ACCOUNTS, 1), (ACCOUNTS, 2)]
+    assert feed.offsets() == {(ACCOUNTS, 0): 3, (TX, 0): 1}  # the batch's end: held records are below
+
+    feed.apply([ledger(1, 1, "10", "100"), end("100", accounts=2, ledgers=1)])
+    assert feed.accounts() == [(1, "10.000000"), (2, "20.000000"), (9, "90.000000")]
+    assert feed.ledgers() == [(1, 1, "10.000000")]
+    assert feed.query("SELECT account, total::text FROM {s}.ledger_sums") == [(1, "10.000000")]
+    assert feed.held() == [] and feed.offsets() == {(ACCOUNTS, 0): 3, (TX, 0): 2, (LEDGER, 0): 1}
+
+
+def test_a_transaction_larger_than_a_batch_accumulates_then_applies_whole_in_commit_order(feed: _Feed) -> None:
+    feed.apply([account("c", key, "1", "200") for key in (1, 2)])
+    feed.apply([account("c", key, "1", "200") for key in (3, 4)])
+    assert feed.accounts() == [] and len(feed.held()) == 4
+    # 200 completes; 201's END comes with it but one of its events is still missing.
+    feed.apply([account("u", 4, "5", "200"), end("200", accounts=5), account("u", 1, "7", "201"),
+                ledger(1, 1, "6", "201"), end("201", accounts=1, ledgers=2)])
+    assert feed.accounts() == [(1, "1.000000"), (2, "1.000000"), (3, "1.000000"), (4, "5.000000")]
+    assert feed.ledgers() == [] and [h[2] for h in feed.held()] == ["201", "201", "201"]
+    feed.apply([ledger(2, 1, "1", "201")])
+    assert feed.accounts()[0] == (1, "7.000000") and [r[0] for r in feed.ledgers()] == [1, 2]
+    assert feed.held() == []
+
+
+def test_a_later_complete_transaction_waits_for_an_earlier_incomplete_one(feed: _Feed) -> None:
+    feed.apply([account("c", 1, "1", "300"), ledger(1, 5, "2", "301"), end("300", accounts=2),
+                end("301", ledgers=1)])
+    assert feed.accounts() == [] and feed.ledgers() == []
+    assert {h[2] for h in feed.held()} == {"300", "301"}
+    feed.apply([account("c", 2, "1", "300")])
+    assert [r[0] for r in feed.accounts()] == [1, 2] and feed.ledgers() == [(1, 5, "2.000000")]
+
+
+def test_a_failed_batch_leaves_held_changes_and_offsets_as_they_were_and_a_rerun_applies_once(
+        feed: _Feed, monkeypatch: pytest.MonkeyPatch) -> None:
+    feed.apply([account("c", 1, "10", "400"), ledger(1, 1, "10", "400")])
+    held, offsets = feed.held(), feed.offsets()
+    real = mirror_sql.apply_mirror_statement
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the driver dies after the walk, before the commit")
+
+    monkeypatch.setattr(mirror_sql, "apply_mirror_statement", crash)
+    with pytest.raises(RuntimeError, match="driver dies"):
+        feed.apply([end("400", accounts=1, ledgers=1)])
+    assert feed.held() == held and feed.offsets() == offsets and feed.accounts() == []
+    monkeypatch.setattr(mirror_sql, "apply_mirror_statement", real)
+    first = feed.apply([end("400", accounts=1, ledgers=1)], again=True)
+    assert feed.accounts() == [(1, "10.000000")] and feed.held() == []
+    assert feed.query("SELECT account, total::text FROM {s}.ledger_sums") == [(1, "10.000000")]
+    again = feed.apply([end("400", accounts=1, ledgers=1)], again=True)
+    assert (first.applied, again.applied) == (3, 0), (first, again)
+    assert feed.query("SELECT account, total::text FROM {s}.ledger_sums") == [(1, "10.000000")]
+    assert feed.offsets() == {(ACCOUNTS, 0): 1, (LEDGER, 0): 1, (TX, 0): 1}
+
+
+def test_a_refused_event_of_a_released_transaction_is_isolated_and_the_rest_applies(feed: _Feed) -> None:
+    feed.apply([account("c", 1, "10", "500")])
+    result = feed.apply([account("c", 2, "123456789012345678901234", "500"), end("500", accounts=2)])
+    assert result.record_by_record and (result.applied, result.dead_lettered) == (2, 1), result
+    assert feed.accounts() == [(1, "10.000000")] and feed.held() == []
+    assert feed.query('SELECT topic, "offset", sqlstate FROM {m}.dead_letters') == [(ACCOUNTS, 1, "22003")]
