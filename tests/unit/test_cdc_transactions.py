@@ -162,3 +162,25 @@ def test_held_changes_has_a_stage_s_columns_after_the_pipeline() -> None:
     text = repr(ddl)
     positions = [text.index(f" {column} ") for column in ("pipeline", *mirror.STAGE_COLUMNS)]
     assert positions == sorted(positions)
+
+
+def test_the_transaction_topic_must_exist_with_one_partition() -> None:
+    assert transactions.transaction_topic_problem(None, {}) is None
+    assert transactions.transaction_topic_problem(TX, {TX: [0], DATA: [0, 1]}) is None
+    assert "does not exist" in str(transactions.transaction_topic_problem(TX, {DATA: [0]}))
+    assert "has 3 partitions" in str(transactions.transaction_topic_problem(TX, {TX: [0, 1, 2]}))
+
+
+def test_the_connector_config_writes_the_transaction_topic_in_one_partition() -> None:
+    import re
+
+    from airflow_provider_eos.utils.debezium_config import postgres_connector_config
+
+    source = dict.fromkeys(("EOS_PG_HOST", "EOS_PG_PORT", "EOS_SOURCE_PG_USER", "EOS_CONNECT_SOURCE_SECRETS",
+                            "EOS_SOURCE_PG_DB", "EOS_SOURCE_PUBLICATION"), "x")
+    config = postgres_connector_config(source, "app", "slot", ["public.accounts"])
+    assert config["provide.transaction.metadata"] == "true"
+    group = config["topic.creation.groups"]
+    assert re.fullmatch(config[f"topic.creation.{group}.include"], TX)
+    assert not re.fullmatch(config[f"topic.creation.{group}.include"], DATA)
+    assert config[f"topic.creation.{group}.partitions"] == 1

@@ -110,6 +110,10 @@ class MirrorBatches:
         """The Kafka subscription regex when the definition names tables by pattern, else None."""
         return self.definition.subscription(topics)
 
+    def transaction_topic(self) -> str | None:
+        """The connector's transaction topic when the definition applies transactions whole."""
+        return self.definition.transaction_topic()
+
     def target_tables(self) -> list[str]:
         return [t.table for t in self.definition.tables.values()] + [a.table for a in self.definition.aggregates]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
 
+from spark_apps.eos_stream.cdc.transactions import transaction_topic_problem
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import lost_data
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
@@ -24,6 +25,7 @@ from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.records.spec import PipelineSpec
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
+from spark_apps.eos_stream.run.config_rules import ConfigError
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, Stopwatch
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
@@ -167,6 +169,8 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
     # from its first offset: Spark's source starts a partition it discovers at the earliest).
     partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options(),
                                             pattern=spec.subscription(config.topics))
+    if problem := transaction_topic_problem(spec.transaction_topic(), partitions):
+        raise ConfigError(problem)
     laps.lap("kafka_partitions")
     dropped = drop_stages(conn, config.meta_schema, config.pipeline)
 
