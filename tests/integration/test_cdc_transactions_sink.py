@@ -11,6 +11,7 @@ again changes nothing."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import mirror_sql
+from spark_apps.eos_stream.cdc.transactions import END, Candidate, plan
 from tests.helpers.mirror_sink import MirrorSink
 
 ACCOUNTS, LEDGER, TX = "app.public.accounts", "app.public.ledger", "app.transaction"
@@ -187,3 +189,61 @@ def test_a_refused_event_of_a_released_transaction_is_isolated_and_the_rest_appl
     assert result.record_by_record and (result.applied, result.dead_lettered) == (2, 1), result
     assert feed.accounts() == [(1, "10.000000")] and feed.held() == []
     assert feed.query('SELECT topic, "offset", sqlstate FROM {m}.dead_letters') == [(ACCOUNTS, 1, "22003")]
+
+
+def _source_run(rng: random.Random, transactions_count: int) -> tuple[dict[tuple[str, int], list], list[dict]]:
+    """A source's history as Kafka holds it: per partition, its records (with the walk's view of
+    each), accounts snapshot-read first; and the accounts' state after each transaction."""
+    streams: dict[tuple[str, int], list] = {}
+
+    def put(record: Record, partition: int, candidate: dict[str, Any]) -> None:
+        streams.setdefault((record[0], partition), []).append(((record[0], partition, *record[2:]), candidate))
+
+    state = {key: "0" for key in range(6)}
+    for key in state:
+        put(account("r", key, "0", None), key % 2, {"kind": "free", "snapshot": key})
+    states = [dict(state)]
+    for number in range(1, transactions_count + 1):
+        tx = str(1000 + number)
+        put(begin(tx), 0, {"kind": "free"})
+        keys = rng.sample(sorted(state), rng.randint(1, 4))
+        for key in keys:
+            state[key] = str(rng.randint(1, 99))
+            put(account("u", key, state[key], tx), key % 2,
+                {"kind": "change", "tx": tx, "collection": "public.accounts"})
+        put(end(tx, accounts=len(keys)), 0, {"kind": END, "tx": tx, "counts": {"public.accounts": len(keys)}})
+        states.append(dict(state))
+    return streams, states
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_cuts_hold_what_the_model_holds_and_show_only_states_the_source_had(
+        feed: _Feed, seed: int) -> None:
+    rng = random.Random(seed)
+    streams, states = _source_run(rng, 12)
+    read: list[Candidate] = []
+    snapshot_read: set[int] = set()  # keys whose snapshot read is in: the mirror holds them
+    states_shown = set()
+    while any(streams.values()):
+        batch = []
+        for stream in streams.values():
+            take = stream[:rng.randint(0, 3)]
+            del stream[:len(take)]
+            batch += take
+        if not batch:
+            continue
+        offsets = dict(feed.next)
+        for (topic, partition, _key, _value), view in batch:
+            offset = offsets.setdefault((topic, partition), 0)
+            offsets[(topic, partition)] = offset + 1
+            read.append(Candidate((topic, partition, offset), view["kind"], view.get("tx"), view.get("collection"),
+                                  view.get("counts", {})))
+            snapshot_read.update([view["snapshot"]] if "snapshot" in view else [])
+        feed.apply([record for record, _ in batch])
+        expected = plan(read)
+        assert {(t, o) for t, o, _ in feed.held()} == {(t, o) for t, _, o in expected.held}
+        last = int(expected.applicable[-1]) - 1000 if expected.applicable else 0
+        states_shown.add((last, bool(expected.held)))
+        assert dict(feed.accounts()) == {k: f"{v}.000000" for k, v in states[last].items() if k in snapshot_read}
+    # The cuts did split transactions (held records), and the last batch showed the last state.
+    assert any(held for _, held in states_shown) and (12, False) in states_shown, states_shown

@@ -79,7 +79,7 @@ SECTION = {"topic_prefix": "app", "transactions": "whole", "tables": [
 def _staged(records: list[tuple[str, int, int, bytes | None, bytes | None]]) -> list[dict[str, str]]:
     definition = parse_mirror(SECTION)
     lines = mirror.resolved_staging_lines(Router(definition).resolve, records, False,
-                                          transactions.transaction_topic("app"))
+                                          transactions.transaction_topic("app"), definition.mirrors)
     return [dict(zip(mirror.STAGE_COLUMNS, line.rstrip("\n").split("\t"), strict=True)) for line in lines]
 
 
@@ -89,10 +89,11 @@ def test_staging_gives_each_change_its_transaction_and_table_and_an_end_its_coun
     rows = _staged([(DATA, 0, 0, *_change("c", 1, "571")), (DATA, 0, 1, *_change("r", 2, None)),
                     (DATA, 0, 2, b'{"id": 3}', json.dumps(refused).encode()),
                     (TX, 0, 0, b"k", b'{"status": "BEGIN", "id": "571:1"}'),
-                    (TX, 0, 1, b"k", _end("571", {"public.accounts": 2}))])
+                    (TX, 0, 1, b"k", _end("571", {"public.accounts": 2, "public.audit": 3}))])
     assert [(r["_op"], r["_tx"], r["_collection"]) for r in rows] == [
         ("c", "571", "public.accounts"), ("r", "\\N", "public.accounts"), ("\\N", "571", "public.accounts"),
         ("\\N", "\\N", "\\N"), (END, "571", "\\N")]
+    # public.audit is captured by the connector, not mirrored: its events never come, so they are not awaited
     assert rows[2]["_error"] != "\\N" and rows[4]["_after"] == '{"public.accounts":2}'
     assert _staged([(TX, 0, 0, b"k", b"oops")])[0]["_error"].startswith("malformed transaction record")
 
@@ -165,10 +166,12 @@ def test_held_changes_has_a_stage_s_columns_after_the_pipeline() -> None:
 
 
 def test_the_transaction_topic_must_exist_with_one_partition() -> None:
-    assert transactions.transaction_topic_problem(None, {}) is None
-    assert transactions.transaction_topic_problem(TX, {TX: [0], DATA: [0, 1]}) is None
-    assert "does not exist" in str(transactions.transaction_topic_problem(TX, {DATA: [0]}))
-    assert "has 3 partitions" in str(transactions.transaction_topic_problem(TX, {TX: [0, 1, 2]}))
+    from spark_apps.eos_stream.run.preflight import transaction_topic_problem
+
+    assert transaction_topic_problem(None, {}) is None
+    assert transaction_topic_problem(TX, {TX: [0], DATA: [0, 1]}) is None
+    assert "does not exist" in str(transaction_topic_problem(TX, {DATA: [0]}))
+    assert "has 3 partitions" in str(transaction_topic_problem(TX, {TX: [0, 1, 2]}))
 
 
 def test_the_connector_config_writes_the_transaction_topic_in_one_partition() -> None:

@@ -45,8 +45,7 @@ from typing import Any
 from spark_apps.eos_stream.cdc.deltas import ChangeAggregate
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type, normalize
-from spark_apps.eos_stream.cdc.transactions import MODES as TRANSACTION_MODES
-from spark_apps.eos_stream.cdc.transactions import PER_KEY, WHOLE, transaction_topic
+from spark_apps.eos_stream.cdc.transactions import PER_KEY, TRANSACTION_MODES, WHOLE, transaction_topic
 from spark_apps.eos_stream.cdc.values import DEFAULT_PLACEHOLDER, FieldSchema
 from spark_apps.eos_stream.known_keys import unknown_key_message
 
@@ -156,6 +155,10 @@ class MirrorDefinition:
         if source in self.tables:
             return None
         return next((p for p in self.patterns if p.matches(source)), None)
+
+    def mirrors(self, source: str) -> bool:
+        """Whether changes of ``source`` (``schema.table``) are mirrored: listed, or matched by a pattern."""
+        return source in self.tables or self.pattern_for(source) is not None
 
     def route(self, source: str) -> MirrorTarget | None:
         """The target of a source table named explicitly (a pattern's are ``target_from_schema``'s)."""

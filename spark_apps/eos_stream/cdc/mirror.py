@@ -24,6 +24,7 @@ import msgspec
 from spark_apps.eos_stream.cdc import transactions
 from spark_apps.eos_stream.cdc.envelope import Change, EnvelopeError
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type
+from spark_apps.eos_stream.cdc.transactions import END
 from spark_apps.eos_stream.cdc.values import pg_text
 from spark_apps.eos_stream.records.parsing import escape_copy
 
@@ -238,16 +239,19 @@ def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[
     return resolved_staging_lines(resolve, records, keep_raw)
 
 
-def _transaction_cells(value: bytes | None) -> list[str | None]:
+def _transaction_cells(value: bytes | None, mirrored: Callable[[str], bool]) -> list[str | None]:
     """The body cells of a transaction-topic record (``transactions``): an END's op, its
-    counts per table as ``_after`` and its transaction; a BEGIN's or a tombstone's are empty."""
+    counts of the tables the mirror reads (``mirrored``) as ``_after``, and its transaction; a
+    BEGIN's or a tombstone's are empty. A table the connector captures and the mirror does not
+    would never bring its events: the mirror is whole over its own tables."""
     try:
         record = transactions.parse_transaction_record(value)
     except ValueError as exc:
         raise EnvelopeError(str(exc)) from exc
     body: list[str | None] = [None] * _BODY_CELLS
     if record is not None and record.status == transactions.END:
-        body[1], body[3], body[-2] = transactions.END, record.counts_json(), record.tx
+        counts = transactions.TransactionRecord(END, record.tx, {t: n for t, n in record.counts.items() if mirrored(t)})
+        body[1], body[3], body[-2] = transactions.END, counts.counts_json(), record.tx
     return body
 
 
@@ -260,16 +264,17 @@ def _refused_cells(value: bytes | None, error: str) -> list[str | None]:
 
 def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resolved | None],
                            records: Iterable[tuple[str, int, int, bytes | None, bytes | None]],
-                           keep_raw: bool, transaction_topic: str | None = None) -> Iterator[str]:
+                           keep_raw: bool, transaction_topic: str | None = None,
+                           mirrored: Callable[[str], bool] = lambda table: True) -> Iterator[str]:
     """One COPY line per Kafka record: a change's cells, a tombstone's empty line (so the
     stage still counts every record), a refused record's error with its raw bytes, a
     record whose target cannot be made, with the refusal for the driver (``TargetRefused``),
-    or a record of ``transaction_topic`` (``_transaction_cells``)."""
+    or a record of ``transaction_topic`` (``_transaction_cells``, counting the tables ``mirrored``)."""
     for topic, partition, offset, key, value in records:
         cells: list[str | bytes | None]
         try:
             if topic == transaction_topic:
-                cells = [topic, str(partition), str(offset), None, None, None, *_transaction_cells(value)]
+                cells = [topic, str(partition), str(offset), None, None, None, *_transaction_cells(value, mirrored)]
                 yield "\t".join(map(_copy_cell, cells)) + "\n"
                 continue
             resolved = resolve(key, value)

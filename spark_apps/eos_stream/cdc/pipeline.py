@@ -130,7 +130,8 @@ class MirrorBatches:
         for batch in batches:
             yield from bounded_chunks(mirror.resolved_staging_lines(
                 resolve, batch_lines.arrow_records(batch), keep_raw,
-                transactions.transaction_topic(self.definition.topic_prefix)), STAGE_CHUNK_CHARS)
+                transactions.transaction_topic(self.definition.topic_prefix), self.definition.mirrors),
+                STAGE_CHUNK_CHARS)
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool, pipeline: str = "") -> BatchRun:

@@ -26,7 +26,7 @@ from typing import Any
 
 WHOLE = "whole"
 PER_KEY = "per_key"
-MODES = (PER_KEY, WHOLE)
+TRANSACTION_MODES = (PER_KEY, WHOLE)
 END = "END"  # the stage's _op of a transaction's END record
 TRANSACTION_SUFFIX = "transaction"  # Debezium's topic.transaction default
 
@@ -39,23 +39,6 @@ class TransactionError(RuntimeError):
 def transaction_topic(topic_prefix: str) -> str:
     """The connector's transaction topic, ``<topic.prefix>.transaction``."""
     return f"{topic_prefix}.{TRANSACTION_SUFFIX}"
-
-
-def transaction_topic_problem(topic: str | None, partitions: Mapping[str, list[int]]) -> str | None:
-    """Why a whole mirror cannot start on these topics' partitions, with the fix; None when it can.
-    Only one partition keeps the ENDs in the source's commit order, which the walk relies on."""
-    if topic is None:
-        return None
-    found = partitions.get(topic)
-    if not found:
-        return (f"the transaction topic {topic!r} does not exist: set provide.transaction.metadata=true on the "
-                "connector (postgres_connector_config does), or set mirror.transactions: per_key")
-    if len(found) != 1:
-        return (f"the transaction topic {topic!r} has {len(found)} partitions: its records are in the source's "
-                "commit order only in one. Recreate it with one partition (the connector's topic.creation "
-                "group for it, as postgres_connector_config sets) before the connector writes it, and "
-                "re-snapshot, or set mirror.transactions: per_key")
-    return None
 
 
 def tx_part(transaction_id: Any) -> str | None:

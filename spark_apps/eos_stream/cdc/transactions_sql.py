@@ -26,7 +26,9 @@ from spark_apps.eos_stream.cdc import transactions
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
 from spark_apps.eos_stream.state import meta_tables
 
-_COORDINATES = "_topic, _partition, _offset"
+# The columns the walk reads (a change's row is not among them: only an END's counts, in _after);
+# a candidate's other columns are only moved, between the stage and held_changes.
+_WALKED = ("_topic", "_partition", "_offset", "_error", "_op", "_tx", "_collection")
 
 
 def _columns(prefix: str = "") -> sql.Composed:
@@ -44,8 +46,8 @@ def skip_applied_statement(stage: sql.Composable, meta_schema: str) -> sql.Compo
 _WALK = """
 WITH cand AS MATERIALIZED (
   SELECT DISTINCT ON (_topic, _partition, _offset) * FROM (
-    SELECT TRUE AS _was_held, {held_columns} FROM {held} h WHERE h.pipeline = %(pipeline)s
-    UNION ALL SELECT FALSE, {columns} FROM {stage}) u
+    SELECT TRUE AS _was_held, {narrow} FROM {held} WHERE pipeline = %(pipeline)s
+    UNION ALL SELECT FALSE, {narrow} FROM {stage}) u
   ORDER BY _topic, _partition, _offset, _was_held DESC),
 ends AS (SELECT _topic, _partition, _offset, _tx, CAST(_after AS jsonb) AS counts FROM cand
          WHERE _op = {end} AND _error IS NULL),
@@ -70,14 +72,15 @@ held AS MATERIALIZED (
   WHERE c._offset >= b.first
      OR (c._op = {end} AND NOT EXISTS (SELECT 1 FROM walk w WHERE w.applicable AND (w._topic, w._partition, w._offset)
                                        = (c._topic, c._partition, c._offset)))),
-moved AS (INSERT INTO {held} (pipeline, {columns}) SELECT %(pipeline)s, {columns} FROM held WHERE NOT _was_held
-          ON CONFLICT DO NOTHING RETURNING 1),
+moved AS (INSERT INTO {held} (pipeline, {columns}) SELECT %(pipeline)s, {stage_columns} FROM {stage} s
+          JOIN held x ON (x._topic, x._partition, x._offset) = (s._topic, s._partition, s._offset)
+          WHERE NOT x._was_held ON CONFLICT DO NOTHING RETURNING 1),
 released AS (DELETE FROM {held} h WHERE h.pipeline = %(pipeline)s
              AND NOT EXISTS (SELECT 1 FROM held x WHERE (x._topic, x._partition, x._offset)
                                                        = (h._topic, h._partition, h._offset))
              RETURNING {held_columns}),
 back AS (INSERT INTO {stage} ({columns}) SELECT * FROM released RETURNING 1)
-SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM back),
+SELECT (SELECT count(*) FROM held WHERE NOT _was_held), (SELECT count(*) FROM moved), (SELECT count(*) FROM back),
   (SELECT count(*) FROM held), (SELECT count(*) FROM walk WHERE applicable),
   (SELECT string_agg(_tx || ' (' || too_many || ')', '; ') FROM walk WHERE too_many IS NOT NULL),
   (SELECT min(_tx || ' at ' || _topic || '[' || _partition || ']@' || _offset) FROM held WHERE _ready),
@@ -94,7 +97,9 @@ def walk_statement(stage: sql.Composable, meta_schema: str) -> sql.Composed:
     a streaming change without transaction metadata, the transactions waiting)."""
     return sql.SQL(_WALK).format(
         held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES), stage=stage,
-        columns=_columns(), held_columns=_columns("h"), end=sql.Literal(transactions.END))
+        columns=_columns(), held_columns=_columns("h"), stage_columns=_columns("s"), end=sql.Literal(transactions.END),
+        narrow=sql.SQL(", ").join([*map(sql.Identifier, _WALKED), sql.SQL(
+            "CASE WHEN _op = {end} THEN _after END AS _after").format(end=sql.Literal(transactions.END))]))
 
 
 def drop_held_statement(stage: sql.Composable, meta_schema: str) -> sql.Composed:
@@ -119,7 +124,7 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     cur.execute(walk_statement(stage, meta_schema), params)
     row = cur.fetchone()
     assert row is not None
-    moved, released, held, applicable, too_many, misordered, untracked, waiting = row
+    moved, _, released, held, applicable, too_many, misordered, untracked, waiting = row
     if too_many:
         raise transactions.TransactionError(transactions.impossible_message(too_many.split(" (")[0], too_many))
     if misordered:

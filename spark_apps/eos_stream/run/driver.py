@@ -16,7 +16,6 @@ from typing import Any
 
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream.cdc.transactions import transaction_topic_problem
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import lost_data
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
@@ -169,7 +168,7 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
     # from its first offset: Spark's source starts a partition it discovers at the earliest).
     partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options(),
                                             pattern=spec.subscription(config.topics))
-    if problem := transaction_topic_problem(spec.transaction_topic(), partitions):
+    if problem := preflight.transaction_topic_problem(spec.transaction_topic(), partitions):
         raise ConfigError(problem)
     laps.lap("kafka_partitions")
     dropped = drop_stages(conn, config.meta_schema, config.pipeline)

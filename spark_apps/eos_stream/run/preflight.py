@@ -7,6 +7,7 @@ seconds, instead of as a stack trace from inside a micro-batch.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from psycopg2 import sql
@@ -185,6 +186,24 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
                                    "restarting broker): retried on the next start")
         partitions[topic] = sorted(found.partitions)
     return partitions
+
+
+def transaction_topic_problem(topic: str | None, partitions: Mapping[str, list[int]]) -> str | None:
+    """Why a mirror of whole source transactions (``topic``: its transaction topic, ``cdc/transactions``)
+    cannot start on these topics' partitions, with the fix; None when it can. Only one partition
+    keeps the ENDs in the source's commit order, which the walk relies on."""
+    if topic is None:
+        return None
+    found = partitions.get(topic)
+    if not found:
+        return (f"the transaction topic {topic!r} does not exist: set provide.transaction.metadata=true on the "
+                "connector (postgres_connector_config does), or set mirror.transactions: per_key")
+    if len(found) != 1:
+        return (f"the transaction topic {topic!r} has {len(found)} partitions: its records are in the source's "
+                "commit order only in one. Recreate it with one partition (the connector's topic.creation "
+                "group for it, as postgres_connector_config sets) before the connector writes it, and "
+                "re-snapshot, or set mirror.transactions: per_key")
+    return None
 
 
 def is_compacted(cleanup_policy: str | None) -> bool:
