@@ -21,6 +21,7 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import mirror_sql
 from spark_apps.eos_stream.cdc.transactions import END, Candidate, plan
+from spark_apps.eos_stream.sink.in_doubt import find_in_doubt
 from tests.helpers.mirror_sink import MirrorSink
 
 ACCOUNTS, LEDGER, TX = "app.public.accounts", "app.public.ledger", "app.transaction"
@@ -62,8 +63,9 @@ def begin(tx: str) -> Record:
 class _Feed(MirrorSink):
     """The sink of SECTION, fed batch after batch of records, each partition's offsets continuing."""
 
-    def __init__(self, stack: dict[str, str], unique_name: str) -> None:
-        super().__init__(stack, SECTION, f"t_txn_{unique_name}", f"m_txn_{unique_name}", f"txn_{unique_name}")
+    def __init__(self, stack: dict[str, str], unique_name: str, delivery: str = "exactly_once") -> None:
+        super().__init__(stack, SECTION, f"t_txn_{unique_name}", f"m_txn_{unique_name}", f"txn_{unique_name}",
+                         delivery=delivery)
         self.next: dict[tuple[str, int], int] = {}
         self.batch_id = 0
 
@@ -113,15 +115,22 @@ class _Feed(MirrorSink):
         return {(t, p): n for t, p, n in found}
 
 
-@pytest.fixture
-def feed(stack: dict[str, str], unique_name: str) -> Iterator[_Feed]:
-    sink = _Feed(stack, unique_name)
+@pytest.fixture(params=["exactly_once"])
+def feed(stack: dict[str, str], unique_name: str, request: pytest.FixtureRequest) -> Iterator[_Feed]:
+    sink = _Feed(stack, unique_name, request.param)
     try:
         yield sink
     finally:
+        sink.conn.rollback()
+        sink.conn.autocommit = True  # ROLLBACK PREPARED runs outside a transaction
+        for prepared in find_in_doubt(sink.conn, sink.name):  # none unless a two_phase batch failed mid-way
+            with sink.conn.cursor() as cur:
+                cur.execute("ROLLBACK PREPARED %s", (prepared["gid"],))
+        sink.conn.autocommit = False
         sink.close()
 
 
+@pytest.mark.parametrize("feed", ["exactly_once", "two_phase"], indirect=True)
 def test_a_transaction_split_across_batches_is_invisible_until_whole_and_a_snapshot_read_is_free(
         feed: _Feed) -> None:
     feed.apply([account("r", 9, "90", None), begin("100"), account("c", 1, "10", "100"),
