@@ -172,6 +172,8 @@ def test_the_transaction_topic_must_exist_with_one_partition() -> None:
     assert transaction_topic_problem(TX, {TX: [0], DATA: [0, 1]}) is None
     assert "does not exist" in str(transaction_topic_problem(TX, {DATA: [0]}))
     assert "has 3 partitions" in str(transaction_topic_problem(TX, {TX: [0, 1, 2]}))
+    assert transaction_topic_problem(TX, {TX: [0], DATA: [0]}, {(DATA, 0): 5, (TX, 0): 2}) is None
+    assert "ran with transactions: per_key" in str(transaction_topic_problem(TX, {TX: [0], DATA: [0]}, {(DATA, 0): 5}))
 
 
 def test_the_connector_config_writes_the_transaction_topic_in_one_partition() -> None:

@@ -168,13 +168,13 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
     # from its first offset: Spark's source starts a partition it discovers at the earliest).
     partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options(),
                                             pattern=spec.subscription(config.topics))
-    if problem := preflight.transaction_topic_problem(spec.transaction_topic(), partitions):
-        raise ConfigError(problem)
     laps.lap("kafka_partitions")
     dropped = drop_stages(conn, config.meta_schema, config.pipeline)
 
     stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
     conn.rollback()
+    if problem := preflight.transaction_topic_problem(spec.transaction_topic(), partitions, stored):
+        raise ConfigError(problem)
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
     if mode.stores_offsets:
         # The resume point must still be in Kafka: a stored offset below the log start (retention)

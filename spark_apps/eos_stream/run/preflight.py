@@ -188,10 +188,15 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
     return partitions
 
 
-def transaction_topic_problem(topic: str | None, partitions: Mapping[str, list[int]]) -> str | None:
+def transaction_topic_problem(topic: str | None, partitions: Mapping[str, list[int]],
+                              stored: Mapping[tuple[str, int], int] | None = None) -> str | None:
     """Why a mirror of whole source transactions (``topic``: its transaction topic, ``cdc/transactions``)
-    cannot start on these topics' partitions, with the fix; None when it can. Only one partition
-    keeps the ENDs in the source's commit order, which the walk relies on."""
+    cannot start on these topics' partitions and its ``stored`` offsets, with the fix; None when it can.
+
+    Only one partition keeps the ENDs in the source's commit order, which the walk relies on. A
+    mirror that stored offsets of its change topics but none of its transaction topic ran
+    ``per_key`` until now: it would read the transaction topic from its start, and wait for ever
+    for the events of transactions it applied before."""
     if topic is None:
         return None
     found = partitions.get(topic)
@@ -203,6 +208,11 @@ def transaction_topic_problem(topic: str | None, partitions: Mapping[str, list[i
                 "commit order only in one. Recreate it with one partition (the connector's topic.creation "
                 "group for it, as postgres_connector_config sets) before the connector writes it, and "
                 "re-snapshot, or set mirror.transactions: per_key")
+    if stored and not any(t == topic for t, _ in stored):
+        return (f"this mirror stored offsets of its change topics but none of {topic!r}: it ran with "
+                "transactions: per_key, and would now wait for the events of transactions it already applied. "
+                "Mirror whole transactions with a new pipeline (its own meta and target schemas, from the "
+                "connector's snapshot), or keep mirror.transactions: per_key")
     return None
 
 
