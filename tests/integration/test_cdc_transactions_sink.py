@@ -20,7 +20,7 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import mirror_sql
-from spark_apps.eos_stream.cdc.transactions import END, Candidate, plan
+from spark_apps.eos_stream.cdc.transactions import END, Candidate, TransactionError, plan
 from spark_apps.eos_stream.sink.in_doubt import find_in_doubt
 from tests.helpers.mirror_sink import MirrorSink
 
@@ -69,8 +69,9 @@ class _Feed(MirrorSink):
         self.next: dict[tuple[str, int], int] = {}
         self.batch_id = 0
 
-    def apply(self, records: list[Record], again: bool = False) -> Any:
-        """One batch of ``records`` after the ones before (``again``: the previous batch once more)."""
+    def apply(self, records: list[Record], again: bool = False, copies: int = 1) -> Any:
+        """One batch of ``records`` after the ones before (``again``: the previous batch once more),
+        staged ``copies`` times, as retried tasks stage their share again."""
         if again:
             self.next, self.batch_id = self.previous
         self.previous = dict(self.next), self.batch_id
@@ -86,7 +87,8 @@ class _Feed(MirrorSink):
             names=["topic", "partition", "offset", "key", "value"])
 
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            self.stage(stage_name, keep_raw, batch)
+            for _ in range(copies):
+                self.stage(stage_name, keep_raw, batch)
             return len(rows)
 
         self.batch_id += 1
@@ -256,3 +258,28 @@ def test_random_cuts_hold_what_the_model_holds_and_show_only_states_the_source_h
         assert dict(feed.accounts()) == {k: f"{v}.000000" for k, v in states[last].items() if k in snapshot_read}
     # The cuts did split transactions (held records), and the last batch showed the last state.
     assert any(held for _, held in states_shown) and (12, False) in states_shown, states_shown
+
+
+def test_a_lost_end_fails_loudly_once_a_later_transaction_completes_behind_it(feed: _Feed) -> None:
+    feed.apply([account("c", 1, "1", "600")])
+    assert feed.accounts() == [] and len(feed.held()) == 1  # 600's END may still come: its events wait
+    # 601's END, and no END of 600 before it in the transaction topic: 600's is lost.
+    with pytest.raises(TransactionError, match=r"601 is complete, but .* of transaction 600, whose END has not come"):
+        feed.apply([account("c", 2, "2", "601"), end("601", accounts=1)])
+    assert feed.accounts() == [] and len(feed.held()) == 1
+
+
+def test_more_events_than_the_end_counts_fail_the_batch_and_apply_nothing(feed: _Feed) -> None:
+    with pytest.raises(TransactionError, match=r"source transaction 700: more change events of"):
+        feed.apply([account("c", 1, "1", "700"), account("c", 2, "2", "700"), end("700", accounts=1)])
+    assert feed.accounts() == [] and feed.held() == [] and feed.offsets() == {}
+
+
+def test_records_staged_twice_by_retried_tasks_apply_once(feed: _Feed) -> None:
+    feed.apply([ledger(1, 1, "10", "800"), ledger(2, 1, "5", "800")], copies=2)
+    assert feed.ledgers() == [] and len(feed.held()) == 2
+    result = feed.apply([ledger(3, 2, "1", "800"), end("800", ledgers=3), account("r", 9, "9", None)], copies=2)
+    assert (result.applied, result.dead_lettered) == (5, 0), result
+    assert feed.query("SELECT account, total::text FROM {s}.ledger_sums ORDER BY account") == [
+        (1, "15.000000"), (2, "1.000000")]
+    assert feed.accounts() == [(9, "9.000000")] and feed.held() == []

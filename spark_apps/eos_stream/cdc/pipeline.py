@@ -139,10 +139,12 @@ class MirrorBatches:
         apply of the stage (or of one isolated range of it) to the targets they leave. A mirror
         of whole transactions first rewrites the stage to the records it applies now
         (``transactions_sql``); the stage then holds records below the stored offsets, which
-        the apply must not skip, and the copies a retried task staged, which it must dedupe."""
-        whole = self.definition.whole_transactions
+        the apply must not skip, and it dedupes only when a retried task staged copies (the
+        writer's count of the stage no longer tells)."""
+        whole, copies = self.definition.whole_transactions, 0
         if whole:
             done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied)
+            copies = done.pop("copies")
             if done["held"] or done["released"]:
                 emit("mirror_transactions", **done)
         targets = self._targets_for_batch(cur, stage, target_schema)
@@ -153,7 +155,7 @@ class MirrorBatches:
         def run(cur: Any, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(mirror_sql.apply_mirror_statement(
                 targets, stage=stage, target_schema=target_schema, meta_schema=meta_schema,
-                skip_applied=skip_applied and not whole, dedupe=dedupe or whole, only_range=only_range,
+                skip_applied=skip_applied and not whole, dedupe=copies > 0 if whole else dedupe, only_range=only_range,
                 aggregates=aggregates), params)
             row = cur.fetchone()
             assert row is not None

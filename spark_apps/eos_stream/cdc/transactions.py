@@ -201,12 +201,16 @@ def plan(candidates: list[Candidate]) -> Plan:
         topic, partition, offset = c.coordinate
         if c.coordinate in by_tx or offset > first_held.get((topic, partition), offset):
             if c.kind == "change" and c.tx in ready:
-                raise TransactionError(misordered_message(c.tx, c.coordinate))
+                first = (topic, partition, first_held[(topic, partition)])
+                earlier = next(b.tx for b in candidates if b.coordinate == first)
+                raise TransactionError(misordered_message(c.tx, c.coordinate, earlier))
             held.add(c.coordinate)
     return Plan(applicable, held, waiting)
 
 
-def misordered_message(tx: Any, coordinate: Any) -> str:
-    return (f"source transaction {tx} is complete, but its event at {coordinate} follows a held event of an "
-            "earlier transaction in its partition: the change topics are not in the source's commit order "
-            "(partitions added while the mirror was behind?). Set mirror.transactions: per_key, or re-snapshot")
+def misordered_message(tx: Any, coordinate: Any, earlier: Any) -> str:
+    return (f"source transaction {tx} is complete, but its event at {coordinate} follows an event of transaction "
+            f"{earlier}, whose END has not come: in the source's commit order it would have. Either that END is "
+            "lost (the transaction topic lost records to retention, or was recreated), or the change topics are "
+            "not in commit order (partitions added while the mirror was behind). Transaction "
+            f"{earlier} can never apply whole: re-snapshot into a new pipeline, or set mirror.transactions: per_key")

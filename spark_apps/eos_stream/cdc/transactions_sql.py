@@ -53,21 +53,25 @@ ends AS (SELECT _topic, _partition, _offset, _tx, CAST(_after AS jsonb) AS count
          WHERE _op = {end} AND _error IS NULL),
 seen AS (SELECT _tx, _collection, count(*) AS n FROM cand
          WHERE _tx IS NOT NULL AND _op IS DISTINCT FROM {end} GROUP BY _tx, _collection),
+expected AS (SELECT e._topic, e._partition, e._offset, e._tx, c.t AS _collection, c.n::bigint AS n
+             FROM ends e CROSS JOIN LATERAL jsonb_each_text(e.counts) c(t, n)),
+extra AS (SELECT s._tx, s._collection FROM seen s JOIN (SELECT DISTINCT _tx FROM ends) e ON e._tx = s._tx
+          LEFT JOIN expected x ON x._tx = s._tx AND x._collection = s._collection
+          WHERE x._tx IS NULL OR s.n > x.n),
 verdict AS (
-  SELECT e._topic, e._partition, e._offset, e._tx,
-    NOT EXISTS (SELECT 1 FROM jsonb_each_text(e.counts) c(t, n)
-                LEFT JOIN seen s ON s._tx = e._tx AND s._collection = c.t
-                WHERE COALESCE(s.n, 0) <> c.n::bigint) AS complete,
-    (SELECT string_agg(s._collection, ', ' ORDER BY s._collection) FROM seen s
-     WHERE s._tx = e._tx AND s.n > COALESCE((e.counts->>s._collection)::bigint, 0)) AS too_many
-  FROM ends e),
+  SELECT e._topic, e._partition, e._offset, e._tx, COALESCE(bool_and(COALESCE(s.n, 0) = x.n), TRUE) AS complete
+  FROM ends e
+  LEFT JOIN expected x ON (x._topic, x._partition, x._offset) = (e._topic, e._partition, e._offset)
+  LEFT JOIN seen s ON s._tx = x._tx AND s._collection = x._collection
+  GROUP BY e._topic, e._partition, e._offset, e._tx),
 walk AS (SELECT *, bool_and(complete) OVER (ORDER BY _topic, _partition, _offset) AS applicable FROM verdict),
 ready AS (SELECT DISTINCT _tx FROM walk WHERE applicable),
-by_tx AS (SELECT c._topic, c._partition, c._offset FROM cand c
+by_tx AS (SELECT c._topic, c._partition, c._offset, c._tx FROM cand c
           WHERE c._tx IS NOT NULL AND c._op IS DISTINCT FROM {end} AND c._tx NOT IN (SELECT _tx FROM ready)),
-block AS (SELECT _topic, _partition, min(_offset) AS first FROM by_tx GROUP BY _topic, _partition),
+block AS (SELECT DISTINCT ON (_topic, _partition) _topic, _partition, _offset AS first, _tx AS first_tx FROM by_tx
+          ORDER BY _topic, _partition, _offset),
 held AS MATERIALIZED (
-  SELECT c.*, c._tx IN (SELECT _tx FROM ready) AND c._op IS DISTINCT FROM {end} AS _ready FROM cand c
+  SELECT c.*, c._tx IN (SELECT _tx FROM ready) AND c._op IS DISTINCT FROM {end} AS _ready, b.first_tx FROM cand c
   LEFT JOIN block b ON b._topic = c._topic AND b._partition = c._partition
   WHERE c._offset >= b.first
      OR (c._op = {end} AND NOT EXISTS (SELECT 1 FROM walk w WHERE w.applicable AND (w._topic, w._partition, w._offset)
@@ -80,10 +84,12 @@ released AS (DELETE FROM {held} h WHERE h.pipeline = %(pipeline)s
                                                        = (h._topic, h._partition, h._offset))
              RETURNING {held_columns}),
 back AS (INSERT INTO {stage} ({columns}) SELECT * FROM released RETURNING 1)
-SELECT (SELECT count(*) FROM held WHERE NOT _was_held), (SELECT count(*) FROM moved), (SELECT count(*) FROM back),
+SELECT (SELECT count(*) FROM held WHERE NOT _was_held), (SELECT count(*) FROM moved),
+  (SELECT count(*) FROM {stage}) - (SELECT count(*) FROM cand WHERE NOT _was_held), (SELECT count(*) FROM back),
   (SELECT count(*) FROM held), (SELECT count(*) FROM walk WHERE applicable),
-  (SELECT string_agg(_tx || ' (' || too_many || ')', '; ') FROM walk WHERE too_many IS NOT NULL),
-  (SELECT min(_tx || ' at ' || _topic || '[' || _partition || ']@' || _offset) FROM held WHERE _ready),
+  (SELECT string_agg(_tx || ' (' || _collection || ')', '; ' ORDER BY _tx, _collection) FROM extra),
+  (SELECT min(_tx || ' at ' || _topic || '[' || _partition || ']@' || _offset || ' behind ' || first_tx)
+   FROM held WHERE _ready),
   (SELECT min(_topic || '[' || _partition || ']@' || _offset) FROM cand
    WHERE _op IN ('c', 'u', 'd') AND _tx IS NULL AND _error IS NULL),
   (SELECT string_agg(_tx, ', ' ORDER BY _topic, _partition, _offset) FROM walk WHERE NOT applicable)
@@ -92,7 +98,8 @@ SELECT (SELECT count(*) FROM held WHERE NOT _was_held), (SELECT count(*) FROM mo
 
 def walk_statement(stage: sql.Composable, meta_schema: str) -> sql.Composed:
     """The walk over the candidates, moving records between the stage and ``held_changes``;
-    one row: (records held now, records released, records held in all, transactions applicable,
+    one row: (records held now, rows inserted into held_changes, copies of a coordinate in the stage
+    (a retried task's), records released, records held in all, transactions applicable,
     transactions with too many events, an applicable transaction's event held by its partition,
     a streaming change without transaction metadata, the transactions waiting)."""
     return sql.SQL(_WALK).format(
@@ -113,7 +120,9 @@ def drop_held_statement(stage: sql.Composable, meta_schema: str) -> sql.Composed
 def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str,
                      skip_applied: bool) -> dict[str, Any]:
     """Rewrites the stage to the records this batch applies (see the module), on ``cur``, in the
-    batch's transaction; returns what it did, for the batch's event.
+    batch's transaction; returns what it did, for the batch's event. ``copies``: the stage held a
+    record twice (a retried task), so the apply must dedupe; released records never repeat a
+    staged one (they are below the stored offsets, the stage's records at or above them).
 
     :raises transactions.TransactionError: an END counting fewer events than arrived, a
         complete transaction behind a held record of its partition, or a streaming change
@@ -124,12 +133,13 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     cur.execute(walk_statement(stage, meta_schema), params)
     row = cur.fetchone()
     assert row is not None
-    moved, _, released, held, applicable, too_many, misordered, untracked, waiting = row
+    moved, _, copies, released, held, applicable, too_many, misordered, untracked, waiting = row
     if too_many:
         raise transactions.TransactionError(transactions.impossible_message(too_many.split(" (")[0], too_many))
     if misordered:
         tx, _, where = misordered.partition(" at ")
-        raise transactions.TransactionError(transactions.misordered_message(tx, where))
+        where, _, earlier = where.partition(" behind ")
+        raise transactions.TransactionError(transactions.misordered_message(tx, where, earlier))
     if untracked:
         raise transactions.TransactionError(
             f"the change at {untracked} carries no transaction: a mirror with transactions: whole needs the "
@@ -137,5 +147,5 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
             "the connector, or set mirror.transactions: per_key")
     if moved:
         cur.execute(drop_held_statement(stage, meta_schema), params)
-    return {"held_now": int(moved), "released": int(released), "held": int(held),
+    return {"held_now": int(moved), "released": int(released), "held": int(held), "copies": int(copies),
             "transactions_applied": int(applicable), "waiting": (waiting or "").split(", ")[:5] if waiting else []}
