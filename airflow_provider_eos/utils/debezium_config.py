@@ -3,6 +3,7 @@ settings"): one function, so that the demo and the tests create the same connect
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,5 +41,13 @@ def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot
         "heartbeat.interval.ms": 1000,
         "topic.creation.default.replication.factor": 1,
         "topic.creation.default.partitions": 1,
+        # BEGIN/END per source transaction in <topic_prefix>.transaction, for a mirror with
+        # transactions: whole. That topic keeps one partition whatever the default group says: only
+        # there are its records in the source's commit order (the app refuses more).
+        "provide.transaction.metadata": "true",
+        "topic.creation.groups": "transaction",
+        "topic.creation.transaction.include": re.escape(f"{topic_prefix}.transaction"),
+        "topic.creation.transaction.partitions": 1,
+        "topic.creation.transaction.replication.factor": 1,
         **extra,
     }

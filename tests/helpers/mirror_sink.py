@@ -19,11 +19,11 @@ from tests.streaming import pg_connect
 
 
 class MirrorSink:
-    """The sink of the mirror ``section`` in exactly_once, its targets created in ``target``,
+    """The sink of the mirror ``section`` in exactly_once (or ``delivery``), its targets created in ``target``,
     its bookkeeping in ``meta``; ``stage`` COPYs an Arrow batch into a batch's stage."""
 
     def __init__(self, stack: dict[str, str], section: dict[str, Any], target: str, meta: str, name: str,
-                 max_batch_attempts: int = 1) -> None:
+                 max_batch_attempts: int = 1, delivery: str = "exactly_once") -> None:
         self.spec = mirror_spec(section)
         assert self.spec.mirror is not None and self.spec.target_ddl is not None
         self.stack, self.target, self.meta, self.name = stack, target, meta, name
@@ -33,7 +33,7 @@ class MirrorSink:
         with self.conn.cursor() as cur:
             run_ddl(cur, self.spec.target_ddl(self.target, False))
         self.conn.commit()
-        settings = SinkSettings(spec=self.spec, mode=MODES["exactly_once"], pipeline=self.name,
+        settings = SinkSettings(spec=self.spec, mode=MODES[delivery], pipeline=self.name,
                                 target_schema=self.target, meta_schema=self.meta,
                                 max_batch_attempts=max_batch_attempts, transient_retry_seconds=0)
         self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard)

@@ -110,8 +110,9 @@ def test_staging_lines_carry_changes_tombstones_and_errors() -> None:
                                                          ("app.public.customers", 0, 11, b"k", b"2"),
                                                          ("app.public.customers", 0, 12, b"k", b"bad")], False))
     assert lines[0] == ('app.public.customers\t0\t10\t\\N\t\\N\t\\N\tcustomers\tu\t{"id":"1"}\t'
-                        '{"id":"1","name":"tab\\\\there"}\t["notes"]\t\\N\t\\N\t\\N\n')  # JSON's \\t, escaped for COPY
-    assert lines[1] == "app.public.customers\t0\t11\t\\N\t\\N\t\\N" + "\t\\N" * 8 + "\n"
+                        '{"id":"1","name":"tab\\\\there"}\t["notes"]\t\\N\t\\N\t\\N'
+                        '\t\\N\tpublic.customers\n')  # JSON's \\t, escaped for COPY; no transaction, its table
+    assert lines[1] == "app.public.customers\t0\t11\t\\N\t\\N\t\\N" + "\t\\N" * 10 + "\n"
     assert lines[2].startswith("app.public.customers\t0\t12\t\\\\x6b\t\\\\x626164\tmalformed value JSON\t")
 
 

@@ -26,6 +26,10 @@ MIRROR = {"spec": None, "mirror": {"topic_prefix": "app",
                                    "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]}}
 # A mirror that names tables by pattern: refused under the continuous engine.
 PATTERN_MIRROR = {"spec": None, "mirror": {"topic_prefix": "app", "tables": [{"source_pattern": "inventory.*"}]}}
+# A mirror of whole source transactions: refused unless its topics include app.transaction.
+WHOLE_MIRROR = {"spec": None, "mirror": {
+    "topic_prefix": "app", "transactions": "whole",
+    "tables": [{"source": "public.t", "key": ["id"], "columns": {"id": "bigint"}}]}}
 # Per rule: (the definition's keys that break it, the app config's keys that break it).
 EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "pipeline": ({"name": "no spaces"}, {"pipeline": "no spaces"}),
@@ -48,6 +52,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                  {"spec": f"{__name__}:NO_DDL", "create_targets": True}),
     "continuous_reads_listed_topics": ({**PATTERN_MIRROR, "stream": {"engine": "continuous"}},
                                        {**PATTERN_MIRROR, "engine": "continuous"}),
+    "whole_transactions_read_their_topic": (WHOLE_MIRROR, WHOLE_MIRROR),
 }
 
 

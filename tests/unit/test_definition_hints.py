@@ -51,7 +51,7 @@ def test_the_mirror_as_written_validates(tmp_path: Path) -> None:
     assert _validate(tmp_path, _mirror_pipeline()) == (0, "ok   shop_mirror")
 
 
-TOP = "aggregates, placeholder, tables, topic_prefix"
+TOP = "aggregates, placeholder, tables, topic_prefix, transactions"
 
 
 @pytest.mark.parametrize(("path", "wrong", "where", "nearest", "allowed"), [

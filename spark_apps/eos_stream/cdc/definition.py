@@ -45,13 +45,14 @@ from typing import Any
 from spark_apps.eos_stream.cdc.deltas import ChangeAggregate
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type, normalize
+from spark_apps.eos_stream.cdc.transactions import PER_KEY, TRANSACTION_MODES, WHOLE, transaction_topic
 from spark_apps.eos_stream.cdc.values import DEFAULT_PLACEHOLDER, FieldSchema
 from spark_apps.eos_stream.known_keys import unknown_key_message
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _SUMMABLE = ("smallint", "integer", "bigint", "numeric")
 # The keys each level of the section takes; any other is refused (a typo would drop its setting).
-MIRROR_KEYS = ("topic_prefix", "tables", "aggregates", "placeholder")
+MIRROR_KEYS = ("topic_prefix", "tables", "aggregates", "placeholder", "transactions")
 TABLE_KEYS = ("source", "target", "key", "columns")
 PATTERN_KEYS = ("source_pattern", "target", "columns")
 AGGREGATE_KEYS = ("source", "target", "group_by", "sums", "count_column")
@@ -119,6 +120,15 @@ class MirrorDefinition:
     patterns: tuple[TablePattern, ...] = ()
     aggregates: tuple[ChangeAggregate, ...] = ()
     placeholder: str = DEFAULT_PLACEHOLDER
+    transactions: str = PER_KEY  # ``whole``: source transactions applied whole (``transactions``)
+
+    @property
+    def whole_transactions(self) -> bool:
+        return self.transactions == WHOLE
+
+    def transaction_topic(self) -> str | None:
+        """The connector's transaction topic, which a ``whole`` mirror reads with its change topics."""
+        return transaction_topic(self.topic_prefix) if self.whole_transactions else None
 
     def topics(self) -> list[str]:
         """The explicit tables' topics, as Debezium names them."""
@@ -145,6 +155,10 @@ class MirrorDefinition:
         if source in self.tables:
             return None
         return next((p for p in self.patterns if p.matches(source)), None)
+
+    def mirrors(self, source: str) -> bool:
+        """Whether changes of ``source`` (``schema.table``) are mirrored: listed, or matched by a pattern."""
+        return source in self.tables or self.pattern_for(source) is not None
 
     def route(self, source: str) -> MirrorTarget | None:
         """The target of a source table named explicitly (a pattern's are ``target_from_schema``'s)."""
@@ -228,7 +242,16 @@ def parse_mirror(data: Mapping[str, Any], path: str = "mirror") -> MirrorDefinit
     aggregates = tuple(_aggregate(f"{path}.aggregates[{index}]", entry, tables)
                        for index, entry in enumerate(_entries(f"{path}.aggregates", data.get("aggregates", []))))
     placeholder = data.get("placeholder", DEFAULT_PLACEHOLDER)
-    return MirrorDefinition(prefix, tables, tuple(patterns), aggregates, str(placeholder))
+    return MirrorDefinition(prefix, tables, tuple(patterns), aggregates, str(placeholder),
+                            _transactions(f"{path}.transactions", data.get("transactions", PER_KEY)))
+
+
+def _transactions(path: str, value: Any) -> str:
+    if value not in TRANSACTION_MODES:
+        raise _fail(path, f"must be one of {', '.join(TRANSACTION_MODES)}, got {value!r}: {WHOLE} applies each source "
+                    f"transaction whole (needs the connector's provide.transaction.metadata=true), {PER_KEY} applies "
+                    "each key's last change per batch")
+    return str(value)
 
 
 def target_from_schema(pattern: TablePattern, source: str, key_fields: Mapping[str, FieldSchema] | None,

@@ -22,6 +22,7 @@ from typing import Any
 
 from spark_apps.eos_stream.cdc import fast_envelope
 from spark_apps.eos_stream.cdc.fast_envelope import OPS, row_schema, struct_fields
+from spark_apps.eos_stream.cdc.transactions import transaction_of_payload, tx_part
 from spark_apps.eos_stream.cdc.values import ColumnValueError, FieldSchema, Placeholders, decode_value, plain_kind
 
 _DEFAULT_PLACEHOLDERS = Placeholders()
@@ -48,6 +49,7 @@ class RawChange:
     snapshot: bool
     key_schema: dict[str, FieldSchema] | None
     row_schema: dict[str, FieldSchema] | None
+    transaction: str | None = None  # the txId part of the event's transaction block (``transactions``)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Change:
     lsn: int | None = None
     tx_id: int | None = None
     row_schema: dict[str, FieldSchema] | None = field(default=None, compare=False)
+    transaction: str | None = None
 
 
 # One decoder for every record: json.loads with parse_float builds a new one per call.
@@ -115,17 +118,18 @@ def parse_envelope(key: bytes | None, value: bytes | None) -> RawChange | None:
     read = fast_envelope.read(key, value)
     if read is None:
         return _parse_with_json(key, value)
-    return _raw_change(read.op, read.before, read.after, read.source, read.key, read.key_schema, read.row_schema)
+    return _raw_change(read.op, read.before, read.after, read.source, read.key, read.key_schema, read.row_schema,
+                       tx_part(read.transaction.get("id")) if read.transaction else None)
 
 
 def _raw_change(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, source: Mapping[str, Any],
                 key: dict[str, Any], key_schema: dict[str, FieldSchema] | None,
-                row_fields: dict[str, FieldSchema] | None) -> RawChange:
+                row_fields: dict[str, FieldSchema] | None, transaction: str | None) -> RawChange:
     schema_name = source.get("schema")
     table = f"{schema_name}.{source['table']}" if isinstance(schema_name, str) else source["table"]
     snapshot = source.get("snapshot") not in (None, False, "false")
     return RawChange(table, op, key, before, after, _optional_int(source, "lsn"), _optional_int(source, "txId"),
-                     snapshot, key_schema, row_fields)
+                     snapshot, key_schema, row_fields, transaction)
 
 
 def _parse_with_json(key: bytes | None, value: bytes) -> RawChange:
@@ -148,7 +152,8 @@ def _parse_with_json(key: bytes | None, value: bytes) -> RawChange:
     key_payload, key_schema = _unwrap(_json(key, "key"), "key")
     if not isinstance(key_payload, dict) or not key_payload:
         raise EnvelopeError("change record key must be a non-empty JSON object of the key columns")
-    return _raw_change(op, before, after, source, key_payload, struct_fields(key_schema), row_schema(value_schema))
+    return _raw_change(op, before, after, source, key_payload, struct_fields(key_schema), row_schema(value_schema),
+                       transaction_of_payload(payload))
 
 
 def _typed_row(row: dict[str, Any] | None, types: Mapping[str, str], schemas: Mapping[str, FieldSchema] | None,
@@ -194,7 +199,7 @@ def decode_change(raw: RawChange, types: Mapping[str, str], placeholders: Placeh
         raise EnvelopeError(f"{raw.source_table}: {exc}") from exc
     assert key is not None
     return Change(raw.source_table, raw.op, key, before, after, unchanged, before_unavailable,
-                  raw.lsn, raw.tx_id, raw.row_schema)
+                  raw.lsn, raw.tx_id, raw.row_schema, raw.transaction)
 
 
 def decoder(types_of: Callable[[str], Mapping[str, str] | None],

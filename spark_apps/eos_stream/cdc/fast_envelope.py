@@ -45,6 +45,7 @@ class _Envelope(msgspec.Struct):
     after: Any = None
     source: _Source | None = None
     op: Any = None
+    transaction: Any = None  # {id, total_order, data_collection_order}, or null (a snapshot read)
 
 
 class _Wrapped(msgspec.Struct, forbid_unknown_fields=True):
@@ -126,6 +127,7 @@ class Read(NamedTuple):
     key: dict[str, Any]
     key_schema: dict[str, FieldSchema] | None
     row_schema: dict[str, FieldSchema] | None
+    transaction: Any = None
 
 
 def _key(key: bytes) -> tuple[dict[str, Any], dict[str, FieldSchema] | None] | None:
@@ -170,4 +172,7 @@ def read(key: bytes | None, value: bytes) -> Read | None:
         return None
     fields = {"schema": source.schema, "table": source.table, "lsn": source.lsn, "txId": source.txId,
               "snapshot": source.snapshot}
-    return Read(envelope.op, before, after, fields, keyed[0], keyed[1], schema)
+    transaction = envelope.transaction
+    if transaction is not None and not isinstance(transaction, dict):
+        return None
+    return Read(envelope.op, before, after, fields, keyed[0], keyed[1], schema, transaction)

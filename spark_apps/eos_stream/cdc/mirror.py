@@ -21,8 +21,10 @@ from typing import Any
 
 import msgspec
 
+from spark_apps.eos_stream.cdc import transactions
 from spark_apps.eos_stream.cdc.envelope import Change, EnvelopeError
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type
+from spark_apps.eos_stream.cdc.transactions import END
 from spark_apps.eos_stream.cdc.values import pg_text
 from spark_apps.eos_stream.records.parsing import escape_copy
 
@@ -142,7 +144,8 @@ def apply_compacted(rows: dict[tuple, dict[str, Any]], target: MirrorTarget, mer
 # --- staging ----------------------------------------------------------------
 
 STAGE_COLUMNS = ("_topic", "_partition", "_offset", "_key", "_value", "_error",
-                 "_target", "_op", "_keys", "_after", "_unchanged", "_before", "_shape", "_create")
+                 "_target", "_op", "_keys", "_after", "_unchanged", "_before", "_shape", "_create",
+                 "_tx", "_collection")
 _BODY_CELLS = len(STAGE_COLUMNS) - 6
 _STAGE_TYPES = {"_partition": "integer", "_offset": "bigint", "_key": "bytea", "_value": "bytea"}
 _NULL = "\\N"
@@ -205,7 +208,7 @@ def change_cells(target: MirrorTarget, change: Change, create: str | None = None
     before = _row_json(change.before) if target.feeds_aggregates and change.before is not None else None
     unchanged = json.dumps(sorted(change.unchanged)) if change.unchanged else "[]"
     return [target.table, change.op, _row_json(key), None if change.after is None else _row_json(change.after),
-            unchanged, before, shape_cell(target, change), create]
+            unchanged, before, shape_cell(target, change), create, change.transaction, change.table]
 
 
 Resolved = tuple[Change, MirrorTarget, str | None]  # a change, its target, its _create cell
@@ -236,22 +239,51 @@ def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[
     return resolved_staging_lines(resolve, records, keep_raw)
 
 
+def _transaction_cells(value: bytes | None, mirrored: Callable[[str], bool]) -> list[str | None]:
+    """The body cells of a transaction-topic record (``transactions``): an END's op, its
+    counts of the tables the mirror reads (``mirrored``) as ``_after``, and its transaction; a
+    BEGIN's or a tombstone's are empty. A table the connector captures and the mirror does not
+    would never bring its events: the mirror is whole over its own tables."""
+    try:
+        record = transactions.parse_transaction_record(value)
+    except ValueError as exc:
+        raise EnvelopeError(str(exc)) from exc
+    body: list[str | None] = [None] * _BODY_CELLS
+    if record is not None and record.status == transactions.END:
+        counts = transactions.TransactionRecord(END, record.tx, {t: n for t, n in record.counts.items() if mirrored(t)})
+        body[1], body[3], body[-2] = transactions.END, counts.counts_json(), record.tx
+    return body
+
+
+def _refused_cells(value: bytes | None, error: str) -> list[str | None]:
+    """A refused change's error and body: its transaction and table when its envelope can be
+    read, so it still counts toward its transaction's END (``transactions.loose_transaction``)."""
+    tx, collection = transactions.loose_transaction(value)
+    return [error, *[None] * (_BODY_CELLS - 2), tx, collection]
+
+
 def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resolved | None],
                            records: Iterable[tuple[str, int, int, bytes | None, bytes | None]],
-                           keep_raw: bool) -> Iterator[str]:
+                           keep_raw: bool, transaction_topic: str | None = None,
+                           mirrored: Callable[[str], bool] = lambda table: True) -> Iterator[str]:
     """One COPY line per Kafka record: a change's cells, a tombstone's empty line (so the
-    stage still counts every record), a refused record's error with its raw bytes, or a
-    record whose target cannot be made, with the refusal for the driver (``TargetRefused``)."""
+    stage still counts every record), a refused record's error with its raw bytes, a
+    record whose target cannot be made, with the refusal for the driver (``TargetRefused``),
+    or a record of ``transaction_topic`` (``_transaction_cells``, counting the tables ``mirrored``)."""
     for topic, partition, offset, key, value in records:
         cells: list[str | bytes | None]
         try:
+            if topic == transaction_topic:
+                cells = [topic, str(partition), str(offset), None, None, None, *_transaction_cells(value, mirrored)]
+                yield "\t".join(map(_copy_cell, cells)) + "\n"
+                continue
             resolved = resolve(key, value)
             body = [None] * _BODY_CELLS if resolved is None else change_cells(resolved[1], resolved[0], resolved[2])
             raw = (key, value) if keep_raw else (None, None)
             cells = [topic, str(partition), str(offset), *raw, None, *body]
         except EnvelopeError as exc:
-            cells = [topic, str(partition), str(offset), key, value, str(exc), *[None] * _BODY_CELLS]
+            cells = [topic, str(partition), str(offset), key, value, *_refused_cells(value, str(exc))]
         except TargetRefused as refused:
             cells = [topic, str(partition), str(offset), key, value, None, refused.table,
-                     *[None] * (_BODY_CELLS - 2), refused.create]
+                     *[None] * (_BODY_CELLS - 4), refused.create, None, None]
         yield "\t".join(map(_copy_cell, cells)) + "\n"

@@ -19,7 +19,15 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.cdc import aggregate_sql, mirror, mirror_sql, patterns, schema_changes
+from spark_apps.eos_stream.cdc import (
+    aggregate_sql,
+    mirror,
+    mirror_sql,
+    patterns,
+    schema_changes,
+    transactions,
+    transactions_sql,
+)
 from spark_apps.eos_stream.cdc.definition import MirrorDefinition, parse_mirror
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.events import emit
@@ -74,6 +82,10 @@ class MirrorBatches:
         """The Kafka subscription regex when the definition names tables by pattern, else None."""
         return self.definition.subscription(topics)
 
+    def transaction_topic(self) -> str | None:
+        """The connector's transaction topic when the definition applies transactions whole."""
+        return self.definition.transaction_topic()
+
     def target_tables(self) -> list[str]:
         return [t.table for t in self.definition.tables.values()] + [a.table for a in self.definition.aggregates]
 
@@ -88,13 +100,25 @@ class MirrorBatches:
         about ``STAGE_CHUNK_CHARS`` (``bounded_chunks``)."""
         resolve = patterns.Router(self.definition).resolve
         for batch in batches:
-            yield from bounded_chunks(mirror.resolved_staging_lines(resolve, batch_lines.arrow_records(batch),
-                                                                    keep_raw), STAGE_CHUNK_CHARS)
+            yield from bounded_chunks(mirror.resolved_staging_lines(
+                resolve, batch_lines.arrow_records(batch), keep_raw,
+                transactions.transaction_topic(self.definition.topic_prefix), self.definition.mirrors),
+                STAGE_CHUNK_CHARS)
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
-                  skip_applied: bool) -> BatchRun:
+                  skip_applied: bool, pipeline: str = "") -> BatchRun:
         """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
-        apply of the stage (or of one isolated range of it) to the targets they leave."""
+        apply of the stage (or of one isolated range of it) to the targets they leave. A mirror
+        of whole transactions first rewrites the stage to the records it applies now
+        (``transactions_sql``); the stage then holds records below the stored offsets, which
+        the apply must not skip, and it dedupes only when a retried task staged copies (the
+        writer's count of the stage no longer tells)."""
+        whole, copies = self.definition.whole_transactions, 0
+        if whole:
+            done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied)
+            copies = done.pop("copies")
+            if done["held"] or done["released"]:
+                emit("mirror_transactions", **done)
         targets = self._targets_for_batch(cur, stage, target_schema)
         if self.definition.patterns:
             targets += patterns.batch_targets(cur, stage, target_schema, [t.table for t in targets])
@@ -103,7 +127,8 @@ class MirrorBatches:
         def run(cur: Any, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(mirror_sql.apply_mirror_statement(
                 targets, stage=stage, target_schema=target_schema, meta_schema=meta_schema,
-                skip_applied=skip_applied, dedupe=dedupe, only_range=only_range, aggregates=aggregates), params)
+                skip_applied=skip_applied and not whole, dedupe=copies > 0 if whole else dedupe, only_range=only_range,
+                aggregates=aggregates), params)
             row = cur.fetchone()
             assert row is not None
             for aggregate in aggregates:

@@ -29,6 +29,7 @@ from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.records.spec import PipelineSpec, spec_of
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
+from spark_apps.eos_stream.run.config_rules import ConfigError
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink, Stopwatch
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
@@ -239,6 +240,8 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
 
     stored = OffsetsStore(config.meta_schema, config.pipeline).load(conn)
     conn.rollback()
+    if problem := preflight.transaction_topic_problem(spec.transaction_topic(), partitions, stored):
+        raise ConfigError(problem)
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
     if mode.stores_offsets:
         # The resume point must still be in Kafka: a stored offset below the log start (retention)

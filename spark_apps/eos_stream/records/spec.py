@@ -125,7 +125,11 @@ class MirrorApply(Protocol):
         ...
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
-                  skip_applied: bool) -> BatchRun: ...
+                  skip_applied: bool, pipeline: str = "") -> BatchRun: ...
+
+    def transaction_topic(self) -> str | None:
+        """The connector's transaction topic when the mirror applies source transactions whole."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,10 @@ class PipelineSpec:
     def subscription(self, topics: list[str]) -> str | None:
         """The topic regex a pipeline reading ``topics`` subscribes to, or None (``topics`` alone)."""
         return None if self.mirror is None else self.mirror.subscription(topics)
+
+    def transaction_topic(self) -> str | None:
+        """The topic of a mirror's source-transaction records, read with its change topics, or None."""
+        return None if self.mirror is None else self.mirror.transaction_topic()
 
     def __post_init__(self) -> None:
         names = {f.name for f in self.fields}

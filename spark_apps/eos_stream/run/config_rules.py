@@ -169,6 +169,16 @@ def _spec_or_mirror(config: RuledConfig) -> str | None:
     return None
 
 
+def _whole_transactions_read_their_topic(config: RuledConfig, spec: PipelineSpec) -> str | None:
+    # The ENDs order and bound what a batch applies: without them nothing of a transaction would apply.
+    topic = spec.transaction_topic()
+    if topic is None or topic in config.topics:
+        return None
+    return (f"a mirror with transactions: whole reads the connector's transaction topic {topic!r} with its change "
+            f"topics: add it to topics (and set provide.transaction.metadata=true on the connector), or set "
+            "mirror.transactions: per_key")
+
+
 def _create_targets_needs_ddl(config: RuledConfig, spec: PipelineSpec) -> str | None:
     if config.create_targets and spec.target_ddl is None:
         return f"create_targets is set but spec {spec.name!r} has no target_ddl; create its tables yourself"
@@ -192,6 +202,7 @@ RULES: tuple[Rule, ...] = (
     Rule("aggregates_need_exactly_once", aggregates_problem, needs_spec=True),
     Rule("create_targets_needs_ddl", _create_targets_needs_ddl, needs_spec=True),
     Rule("continuous_reads_listed_topics", _continuous_reads_listed_topics, needs_spec=True),
+    Rule("whole_transactions_read_their_topic", _whole_transactions_read_their_topic, needs_spec=True),
 )
 
 

@@ -7,6 +7,7 @@ seconds, instead of as a stack trace from inside a micro-batch.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from psycopg2 import sql
@@ -185,6 +186,34 @@ def kafka_partitions(bootstrap: str, topics: list[str], admin_options: dict[str,
                                    "restarting broker): retried on the next start")
         partitions[topic] = sorted(found.partitions)
     return partitions
+
+
+def transaction_topic_problem(topic: str | None, partitions: Mapping[str, list[int]],
+                              stored: Mapping[tuple[str, int], int] | None = None) -> str | None:
+    """Why a mirror of whole source transactions (``topic``: its transaction topic, ``cdc/transactions``)
+    cannot start on these topics' partitions and its ``stored`` offsets, with the fix; None when it can.
+
+    Only one partition keeps the ENDs in the source's commit order, which the walk relies on. A
+    mirror that stored offsets of its change topics but none of its transaction topic ran
+    ``per_key`` until now: it would read the transaction topic from its start, and wait for ever
+    for the events of transactions it applied before."""
+    if topic is None:
+        return None
+    found = partitions.get(topic)
+    if not found:
+        return (f"the transaction topic {topic!r} does not exist: set provide.transaction.metadata=true on the "
+                "connector (postgres_connector_config does), or set mirror.transactions: per_key")
+    if len(found) != 1:
+        return (f"the transaction topic {topic!r} has {len(found)} partitions: its records are in the source's "
+                "commit order only in one. Recreate it with one partition (the connector's topic.creation "
+                "group for it, as postgres_connector_config sets) before the connector writes it, and "
+                "re-snapshot, or set mirror.transactions: per_key")
+    if stored and not any(t == topic for t, _ in stored):
+        return (f"this mirror stored offsets of its change topics but none of {topic!r}: it ran with "
+                "transactions: per_key, and would now wait for the events of transactions it already applied. "
+                "Mirror whole transactions with a new pipeline (its own meta and target schemas, from the "
+                "connector's snapshot), or keep mirror.transactions: per_key")
+    return None
 
 
 def is_compacted(cleanup_policy: str | None) -> bool:

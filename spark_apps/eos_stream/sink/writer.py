@@ -111,7 +111,8 @@ class BatchWriter:
         (``PipelineSpec.mirror``, which first makes the batch's schema changes on ``cur``)."""
         if self.spec.mirror is not None:
             return self.spec.mirror.batch_run(cur, stage, target_schema=self.target_schema,
-                                              meta_schema=self.meta_schema, skip_applied=self.mode.stores_offsets)
+                                              meta_schema=self.meta_schema, skip_applied=self.mode.stores_offsets,
+                                              pipeline=self.offsets.pipeline)
 
         def run(cur, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(self._statement(stage=stage, dedupe=dedupe, only_range=only_range), params)

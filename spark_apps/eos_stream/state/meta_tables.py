@@ -41,6 +41,12 @@ DECIDED_PARTS = "decided_parts"
 # transaction as the offset change; the audit reports them as an accepted gap, not as missing.
 ACCEPTED_GAPS = "accepted_gaps"
 
+# A mirror's change records held back until their source transaction is whole
+# (``cdc/transactions_sql``): below the stored offsets, so data like the offsets, written in the
+# batch's transaction and carried by every snapshot with them. Its columns after ``pipeline``
+# are a mirror stage's (``cdc.mirror.STAGE_COLUMNS``).
+HELD_CHANGES = "held_changes"
+
 _SCHEMA_DDL = """CREATE SCHEMA IF NOT EXISTS {schema}"""
 _EPOCHS_DDL = """CREATE TABLE IF NOT EXISTS {schema}.{epochs} (
         pipeline    text        PRIMARY KEY,
@@ -122,6 +128,12 @@ _DDL = [
         reason       text        NOT NULL,
         accepted_by  text        NOT NULL,
         accepted_at  timestamptz NOT NULL DEFAULT now())""",
+    """CREATE TABLE IF NOT EXISTS {schema}.{held_changes} (
+        pipeline text NOT NULL, _topic text NOT NULL, _partition integer NOT NULL, _offset bigint NOT NULL,
+        _key bytea, _value bytea, _error text, _target text, _op text, _keys text, _after text, _unchanged text,
+        _before text, _shape text, _create text, _tx text, _collection text,
+        held_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (pipeline, _topic, _partition, _offset))""",
 ]
 # Columns added since the first release, for tables made by older versions:
 # (table, column, type). Only the app adds them, at start, through ddl.run_ddl.
@@ -142,6 +154,7 @@ def _names(schema: str) -> dict[str, sql.Identifier]:
         "lso_watch": sql.Identifier(LSO_WATCH),
         "decided_parts": sql.Identifier(DECIDED_PARTS),
         "accepted_gaps": sql.Identifier(ACCEPTED_GAPS),
+        "held_changes": sql.Identifier(HELD_CHANGES),
     }
 
 
