@@ -165,3 +165,19 @@ def test_a_batch_of_one_megabyte_records_is_staged_in_chunks_of_about_the_bound(
 def test_bounded_chunks_keeps_whole_lines_and_an_empty_batch_its_one_empty_chunk() -> None:
     assert list(pipeline.bounded_chunks(iter([]), 10)) == [b""]
     assert list(pipeline.bounded_chunks(["abc\n", "defgh\n", "ij\n", "k\n"], 10)) == [b"abc\ndefgh\n", b"ij\nk\n"]
+
+
+def test_a_mirror_tables_columns_keep_their_order_to_the_app_and_its_tasks() -> None:
+    """The app creates a mirror table's columns in the order its definition gives them: the
+    section keeps its key order through the config file and into the Spark tasks' spec."""
+    from spark_apps.eos_stream.cdc.definition import parse_mirror
+    from spark_apps.eos_stream.run.config import from_dict
+
+    order = ["id", "zeta", "alpha", "mid"]
+    section = {"topic_prefix": "app", "tables": [{"source": "public.t", "key": ["id"],
+                                                  "columns": {name: "text" for name in order}}]}
+    config = from_dict({"pipeline": "p", "topics": ["app.public.t"], "mirror": section, "checkpoint_dir": "/ck"})
+    shipped = from_dict(json.loads(config.to_json()))
+    assert list(shipped.mirror["tables"][0]["columns"]) == order
+    in_tasks = parse_mirror(json.loads(SpecSource.of(shipped).mirror_json or "{}"))
+    assert list(in_tasks.tables["public.t"].columns) == order

@@ -204,7 +204,7 @@ class SpecSource:
     mirror's spec once per process (each executor's Python worker parses its section once).
 
     :param reference: a Python spec's ``module:ATTRIBUTE``; None for a mirror.
-    :param mirror_json: the config's ``mirror`` section as JSON (sorted keys); None for a Python spec.
+    :param mirror_json: the config's ``mirror`` section as JSON (its keys in their order); None for a Python spec.
     """
 
     reference: str | None = None
@@ -216,7 +216,8 @@ class SpecSource:
         ``spec`` and ``mirror``)."""
         mirror = getattr(pipeline, "mirror", None)
         if mirror is not None:
-            return cls(mirror_json=json.dumps(mirror, sort_keys=True, default=str))
+            # Keys in the section's own order: a table's columns are created in the order it gives.
+            return cls(mirror_json=json.dumps(mirror, default=str))
         return cls(reference=pipeline.spec)
 
     def load(self) -> PipelineSpec:

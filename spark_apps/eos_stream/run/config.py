@@ -205,7 +205,9 @@ class PipelineConfig:
         data = asdict(self)
         data["postgres"].pop("password", None)
         data.pop("kafka_options")
-        return json.dumps(data, indent=2, sort_keys=True)
+        # The fields in their declared order, and a mirror section's keys in its own: the order of a
+        # mirror table's columns is the order the app creates them in.
+        return json.dumps(data, indent=2)
 
 
 # The fields a run sets (where Kafka and the database are, how long it runs, how it polls,
