@@ -70,6 +70,8 @@ DURATIONS_FILE = STATE_DIR / "test-durations.tsv"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if getattr(report, "node", None) is not None:
+        return  # xdist's controller, handed a worker's report: the worker wrote its line
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     DURATIONS_FILE.parent.mkdir(parents=True, exist_ok=True)
     with DURATIONS_FILE.open("a") as out:
