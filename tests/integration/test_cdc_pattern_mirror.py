@@ -102,9 +102,11 @@ def primary_key(conn: Any, schema: str, table: str) -> list[str]:
 
 
 def last_stable_offsets(bootstrap: str, prefix: str) -> dict[str, int]:
-    """Every change topic of ``prefix`` and its end (read_committed: the last stable offset)."""
+    """Every change topic of ``prefix`` and its end (read_committed: the last stable offset). The
+    connector's transaction topic (``<prefix>.transaction``, which a per_key mirror does not read)
+    is no change topic."""
     topics = sorted(t for t in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
-                    if t.startswith(prefix + "."))
+                    if t.startswith(prefix + ".") and t != f"{prefix}.transaction")
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdc-pattern-lso",
                          "isolation.level": "read_committed"})
     try:
