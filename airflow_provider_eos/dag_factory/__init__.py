@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow.sdk import DAG, get_parsing_context, task
 
-from airflow_provider_eos.dag_factory.assets import committed_assets, pipeline_assets
+from airflow_provider_eos.dag_factory.assets import PipelineAssets, committed_assets, pipeline_assets
 from airflow_provider_eos.dag_factory.common import KINDS, START_DATE, dag_id
 from airflow_provider_eos.utils import provider_config
 from airflow_provider_eos.utils.definition_folder import definition_files, load_definitions
@@ -42,14 +42,14 @@ __all__ = ["build_pipeline_dags", "committed_assets", "dag_id", "defined_pipelin
 log = logging.getLogger(__name__)
 
 
-def build_pipeline_dag(kind: str, definition: PipelineDefinition) -> DAG:
+def build_pipeline_dag(kind: str, definition: PipelineDefinition, assets: PipelineAssets | None = None) -> DAG:
     """The DAG of ``kind`` (one of ``common.KINDS``) of one pipeline. Its builder's module is
     imported here, not at the top: a task's parse imports what its own DAG needs and no more (the
     recovery's ``TriggerDagRunOperator`` alone costs a second). The stream reads its topic assets;
-    the recovery announces its target assets (see :mod:`.assets`)."""
+    the recovery announces its target assets (``assets``, else made from the definition: see :mod:`.assets`)."""
     if kind == "stream":
         from airflow_provider_eos.dag_factory.stream import build_stream_dag
-        return build_stream_dag(definition, pipeline_assets(definition))
+        return build_stream_dag(definition, assets or pipeline_assets(definition))
     if kind == "stop":
         from airflow_provider_eos.dag_factory.stream import build_stop_dag
         return build_stop_dag(definition)
@@ -61,13 +61,14 @@ def build_pipeline_dag(kind: str, definition: PipelineDefinition) -> DAG:
         return build_snapshot_dag(definition)
     if kind == "recovery":
         from airflow_provider_eos.dag_factory.recovery import build_recovery_dag
-        return build_recovery_dag(definition, pipeline_assets(definition))
+        return build_recovery_dag(definition, assets or pipeline_assets(definition))
     raise ValueError(f"unknown DAG kind {kind!r}; one of {KINDS}")
 
 
 def build_pipeline_dags(definition: PipelineDefinition) -> list[DAG]:
-    """The stream, stop, health, snapshot and recovery DAGs of one pipeline."""
-    return [build_pipeline_dag(kind, definition) for kind in KINDS]
+    """The stream, stop, health, snapshot and recovery DAGs of one pipeline (its assets made once)."""
+    assets = pipeline_assets(definition)
+    return [build_pipeline_dag(kind, definition, assets) for kind in KINDS]
 
 
 def _task_dag(definitions: dict[str, PipelineDefinition]) -> tuple[str, PipelineDefinition] | None:
