@@ -19,13 +19,20 @@
 # local stack's PostgreSQL. Airflow 3 does not run LocalExecutor on SQLite, so
 # `start` always switches to PostgreSQL (and rewrites airflow.env to match).
 # SQLite is enough for `airflow db migrate`, DAG parsing and `dag.test()`.
+#
+# A second deployment beside the first (the tests' dag.test() runs use one, so that they never share
+# a metadata database, a definition folder or a lineage file with the demo's running services):
+#   EOS_AIRFLOW_HOME=DIR EOS_AIRFLOW_ENV_FILE=FILE EOS_AIRFLOW_DEPLOYMENT_DIR=DIR EOS_AIRFLOW_PG_DB=NAME
+# (the deployment dir holds pipelines/, snapshots/, openlineage/ and the checkpoints; default
+# $EOS_STATE_DIR). `init` creates the PostgreSQL database when the metadata is postgres.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/config.sh
 source "$here/config.sh"
 
 : "${EOS_AIRFLOW_HOME:=$EOS_STATE_DIR/airflow}"
-env_file="$EOS_STATE_DIR/airflow.env"
+: "${EOS_AIRFLOW_DEPLOYMENT_DIR:=$EOS_STATE_DIR}"
+env_file="${EOS_AIRFLOW_ENV_FILE:-$EOS_STATE_DIR/airflow.env}"
 # Default: the mode the existing env file was written with, else SQLite.
 if [ -z "${EOS_AIRFLOW_METADATA:-}" ] && [ -f "$env_file" ]; then
   EOS_AIRFLOW_METADATA=$(sed -n 's/^export EOS_AIRFLOW_METADATA=//p' "$env_file")
@@ -61,7 +68,7 @@ write_env() {
   # Values go through the environment into Python, never onto a command line.
   (umask 077
    EOS_KAFKA_BOOTSTRAP="$kafka_bootstrap" EOS_PG_HOST="$pg_host" EOS_SPARK_JARS="$spark_jars" \
-   EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" \
+   EOS_AIRFLOW_HOME="$EOS_AIRFLOW_HOME" EOS_AIRFLOW_DEPLOYMENT_DIR="$EOS_AIRFLOW_DEPLOYMENT_DIR" \
    EOS_AIRFLOW_METADATA="$EOS_AIRFLOW_METADATA" EOS_AIRFLOW_PG_DB="$EOS_AIRFLOW_PG_DB" \
    EOS_AIRFLOW_API_PORT="$EOS_AIRFLOW_API_PORT" EOS_JWT_SECRET_FILE="$secret_file" \
    EOS_SPARK_MASTER="$EOS_SPARK_MASTER" \
@@ -74,6 +81,7 @@ from urllib.parse import quote
 
 e = os.environ
 home = e["EOS_AIRFLOW_HOME"]
+deployment = e["EOS_AIRFLOW_DEPLOYMENT_DIR"]  # definitions, snapshots, lineage, checkpoints
 pg = {
     "host": e["EOS_PG_HOST"],
     "port": int(e["EOS_PG_PORT"]),
@@ -124,13 +132,13 @@ values = {
     # factory reads, where snapshots are kept (required: the provider has no default store), and
     # Spark's Kafka connector as resolved by install.sh. (Hanging transactions are found and aborted
     # from Python: Airflow needs no Kafka tools classpath.)
-    "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": os.path.join(e["EOS_STATE_DIR"], "pipelines"),
-    "AIRFLOW__EOS__SNAPSHOT_STORE": os.path.join(e["EOS_STATE_DIR"], "snapshots"),
+    "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": os.path.join(deployment, "pipelines"),
+    "AIRFLOW__EOS__SNAPSHOT_STORE": os.path.join(deployment, "snapshots"),
     "AIRFLOW__EOS__SPARK_JARS": e.get("EOS_SPARK_JARS", ""),
     # OpenLineage (the provider's listener): every event as one JSON line in one file, from which
     # the demo reads topic -> pipeline -> tables and the audit's data-quality facet (docs/lineage.md).
     "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
-        {"type": "file", "log_file_path": os.path.join(e["EOS_STATE_DIR"], "openlineage", "events.jsonl"),
+        {"type": "file", "log_file_path": os.path.join(deployment, "openlineage", "events.jsonl"),
          "append": True}),
     "AIRFLOW__OPENLINEAGE__NAMESPACE": "eos-local",
     # Spark's Python workers use the venv (pyarrow, psycopg2), whatever python3 is on PATH.
@@ -141,9 +149,9 @@ if e["EOS_SPARK_MASTER"] == "cluster":
     values["SPARK_LOCAL_IP"] = e["EOS_BIND_HOST"]
 # The shipped example pipeline's definition (connections are the [eos] defaults: kafka_default,
 # eos_postgres, spark_default). Timings are short so that the demo shows them in minutes.
-pipelines = os.path.join(e["EOS_STATE_DIR"], "pipelines")
+pipelines = os.path.join(deployment, "pipelines")
 os.makedirs(pipelines, exist_ok=True)
-os.makedirs(os.path.join(e["EOS_STATE_DIR"], "openlineage"), exist_ok=True)
+os.makedirs(os.path.join(deployment, "openlineage"), exist_ok=True)
 stale = os.path.join(pipelines, "ledger.json")  # the app-config format of earlier versions
 if os.path.exists(stale):
     os.remove(stale)
@@ -154,7 +162,7 @@ ledger = {
     "delivery": "exactly_once",
     "target_schema": "public",
     "meta_schema": "eos",
-    "checkpoint_dir": os.path.join(e["EOS_STATE_DIR"], "checkpoints"),
+    "checkpoint_dir": os.path.join(deployment, "checkpoints"),
     "stream": {"trigger": "processingTime", "trigger_interval": "2 seconds", "max_offsets_per_trigger": 4000,
                "max_batch_attempts": 2, "restart_backoff": 3, "create_targets": True,
                # The demo spends restarts on purpose: a driver SIGKILL, and the poison batch's
@@ -178,7 +186,7 @@ orders = {
     "delivery": "exactly_once",
     "target_schema": "orders",
     "meta_schema": "orders_eos",
-    "checkpoint_dir": os.path.join(e["EOS_STATE_DIR"], "checkpoints-orders"),
+    "checkpoint_dir": os.path.join(deployment, "checkpoints-orders"),
     # The continuous engine (one Python process in the stream task, no JVM), as a live sales view
     # would run: a committed order is in the target within a fraction of a second.
     "stream": {"engine": "continuous", "max_offsets_per_trigger": 4000, "restart_backoff": 3,
@@ -198,7 +206,7 @@ shop_mirror = {
     "delivery": "exactly_once",
     "target_schema": "shop_mirror",
     "meta_schema": "shop_mirror_eos",
-    "checkpoint_dir": os.path.join(e["EOS_STATE_DIR"], "checkpoints-shop"),
+    "checkpoint_dir": os.path.join(deployment, "checkpoints-shop"),
     # Spark, the project's engine, 2 s batches; half of the ledger's executor memory, so two
     # streams and the recovery's replay fit the local cluster's worker.
     "stream": {"trigger": "processingTime", "trigger_interval": "2 seconds", "max_offsets_per_trigger": 2000,
@@ -313,7 +321,10 @@ stop_services() {
 
 case "${1:-}" in
   env) write_env ;;
-  init) write_env; migrate ;;
+  init)
+    write_env
+    if [ "$EOS_AIRFLOW_METADATA" = postgres ]; then ensure_pg_database; fi
+    migrate ;;
   start) start_services ;;
   stop) stop_services ;;
   status)

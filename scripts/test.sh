@@ -4,7 +4,7 @@
 # e.g. a developer's, stays up). Exits with pytest's (or lint's) status.
 #
 #   PYTEST_TIMEOUT=900 TEST_WALL_TIMEOUT=4800 PYTEST_ARGS='-k fencing' scripts/test.sh
-#   PYTEST_WORKERS=0 scripts/test.sh    one process instead of two xdist workers
+#   PYTEST_WORKERS=0 scripts/test.sh    one process instead of three xdist workers
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/.."
@@ -54,19 +54,24 @@ wait_for_cds() {
   fi
 }
 trap 'wait_for_cds; stop_started' EXIT
+# The tests' own Airflow deployment for their dag.test() runs (tests/helpers/airflow_tests_env.py),
+# migrated beside the demo's.
+"$venv/bin/python" -m tests.helpers.airflow_tests_env > .local/airflow-tests-init.log 2>&1 &
+tests_airflow_pid=$!
 bash scripts/airflow.sh init || exit 1
+wait "$tests_airflow_pid" || { cat .local/airflow-tests-init.log; exit 1; }
 "$venv/bin/ruff" check || exit 1
 "$venv/bin/mypy" ${MYPY_PATHS:-airflow_provider_eos spark_apps demo dags bench} || exit 1
 wait_for_cds
 # Two phases: everything else on the xdist workers, then the tests that kill or restart a daemon
-# the other worker's tests share (the broker, PostgreSQL, the Connect worker: marker stack_faults),
+# the other workers' tests share (the broker, PostgreSQL, the Connect worker: marker stack_faults),
 # alone in one process. Both share the wall timeout; the exit is the first phase's failure, else
 # the second's ("no tests" there is no failure once the first phase ran some).
 started=$(date +%s)
 wall=${TEST_WALL_TIMEOUT:-4800}
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
 timeout --signal=TERM --kill-after=60 "$wall" \
-  "$venv/bin/pytest" tests -n "${PYTEST_WORKERS:-2}" --timeout="${PYTEST_TIMEOUT:-900}" -m "not stack_faults" \
+  "$venv/bin/pytest" tests -n "${PYTEST_WORKERS:-3}" --timeout="${PYTEST_TIMEOUT:-900}" -m "not stack_faults" \
   ${PYTEST_ARGS:-}
 parallel_status=$?
 left=$(( wall - ($(date +%s) - started) ))

@@ -22,37 +22,42 @@ from tests.helpers.spark_cds import TEST_SPARK_SUBMIT_OPTS, driver_archive_opts
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# Modules that share one Airflow deployment's state, so they run one after another on one xdist
-# worker (scripts/test.sh runs two): the demo's api-server, scheduler and triggerer on fixed ports,
-# the airflow.env that `airflow.sh env` rewrites, the Spark standalone cluster that the first of
-# its users starts and stops, and the metadata database whose DAGs the demo's scheduler sees
-# while dag.test() processes register theirs. Every other module is a unit of its own, so that
-# its module fixtures are set up once; Kafka and PostgreSQL serve both workers (unique names).
-SHARED_AIRFLOW_MODULES = frozenset({
-    "test_demo.py", "test_dags.py", "test_stack_airflow.py", "test_spark_cluster.py", "test_external_spec.py",
-    "test_recovery_dag.py", "test_recovery_params.py", "test_metrics.py", "test_sasl_kafka.py",
+# Modules that share the demo's Airflow deployment, so they run one after another on one xdist
+# worker: the demo's api-server, scheduler and triggerer on fixed ports, the airflow.env that
+# `airflow.sh env` rewrites, and the Spark standalone cluster (3 cores: the demo's two streams and
+# replay fill it, so a second user on another worker would wait for executors).
+DEMO_DEPLOYMENT_MODULES = frozenset({
+    "test_demo.py", "test_stack_airflow.py", "test_spark_cluster.py", "test_external_spec.py",
+})
+DEMO_DEPLOYMENT_UNIT = "demo-deployment"
+# Modules whose DAG runs (dag.test()) share the tests' own Airflow deployment
+# (tests/helpers/airflow_tests_env.py: its metadata database, definition folder and lineage file):
+# one after another on another worker, beside the demo.
+DAG_TEST_MODULES = frozenset({
+    "test_dags.py", "test_recovery_dag.py", "test_recovery_params.py", "test_metrics.py", "test_sasl_kafka.py",
     "test_howto_own_spec.py", "test_cdc_airflow.py",
 })
-SHARED_AIRFLOW_UNIT = "shared-airflow"
+DAG_TEST_UNIT = "dag-tests"
 # Modules that use the Kafka Connect worker (the ``connect`` fixture) and may restart it: they run
 # on one worker, one after another.
 CONNECT_MODULES = frozenset({"test_cdc_source.py", "test_cdc_mirror.py"})
 CONNECT_UNIT = "kafka-connect"
+# Every other module is a unit of its own, so that its module fixtures are set up once; Kafka and
+# PostgreSQL serve every worker (tests use unique names).
+_SHARED_UNITS = {**dict.fromkeys(DEMO_DEPLOYMENT_MODULES, DEMO_DEPLOYMENT_UNIT),
+                 **dict.fromkeys(DAG_TEST_MODULES, DAG_TEST_UNIT), **dict.fromkeys(CONNECT_MODULES, CONNECT_UNIT)}
 
 
 def work_unit(nodeid: str) -> str:
     """The unit of work a test belongs to on the xdist workers: its module, or a shared one."""
     module = nodeid.split("::", 1)[0]
-    name = Path(module).name
-    if name in SHARED_AIRFLOW_MODULES:
-        return SHARED_AIRFLOW_UNIT
-    return CONNECT_UNIT if name in CONNECT_MODULES else module
+    return _SHARED_UNITS.get(Path(module).name, module)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without the plugin
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Deals out ``work_unit``s, in collection order, so the demo (collected first) and the
-    other shared tests start at once on one worker while the other worker takes the modules.
+    """Deals out ``work_unit``s, in collection order, so the demo (collected first) starts at once
+    on one worker while the others take the dag.test() unit and the modules.
     (xdist's own ``loadgroup`` cannot be used: its group marker does not reach pytest 9's ids.)"""
     from xdist.scheduler import LoadScopeScheduling
 

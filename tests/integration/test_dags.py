@@ -3,8 +3,8 @@
 (LSO sensor through its trigger) and, with a stale liveness limit and a new dead letter, its
 deferred liveness sensor times out and the summary fails with one readable verdict.
 
-DAG runs happen in a fresh interpreter with .local/airflow.env (Airflow's config is read at
-import); runs with nothing to do between them share one (one Airflow start, one DagBag parse)."""
+DAG runs happen in a fresh interpreter with the tests' own Airflow deployment (Airflow's config is
+read at import); runs with nothing to do between them share one (one Airflow start, one DagBag parse)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from psycopg2 import sql
 
-from tests.conftest import ROOT, STATE_DIR, spark_submit_opts
+from tests.conftest import ROOT, spark_submit_opts
+from tests.helpers.airflow_tests_env import own_airflow_env
 from tests.helpers.dag_test_process import EXIT_AFTER_RESULTS, end_process_group
 from tests.integration.test_stream_operator import airflow_conns, make_pipeline  # noqa: F401 - fixtures
 from tests.streaming import write_definition
@@ -44,12 +45,8 @@ for dag_id, conf in json.loads(sys.argv[2]):
 
 @pytest.fixture(scope="module")
 def airflow_env(stack: dict[str, str]) -> dict[str, str]:
-    env_file = STATE_DIR / "airflow.env"
-    if not (STATE_DIR / "airflow" / "airflow.db").exists() or not env_file.exists():
-        subprocess.run(["bash", str(ROOT / "scripts" / "airflow.sh"), "init"], check=True, timeout=300)
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", str(env_file)],
-                         capture_output=True, check=True, timeout=60).stdout.decode()
-    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    """The tests' own Airflow deployment (tests/helpers/airflow_tests_env.py), not the demo's."""
+    env = own_airflow_env()
     env.update({"AIRFLOW__EOS__SPARK_JARS": stack["EOS_SPARK_JARS"], "PYTHONPATH": str(ROOT),
                 "SPARK_SUBMIT_OPTS": spark_submit_opts()})
     env.pop("EOS_PG_PASSWORD", None)

@@ -23,7 +23,8 @@ from psycopg2 import sql
 
 from demo.feed import Feed
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
-from tests.conftest import ROOT, STATE_DIR, spark_submit_opts
+from tests.conftest import ROOT, spark_submit_opts
+from tests.helpers.airflow_tests_env import own_airflow_env
 from tests.helpers.dag_test_process import EXIT_AFTER_RESULTS, end_process_group
 from tests.streaming import (
     audit,
@@ -58,9 +59,7 @@ print("RESULT " + json.dumps(out, default=str))
 
 
 def _airflow_env(stack: dict[str, str], config_dir: Path, store: Path) -> dict[str, str]:
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", str(STATE_DIR / "airflow.env")],
-                         capture_output=True, check=True, timeout=60).stdout.decode()
-    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    env = own_airflow_env()  # the tests' own deployment, not the demo's (tests/helpers/airflow_tests_env.py)
     env.update({
         "AIRFLOW__EOS__PIPELINE_CONFIG_DIR": str(config_dir),
         "AIRFLOW__EOS__SNAPSHOT_STORE": str(store),
