@@ -13,7 +13,9 @@ loosen the three thresholds below for that run.
 A definition with a ``cdc`` section (a pipeline fed by Debezium) adds two checks of its source:
 each connector and its tasks RUNNING (``connector``), and the WAL each replication slot holds
 back, in bytes and age (``replication_slot__<slot>``). The LSO sensor watches the change topics
-as any topics: Connect's exactly-once source writes them in transactions (docs/cdc.md).
+as any topics: Connect's exactly-once source writes them in transactions (docs/cdc.md). A mirror
+with ``transactions: whole`` adds ``held_transactions``: no source transaction's changes held
+longer than ``health.max_transaction_wait`` waiting for its END.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ from airflow_provider_eos.dag_factory.common import (
     tags,
     task_defaults,
 )
-from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
+from airflow_provider_eos.operators.cdc_health import (
+    ConnectorHealthCheckOperator,
+    HeldTransactionsCheckOperator,
+    ReplicationSlotCheckOperator,
+)
 from airflow_provider_eos.operators.dead_letters import (
     DeadLetterCheckOperator,
     PreparedTransactionsCheckOperator,
@@ -43,6 +49,7 @@ from airflow_provider_eos.sensors.stream_progress import StreamCaughtUpSensor, S
 from airflow_provider_eos.utils.definition_sections import CdcSourceSettings
 from airflow_provider_eos.utils.pipeline_definition import PipelineDefinition
 from airflow_provider_eos.utils.subscription import subscribed_topics
+from spark_apps.eos_stream.cdc.transactions import WHOLE
 
 
 @task
@@ -103,7 +110,7 @@ def build_health_dag(definition: PipelineDefinition) -> DAG:
             task_id="prepared_transactions", postgres_conn_id=conns.postgres,
             older_than_seconds="{{ params.prepared_older_than }}",
         )
-        checks = [lso, liveness, caught_up, dead_letters, in_doubt, *cdc_source_checks(definition.cdc)]
+        checks = [lso, liveness, caught_up, dead_letters, in_doubt, *change_stream_checks(definition, conns.postgres)]
         summary = StreamHealthSummaryOperator(
             task_id="summary", check_task_ids=[t.task_id for t in checks],
             liveness_task_id=liveness.task_id, caught_up_task_id=caught_up.task_id, pipeline=definition.name,
@@ -127,3 +134,14 @@ def cdc_source_checks(cdc: CdcSourceSettings | None) -> list[Any]:
             task_id=f"replication_slot__{slot}", slot_name=slot, postgres_conn_id=cdc.source_postgres_conn_id,
             max_held_bytes=cdc.max_held_bytes, max_age_seconds=cdc.max_held_age_seconds))
     return checks
+
+
+def change_stream_checks(definition: PipelineDefinition, postgres_conn_id: str) -> list[Any]:
+    """The checks of a change stream's source (``cdc_source_checks``) and, for a mirror of whole
+    source transactions, the check that none waits too long for its END."""
+    checks = cdc_source_checks(definition.cdc)
+    if (definition.mirror or {}).get("transactions") != WHOLE:
+        return checks
+    return [*checks, HeldTransactionsCheckOperator(
+        task_id="held_transactions", pipeline=definition.name, meta_schema=definition.meta_schema,
+        postgres_conn_id=postgres_conn_id, max_wait_seconds=definition.health.max_transaction_wait)]

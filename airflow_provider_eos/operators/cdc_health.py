@@ -1,5 +1,6 @@
 """Health checks of a change-data-capture source: the Kafka Connect connector that publishes
-the changes, and the replication slot it reads the source database through.
+the changes, the replication slot it reads the source database through, and, for a mirror of
+whole source transactions, the transactions it has held back too long.
 
 Like the other checks of a health DAG (``operators/dead_letters.py``), each records its
 outcome as the XCom ``eos_check`` before it succeeds or fails, so the summary task can say why.
@@ -13,9 +14,11 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_eos.hooks.eos_postgres import EosPostgresHook
 from airflow_provider_eos.hooks.kafka_connect import ConnectorUnhealthyError, KafkaConnectHook
 from airflow_provider_eos.hooks.replication_slot import ReplicationSlotHook
 from airflow_provider_eos.operators.base import CheckOutcomeMixin
+from airflow_provider_eos.state.held_changes import held_transactions
 from airflow_provider_eos.utils.cdc_health import (
     DEFAULT_MAX_AGE_SECONDS,
     DEFAULT_MAX_HELD_BYTES,
@@ -101,3 +104,52 @@ class ReplicationSlotCheckOperator(CheckOutcomeMixin, BaseOperator):
         assert state is not None  # slot_problems reports a missing slot
         return {**report, "message": describe_slot(state)}
 
+
+
+class HeldTransactionsCheckOperator(CheckOutcomeMixin, BaseOperator):
+    """
+    Fails when a mirror with ``transactions: whole`` has held a source transaction's changes longer
+    than ``max_wait_seconds``, naming each such transaction, its records and their topics. A
+    transaction's changes wait only until its ``END`` reaches the connector's transaction topic, a
+    matter of seconds; a longer wait means that topic stopped moving while the change topics
+    moved (the connector lost ``provide.transaction.metadata``, or the topic its retention), and
+    the mirror shows nothing of that transaction or any later one until it moves again.
+
+    :param pipeline: pipeline name.
+    :param postgres_conn_id: target database connection, default "eos_postgres".
+    :param meta_schema: schema of the bookkeeping tables (``held_changes``).
+    :param max_wait_seconds: how long a transaction may be held.
+    :return: (XCom) ``{"held": [...], "count": n, "oldest_seconds": s}``
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "meta_schema", "postgres_conn_id", "max_wait_seconds")
+    check_name = "held_transactions"
+
+    def __init__(self, *, pipeline: str, postgres_conn_id: str = "eos_postgres", meta_schema: str = "eos",
+                 max_wait_seconds: float | str = 300, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.postgres_conn_id = postgres_conn_id
+        self.meta_schema = meta_schema
+        self.max_wait_seconds = max_wait_seconds
+
+    def execute(self, context: Any) -> Any:
+        return self._recorded(context, self._check)
+
+    def _check(self) -> dict[str, Any]:
+        hook = EosPostgresHook(postgres_conn_id=self.postgres_conn_id, meta_schema=self.meta_schema)
+        limit = float(self.max_wait_seconds)
+        held = held_transactions(hook, self.pipeline, older_than_seconds=limit)
+        if not held:
+            return {"held": [], "count": 0, "oldest_seconds": 0.0,
+                    "message": f"no source transaction held longer than {limit:g}s"}
+        self.last_report = {"held": held, "count": len(held), "oldest_seconds": held[0]["held_seconds"]}
+        lines = [f"pipeline {self.pipeline!r} has held {len(held)} source transaction(s) longer than {limit:g}s, "
+                 "waiting for their END in the connector's transaction topic (nothing of them, or of any later "
+                 "transaction, is in the mirror yet):"]
+        lines += [f"  transaction {row['transaction']}: {row['records']} change(s) from {row['topics']}, held "
+                  f"{row['held_seconds']:.0f}s" for row in held]
+        lines.append("Check that the connector runs with provide.transaction.metadata=true and that its "
+                     "<topic.prefix>.transaction topic still receives records; an END lost for good is in "
+                     "docs/cdc.md, 'When a transaction cannot apply'.")
+        raise AirflowException("\n".join(lines))

@@ -89,6 +89,8 @@ class HealthSettings(Section):
     :param max_age_seconds: liveness: the newest batch may be this old.
     :param max_lag: caught up: records per partition still to read.
     :param prepared_older_than: seconds after which a prepared (two-phase) transaction is in doubt.
+    :param max_transaction_wait: a mirror with ``transactions: whole``: seconds a source
+        transaction's changes may wait for its ``END`` (the check ``held_transactions``).
     """
 
     schedule: str | None = "*/5 * * * *"
@@ -97,6 +99,7 @@ class HealthSettings(Section):
     max_age_seconds: PositiveFloat = 300
     max_lag: NonNegativeInt = 0
     prepared_older_than: NonNegativeFloat = 60
+    max_transaction_wait: PositiveFloat = 300
     poke_interval: PositiveFloat = 10
     sensor_timeout: PositiveFloat = 120
 

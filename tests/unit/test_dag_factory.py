@@ -98,6 +98,26 @@ def test_a_cdc_source_adds_its_checks_to_the_health_summary(tmp_path: Path) -> N
     assert not {"connector", "replication_slot__shop_a"} & set(dags["eos_health__plain"].task_ids)
 
 
+def _mirror(transactions: str) -> dict:
+    return {"topic_prefix": "bank", "transactions": transactions, "tables": [
+        {"source": "public.accounts", "key": ["id"], "columns": {"id": "bigint", "balance": "numeric"}}]}
+
+
+def test_a_mirror_of_whole_transactions_checks_how_long_it_holds_one(tmp_path: Path) -> None:
+    topics = ["bank.public.accounts"]
+    (tmp_path / "whole.yaml").write_text(json.dumps({**_definition(
+        "whole", topics=[*topics, "bank.transaction"], mirror=_mirror("whole"), health={"max_transaction_wait": 90}),
+        "spec": None}))
+    (tmp_path / "per_key.yaml").write_text(json.dumps({**_definition(
+        "per_key", topics=topics, mirror=_mirror("per_key")), "spec": None}))
+    dags = pipeline_dags(tmp_path)
+    held = dags["eos_health__whole"].get_task("held_transactions")
+    assert (held.pipeline, held.meta_schema, held.postgres_conn_id, held.max_wait_seconds) == (
+        "whole", "m_whole", "eos_postgres", 90.0)
+    assert dags["eos_health__whole"].get_task("summary").check_task_ids[-1] == "held_transactions"
+    assert "held_transactions" not in dags["eos_health__per_key"].task_ids
+
+
 def test_a_recovery_resumes_its_own_pipeline_and_no_other(two_pipelines: Path) -> None:
     dags = pipeline_dags(two_pipelines)
     for name in ("alpha", "beta"):
