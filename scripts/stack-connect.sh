@@ -113,7 +113,17 @@ connect_ready() {
 }
 
 start_connect() {
-  if pid_alive "$connect_pid"; then log "kafka connect already running ($(connect_url))"; return; fi
+  # One start at a time (the demo starts the worker in the background while a test's fixture may
+  # ask for it too): a second caller waits for the first's worker to answer, never returns before.
+  mkdir -p "$connect_dir"
+  exec 8> "$connect_dir/start.lock"
+  flock 8
+  if pid_alive "$connect_pid"; then
+    wait_for 120 "kafka connect on $(connect_url)" connect_ready \
+      || die "kafka connect (pid $(cat "$connect_pid")) did not answer within 120s: see $connect_dir/connect.log"
+    exec 8>&-
+    return
+  fi
   ls "$EOS_CONNECT_LIBS"/connect-runtime-*.jar >/dev/null 2>&1 \
     || die "Kafka Connect's jars are missing in $EOS_CONNECT_LIBS: run scripts/install.sh (it fetches them with Maven)"
   ls "$EOS_CONNECT_PLUGIN_PATH"/debezium-postgres/debezium-connector-postgres-*.jar >/dev/null 2>&1 \
@@ -122,14 +132,16 @@ start_connect() {
   require_free_port "$EOS_CONNECT_PORT" "kafka connect" EOS_CONNECT_PORT
   write_connect_config
   : > "$connect_dir/connect.log"
-  # setsid: the worker must outlive the shell that started it (make, a test's fixture).
+  # setsid: the worker must outlive the shell that started it (make, a test's fixture). It must not
+  # keep the start lock's descriptor (8>&-), or the lock would be held as long as the worker runs.
   setsid bash -c 'exec java -Xms128m -Xmx768m -Dlog4j2.configurationFile="$1" -cp "$2/*" \
       org.apache.kafka.connect.cli.ConnectDistributed "$3"' \
     _ "$connect_dir/log4j2.properties" "$EOS_CONNECT_LIBS" "$connect_dir/worker.properties" \
-    > "$connect_dir/connect.log" 2>&1 < /dev/null &
+    > "$connect_dir/connect.log" 2>&1 < /dev/null 8>&- &
   echo $! > "$connect_pid"
   wait_for 120 "kafka connect on $(connect_url)" connect_ready \
     || die "kafka connect did not start within 120s: see $connect_dir/connect.log"
+  exec 8>&-
 }
 
 stop_connect() { stop_pid_file "$connect_pid" "kafka connect"; }
