@@ -195,7 +195,11 @@ class LedgerStages(OrdersStages):
         c = self.console
         c.stage(f"{SNAPSHOT}: consistent pg_dump with its Kafka offsets")
         self.api.unpause(SNAPSHOT)
-        self.run_dag(SNAPSHOT, {}, budget=300)
+        run_id = self.run_dag(SNAPSHOT, {}, budget=300)
+        # The recovery restores this snapshot by its id, not "latest": unpausing the DAG also
+        # creates its first scheduled run (hourly, catchup off), which may run after this one and
+        # after the damage below, and "latest" would then be a snapshot of the damaged target.
+        self.snapshot_id = str(self.api.xcom(SNAPSHOT, run_id, "snapshot")["snapshot_id"])
 
         c.stage("more events after the snapshot")
         later = produce_ledger(bootstrap, max(2000, self.events // 4), topic=TOPIC, seed=99,
@@ -218,7 +222,7 @@ class LedgerStages(OrdersStages):
         return self.final_audit()
 
     def recover(self, bootstrap: str) -> Recovery:
-        """The recovery DAG from the latest snapshot, while a producer keeps committing ledger events.
+        """The recovery DAG from the story's snapshot, while a producer keeps committing ledger events.
 
         :returns: its steps, the feed's production, and what the orders stream did meanwhile."""
         self.console.stage(f"{RECOVERY}: gate, stop, restore, replay, caught up, audit, resume; the ledger's "
@@ -231,7 +235,7 @@ class LedgerStages(OrdersStages):
             first_seq=30_000_000 + tick * 10_000, transactional_id="demo-ledger-feed"), name="ledger feed")
         ledger_feed.start()
         try:
-            recovery = self.run_dag(RECOVERY, {"snapshot": "latest"}, budget=900)
+            recovery = self.run_dag(RECOVERY, {"snapshot": self.snapshot_id}, budget=900)
         finally:
             during = ledger_feed.stop()
         instances = self.api.task_instances(RECOVERY, recovery)
