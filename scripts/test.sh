@@ -4,7 +4,7 @@
 # e.g. a developer's, stays up). Exits with pytest's (or lint's) status.
 #
 #   PYTEST_TIMEOUT=900 TEST_WALL_TIMEOUT=4800 PYTEST_ARGS='-k fencing' scripts/test.sh
-#   PYTEST_WORKERS=0 scripts/test.sh    one process instead of three xdist workers
+#   PYTEST_WORKERS=0 scripts/test.sh    one process instead of two xdist workers
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/.."
@@ -71,7 +71,7 @@ started=$(date +%s)
 wall=${TEST_WALL_TIMEOUT:-4800}
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words by design
 timeout --signal=TERM --kill-after=60 "$wall" \
-  "$venv/bin/pytest" tests -n "${PYTEST_WORKERS:-3}" --timeout="${PYTEST_TIMEOUT:-900}" -m "not stack_faults" \
+  "$venv/bin/pytest" tests -n "${PYTEST_WORKERS:-2}" --timeout="${PYTEST_TIMEOUT:-900}" -m "not stack_faults" \
   ${PYTEST_ARGS:-}
 parallel_status=$?
 left=$(( wall - ($(date +%s) - started) ))

@@ -1,0 +1,231 @@
+"""Whole source transactions end to end (``mirror.transactions: whole``): a source application with
+rules across tables (tests/helpers/bank_app.py), Debezium's connector on the real Kafka Connect
+worker with its transaction topic, and a mirror on each engine, while a reader polls the mirror in
+REPEATABLE READ and checks the rules on every poll.
+
+Each test has a source schema and connector of its own, and streams their topics into a pipeline
+of its own while it runs the application (transfers, settlements of 160 changes, larger than a
+batch, compactions with deletes)
+and kills the driver or the engine mid-stream once, at the sink's ``before_commit`` point of a batch
+that holds records, then starts it again. Once the stored offsets reach every topic's end, the
+mirror must equal the source table by table and the aggregate its ``GROUP BY``.
+
+With whole transactions the reader must see no violation. The negative control: the same run with
+``transactions: per_key`` (batches end inside settlements) must show violations to the same reader."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg2 import sql
+
+from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
+from airflow_provider_eos.utils.debezium_config import postgres_connector_config
+from tests.helpers.bank_app import Bank, Reader, mirror_section
+from tests.helpers.cdc_oracle import high_watermarks, stored_offsets
+from tests.helpers.cdc_source import Source, drop_slot, source_connection, wait_until
+from tests.helpers.stack_faults import kill_connect_worker
+from tests.streaming import AppRun, pg_connect, pipeline_config, start_app, start_continuous
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+CONNECT_CONN = "eos_whole_tx_connect"
+WORKLOAD_SECONDS = 24
+BATCH = 100  # max_offsets_per_trigger: a settlement (160 changes) spans two batches or more
+KILL = {"EOS_FAULT_POINT": "before_commit", "EOS_FAULT_AT_BATCH": "4", "EOS_FAULT_SKIP_EMPTY": "1"}
+FAULT_AFTER = 10  # seconds into the application's run
+
+
+@dataclass
+class BankSource:
+    """A test's source: the bank's schema, its connector and the topics it writes."""
+
+    env: dict[str, str]
+    bank: Bank
+    connector: str
+
+    @property
+    def change_topics(self) -> list[str]:
+        return [f"{self.bank.schema}.{self.bank.schema}.{table}" for table in ("accounts", "ledger")]
+
+    @property
+    def transaction_topic(self) -> str:
+        return f"{self.bank.schema}.transaction"
+
+
+@pytest.fixture
+def bank_source(connect: dict[str, str]) -> Iterator[BankSource]:
+    env, unique = connect, uuid.uuid4().hex[:10]
+    schema, slot, connector = f"bank_{unique}", f"dbz_{unique}", f"bank-{unique}"
+    host, port = env["EOS_CONNECT_URL"].removeprefix("http://").split(":")
+    conn = source_connection(env)
+    bank = Bank(conn, schema)
+    bank.create()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", json.dumps(
+            {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"}))
+        hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
+        source = BankSource(env, bank, connector)
+        try:
+            hook.put_connector_config(connector, postgres_connector_config(
+                env, schema, slot, [f"{schema}.accounts", f"{schema}.ledger"]))
+            wait_until(f"{connector} RUNNING", lambda: not hook.connector_problems(connector))
+            bank.open()
+            topics = [*source.change_topics, source.transaction_topic]
+            wait_until("the change and transaction topics", lambda: _written(env, topics), timeout=180)
+            yield source
+        finally:
+            hook.delete_connector(connector)
+            conn.autocommit = True
+            drop_slot(Source(conn, schema), slot)
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+            conn.close()
+
+
+def _written(env: dict[str, str], topics: list[str]) -> bool:
+    try:
+        return all(high_watermarks(env["EOS_KAFKA_BOOTSTRAP"], topics).values())
+    except Exception:
+        return False
+
+
+def _config(source: BankSource, tmp_path: Path, engine: str, transactions: str) -> dict[str, Any]:
+    name = f"{engine[:4]}_{transactions[:4]}_{uuid.uuid4().hex[:8]}"
+    topics = source.change_topics + ([source.transaction_topic] if transactions == "whole" else [])
+    return pipeline_config(source.env, tmp_path, name, topics=topics, spec=None,
+                           mirror=mirror_section(source.bank.schema, transactions), engine=engine,
+                           trigger="processingTime", trigger_interval="1 second", max_offsets_per_trigger=BATCH)
+
+
+def _start(config: dict[str, Any], tmp_path: Path, label: str, faults: dict[str, str] | None = None) -> AppRun:
+    if config["engine"] == "continuous":
+        return start_continuous(config, tmp_path, label=label, env_extra=faults)
+    return start_app(config, tmp_path, label=label, env_extra=faults)
+
+
+def _caught_up(source: BankSource, config: dict[str, Any], target: Any) -> bool:
+    """The stored offsets at every topic's end and the mirror equal to its source. Offsets alone
+    are not enough: a Connect worker that was restarted may not have republished the rest of the
+    source's changes yet, and the topics' ends would then be where the stream already is."""
+    ends = high_watermarks(source.env["EOS_KAFKA_BOOTSTRAP"], list(config["topics"]))
+    if stored_offsets(target, config) != ends:
+        return False
+    return not any(_differences(source, target, config["target_schema"]).values())
+
+
+def _differences(source: BankSource, target: Any, target_schema: str) -> dict[str, int]:
+    """Rows that differ between each source table and its mirror, and between ledger_sums and the
+    source ledger's GROUP BY."""
+    queries = {"accounts": "SELECT id, balance FROM {}.accounts",
+               "ledger": "SELECT id, account, amount FROM {}.ledger",
+               "ledger_sums": "SELECT account, sum(amount) FROM {}.ledger GROUP BY account"}
+    found = {}
+    for name, query in queries.items():
+        with source.bank.conn.cursor() as cur:
+            cur.execute(sql.SQL(query).format(sql.Identifier(source.bank.schema)))
+            expected = set(cur.fetchall())
+        with target.cursor() as cur:
+            mirrored = "SELECT account, total FROM {}.ledger_sums" if name == "ledger_sums" else query
+            cur.execute(sql.SQL(mirrored).format(sql.Identifier(target_schema)))
+            found[name] = len(expected ^ set(cur.fetchall()))
+    return found
+
+
+def _stream_under_a_kill(source: BankSource, config: dict[str, Any], tmp_path: Path,
+                         fault: Callable[[], str] | None = None) -> tuple[Reader, dict]:
+    """The pipeline streams while the application writes and the reader polls; its first run is
+    killed at a batch's commit and a second one catches up. ``fault``, if given, is called
+    FAULT_AFTER seconds into the application's run. Returns the reader and what happened."""
+    env, target = source.env, pg_connect(source.env)
+    reader = Reader({"host": env["EOS_PG_HOST"], "port": int(env["EOS_PG_PORT"]), "dbname": env["EOS_PG_DB"],
+                     "user": env["EOS_PG_USER"], "password": env["EOS_PG_PASSWORD"]}, config["target_schema"])
+    stop_reader, stop_bank = threading.Event(), threading.Event()
+    reading = threading.Thread(target=reader.run, args=(stop_reader,), daemon=True)
+    writing = threading.Thread(target=source.bank.run, args=(WORKLOAD_SECONDS, stop_bank), daemon=True)
+    transactions_before, seen_fault = source.bank.transactions, None
+    killed = _start(config, tmp_path, "killed", KILL)
+    runs = [killed]
+    try:
+        reading.start()
+        wait_until("the first run's first batch", lambda: killed.events("batch") or killed.process.poll() is not None,
+                   timeout=180, interval=0.2)
+        writing.start()
+        started = time.monotonic()
+        assert killed.wait(180) == -9, killed.log()[-3000:]
+        runs.append(_start(config, tmp_path, "restarted"))
+        if fault is not None:
+            time.sleep(max(0.0, started + FAULT_AFTER - time.monotonic()))
+            assert writing.is_alive(), "the application ended before the fault"
+            seen_fault = fault()
+        writing.join(WORKLOAD_SECONDS + 120)
+        assert not writing.is_alive() and source.bank.error is None, source.bank.error
+        wait_until("the stored offsets at every topic's end, the mirror equal to its source",
+                   lambda: (runs[-1].process.poll() is None
+                   and _caught_up(source, config, target)) or runs[-1].process.poll() is not None,
+                   timeout=240, interval=1)
+        assert runs[-1].process.poll() is None, runs[-1].log()[-3000:]
+        time.sleep(1.5)  # the reader's last polls see the final state
+    finally:
+        stop_bank.set()
+        stop_reader.set()
+        reading.join(30)
+        for run in runs:
+            run.kill()
+    assert reader.error is None, reader.error
+    differ = _differences(source, target, config["target_schema"])
+    target.close()
+    seen = {"polls": reader.polls, "violations": reader.violations, "examples": reader.examples,
+            "source transactions": source.bank.transactions - transactions_before, "rows that differ": differ,
+            "first run's exit": killed.process.returncode, "fault": seen_fault}
+    return reader, seen
+
+
+@pytest.mark.parametrize("engine", ["spark", "continuous"])
+def test_a_reader_never_sees_a_state_the_source_never_had(bank_source: BankSource, tmp_path: Path,
+                                                           engine: str) -> None:
+    config = _config(bank_source, tmp_path, engine, "whole")
+    reader, seen = _stream_under_a_kill(bank_source, config, tmp_path)
+    print(f"\n{engine}, transactions: whole: {seen}")
+    assert reader.polls >= 100, seen
+    assert reader.violations == 0, seen
+    assert seen["rows that differ"] == {"accounts": 0, "ledger": 0, "ledger_sums": 0}, seen
+
+
+@pytest.mark.parametrize("engine", ["spark", "continuous"])
+def test_per_key_lets_a_reader_see_partial_transactions(bank_source: BankSource, tmp_path: Path,
+                                                        engine: str) -> None:
+    """The negative control: the same reader, the same application, batches that end inside
+    source transactions. The mirror still ends equal to its source (per key)."""
+    config = _config(bank_source, tmp_path, engine, "per_key")
+    reader, seen = _stream_under_a_kill(bank_source, config, tmp_path)
+    print(f"\n{engine}, transactions: per_key: {seen}")
+    assert reader.violations > 0, seen
+    assert seen["rows that differ"] == {"accounts": 0, "ledger": 0, "ledger_sums": 0}, seen
+
+
+@pytest.mark.stack_faults  # kills the Connect worker the other tests share: run alone (scripts/test.sh)
+def test_a_connect_worker_sigkill_keeps_transactions_whole(bank_source: BankSource, tmp_path: Path) -> None:
+    """The Kafka Connect worker SIGKILLed mid-stream and started again: the connector resumes from
+    its stored source offsets, inside or between source transactions, and the reader still sees
+    only states the source had (continuous engine: the cheaper start)."""
+    config = _config(bank_source, tmp_path, "continuous", "whole")
+    hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
+
+    def kill_worker() -> str:
+        restart = kill_connect_worker()
+        wait_until(f"{bank_source.connector} RUNNING again",
+                   lambda: not hook.connector_problems(bank_source.connector), timeout=180, interval=1)
+        return f"Connect worker {restart.killed} SIGKILLed, down {restart.down_seconds:.1f}s"
+
+    reader, seen = _stream_under_a_kill(bank_source, config, tmp_path, kill_worker)
+    print(f"\ncontinuous, transactions: whole, Connect worker SIGKILL: {seen}")
+    assert seen["fault"] and reader.polls >= 100 and reader.violations == 0, seen
+    assert seen["rows that differ"] == {"accounts": 0, "ledger": 0, "ledger_sums": 0}, seen
