@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -47,13 +48,17 @@ def mirror_section(schema: str, transactions: str) -> dict[str, Any]:
 
 @dataclass
 class Bank:
-    """The application, writing to ``schema`` of the source database over ``conn``."""
+    """The application, writing to ``schema`` of the source database over ``conn``. A lost
+    connection (a PostgreSQL restart) is opened again with ``reconnect``; the transaction it cut
+    is not retried (committed or not, it kept the rules, and the test compares with the source)."""
 
     conn: Any
     schema: str
+    reconnect: Callable[[], Any] | None = None
     seed: int = 45
     transactions: int = 0
     changes: int = 0
+    connection_errors: int = 0
     error: BaseException | None = None
     _next_ledger_id: int = 1
     _rng: random.Random = field(init=False)
@@ -116,11 +121,29 @@ class Bank:
         started, index = time.monotonic(), 0
         try:
             while not stop.is_set() and time.monotonic() - started < seconds:
-                self.step(index)
+                try:
+                    self.step(index)
+                except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                    if self.reconnect is None:
+                        raise
+                    self.connection_errors += 1
+                    self.conn = _open_again(self.reconnect, stop)
                 index += 1
                 time.sleep(max(0.0, started + index / per_second - time.monotonic()))
         except BaseException as exc:
             self.error = exc
+
+
+def _open_again(connect: Callable[[], Any], stop: threading.Event, timeout: float = 120) -> Any:
+    """A new connection once the server takes one again (a restart takes seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return connect()
+        except psycopg2.OperationalError:
+            if stop.is_set() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @dataclass
@@ -131,6 +154,7 @@ class Reader:
     target_schema: str
     polls: int = 0
     violations: int = 0
+    connection_errors: int = 0
     examples: list[str] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -154,9 +178,13 @@ class Reader:
             return f"{unbalanced} balances differ from their ledger"
         return f"{aggregate_off} ledger_sums rows differ from the balances" if aggregate_off else None
 
-    def run(self, stop: threading.Event) -> None:
+    def _connect(self) -> Any:
         conn = psycopg2.connect(**self.dsn)
         conn.set_session(isolation_level=extensions.ISOLATION_LEVEL_REPEATABLE_READ)
+        return conn
+
+    def run(self, stop: threading.Event) -> None:
+        conn = self._connect()
         try:
             while not stop.is_set():
                 try:
@@ -166,6 +194,11 @@ class Reader:
                 except psycopg2.errors.UndefinedTable:  # before the first batch created the targets
                     conn.rollback()
                     time.sleep(0.2)
+                    continue
+                except (psycopg2.OperationalError, psycopg2.InterfaceError):  # a PostgreSQL restart
+                    self.connection_errors += 1
+                    conn.close()
+                    conn = _open_again(self._connect, stop)
                     continue
                 self.polls += 1
                 if broken is not None:

@@ -20,8 +20,12 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import mirror_sql
+from spark_apps.eos_stream.cdc.pipeline import mirror_spec
 from spark_apps.eos_stream.cdc.transactions import END, Candidate, TransactionError, plan
+from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.in_doubt import find_in_doubt
+from spark_apps.eos_stream.sink.modes import MODES
+from spark_apps.eos_stream.sink.settings import SinkSettings
 from tests.helpers.mirror_sink import MirrorSink
 
 ACCOUNTS, LEDGER, TX = "app.public.accounts", "app.public.ledger", "app.transaction"
@@ -68,6 +72,15 @@ class _Feed(MirrorSink):
                          delivery=delivery)
         self.next: dict[tuple[str, int], int] = {}
         self.batch_id = 0
+        self.delivery = delivery
+
+    def switch(self, transactions: str) -> None:
+        """The same pipeline from now on, with its definition's ``mirror.transactions`` set to ``transactions``."""
+        self.spec = mirror_spec({**SECTION, "transactions": transactions})
+        settings = SinkSettings(spec=self.spec, mode=MODES[self.delivery], pipeline=self.name,
+                                target_schema=self.target, meta_schema=self.meta, max_batch_attempts=1,
+                                transient_retry_seconds=0)
+        self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard)
 
     def apply(self, records: list[Record], again: bool = False, copies: int = 1) -> Any:
         """One batch of ``records`` after the ones before (``again``: the previous batch once more),
@@ -267,6 +280,23 @@ def test_a_lost_end_fails_loudly_once_a_later_transaction_completes_behind_it(fe
     with pytest.raises(TransactionError, match=r"601 is complete, but .* of transaction 600, whose END has not come"):
         feed.apply([account("c", 2, "2", "601"), end("601", accounts=1)])
     assert feed.accounts() == [] and len(feed.held()) == 1
+
+
+@pytest.mark.parametrize("feed", ["exactly_once", "two_phase"], indirect=True)
+def test_switched_to_per_key_a_mirror_applies_what_it_held_and_leaves_nothing_behind(feed: _Feed) -> None:
+    """The way out when a transaction can never complete (its END lost): ``transactions: per_key``.
+    Its next batch applies every change the mirror held, per key and in Kafka order with its own
+    (the held create of account 1 does not overwrite the newer update), and drops the held ENDs."""
+    # 600's events without their END, and 601's END without its event: all three held.
+    feed.apply([account("c", 1, "1", "600"), ledger(1, 1, "1", "600"), end("601", accounts=1)])
+    assert feed.accounts() == [] and len(feed.held()) == 3
+    feed.switch("per_key")
+    feed.apply([account("u", 1, "3", "602"), account("c", 2, "2", "602")])
+    assert feed.accounts() == [(1, "3.000000"), (2, "2.000000")]
+    assert feed.ledgers() == [(1, 1, "1.000000")] and feed.held() == []
+    assert feed.query("SELECT account, total::text FROM {s}.ledger_sums ORDER BY account") == [(1, "1.000000")]
+    feed.apply([account("u", 2, "4", "603")])  # a batch with nothing held: the probe alone
+    assert feed.accounts() == [(1, "3.000000"), (2, "4.000000")]
 
 
 def test_more_events_than_the_end_counts_fail_the_batch_and_apply_nothing(feed: _Feed) -> None:

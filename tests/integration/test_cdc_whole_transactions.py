@@ -32,7 +32,7 @@ from airflow_provider_eos.utils.debezium_config import postgres_connector_config
 from tests.helpers.bank_app import Bank, Reader, mirror_section
 from tests.helpers.cdc_oracle import high_watermarks, stored_offsets
 from tests.helpers.cdc_source import Source, drop_slot, source_connection, wait_until
-from tests.helpers.stack_faults import kill_connect_worker
+from tests.helpers.stack_faults import kill_connect_worker, restart_postgres_immediate
 from tests.streaming import AppRun, pg_connect, pipeline_config, start_app, start_continuous
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -66,7 +66,7 @@ def bank_source(connect: dict[str, str]) -> Iterator[BankSource]:
     schema, slot, connector = f"bank_{unique}", f"dbz_{unique}", f"bank-{unique}"
     host, port = env["EOS_CONNECT_URL"].removeprefix("http://").split(":")
     conn = source_connection(env)
-    bank = Bank(conn, schema)
+    bank = Bank(conn, schema, reconnect=lambda: source_connection(env))
     bank.create()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", json.dumps(
@@ -83,6 +83,7 @@ def bank_source(connect: dict[str, str]) -> Iterator[BankSource]:
             yield source
         finally:
             hook.delete_connector(connector)
+            conn = bank.conn  # another one, if a PostgreSQL restart cut the first
             conn.autocommit = True
             drop_slot(Source(conn, schema), slot)
             with conn.cursor() as cur:
@@ -144,7 +145,7 @@ def _stream_under_a_kill(source: BankSource, config: dict[str, Any], tmp_path: P
     """The pipeline streams while the application writes and the reader polls; its first run is
     killed at a batch's commit and a second one catches up. ``fault``, if given, is called
     FAULT_AFTER seconds into the application's run. Returns the reader and what happened."""
-    env, target = source.env, pg_connect(source.env)
+    env = source.env
     reader = Reader({"host": env["EOS_PG_HOST"], "port": int(env["EOS_PG_PORT"]), "dbname": env["EOS_PG_DB"],
                      "user": env["EOS_PG_USER"], "password": env["EOS_PG_PASSWORD"]}, config["target_schema"])
     stop_reader, stop_bank = threading.Event(), threading.Event()
@@ -167,6 +168,7 @@ def _stream_under_a_kill(source: BankSource, config: dict[str, Any], tmp_path: P
             seen_fault = fault()
         writing.join(WORKLOAD_SECONDS + 120)
         assert not writing.is_alive() and source.bank.error is None, source.bank.error
+        target = pg_connect(env)  # opened after the fault: a PostgreSQL restart would cut it
         wait_until("the stored offsets at every topic's end, the mirror equal to its source",
                    lambda: (runs[-1].process.poll() is None
                    and _caught_up(source, config, target)) or runs[-1].process.poll() is not None,
@@ -184,7 +186,9 @@ def _stream_under_a_kill(source: BankSource, config: dict[str, Any], tmp_path: P
     target.close()
     seen = {"polls": reader.polls, "violations": reader.violations, "examples": reader.examples,
             "source transactions": source.bank.transactions - transactions_before, "rows that differ": differ,
-            "first run's exit": killed.process.returncode, "fault": seen_fault}
+            "first run's exit": killed.process.returncode, "fault": seen_fault,
+            "lost connections (application, reader)": (source.bank.connection_errors, reader.connection_errors),
+            "engine runs": len(runs)}
     return reader, seen
 
 
@@ -211,21 +215,43 @@ def test_per_key_lets_a_reader_see_partial_transactions(bank_source: BankSource,
     assert seen["rows that differ"] == {"accounts": 0, "ledger": 0, "ledger_sums": 0}, seen
 
 
+def _whole_through(bank_source: BankSource, tmp_path: Path, fault: Callable[[], Any]) -> tuple[Reader, dict]:
+    """A whole-transactions run on the continuous engine (the cheaper start) with ``fault`` (a
+    daemon's restart) mid-stream; the connector RUNNING again before the run goes on. Asserts what
+    every fault must leave: no violation, the mirror equal to its source."""
+    config = _config(bank_source, tmp_path, "continuous", "whole")
+    hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
+
+    def fault_then_connector() -> str:
+        restart = fault()
+        wait_until(f"{bank_source.connector} RUNNING again",
+                   lambda: not hook.connector_problems(bank_source.connector), timeout=180, interval=1)
+        return f"{fault.__name__}: {restart.killed} then {restart.started}, down {restart.down_seconds:.1f}s"
+
+    reader, seen = _stream_under_a_kill(bank_source, config, tmp_path, fault_then_connector)
+    print(f"\ncontinuous, transactions: whole, {fault.__name__}: {seen}")
+    assert seen["fault"] and reader.polls >= 100 and reader.violations == 0, seen
+    assert seen["rows that differ"] == {"accounts": 0, "ledger": 0, "ledger_sums": 0}, seen
+    return reader, seen
+
+
 @pytest.mark.stack_faults  # kills the Connect worker the other tests share: run alone (scripts/test.sh)
 def test_a_connect_worker_sigkill_keeps_transactions_whole(bank_source: BankSource, tmp_path: Path) -> None:
     """The Kafka Connect worker SIGKILLed mid-stream and started again: the connector resumes from
     its stored source offsets, inside or between source transactions, and the reader still sees
-    only states the source had (continuous engine: the cheaper start)."""
-    config = _config(bank_source, tmp_path, "continuous", "whole")
-    hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
+    only states the source had."""
+    _whole_through(bank_source, tmp_path, kill_connect_worker)
 
-    def kill_worker() -> str:
-        restart = kill_connect_worker()
-        wait_until(f"{bank_source.connector} RUNNING again",
-                   lambda: not hook.connector_problems(bank_source.connector), timeout=180, interval=1)
-        return f"Connect worker {restart.killed} SIGKILLed, down {restart.down_seconds:.1f}s"
 
-    reader, seen = _stream_under_a_kill(bank_source, config, tmp_path, kill_worker)
-    print(f"\ncontinuous, transactions: whole, Connect worker SIGKILL: {seen}")
-    assert seen["fault"] and reader.polls >= 100 and reader.violations == 0, seen
-    assert seen["rows that differ"] == {"accounts": 0, "ledger": 0, "ledger_sums": 0}, seen
+@pytest.mark.stack_faults  # restarts the PostgreSQL cluster every test shares: run alone (scripts/test.sh)
+def test_a_postgres_restart_keeps_transactions_whole(bank_source: BankSource, tmp_path: Path) -> None:
+    """PostgreSQL (source and target share the cluster) restarted in immediate mode mid-stream: the
+    application, the reader, the connector and the engine all lose their sessions. The engine
+    rides it out without an exit, and the reader still sees only states the source had."""
+
+    def restart_postgres() -> Any:
+        return restart_postgres_immediate(lambda: pg_connect(bank_source.env))
+
+    reader, seen = _whole_through(bank_source, tmp_path, restart_postgres)
+    assert reader.connection_errors > 0 and bank_source.bank.connection_errors > 0, seen
+    assert seen["engine runs"] == 2, seen  # the killed run and the one that rode out the restart

@@ -113,12 +113,16 @@ class MirrorBatches:
         (``transactions_sql``); the stage then holds records below the stored offsets, which
         the apply must not skip, and it dedupes only when a retried task staged copies (the
         writer's count of the stage no longer tells)."""
-        whole, copies = self.definition.whole_transactions, 0
+        whole, copies, released = self.definition.whole_transactions, 0, 0
         if whole:
             done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied)
             copies = done.pop("copies")
             if done["held"] or done["released"]:
                 emit("mirror_transactions", **done)
+        else:  # a mirror that ran whole until now applies what it held, per key
+            released = transactions_sql.release_all(cur, stage, meta_schema, pipeline, skip_applied)
+            if released:
+                emit("mirror_transactions", released=released, held=0, mode="per_key")
         targets = self._targets_for_batch(cur, stage, target_schema)
         if self.definition.patterns:
             targets += patterns.batch_targets(cur, stage, target_schema, [t.table for t in targets])
@@ -127,7 +131,8 @@ class MirrorBatches:
         def run(cur: Any, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(mirror_sql.apply_mirror_statement(
                 targets, stage=stage, target_schema=target_schema, meta_schema=meta_schema,
-                skip_applied=skip_applied and not whole, dedupe=copies > 0 if whole else dedupe, only_range=only_range,
+                skip_applied=skip_applied and not (whole or released), dedupe=copies > 0 if whole else dedupe,
+                only_range=only_range,
                 aggregates=aggregates), params)
             row = cur.fetchone()
             assert row is not None

@@ -9,6 +9,10 @@ records not applied yet, plus the pipeline's rows of ``held_changes``) and leave
 - in ``held_changes``, every other candidate (events of incomplete transactions, the ENDs not
   applicable yet, and whatever follows a held record in its partition).
 
+A mirror switched back to ``per_key`` (the way out when a transaction can never complete) gets
+the records it held in its next batch (:func:`release_all`), and applies them per key with the
+rest: nothing read from Kafka stays behind in ``held_changes``.
+
 The stored offsets stay the batch's end offsets: held records are below them, so no engine
 reads them from Kafka again, and a restore carries them with the offsets (``held_changes`` is
 in the meta schema, which every snapshot takes). All of it commits or rolls back with the
@@ -149,3 +153,30 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
         cur.execute(drop_held_statement(stage, meta_schema), params)
     return {"held_now": int(moved), "released": int(released), "held": int(held), "copies": int(copies),
             "transactions_applied": int(applicable), "waiting": (waiting or "").split(", ")[:5] if waiting else []}
+
+
+_RELEASE_ALL = """
+WITH released AS (DELETE FROM {held} WHERE pipeline = %(pipeline)s RETURNING {columns})
+INSERT INTO {stage} ({columns}) SELECT * FROM released WHERE _op IS DISTINCT FROM {end}
+"""
+
+
+def release_all(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str, skip_applied: bool) -> int:
+    """A ``per_key`` batch of a mirror that held records while it ran ``whole``: every held change
+    moved into the stage (the ENDs dropped), in the batch's transaction, so the apply takes them
+    with the batch's own records, each key's last change in Kafka order. Returns the changes
+    released; 0, after one cheap probe, for a mirror that holds none (every other batch).
+
+    The released records are below the stored offsets, so the stage's own records below them go
+    first (``skip_applied``) and the apply must not skip by offset again."""
+    held = meta_tables.table(meta_schema, meta_tables.HELD_CHANGES)
+    params = {"pipeline": pipeline}
+    cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE pipeline = %(pipeline)s)").format(held), params)
+    row = cur.fetchone()
+    if row is None or not row[0]:
+        return 0
+    if skip_applied:
+        cur.execute(skip_applied_statement(stage, meta_schema), params)
+    cur.execute(sql.SQL(_RELEASE_ALL).format(held=held, stage=stage, columns=_columns(),
+                                             end=sql.Literal(transactions.END)), params)
+    return int(cur.rowcount)
