@@ -44,12 +44,16 @@ def own_airflow_env_file() -> Path:
     return ENV_FILE
 
 
-def own_airflow_env() -> dict[str, str]:
-    """The environment a shell gets after sourcing the tests' deployment's env file."""
-    env_file = own_airflow_env_file()
+def sourced_env(env_file: Path) -> dict[str, str]:
+    """The environment a shell gets after sourcing ``env_file`` (an env file of scripts/airflow.sh)."""
     out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", str(env_file)],
                          capture_output=True, check=True, timeout=60).stdout.decode()
     return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+
+
+def own_airflow_env() -> dict[str, str]:
+    """The environment a shell gets after sourcing the tests' deployment's env file."""
+    return sourced_env(own_airflow_env_file())
 
 
 if __name__ == "__main__":

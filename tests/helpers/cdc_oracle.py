@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg2 import sql
 
 from demo.cdc_app import comparable, differences, rows
@@ -63,6 +63,14 @@ def high_watermarks(bootstrap: str, topics: list[str]) -> dict[str, int]:
         return {t: int(consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1]) for t in topics}
     finally:
         consumer.close()
+
+
+def topics_written(bootstrap: str, topics: list[str]) -> bool:
+    """Whether every one of ``topics`` exists and holds a record (a connector's first writes)."""
+    try:
+        return all(high_watermarks(bootstrap, topics).values())
+    except KafkaException:  # not created yet
+        return False
 
 
 def change_counts(bootstrap: str, topic: str, end: int) -> Counter:

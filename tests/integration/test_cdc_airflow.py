@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
-from tests.helpers.cdc_oracle import compare, high_watermarks, stored_offsets
+from tests.helpers.cdc_oracle import compare, high_watermarks, stored_offsets, topics_written
 from tests.helpers.cdc_source import (
     Source,
     drop_slot,
@@ -162,14 +161,7 @@ def _running(pipeline: MirrorPipeline) -> Iterator[MirrorPipeline]:
     try:
         hook.put_connector_config(connector, mirror_connector(stack, source.schema, pipeline.slot))
         wait_until(f"{connector} RUNNING", lambda: not hook.connector_problems(connector))
-
-        def topics_written() -> bool:
-            try:
-                return all(high_watermarks(stack["EOS_KAFKA_BOOTSTRAP"], topics).values())
-            except KafkaException:  # not created yet
-                return False
-
-        wait_until("the change topics", topics_written)
+        wait_until("the change topics", lambda: topics_written(stack["EOS_KAFKA_BOOTSTRAP"], topics))
         _apply(pipeline, "first")
         with source.conn.cursor() as cur:
             cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (pipeline.idle_slot,))

@@ -33,11 +33,10 @@ from typing import Any
 
 import psycopg2.errors
 import pytest
-from confluent_kafka import KafkaException
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
-from tests.helpers.cdc_oracle import change_counts, compare, high_watermarks, replay, stored_offsets
+from tests.helpers.cdc_oracle import change_counts, compare, high_watermarks, replay, stored_offsets, topics_written
 from tests.helpers.cdc_source import drop_slot, wait_until
 from tests.helpers.cdc_workload import KEYS, SOURCE_DDL, NewColumn, Workload, mirror_connector, mirror_definition
 from tests.helpers.cdc_workload import target_of as target_table
@@ -98,13 +97,6 @@ class Mirror:
         return [event for run in self.drivers[since:] for event in run.events(kind)]
 
 
-def _topics_written(env: dict[str, str], topics: list[str]) -> bool:
-    try:
-        return all(high_watermarks(env["EOS_KAFKA_BOOTSTRAP"], topics).values())
-    except KafkaException:  # not created yet
-        return False
-
-
 @pytest.fixture(scope="module")
 def mirror(connect: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mirror]:
     env, unique = connect, uuid.uuid4().hex[:10]
@@ -129,7 +121,7 @@ def mirror(connect: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
         try:
             state.hook.put_connector_config(state.connector, mirror_connector(env, schema, state.slot))
             wait_until(f"{state.connector} RUNNING", lambda: not state.hook.connector_problems(state.connector))
-            wait_until("the change topics", lambda: _topics_written(env, state.topics))
+            wait_until("the change topics", lambda: topics_written(env["EOS_KAFKA_BOOTSTRAP"], state.topics))
             yield state
         finally:
             for run in state.drivers:

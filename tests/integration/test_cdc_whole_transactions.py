@@ -30,7 +30,7 @@ from psycopg2 import sql
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
 from tests.helpers.bank_app import Bank, Reader, mirror_section
-from tests.helpers.cdc_oracle import high_watermarks, stored_offsets
+from tests.helpers.cdc_oracle import high_watermarks, stored_offsets, topics_written
 from tests.helpers.cdc_source import Source, drop_slot, source_connection, wait_until
 from tests.helpers.stack_faults import kill_connect_worker, restart_postgres_immediate
 from tests.streaming import AppRun, pg_connect, pipeline_config, start_app, start_continuous
@@ -79,7 +79,8 @@ def bank_source(connect: dict[str, str]) -> Iterator[BankSource]:
             wait_until(f"{connector} RUNNING", lambda: not hook.connector_problems(connector))
             bank.open()
             topics = [*source.change_topics, source.transaction_topic]
-            wait_until("the change and transaction topics", lambda: _written(env, topics), timeout=180)
+            wait_until("the change and transaction topics", lambda: topics_written(env["EOS_KAFKA_BOOTSTRAP"], topics),
+                       timeout=180)
             yield source
         finally:
             hook.delete_connector(connector)
@@ -89,13 +90,6 @@ def bank_source(connect: dict[str, str]) -> Iterator[BankSource]:
             with conn.cursor() as cur:
                 cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
             conn.close()
-
-
-def _written(env: dict[str, str], topics: list[str]) -> bool:
-    try:
-        return all(high_watermarks(env["EOS_KAFKA_BOOTSTRAP"], topics).values())
-    except Exception:
-        return False
 
 
 def _config(source: BankSource, tmp_path: Path, engine: str, transactions: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, STATE_DIR
+from tests.helpers.airflow_tests_env import sourced_env
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +27,7 @@ def airflow_env(stack: dict[str, str]) -> dict[str, str]:
     subprocess.run(["bash", str(ROOT / "scripts" / "airflow.sh"), "env"], check=True, timeout=120)
     env_file = STATE_DIR / "airflow.env"
     assert env_file.stat().st_mode & 0o077 == 0, "airflow.env holds a password: it must be private"
-    out = subprocess.run(
-        ["bash", "-c", 'set -a; source "$1"; env -0', "_", str(env_file)],
-        capture_output=True,
-        check=True,
-        timeout=60,
-    ).stdout.decode()
-    env = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    env = sourced_env(env_file)
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(DAGS)
     return env
 
