@@ -12,6 +12,7 @@ read, part, apply or commit, or between cycles. A poison record still goes to de
 
 from __future__ import annotations
 
+import itertools
 import random
 import signal
 import threading
@@ -51,7 +52,7 @@ def _kill_plan(kills: int, seed: int) -> list[dict]:
     # kill inside that claim could land after the resolution but before its ``resume`` event:
     # the parts are then resolved, and the test would never hear of it. So that run reaches its
     # first cycle before it is killed; the claim is killed in every other run that draws 0.
-    for before, step in zip(plan, plan[1:]):
+    for before, step in itertools.pairwise(plan):
         if "fault" in before and step.get("after_batches") == 0:
             step["after_batches"] = 1
     return plan
