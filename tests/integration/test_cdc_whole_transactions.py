@@ -28,11 +28,15 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
+from airflow_provider_eos.state.stop_requests import set_stop_request
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
 from tests.helpers.bank_app import Bank, Reader, mirror_section
 from tests.helpers.cdc_oracle import high_watermarks, stored_offsets, topics_written
 from tests.helpers.cdc_source import Source, drop_slot, source_connection, wait_until
 from tests.helpers.stack_faults import kill_connect_worker, restart_postgres_immediate
+from tests.integration.test_snapshot_restore import KAFKA_CONN as RECOVERY_KAFKA
+from tests.integration.test_snapshot_restore import PG_BIN, connections_env
+from tests.integration.test_snapshot_restore import PG_CONN as RECOVERY_PG
 from tests.streaming import AppRun, pg_connect, pipeline_config, start_app, start_continuous
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -249,3 +253,123 @@ def test_a_postgres_restart_keeps_transactions_whole(bank_source: BankSource, tm
     reader, seen = _whole_through(bank_source, tmp_path, restart_postgres)
     assert reader.connection_errors > 0 and bank_source.bank.connection_errors > 0, seen
     assert seen["engine runs"] == 2, seen  # the killed run and the one that rode out the restart
+
+
+def _snapshot_mid_stream(source: BankSource, config: dict[str, Any], tmp_path: Path, reader: Reader,
+                         stop_reader: threading.Event) -> tuple[dict, int, int, AppRun]:
+    """Streams while the application writes, takes a snapshot that holds part of a transaction,
+    then stops the stream with a stop request once it caught up. Returns the snapshot's summary,
+    the source transactions before and after it, and the stopped run."""
+    stop_bank = threading.Event()
+    writing = threading.Thread(target=source.bank.run, args=(WORKLOAD_SECONDS, stop_bank), daemon=True)
+    run = _start(config, tmp_path, "streaming")
+    threading.Thread(target=reader.run, args=(stop_reader,), daemon=True).start()
+    try:
+        wait_until("the first batch", lambda: run.events("batch") or run.process.poll() is not None,
+                   timeout=180, interval=0.2)
+        writing.start()
+        time.sleep(WORKLOAD_SECONDS / 4)
+        snap = _snapshot_holding_changes(source, config, tmp_path)
+        before = source.bank.transactions
+        writing.join(WORKLOAD_SECONDS + 120)
+        assert not writing.is_alive() and source.bank.error is None, source.bank.error
+        target = pg_connect(source.env)
+        wait_until("the stream caught up", lambda: _caught_up(source, config, target), timeout=240, interval=1)
+        target.close()
+        set_stop_request(_recovery_hook(config), config["pipeline"], True)
+        assert run.wait(120) == 0, run.log()[-3000:]  # a stop request ends a run with 0
+    finally:
+        stop_bank.set()
+        run.kill()
+    return snap, before, source.bank.transactions, run
+
+
+def _snapshot_holding_changes(source: BankSource, config: dict[str, Any], tmp_path: Path,
+                              attempts: int = 8) -> dict[str, Any]:
+    """A snapshot whose committed state holds part of a source transaction (a settlement larger
+    than a batch, held until its last change is read): each attempt waits for held changes, then
+    snapshots at once, until a snapshot holds some. Its restore must bring them back, or the
+    replay from its offsets would never complete that transaction."""
+    from airflow_provider_eos.operators.snapshot import SnapshotOperator
+
+    held = sql.SQL("SELECT count(*) FROM {}.held_changes").format(sql.Identifier(config["meta_schema"]))
+    conn = pg_connect(source.env)
+    conn.autocommit = True
+
+    def holding() -> bool:
+        with conn.cursor() as cur:
+            cur.execute(held)
+            return cur.fetchone()[0] > 0
+
+    try:
+        for attempt in range(attempts):
+            wait_until("changes held by the mirror", holding, timeout=60, interval=0.02)
+            snap = SnapshotOperator(task_id="snap", pipeline_config=str(tmp_path / "pipeline.json"),
+                                    postgres_conn_id=RECOVERY_PG, pg_bin_dir=PG_BIN,
+                                    snapshot_store=str(tmp_path / "store")).execute({"run_id": f"snap-{attempt}"})
+            if snap["tables"].get(f"{config['meta_schema']}.held_changes"):
+                return snap
+    finally:
+        conn.close()
+    raise AssertionError(f"none of {attempts} snapshots taken while changes were held holds any")
+
+
+def _recovery_hook(config: dict[str, Any]) -> Any:
+    from airflow_provider_eos.hooks.pg_tools import PgToolsHook
+
+    return PgToolsHook(postgres_conn_id=RECOVERY_PG, meta_schema=config["meta_schema"])
+
+
+def test_a_restore_then_a_replay_keep_transactions_whole(bank_source: BankSource, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recovery's two steps on a whole mirror: the snapshot taken mid-stream restored (its
+    tables and its stored offsets, held changes included), then the change topics replayed from
+    those offsets by a run that ignores the recovery's stop request, while the reader polls all
+    along. A restore that put back the tables one by one, a snapshot that was not one state, or a
+    replay that started inside a transaction or lost the held part of one would each show here."""
+    from airflow_provider_eos.operators.restore import RestoreOperator
+
+    for key, value in connections_env(bank_source.env).items():
+        monkeypatch.setenv(key, value)
+    config = _config(bank_source, tmp_path, "continuous", "whole")
+    (tmp_path / "pipeline.json").write_text(json.dumps(config))
+    env = bank_source.env
+    reader = Reader({"host": env["EOS_PG_HOST"], "port": int(env["EOS_PG_PORT"]), "dbname": env["EOS_PG_DB"],
+                     "user": env["EOS_PG_USER"], "password": env["EOS_PG_PASSWORD"]}, config["target_schema"])
+    stop_reader = threading.Event()
+    try:
+        snap, at_snapshot, at_end, _ = _snapshot_mid_stream(bank_source, config, tmp_path, reader, stop_reader)
+        polls_before_restore = reader.polls
+        restored = RestoreOperator(task_id="restore", pipeline_config=str(tmp_path / "pipeline.json"),
+                                   postgres_conn_id=RECOVERY_PG, pg_bin_dir=PG_BIN, quiet_seconds=0,
+                                   release_lock=True, kafka_config_id=RECOVERY_KAFKA,
+                                   snapshot_store=str(tmp_path / "store")).execute({"run_id": "restore"})
+        assert restored["snapshot_id"] == snap["snapshot_id"], restored
+        assert restored["tables"][f"{config['meta_schema']}.held_changes"] > 0, restored  # part of a transaction
+        target = pg_connect(env)
+        assert any(_differences(bank_source, target, config["target_schema"]).values())  # back in time
+        replay = _start({**config, "ignore_stop_request": True}, tmp_path, "replay")
+        try:
+            wait_until("the replay caught up", lambda: (replay.process.poll() is None
+                       and _caught_up(bank_source, config, target)) or replay.process.poll() is not None,
+                       timeout=240, interval=0.5)
+            assert replay.process.poll() is None, replay.log()[-3000:]
+            time.sleep(1.5)  # the reader's last polls see the final state
+        finally:
+            replay.kill()
+        replayed = sum(batch["applied"] for batch in replay.events("batch"))
+        differ = _differences(bank_source, target, config["target_schema"])
+        target.close()
+    finally:
+        stop_reader.set()
+    set_stop_request(_recovery_hook(config), config["pipeline"], False)
+    seen = {"polls": reader.polls, "polls after the restore began": reader.polls - polls_before_restore,
+            "violations": reader.violations, "examples": reader.examples,
+            "source transactions before, after the snapshot": (at_snapshot, at_end - at_snapshot),
+            "changes applied by the replay": replayed, "rows that differ": differ,
+            "held changes restored": snap["tables"][f"{config['meta_schema']}.held_changes"]}
+    print(f"\ncontinuous, transactions: whole, restore then replay: {seen}")
+    assert reader.error is None, reader.error
+    assert at_end > at_snapshot and replayed > 0, seen
+    assert seen["polls after the restore began"] >= 50 and reader.violations == 0, seen
+    assert differ == {"accounts": 0, "ledger": 0, "ledger_sums": 0}, seen
