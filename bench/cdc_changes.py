@@ -71,6 +71,22 @@ _TRANSACTION_FIELDS = [
 ]
 
 
+_TRANSACTION_KEY_SCHEMA = {"type": "struct", "fields": [{"type": "string", "optional": False, "field": "id"}],
+                           "optional": False, "name": "io.debezium.connector.common.TransactionMetadataKey",
+                           "version": 1}
+_TRANSACTION_VALUE_SCHEMA = {"type": "struct", "fields": [
+    {"type": "string", "optional": False, "field": "status"},
+    {"type": "string", "optional": False, "field": "id"},
+    {"type": "int64", "optional": True, "field": "event_count"},
+    {"type": "array", "items": {"type": "struct", "fields": [
+        {"type": "string", "optional": False, "field": "data_collection"},
+        {"type": "int64", "optional": False, "field": "event_count"}], "optional": False,
+        "name": "io.debezium.connector.common.TransactionMetadataDataCollectionValue"},
+     "optional": True, "field": "data_collections"},
+    {"type": "int64", "optional": False, "field": "ts_ms"}], "optional": False,
+    "name": "io.debezium.connector.common.TransactionMetadataValue", "version": 1}
+
+
 def _compact(document: Any) -> str:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
 
@@ -138,9 +154,10 @@ class ChangeStream:
     """
 
     def __init__(self, tables: int, changes: int, *, prefix: str, schema: str = "public", seed: int = 35,
-                 schemas: bool = False) -> None:
+                 schemas: bool = False, transaction_metadata: bool = False) -> None:
         self.tables = [_Table(name) for name in table_names(tables)]
         self.changes, self.prefix, self.schema, self.schemas = changes, prefix, schema, schemas
+        self.transaction_metadata = transaction_metadata
         self.random = random.Random(seed)
         self.counts = {"c": 0, "u": 0, "d": 0, "tombstones": 0, "transactions": 0}
         self._lsn, self._tx, self._clock_us = 30_000_000, 700, int(EPOCH.timestamp() * 1_000_000)
@@ -155,7 +172,27 @@ class ChangeStream:
         return key, "}", value, "}"
 
     def topics(self) -> list[str]:
+        """The change topics (the transaction topic, if any, is :meth:`transaction_topic`)."""
         return [topic_of(self.prefix, self.schema, t.name) for t in self.tables]
+
+    def transaction_topic(self) -> str | None:
+        """``<prefix>.transaction``, with ``transaction_metadata`` (one partition, as Debezium's)."""
+        return f"{self.prefix}.transaction" if self.transaction_metadata else None
+
+    def _transaction_record(self, status: str, table: str, size: int) -> tuple[str, bytes, bytes]:
+        """A BEGIN or END of the transaction topic, as ``provide.transaction.metadata`` writes it."""
+        tx_id = f"{self._tx}:{self._lsn}"
+        end = status == "END"
+        payload: dict[str, Any] = {
+            "status": status, "id": tx_id, "event_count": size if end else None,
+            "data_collections": [{"data_collection": f"{self.schema}.{table}", "event_count": size}] if end else None,
+            "ts_ms": self._clock_us // 1000}
+        key: dict[str, Any] = {"id": tx_id}
+        value = payload
+        if self.schemas:
+            key = {"schema": _TRANSACTION_KEY_SCHEMA, "payload": key}
+            value = {"schema": _TRANSACTION_VALUE_SCHEMA, "payload": payload}
+        return str(self.transaction_topic()), _compact(key).encode(), _compact(value).encode()
 
     def _row(self, key: int) -> dict[str, Any]:
         r = self.random
@@ -175,7 +212,8 @@ class ChangeStream:
             pick -= weight
         return OP_WEIGHTS[-1][0]
 
-    def _envelope(self, table: str, op: str, before: dict | None, after: dict | None, first: bool) -> str:
+    def _envelope(self, table: str, op: str, before: dict | None, after: dict | None, first: bool,
+                  order: int) -> str:
         self._lsn += self.random.randrange(150, 400)
         self._clock_us += self.random.randrange(5, 50)
         ms, us = self._clock_us // 1000, self._clock_us
@@ -185,10 +223,12 @@ class ChangeStream:
                   "ts_us": us, "ts_ns": us * 1000, "schema": self.schema, "table": table, "txId": self._tx,
                   "lsn": self._lsn, "xmin": None, "origin": None, "origin_lsn": None}
         sent = us + 800
-        return _compact({"before": before, "after": after, "source": source, "transaction": None, "op": op,
+        block = ({"id": f"{self._tx}:{self._lsn}", "total_order": order, "data_collection_order": order}
+                 if self.transaction_metadata else None)
+        return _compact({"before": before, "after": after, "source": source, "transaction": block, "op": op,
                          "ts_ms": sent // 1000, "ts_us": sent, "ts_ns": sent * 1000 + 373})
 
-    def _change(self, table: _Table, first: bool) -> Iterator[tuple[str, str, str | None]]:
+    def _change(self, table: _Table, order: int) -> Iterator[tuple[str, str, str | None]]:
         """(table, key JSON, value JSON or None for a tombstone) of one change."""
         op = self._op(table)
         self.counts[op] += 1
@@ -206,14 +246,15 @@ class ChangeStream:
                 before, after = {"id": key, **DELETE_BEFORE}, None
                 table.remove(key)
         key_text = _compact({"id": key})
-        yield table.name, key_text, self._envelope(table.name, op, before, after, first)
+        yield table.name, key_text, self._envelope(table.name, op, before, after, order == 1, order)
         if op == "d":
             self.counts["tombstones"] += 1
             yield table.name, key_text, None
 
     def records(self) -> Iterator[tuple[str, bytes, bytes | None]]:
         """(topic, key, value) of every record, in the order the connector writes them:
-        source transactions of 1-8 changes, each on one table."""
+        source transactions of 1-8 changes, each on one table (with ``transaction_metadata``,
+        each between its BEGIN and its END in the transaction topic)."""
         made = 0
         while made < self.changes:
             table = self.tables[self.random.randrange(len(self.tables))]
@@ -222,10 +263,14 @@ class ChangeStream:
             size = min(self.random.randint(1, 8), self.changes - made)
             key_head, key_tail, value_head, value_tail = self._wrappers[table.name]
             topic = topic_of(self.prefix, self.schema, table.name)
+            if self.transaction_metadata:
+                yield self._transaction_record("BEGIN", table.name, size)
             for index in range(size):
-                for _, key, value in self._change(table, first=index == 0):
+                for _, key, value in self._change(table, order=index + 1):
                     yield (topic, (key_head + key + key_tail).encode(),
                            None if value is None else (value_head + value + value_tail).encode())
+            if self.transaction_metadata:
+                yield self._transaction_record("END", table.name, size)
             made += size
 
     def final_rows(self) -> dict[str, dict[int, tuple]]:

@@ -13,6 +13,9 @@ over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsP
 
 * ``mirror``: this project's mirror pipeline, ``exactly_once``, from its declarative
   definition (the config's ``mirror`` section, docs/cdc.md), one driver for every table;
+* ``mirror_whole``: the same with ``transactions: whole``, reading the transaction topic too
+  (asking for it makes the stream carry Debezium's transaction metadata for every figure: each
+  change's ``transaction`` block, and a BEGIN and an END per source transaction);
 * ``peer_values``, ``peer_copy``: Structured Streaming ``foreachBatch``, at-least-once, with
   its best settings (``bench/cdc_peer.py`` says which and why): ``INSERT ... ON CONFLICT DO
   UPDATE`` by ``execute_values``, or COPY into a temporary table and one merge per table.
@@ -51,7 +54,7 @@ from spark_apps.eos_stream.cdc import mirror_sql  # noqa: E402
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic  # noqa: E402
 
-FIGURES = ("mirror", "peer_values", "peer_copy")
+FIGURES = ("mirror", "mirror_whole", "peer_values", "peer_copy")
 PEER = Path(__file__).with_name("cdc_peer.py")
 TRANSACTION = 5000  # records per Kafka transaction
 
@@ -63,6 +66,8 @@ def produce(stack: dict[str, str], stream: ChangeStream, partitions: int) -> dic
     TRANSACTION; keyed, partitioned by murmur2 of the key as Kafka Connect's producer does."""
     for topic in stream.topics():
         ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=partitions)
+    if transaction_topic := stream.transaction_topic():
+        ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], transaction_topic, partitions=1)  # as Debezium's
     producer = murmur2_producer(stack, f"cdc-bench-{stream.prefix}")
     records = 0
     producer.begin_transaction()
@@ -92,8 +97,8 @@ def murmur2_producer(stack: dict[str, str], transactional_id: str) -> Any:
     return producer
 
 
-def mirror_definition(stream: ChangeStream) -> dict[str, Any]:
-    return {"mirror": {"topic_prefix": stream.prefix, "tables": [
+def mirror_definition(stream: ChangeStream, transactions: str = "per_key") -> dict[str, Any]:
+    return {"mirror": {"topic_prefix": stream.prefix, "transactions": transactions, "tables": [
         {"source": f"{stream.schema}.{table.name}", "key": ["id"], "columns": dict(COLUMNS)}
         for table in stream.tables]}}
 
@@ -131,9 +136,12 @@ def _clocks(launched: float, batches: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
-               batch: int, label: str) -> dict[str, Any]:
-    config = pipeline_config(stack, tmp, label, topics=stream.topics(), spec=None,
-                             mirror=mirror_definition(stream)["mirror"],
+               batch: int, label: str, transactions: str = "per_key") -> dict[str, Any]:
+    """The mirror pipeline; with ``transactions`` ``whole`` it also reads the transaction topic."""
+    whole = transactions == "whole"
+    topics = stream.topics() + ([str(stream.transaction_topic())] if whole else [])
+    config = pipeline_config(stack, tmp, label, topics=topics, spec=None,
+                             mirror=mirror_definition(stream, transactions)["mirror"],
                              max_offsets_per_trigger=batch)
     launched = time.time()
     run = start_app(config, tmp, label=label)
@@ -217,7 +225,8 @@ def ratios(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, tmp: Path) -> dict[str, Any]:
     tag = time.strftime("%H%M%S")
-    stream = ChangeStream(tables, args.changes, prefix=f"cdcb{tag}n{tables}", seed=args.seed, schemas=args.schemas)
+    stream = ChangeStream(tables, args.changes, prefix=f"cdcb{tag}n{tables}", seed=args.seed, schemas=args.schemas,
+                          transaction_metadata="mirror_whole" in args.figures)
     started = time.perf_counter()
     produced = produce(stack, stream, args.partitions)
     print(json.dumps({"tables": tables, "produced": produced, "seconds": round(time.perf_counter() - started, 1)}),
@@ -226,8 +235,9 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
     runs: dict[str, list[dict[str, Any]]] = {f: [] for f in args.figures}
     for index, figure in in_turn(list(args.figures), args.runs):
         label = f"cdc{tag}n{tables}r{index}{figure.replace('_', '')}"
-        if figure == "mirror":
-            result = run_mirror(stack, tmp, stream, expected, args.batch, label)
+        if figure.startswith("mirror"):
+            result = run_mirror(stack, tmp, stream, expected, args.batch, label,
+                                "whole" if figure == "mirror_whole" else "per_key")
         else:
             result = run_peer(stack, tmp, stream, expected, args.batch, label, figure.removeprefix("peer_"))
         result["load_average"] = load_average()
