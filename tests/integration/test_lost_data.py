@@ -5,6 +5,7 @@ accepted gap."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -153,3 +154,20 @@ def _recreate(bootstrap: str, topic: str) -> None:
             if time.monotonic() > deadline:
                 raise
         time.sleep(1)
+
+
+def test_log_bounds_a_broker_cannot_give_name_the_partition_and_are_retryable(stack: dict, unique_name: str) -> None:
+    """A partition the topic's leader does not know (as one created moments ago, before its
+    leader has it) is Kafka's UNKNOWN_TOPIC_OR_PART: the claim's check of the stored offsets says
+    which partition and that it is retried, instead of failing on a bare KafkaException."""
+    from spark_apps.eos_stream.run.preflight import KafkaUnavailable
+
+    topic = f"ledger.bounds{unique_name}"
+    ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=1)
+    try:
+        assert log_bounds(stack["EOS_KAFKA_BOOTSTRAP"], {}, [(topic, 0)]) == {(topic, 0): (0, 0)}
+        with pytest.raises(KafkaUnavailable, match=rf"earliest offset of {re.escape(topic)}\[3\]: "
+                                                   r".*(Unknown partition|UNKNOWN_TOPIC_OR_PART).*retried"):
+            log_bounds(stack["EOS_KAFKA_BOOTSTRAP"], {}, [(topic, 0), (topic, 3)], timeout=10)
+    finally:
+        delete_topics(stack["EOS_KAFKA_BOOTSTRAP"], topic)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spark_apps.eos_stream.kafka.metadata import KafkaUnavailable
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 
 # The app's exit when a stored offset is no longer in Kafka (the provider imports it).
@@ -100,8 +101,13 @@ def lost_partitions(stored: Mapping[TopicPartition, int],
 
 def log_bounds(bootstrap: str, options: Mapping[str, str], partitions: list[TopicPartition],
                timeout: float = 30.0) -> dict[TopicPartition, tuple[int, int]]:
-    """(log start, high watermark) of each partition, from the brokers (``AdminClient.list_offsets``)."""
-    from confluent_kafka import IsolationLevel
+    """(log start, high watermark) of each partition, from the brokers (``AdminClient.list_offsets``).
+
+    :raises KafkaUnavailable: a broker could not give a partition's offsets, naming it and why.
+        Retryable: the topic's metadata listed the partition, and a partition created moments
+        ago is unknown to its leader for a while (UNKNOWN_TOPIC_OR_PART), as in a leader election.
+    """
+    from confluent_kafka import IsolationLevel, KafkaException
     from confluent_kafka import TopicPartition as KafkaPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -115,7 +121,14 @@ def log_bounds(bootstrap: str, options: Mapping[str, str], partitions: list[Topi
         futures = admin.list_offsets({KafkaPartition(t, p): spec for t, p in partitions},
                                      isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout)
         for kafka_partition, future in futures.items():
-            found[(kafka_partition.topic, kafka_partition.partition)][index] = future.result(timeout).offset
+            try:
+                offset = future.result(timeout).offset
+            except KafkaException as exc:
+                raise KafkaUnavailable(
+                    f"Kafka at {bootstrap} could not give the {('earliest', 'latest')[index]} offset of "
+                    f"{kafka_partition.topic}[{kafka_partition.partition}]: {exc}; retried on the next start "
+                    "(a partition created moments ago is unknown to its leader for a while)") from exc
+            found[(kafka_partition.topic, kafka_partition.partition)][index] = offset
     return {tp: (start, end) for tp, (start, end) in found.items()}
 
 

@@ -7,6 +7,11 @@ from collections.abc import Collection, Iterable
 
 from confluent_kafka import KafkaError
 
+
+class KafkaUnavailable(RuntimeError):
+    """The brokers cannot be reached, or cannot serve a topic yet (retryable, unlike a ConfigError)."""
+
+
 # What Kafka allows in a topic's name: anything else in a list of topics is a subscription regex.
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 

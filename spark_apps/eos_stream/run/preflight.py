@@ -14,7 +14,7 @@ from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.kafka.metadata import matching_topics, topic_metadata_problem
+from spark_apps.eos_stream.kafka.metadata import KafkaUnavailable, matching_topics, topic_metadata_problem
 from spark_apps.eos_stream.records.spec import SOURCE_COLUMNS, AggregateTarget, PipelineSpec
 from spark_apps.eos_stream.run.config import ConfigError, PipelineConfig
 from spark_apps.eos_stream.run.config_rules import aggregates_problem, mirror_delivery_problem
@@ -22,10 +22,6 @@ from spark_apps.eos_stream.sink.in_doubt import max_prepared_transactions
 from spark_apps.eos_stream.sink.modes import MODES, DeliveryMode
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.eos_stream.state.ddl import run_ddl
-
-
-class KafkaUnavailable(RuntimeError):
-    """The brokers cannot be reached (retryable, unlike a ConfigError)."""
 
 
 def delivery_mode(config: PipelineConfig, spec: PipelineSpec) -> DeliveryMode:
