@@ -48,18 +48,19 @@ sys.path.insert(0, str(ROOT))
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook  # noqa: E402
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config  # noqa: E402
 from bench.common import git_commit, in_turn, load_average, local_stack, machine  # noqa: E402
-from bench.harness import AppRun, pg_connect, pipeline_config, start_continuous  # noqa: E402
+from bench.harness import (  # noqa: E402
+    AppRun,
+    drop_replication_slot,
+    pg_connect,
+    pipeline_config,
+    source_connection,
+    start_continuous,
+    wait_until,
+)
 
 BLOCKS = 10
 FIGURES = ("p50", "p90", "p99", "max")
 CONNECT_CONN = "eos_bench_connect"
-
-
-def source_connection(stack: dict[str, str]) -> Any:
-    conn = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], user=stack["EOS_PG_USER"],
-                            password=stack["EOS_PG_PASSWORD"], dbname=stack["EOS_SOURCE_PG_DB"])
-    conn.autocommit = True
-    return conn
 
 
 @dataclass
@@ -97,7 +98,7 @@ def _write(conn: Any, schema: str, rows_per_block: int, interval: float, stop: t
 def _watch(conn: Any, target_schema: str, rows_per_block: int, stop: threading.Event, probe: Probe) -> None:
     """Every 20 ms, the least tick of each block; each transaction newly whole is stamped."""
     query = sql.SQL("SELECT id / %s, min(tick) FROM {}.items GROUP BY 1").format(sql.Identifier(target_schema))
-    whole_up_to = dict.fromkeys(range(BLOCKS), 0)
+    waiting_for = {block: block or BLOCKS for block in range(BLOCKS)}  # each block's next transaction
     try:
         while not stop.is_set():
             try:
@@ -109,10 +110,9 @@ def _watch(conn: Any, target_schema: str, rows_per_block: int, stop: threading.E
                 continue
             now = time.monotonic()
             for block, tick in least.items():
-                for t in range(whole_up_to[block] + BLOCKS if whole_up_to[block] else block, tick + 1, BLOCKS):
-                    if t > 0:
-                        probe.seen.setdefault(t, now)
-                whole_up_to[block] = max(whole_up_to[block], tick)
+                while waiting_for[block] <= tick:
+                    probe.seen[waiting_for[block]] = now
+                    waiting_for[block] += BLOCKS
             time.sleep(0.02)
     except BaseException as exc:
         probe.error = exc
@@ -141,31 +141,17 @@ class Source:
         conn.close()
         hook.put_connector_config(self.name, postgres_connector_config(
             self.stack, self.name, f"dbz_{self.name[4:]}", [f"{self.name}.items"], **connector_extra))
-        _wait(f"{self.name} RUNNING", lambda: not hook.connector_problems(self.name), 120)
+        wait_until(f"{self.name} RUNNING", lambda: not hook.connector_problems(self.name), 120, 0.5)
 
     def drop(self, hook: KafkaConnectHook) -> None:
         hook.delete_connector(self.name)
         conn = source_connection(self.stack)
-        slot = f"dbz_{self.name[4:]}"
-        with conn.cursor() as cur:
-            for _ in range(60):
-                cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-                row = cur.fetchone()
-                if row is None or not row[0]:
-                    break
-                time.sleep(1)
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE slot_name = %s", (slot,))
-            cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.name)))
-        conn.close()
-
-
-def _wait(what: str, condition: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f}s")
-        time.sleep(0.5)
+        try:
+            drop_replication_slot(conn, f"dbz_{self.name[4:]}")
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.name)))
+        finally:
+            conn.close()
 
 
 def _topics_exist(stack: dict[str, str], topics: list[str]) -> bool:
@@ -213,14 +199,16 @@ def one_run(stack: dict[str, str], args: argparse.Namespace, transactions: str, 
         for thread in threads:
             thread.start()
         # The transaction topic is created by the connector's first source transaction.
-        _wait("the change and transaction topics", lambda: _topics_exist(stack, list(source.topics.values())), 120)
+        wait_until("the change and transaction topics", lambda: _topics_exist(stack, list(source.topics.values())),
+                   120, 0.5)
         run = start_continuous(config, tmp, label=transactions)
         started = time.monotonic()
         window = (started + args.warmup, started + args.warmup + args.measure)
         time.sleep(args.warmup + args.measure)
         stop_writer.set()
         last = max(probe.committed)
-        _wait("the last transaction visible", lambda: last in probe.seen or run.process.poll() is not None, 120)
+        wait_until("the last transaction visible", lambda: last in probe.seen or run.process.poll() is not None,
+                   120, 0.5)
         assert run.process.poll() is None and probe.error is None, (probe.error, run.log()[-3000:])
         stop_watcher.set()
         differ = _differences(source, target, config["target_schema"])

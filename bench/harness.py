@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg2
 
@@ -22,6 +23,7 @@ SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
 # Where scripts/stack.sh and scripts/airflow.sh keep their state and write their env files
 # (scripts/config.sh: $EOS_STATE_DIR, default .local in the checkout).
 STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
+T = TypeVar("T")
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -173,6 +175,42 @@ def pg_connect(stack: dict[str, str]):
                             user=stack["EOS_PG_USER"], password=stack["EOS_PG_PASSWORD"])
     conn.autocommit = True
     return conn
+
+
+def source_connection(stack: dict[str, str]) -> Any:
+    """An autocommit connection to the change-data-capture source database, as the cluster's superuser."""
+    conn = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], user=stack["EOS_PG_USER"],
+                            password=stack["EOS_PG_PASSWORD"], dbname=stack["EOS_SOURCE_PG_DB"])
+    conn.autocommit = True
+    return conn
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120.0, interval: float = 1.0) -> T:
+    """``probe``'s first truthy result, polled every ``interval`` seconds for at most ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {result!r})")
+        time.sleep(interval)
+
+
+def drop_replication_slot(conn: Any, slot: str, timeout: float = 60.0) -> None:
+    """Drops a connector's replication slot once its WAL sender has let go (``conn``: autocommit,
+    on the slot's database): a slot left behind would hold the stack's WAL for ever."""
+    def released() -> bool:
+        with conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            if row is None:
+                return True
+            if row[0]:
+                return False
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            return True
+    wait_until(f"slot {slot} released", released, timeout=timeout)
 
 
 def ledger_rows(stack: dict[str, str], schema: str) -> int:

@@ -3,26 +3,14 @@ and the connector's replication slot (tests/conftest.py's ``connect`` and ``sour
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import psycopg2
 from psycopg2 import sql
 
-T = TypeVar("T")
+from bench.harness import drop_replication_slot, source_connection, wait_until
 
-
-def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120.0, interval: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {result!r})")
-        time.sleep(interval)
+__all__ = ["Source", "drop_slot", "pause_connector", "source_connection", "wait_until", "write_source"]
 
 
 @dataclass
@@ -31,14 +19,6 @@ class Source:
 
     conn: Any
     schema: str
-
-
-def source_connection(env: dict[str, str]) -> Any:
-    """An autocommit connection to the source database, as the cluster's superuser."""
-    conn = psycopg2.connect(host=env["EOS_PG_HOST"], port=env["EOS_PG_PORT"], user=env["EOS_PG_USER"],
-                            password=env["EOS_PG_PASSWORD"], dbname=env["EOS_SOURCE_PG_DB"])
-    conn.autocommit = True
-    return conn
 
 
 def write_source(source: Source, statements: list[str]) -> None:
@@ -54,19 +34,8 @@ def write_source(source: Source, statements: list[str]) -> None:
 
 
 def drop_slot(source: Source, slot: str) -> None:
-    """Drops the connector's slot once its WAL sender has let go: a slot left behind would hold
-    the stack's WAL for ever."""
-    def released() -> bool:
-        with source.conn.cursor() as cur:
-            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-            row = cur.fetchone()
-            if row is None:
-                return True
-            if row[0]:
-                return False
-            cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            return True
-    wait_until(f"slot {slot} released", released, timeout=60)
+    """Drops the connector's slot once its WAL sender has let go (``bench.harness.drop_replication_slot``)."""
+    drop_replication_slot(source.conn, slot)
 
 
 def pause_connector(hook: Any, name: str) -> None:

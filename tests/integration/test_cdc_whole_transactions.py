@@ -120,6 +120,21 @@ def _caught_up(source: BankSource, config: dict[str, Any], target: Any) -> bool:
     return not any(_differences(source, target, config["target_schema"]).values())
 
 
+def _caught_up_while_running(source: BankSource, config: dict[str, Any], target: Any, run: AppRun,
+                             what: str) -> None:
+    """Waits until ``run`` caught up (``_caught_up``); fails with its log if it exits first."""
+    wait_until(what, lambda: (run.process.poll() is None and _caught_up(source, config, target))
+               or run.process.poll() is not None, timeout=240, interval=1)
+    assert run.process.poll() is None, run.log()[-3000:]
+
+
+def _reader(source: BankSource, config: dict[str, Any]) -> Reader:
+    """The REPEATABLE READ reader of ``config``'s mirror."""
+    env = source.env
+    return Reader({"host": env["EOS_PG_HOST"], "port": int(env["EOS_PG_PORT"]), "dbname": env["EOS_PG_DB"],
+                   "user": env["EOS_PG_USER"], "password": env["EOS_PG_PASSWORD"]}, config["target_schema"])
+
+
 def _differences(source: BankSource, target: Any, target_schema: str) -> dict[str, int]:
     """Rows that differ between each source table and its mirror, and between ledger_sums and the
     source ledger's GROUP BY."""
@@ -143,9 +158,7 @@ def _stream_under_a_kill(source: BankSource, config: dict[str, Any], tmp_path: P
     """The pipeline streams while the application writes and the reader polls; its first run is
     killed at a batch's commit and a second one catches up. ``fault``, if given, is called
     FAULT_AFTER seconds into the application's run. Returns the reader and what happened."""
-    env = source.env
-    reader = Reader({"host": env["EOS_PG_HOST"], "port": int(env["EOS_PG_PORT"]), "dbname": env["EOS_PG_DB"],
-                     "user": env["EOS_PG_USER"], "password": env["EOS_PG_PASSWORD"]}, config["target_schema"])
+    reader = _reader(source, config)
     stop_reader, stop_bank = threading.Event(), threading.Event()
     reading = threading.Thread(target=reader.run, args=(stop_reader,), daemon=True)
     writing = threading.Thread(target=source.bank.run, args=(WORKLOAD_SECONDS, stop_bank), daemon=True)
@@ -166,12 +179,9 @@ def _stream_under_a_kill(source: BankSource, config: dict[str, Any], tmp_path: P
             seen_fault = fault()
         writing.join(WORKLOAD_SECONDS + 120)
         assert not writing.is_alive() and source.bank.error is None, source.bank.error
-        target = pg_connect(env)  # opened after the fault: a PostgreSQL restart would cut it
-        wait_until("the stored offsets at every topic's end, the mirror equal to its source",
-                   lambda: (runs[-1].process.poll() is None
-                   and _caught_up(source, config, target)) or runs[-1].process.poll() is not None,
-                   timeout=240, interval=1)
-        assert runs[-1].process.poll() is None, runs[-1].log()[-3000:]
+        target = pg_connect(source.env)  # opened after the fault: a PostgreSQL restart would cut it
+        _caught_up_while_running(source, config, target, runs[-1],
+                                 "the stored offsets at every topic's end, the mirror equal to its source")
         time.sleep(1.5)  # the reader's last polls see the final state
     finally:
         stop_bank.set()
@@ -256,10 +266,10 @@ def test_a_postgres_restart_keeps_transactions_whole(bank_source: BankSource, tm
 
 
 def _snapshot_mid_stream(source: BankSource, config: dict[str, Any], tmp_path: Path, reader: Reader,
-                         stop_reader: threading.Event) -> tuple[dict, int, int, AppRun]:
+                         stop_reader: threading.Event) -> tuple[dict, int, int]:
     """Streams while the application writes, takes a snapshot that holds part of a transaction,
-    then stops the stream with a stop request once it caught up. Returns the snapshot's summary,
-    the source transactions before and after it, and the stopped run."""
+    then stops the stream with a stop request once it caught up. Returns the snapshot's summary
+    and the source transactions before and after it."""
     stop_bank = threading.Event()
     writing = threading.Thread(target=source.bank.run, args=(WORKLOAD_SECONDS, stop_bank), daemon=True)
     run = _start(config, tmp_path, "streaming")
@@ -281,7 +291,7 @@ def _snapshot_mid_stream(source: BankSource, config: dict[str, Any], tmp_path: P
     finally:
         stop_bank.set()
         run.kill()
-    return snap, before, source.bank.transactions, run
+    return snap, before, source.bank.transactions
 
 
 def _snapshot_holding_changes(source: BankSource, config: dict[str, Any], tmp_path: Path,
@@ -307,11 +317,16 @@ def _snapshot_holding_changes(source: BankSource, config: dict[str, Any], tmp_pa
             snap = SnapshotOperator(task_id="snap", pipeline_config=str(tmp_path / "pipeline.json"),
                                     postgres_conn_id=RECOVERY_PG, pg_bin_dir=PG_BIN,
                                     snapshot_store=str(tmp_path / "store")).execute({"run_id": f"snap-{attempt}"})
-            if snap["tables"].get(f"{config['meta_schema']}.held_changes"):
+            if snap["tables"].get(_held_table(config)):
                 return snap
     finally:
         conn.close()
     raise AssertionError(f"none of {attempts} snapshots taken while changes were held holds any")
+
+
+def _held_table(config: dict[str, Any]) -> str:
+    """The pipeline's ``held_changes`` as a snapshot's and a restore's summaries name it."""
+    return f"{config['meta_schema']}.held_changes"
 
 
 def _recovery_hook(config: dict[str, Any]) -> Any:
@@ -333,27 +348,22 @@ def test_a_restore_then_a_replay_keep_transactions_whole(bank_source: BankSource
         monkeypatch.setenv(key, value)
     config = _config(bank_source, tmp_path, "continuous", "whole")
     (tmp_path / "pipeline.json").write_text(json.dumps(config))
-    env = bank_source.env
-    reader = Reader({"host": env["EOS_PG_HOST"], "port": int(env["EOS_PG_PORT"]), "dbname": env["EOS_PG_DB"],
-                     "user": env["EOS_PG_USER"], "password": env["EOS_PG_PASSWORD"]}, config["target_schema"])
+    reader = _reader(bank_source, config)
     stop_reader = threading.Event()
     try:
-        snap, at_snapshot, at_end, _ = _snapshot_mid_stream(bank_source, config, tmp_path, reader, stop_reader)
+        snap, at_snapshot, at_end = _snapshot_mid_stream(bank_source, config, tmp_path, reader, stop_reader)
         polls_before_restore = reader.polls
         restored = RestoreOperator(task_id="restore", pipeline_config=str(tmp_path / "pipeline.json"),
                                    postgres_conn_id=RECOVERY_PG, pg_bin_dir=PG_BIN, quiet_seconds=0,
                                    release_lock=True, kafka_config_id=RECOVERY_KAFKA,
                                    snapshot_store=str(tmp_path / "store")).execute({"run_id": "restore"})
         assert restored["snapshot_id"] == snap["snapshot_id"], restored
-        assert restored["tables"][f"{config['meta_schema']}.held_changes"] > 0, restored  # part of a transaction
-        target = pg_connect(env)
+        assert restored["tables"][_held_table(config)] > 0, restored  # part of a transaction
+        target = pg_connect(bank_source.env)
         assert any(_differences(bank_source, target, config["target_schema"]).values())  # back in time
         replay = _start({**config, "ignore_stop_request": True}, tmp_path, "replay")
         try:
-            wait_until("the replay caught up", lambda: (replay.process.poll() is None
-                       and _caught_up(bank_source, config, target)) or replay.process.poll() is not None,
-                       timeout=240, interval=0.5)
-            assert replay.process.poll() is None, replay.log()[-3000:]
+            _caught_up_while_running(bank_source, config, target, replay, "the replay caught up")
             time.sleep(1.5)  # the reader's last polls see the final state
         finally:
             replay.kill()
@@ -367,7 +377,7 @@ def test_a_restore_then_a_replay_keep_transactions_whole(bank_source: BankSource
             "violations": reader.violations, "examples": reader.examples,
             "source transactions before, after the snapshot": (at_snapshot, at_end - at_snapshot),
             "changes applied by the replay": replayed, "rows that differ": differ,
-            "held changes restored": snap["tables"][f"{config['meta_schema']}.held_changes"]}
+            "held changes restored": restored["tables"][_held_table(config)]}
     print(f"\ncontinuous, transactions: whole, restore then replay: {seen}")
     assert reader.error is None, reader.error
     assert at_end > at_snapshot and replayed > 0, seen

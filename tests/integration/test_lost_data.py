@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
 from spark_apps.eos_stream.kafka.lost_data import EXIT_DATA_LOST, log_bounds
+from spark_apps.eos_stream.kafka.metadata import KafkaUnavailable
 from spark_apps.eos_stream.state import meta_tables
 from spark_apps.eos_stream.state.control import hold_running_lock
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
@@ -160,8 +161,6 @@ def test_log_bounds_a_broker_cannot_give_name_the_partition_and_are_retryable(st
     """A partition the topic's leader does not know (as one created moments ago, before its
     leader has it) is Kafka's UNKNOWN_TOPIC_OR_PART: the claim's check of the stored offsets says
     which partition and that it is retried, instead of failing on a bare KafkaException."""
-    from spark_apps.eos_stream.run.preflight import KafkaUnavailable
-
     topic = f"ledger.bounds{unique_name}"
     ensure_topic(stack["EOS_KAFKA_BOOTSTRAP"], topic, partitions=1)
     try:
