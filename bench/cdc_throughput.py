@@ -13,6 +13,8 @@ over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsP
 
 * ``mirror``: this project's mirror pipeline, ``exactly_once``, from its declarative
   definition (the config's ``mirror`` section, docs/cdc.md), one driver for every table;
+* ``mirror_continuous``: the same definition on the continuous engine (one Python process, no
+  Spark; ``max_offsets_per_trigger`` bounds its cycles), stopped once its batches hold every record;
 * ``mirror_whole``: the same with ``transactions: whole``, reading the transaction topic too
   (asking for it makes the stream carry Debezium's transaction metadata for every figure: each
   change's ``transaction`` block, and a BEGIN and an END per source transaction);
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,12 +52,12 @@ from psycopg2 import sql  # noqa: E402
 
 from bench.cdc_changes import COLUMNS, ChangeStream  # noqa: E402
 from bench.common import drop_schemas, git_commit, in_turn, load_average, local_stack, machine  # noqa: E402
-from bench.harness import pg_connect, pipeline_config, spark_submit, start_app  # noqa: E402
+from bench.harness import AppRun, pg_connect, pipeline_config, spark_submit, start_app, start_continuous  # noqa: E402
 from spark_apps.eos_stream.cdc import mirror_sql  # noqa: E402
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic  # noqa: E402
 
-FIGURES = ("mirror", "mirror_whole", "peer_values", "peer_copy")
+FIGURES = ("mirror", "mirror_whole", "mirror_continuous", "peer_values", "peer_copy")
 PEER = Path(__file__).with_name("cdc_peer.py")
 TRANSACTION = 5000  # records per Kafka transaction
 
@@ -135,18 +138,35 @@ def _clocks(launched: float, batches: list[dict[str, Any]]) -> dict[str, float]:
             "batches": len(batches)}
 
 
+def _continuous_until_read(run: AppRun, records: int, timeout: float = 1800) -> int:
+    """Waits until the continuous engine's batches hold ``records`` records, then stops it by
+    SIGTERM (it ends after its cycle, exit 143); 0 for that stop, else its exit code; the bench
+    stops when it died first."""
+    deadline = time.monotonic() + timeout
+    while sum(e["records"] for e in run.events("batch")) < records:
+        if run.process.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            raise SystemExit(f"continuous engine ended or stalled before reading {records} records:\n"
+                             f"{run.log()[-3000:]}")
+        time.sleep(0.2)
+    run.process.terminate()
+    code = run.wait(120)
+    return 0 if code == 128 + signal.SIGTERM and run.events("stopped") else code
+
+
 def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
-               batch: int, label: str, transactions: str = "per_key") -> dict[str, Any]:
-    """The mirror pipeline; with ``transactions`` ``whole`` it also reads the transaction topic."""
+               batch: int, label: str, transactions: str = "per_key", records: int | None = None) -> dict[str, Any]:
+    """The mirror pipeline; with ``transactions`` ``whole`` it also reads the transaction topic;
+    with ``records`` (all the topics hold) it runs on the continuous engine."""
     whole = transactions == "whole"
     topics = stream.topics() + ([str(stream.transaction_topic())] if whole else [])
     config = pipeline_config(stack, tmp, label, topics=topics, spec=None,
                              mirror=mirror_definition(stream, transactions)["mirror"],
                              max_offsets_per_trigger=batch)
     launched = time.time()
-    run = start_app(config, tmp, label=label)
+    run = start_app(config, tmp, label=label) if records is None else start_continuous(config, tmp, label=label)
     try:
-        code = run.wait(1800)
+        code = run.wait(1800) if records is None else _continuous_until_read(run, records)
     except subprocess.TimeoutExpired:
         run.kill()
         raise SystemExit(f"mirror did not finish in 30 minutes:\n{run.log()[-3000:]}") from None
@@ -237,7 +257,8 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
         label = f"cdc{tag}n{tables}r{index}{figure.replace('_', '')}"
         if figure.startswith("mirror"):
             result = run_mirror(stack, tmp, stream, expected, args.batch, label,
-                                "whole" if figure == "mirror_whole" else "per_key")
+                                "whole" if figure == "mirror_whole" else "per_key",
+                                produced["records"] if figure == "mirror_continuous" else None)
         else:
             result = run_peer(stack, tmp, stream, expected, args.batch, label, figure.removeprefix("peer_"))
         result["load_average"] = load_average()

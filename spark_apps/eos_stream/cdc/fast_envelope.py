@@ -86,7 +86,7 @@ def row_schema(value_schema: Mapping[str, Any] | None) -> dict[str, FieldSchema]
     return None
 
 
-class _Refused(Exception):
+class SchemaRefused(Exception):
     """A schema text the reference must judge."""
 
 
@@ -106,15 +106,15 @@ class _SchemaCache:
             pass
         schema = _ANY.decode(text)
         if schema is not None and not isinstance(schema, dict):
-            raise _Refused
+            raise SchemaRefused
         if len(self.known) >= _MAX_SCHEMAS:
             self.known.clear()  # a schema per table: only a pipeline of very many tables gets here
         derived = self.known[text] = self.derive(schema)
         return derived
 
 
-_KEY_SCHEMAS = _SchemaCache(struct_fields)
-_ROW_SCHEMAS = _SchemaCache(row_schema)
+KEY_SCHEMAS = _SchemaCache(struct_fields)
+ROW_SCHEMAS = _SchemaCache(row_schema)
 
 
 class Read(NamedTuple):
@@ -133,7 +133,7 @@ class Read(NamedTuple):
 def _key(key: bytes) -> tuple[dict[str, Any], dict[str, FieldSchema] | None] | None:
     try:
         wrapped = _KEY.decode(key)
-        payload, schema = wrapped.payload, _KEY_SCHEMAS.get(wrapped.schema)
+        payload, schema = wrapped.payload, KEY_SCHEMAS.get(wrapped.schema)
     except msgspec.ValidationError:  # no schema wrapper: the key's columns themselves
         payload, schema = _ANY.decode(key), None
         if isinstance(payload, dict) and set(payload) == {"schema", "payload"}:
@@ -146,7 +146,7 @@ def _key(key: bytes) -> tuple[dict[str, Any], dict[str, FieldSchema] | None] | N
 def _value(value: bytes) -> tuple[_Envelope, dict[str, FieldSchema] | None]:
     try:
         wrapped = _VALUE.decode(value)
-        return wrapped.payload, _ROW_SCHEMAS.get(wrapped.schema)
+        return wrapped.payload, ROW_SCHEMAS.get(wrapped.schema)
     except msgspec.ValidationError:
         # No schema wrapper, or one whose payload is no envelope: an ``op`` is required below,
         # so a document of only ``schema`` and ``payload`` never passes as an envelope.
@@ -166,7 +166,7 @@ def read(key: bytes | None, value: bytes) -> Read | None:
         if (after is None and envelope.op != "d") or key is None:
             return None
         keyed = _key(key)
-    except (msgspec.MsgspecError, _Refused, UnicodeError, RecursionError, ValueError):
+    except (msgspec.MsgspecError, SchemaRefused, UnicodeError, RecursionError, ValueError):
         return None
     if keyed is None:
         return None

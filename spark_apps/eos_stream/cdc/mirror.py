@@ -262,14 +262,22 @@ def _refused_cells(value: bytes | None, error: str) -> list[str | None]:
     return [error, *[None] * (_BODY_CELLS - 2), tx, collection]
 
 
+FlatLine = Callable[[str, int, int, bytes | None, bytes | None], str | None]
+
+
 def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resolved | None],
                            records: Iterable[tuple[str, int, int, bytes | None, bytes | None]],
                            keep_raw: bool, transaction_topic: str | None = None,
-                           mirrored: Callable[[str], bool] = lambda table: True) -> Iterator[str]:
+                           mirrored: Callable[[str], bool] = lambda table: True,
+                           flat: FlatLine | None = None) -> Iterator[str]:
     """One COPY line per Kafka record: a change's cells, a tombstone's empty line (so the
     stage still counts every record), a refused record's error with its raw bytes, a
     record whose target cannot be made, with the refusal for the driver (``TargetRefused``),
-    or a record of ``transaction_topic`` (``_transaction_cells``, counting the tables ``mirrored``)."""
+    or a record of ``transaction_topic`` (``_transaction_cells``, counting the tables ``mirrored``).
+    ``flat`` (``flat_rows.FlatLines.line``) stages the changes it vouches for, the same line
+    in meaning, faster; it is not used when ``keep_raw`` asks for every record's bytes."""
+    if keep_raw:
+        flat = None
     for topic, partition, offset, key, value in records:
         cells: list[str | bytes | None]
         try:
@@ -277,6 +285,11 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
                 cells = [topic, str(partition), str(offset), None, None, None, *_transaction_cells(value, mirrored)]
                 yield "\t".join(map(_copy_cell, cells)) + "\n"
                 continue
+            if flat is not None:
+                line = flat(topic, partition, offset, key, value)
+                if line is not None:
+                    yield line
+                    continue
             resolved = resolve(key, value)
             body = [None] * _BODY_CELLS if resolved is None else change_cells(resolved[1], resolved[0], resolved[2])
             raw = (key, value) if keep_raw else (None, None)

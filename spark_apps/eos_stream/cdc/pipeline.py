@@ -21,6 +21,7 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import (
     aggregate_sql,
+    flat_rows,
     mirror,
     mirror_sql,
     patterns,
@@ -31,6 +32,7 @@ from spark_apps.eos_stream.cdc import (
 from spark_apps.eos_stream.cdc.definition import MirrorDefinition, parse_mirror
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.kafka.ranges import MessageChunk
 from spark_apps.eos_stream.records import batch_lines
 from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec, SpecError, read_mirror_section
 from spark_apps.eos_stream.state.ddl import run_ddl
@@ -54,6 +56,11 @@ def bounded_chunks(lines: Iterable[str], limit: int) -> Iterator[bytes]:
             chunk, size, sent = [], 0, True
     if chunk or not sent:
         yield "".join(chunk).encode()
+
+
+def _records(batch: Any) -> Iterable[tuple[str, int, int, bytes | None, bytes | None]]:
+    """(topic, partition, offset, key, value) of a chunk of Kafka messages or of an Arrow batch."""
+    return batch.records() if isinstance(batch, MessageChunk) else batch_lines.arrow_records(batch)
 
 
 def mirror_spec(section: Mapping[str, Any] | str) -> PipelineSpec:
@@ -96,13 +103,15 @@ class MirrorBatches:
                 + [aggregate_sql.aggregate_ddl(a, tables[a.source], target_schema) for a in self.definition.aggregates])
 
     def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]:
-        """The COPY text of a task's Arrow batches: one line per Kafka record, in chunks of
+        """The COPY text of a task's Arrow batches or message chunks (``kafka.ranges.MessageChunk``):
+        one line per Kafka record, in chunks of
         about ``STAGE_CHUNK_CHARS`` (``bounded_chunks``)."""
         resolve = patterns.Router(self.definition).resolve
+        flat = flat_rows.FlatLines(self.definition).line
         for batch in batches:
             yield from bounded_chunks(mirror.resolved_staging_lines(
-                resolve, batch_lines.arrow_records(batch), keep_raw,
-                transactions.transaction_topic(self.definition.topic_prefix), self.definition.mirrors),
+                resolve, _records(batch), keep_raw,
+                transactions.transaction_topic(self.definition.topic_prefix), self.definition.mirrors, flat),
                 STAGE_CHUNK_CHARS)
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,

@@ -301,7 +301,8 @@ class ContinuousRun:
         written = self.write_as_part(cycle) if driver.prepared_parts and cycle.messages else None
 
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            return stage_batches(driver.dsn, driver.spec, config.meta_schema, stage_name, keep_raw, cycle.batches())
+            return stage_batches(driver.dsn, driver.spec, config.meta_schema, stage_name, keep_raw,
+                                 cycle.batches(as_messages=driver.spec.mirror is not None))
 
         try:
             result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=written)

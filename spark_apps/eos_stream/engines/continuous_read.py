@@ -86,10 +86,12 @@ class Cycle:
     ends: dict[TopicPartition, int]
     bytes: int = 0
 
-    def batches(self) -> Iterator[Any]:
-        """The records as Arrow batches of at most one COPY chunk each."""
+    def batches(self, as_messages: bool = False) -> Iterator[Any]:
+        """The records in chunks of at most one COPY chunk each: Arrow batches, or
+        ``kafka_ranges.MessageChunk`` (``as_messages``: a mirror's, which reads each record itself)."""
         for first in range(0, len(self.messages), kafka_ranges.CHUNK_RECORDS):
-            yield kafka_ranges.message_batch(self.messages[first:first + kafka_ranges.CHUNK_RECORDS])
+            chunk = self.messages[first:first + kafka_ranges.CHUNK_RECORDS]
+            yield kafka_ranges.MessageChunk(chunk) if as_messages else kafka_ranges.message_batch(chunk)
 
 
 def moved_ranges(current: dict[TopicPartition, int], positions: dict[TopicPartition, int]

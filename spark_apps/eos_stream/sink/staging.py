@@ -150,7 +150,8 @@ def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: st
                  keep_raw: bool, consumer: Any, ranges: Iterable[kafka_ranges.OffsetRange]) -> int:
     """Reads offset ranges with ``consumer``, all at once, and COPYs them into the stage in one
     transaction of its own; returns how many records it staged."""
-    reader = kafka_ranges.record_batches(consumer, ranges)
+    read = kafka_ranges.message_chunks if spec.mirror is not None else kafka_ranges.record_batches
+    reader = read(consumer, ranges)
     try:
         return stage_batches(dsn_kwargs, spec, meta_schema, stage_name, keep_raw, reader)
     finally:
