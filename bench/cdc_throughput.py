@@ -2,6 +2,7 @@
 project's mirror pipeline against the ``foreachBatch`` mirror a Spark user would write.
 
     .venv/bin/python bench/cdc_throughput.py --changes 300000 --tables 1 20 --runs 3
+    .venv/bin/python bench/cdc_throughput.py --figures mirror,mirror_continuous --baseline /tmp/before
 
 The change topics are made once per table count, fast and reproducibly
 (``bench/cdc_changes.py``): Debezium's PostgreSQL records (JSON converter, ``--schemas`` on
@@ -60,6 +61,7 @@ from spark_apps.ledger.generator import ensure_topic  # noqa: E402
 FIGURES = ("mirror", "mirror_whole", "mirror_continuous", "peer_values", "peer_copy")
 PEER = Path(__file__).with_name("cdc_peer.py")
 TRANSACTION = 5000  # records per Kafka transaction
+BASELINE = "@baseline"  # a figure's name for the same figure of the --baseline checkout
 
 
 # --- the change topics -------------------------------------------------------
@@ -155,16 +157,19 @@ def _continuous_until_read(run: AppRun, records: int, timeout: float = 1800) -> 
 
 
 def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
-               batch: int, label: str, transactions: str = "per_key", records: int | None = None) -> dict[str, Any]:
-    """The mirror pipeline; with ``transactions`` ``whole`` it also reads the transaction topic;
-    with ``records`` (all the topics hold) it runs on the continuous engine."""
+               batch: int, label: str, transactions: str = "per_key", records: int | None = None,
+               root: Path = ROOT) -> dict[str, Any]:
+    """The mirror pipeline of the checkout at ``root``; with ``transactions`` ``whole`` it also
+    reads the transaction topic; with ``records`` (all the topics hold) it runs on the continuous
+    engine."""
     whole = transactions == "whole"
     topics = stream.topics() + ([str(stream.transaction_topic())] if whole else [])
     config = pipeline_config(stack, tmp, label, topics=topics, spec=None,
                              mirror=mirror_definition(stream, transactions)["mirror"],
                              max_offsets_per_trigger=batch)
     launched = time.time()
-    run = start_app(config, tmp, label=label) if records is None else start_continuous(config, tmp, label=label)
+    run = (start_app(config, tmp, label=label, root=root) if records is None
+           else start_continuous(config, tmp, label=label, root=root))
     try:
         code = run.wait(1800) if records is None else _continuous_until_read(run, records)
     except subprocess.TimeoutExpired:
@@ -252,13 +257,18 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
     print(json.dumps({"tables": tables, "produced": produced, "seconds": round(time.perf_counter() - started, 1)}),
           flush=True)
     expected = stream.final_rows()
-    runs: dict[str, list[dict[str, Any]]] = {f: [] for f in args.figures}
-    for index, figure in in_turn(list(args.figures), args.runs):
-        label = f"cdc{tag}n{tables}r{index}{figure.replace('_', '')}"
+    figures = list(args.figures)
+    if args.baseline is not None:
+        figures += [f"{f}{BASELINE}" for f in args.figures if f.startswith("mirror")]
+    runs: dict[str, list[dict[str, Any]]] = {f: [] for f in figures}
+    for index, figure in in_turn(figures, args.runs):
+        label = f"cdc{tag}n{tables}r{index}{figure.replace('_', '').replace(BASELINE, 'base')}"
         if figure.startswith("mirror"):
+            plain = figure.removesuffix(BASELINE)
             result = run_mirror(stack, tmp, stream, expected, args.batch, label,
-                                "whole" if figure == "mirror_whole" else "per_key",
-                                produced["records"] if figure == "mirror_continuous" else None)
+                                "whole" if plain == "mirror_whole" else "per_key",
+                                produced["records"] if plain == "mirror_continuous" else None,
+                                args.baseline if figure.endswith(BASELINE) else ROOT)
         else:
             result = run_peer(stack, tmp, stream, expected, args.batch, label, figure.removeprefix("peer_"))
         result["load_average"] = load_average()
@@ -300,6 +310,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--figures", default=",".join(FIGURES), type=lambda text: text.split(","))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cdc_throughput.json"))
+    parser.add_argument("--baseline", type=Path, help="a checkout of another commit: its mirror figures run "
+                        "too, in the same rounds, named <figure>@baseline")
     parser.add_argument("--from-log", type=Path, help="no runs: the report of the runs a log of this bench printed")
     args = parser.parse_args()
     unknown = set(args.figures) - set(FIGURES)
@@ -314,7 +326,8 @@ def main() -> None:
         tmp.mkdir(parents=True)
         by_tables = {str(tables): bench_tables(args, stack, tables, tmp) for tables in args.tables}
     report = {"command": " ".join([Path(sys.argv[0]).resolve().relative_to(ROOT).as_posix(), *sys.argv[1:]]),
-              "code": git_commit(ROOT), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "code": git_commit(ROOT), "baseline_code": git_commit(args.baseline) if args.baseline else None,
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": machine(), "load_average_at_start": load_at_start, "load_average_at_end": load_average(),
               "changes": args.changes, "max_offsets_per_trigger": args.batch, "partitions_per_topic": args.partitions,
               "converter": f"JsonConverter, schemas.enable={str(args.schemas).lower()}", "runs": args.runs,
