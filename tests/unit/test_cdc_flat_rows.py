@@ -163,6 +163,14 @@ def test_records_the_reference_must_judge_are_left_to_it(case: str) -> None:
     assert FlatLines(_definition()).line("app.public.customers", 0, 1, *BAD_RECORDS[case]) is None
 
 
+def test_a_key_with_a_nul_is_left_to_the_reference() -> None:
+    definition = parse_mirror({"topic_prefix": "app", "tables": [
+        {"source": "public.customers", "key": ["id", "name"], "columns": FLAT_COLUMNS}]})
+    flat = FlatLines(definition)
+    assert flat.line("app.public.customers", 0, 1, key(id=7, name="a"), _raw(ENVELOPE)) is not None
+    assert flat.line("app.public.customers", 0, 2, key(id=7, name="a\u0000"), _raw(ENVELOPE)) is None
+
+
 def test_a_table_with_a_column_it_cannot_stage_as_written_always_takes_the_reference_path() -> None:
     definition = parse_mirror({"topic_prefix": "app", "tables": [
         {"source": "public.customers", "key": ["id"], "columns": {**FLAT_COLUMNS, "photo": "bytea"}}]})

@@ -169,7 +169,10 @@ class FlatLines:
         plan = self._plan(target, key_schema, row_schema)
         if plan.row is None or plan.key is None:
             raise _ToReference
-        plan.key.decode(key_payload)
+        key_text = bytes(key_payload)
+        if b"\\u" in key_text:  # a NUL the reference refuses, or an escape it must read
+            raise _ToReference
+        plan.key.decode(key_text)
         after = self._row(plan, envelope.after, op == "u")
         if after is None and op != "d":
             raise _ToReference
@@ -182,7 +185,7 @@ class FlatLines:
         if tx is not None and not isinstance(tx, dict):
             raise _ToReference
         cells = (escape_copy(topic), str(partition), str(offset), _NULL, _NULL, _NULL, plan.table, op,
-                 escape_copy(bytes(key_payload).decode()), _NULL if after is None else after, "[]",
+                 escape_copy(key_text.decode()), _NULL if after is None else after, "[]",
                  _NULL if before is None else before, _NULL, _NULL,
                  _NULL if not tx or tx.get("id") is None else escape_copy(str(tx_part(tx.get("id")))),
                  escape_copy(table))
