@@ -115,7 +115,7 @@ from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part_batches
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import connect
-from spark_apps.eos_stream.sink.staging import stage_batches
+from spark_apps.eos_stream.sink.staging import reads_messages, stage_batches
 from spark_apps.eos_stream.state import reconnect
 from spark_apps.eos_stream.state.control import StopSignal
 
@@ -302,7 +302,7 @@ class ContinuousRun:
 
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
             return stage_batches(driver.dsn, driver.spec, config.meta_schema, stage_name, keep_raw,
-                                 cycle.batches(as_messages=driver.spec.mirror is not None))
+                                 cycle.batches(as_messages=reads_messages(driver.spec)))
 
         try:
             result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=written)

@@ -221,8 +221,8 @@ def _raise_read_error(message: Any, progress: _Progress) -> None:
 class MessageChunk:
     """Up to ``CHUNK_RECORDS`` confluent-kafka messages handed on as they are. A mirror stages
     each record's bytes itself (``cdc.pipeline``): an Arrow batch of them, and Python bytes back
-    from it, would copy every record twice more (a third of a change record's cost on the read
-    path)."""
+    from it, would copy every record twice more (profiled on 57,000 change records of about
+    4.6 kB: as much CPU as librdkafka's ``consume`` of them)."""
 
     __slots__ = ("messages",)
 

@@ -146,11 +146,18 @@ def _counted(batches: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
         yield batch
 
 
+def reads_messages(spec: PipelineSpec) -> bool:
+    """Whether ``spec`` stages from Kafka messages as they are (``kafka_ranges.MessageChunk``), not
+    from Arrow batches: a mirror reads each record's bytes itself; the row pipelines' fast path is
+    vectorised over Arrow."""
+    return spec.mirror is not None
+
+
 def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
                  keep_raw: bool, consumer: Any, ranges: Iterable[kafka_ranges.OffsetRange]) -> int:
     """Reads offset ranges with ``consumer``, all at once, and COPYs them into the stage in one
     transaction of its own; returns how many records it staged."""
-    read = kafka_ranges.message_chunks if spec.mirror is not None else kafka_ranges.record_batches
+    read = kafka_ranges.message_chunks if reads_messages(spec) else kafka_ranges.record_batches
     reader = read(consumer, ranges)
     try:
         return stage_batches(dsn_kwargs, spec, meta_schema, stage_name, keep_raw, reader)
