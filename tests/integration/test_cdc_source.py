@@ -138,15 +138,42 @@ def test_debezium_changes_arrive_exactly_once_and_health_checks_name_what_is_wro
         drop_slot(source, slot)
 
 
+# WAL is the whole PostgreSQL cluster's, and the other xdist worker's tests write into it. A
+# connector confirms only WAL it was sent, and pgoutput sends nothing for another database's
+# writes: with an idle source its slot holds all of theirs (a clean-clone CI saw it above 4 MiB
+# for 90 s). So every wait for a confirming slot writes a change first, and a healthy slot is
+# judged against a bound far above what the other worker writes between two confirmations.
+HEALTHY_HELD_BYTES = 64 * 1024**2
+# While paused, the connector confirms nothing: the ~20 MB of WAL written then is certainly held.
+PAUSED_HELD_BYTES = 4 * 1024**2
+
+
+def slot_check(slot: str, max_held_bytes: int) -> ReplicationSlotCheckOperator:
+    return ReplicationSlotCheckOperator(task_id="slot", slot_name=slot, postgres_conn_id=SOURCE_CONN,
+                                        max_held_bytes=max_held_bytes, max_age_seconds=3600)
+
+
+def wait_for_confirmed(source: Source, check: ReplicationSlotCheckOperator, what: str, timeout: float) -> None:
+    """Until ``check`` passes, each try after a change the connector publishes and confirms."""
+    last: list[str] = []
+
+    def confirmed() -> bool:
+        write_source(source, ["UPDATE accounts SET balance = balance + 1 WHERE id = 3"])
+        ok, message, _ = run_check(check)
+        last[:] = [message]
+        return ok
+    try:
+        wait_until(what, confirmed, timeout=timeout, interval=2)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {last}") from None
+
+
 def check_health(hook: KafkaConnectHook, name: str, slot: str, source: Source) -> None:
     connector_check = ConnectorHealthCheckOperator(task_id="connector", connectors=[name],
                                                    kafka_connect_conn_id=CONNECT_CONN)
     ok, message, recorded = run_check(connector_check)
     assert ok and recorded["ok"], message
-    slot_check = ReplicationSlotCheckOperator(task_id="slot", slot_name=slot, postgres_conn_id=SOURCE_CONN,
-                                              max_held_bytes=4 * 1024**2, max_age_seconds=3600)
-    # The connector confirms what it has written (and, with heartbeats, what it skipped).
-    wait_until(f"{slot} within 4 MiB", lambda: run_check(slot_check)[0], timeout=90, interval=2)
+    wait_for_confirmed(source, slot_check(slot, HEALTHY_HELD_BYTES), f"{slot} confirming", timeout=90)
 
     pause_connector(hook, name)
     ok, message, recorded = run_check(connector_check)
@@ -155,28 +182,19 @@ def check_health(hook: KafkaConnectHook, name: str, slot: str, source: Source) -
 
     # ~20 MB of WAL the paused connector cannot confirm: the slot holds it back.
     write_source(source, ["INSERT INTO filler SELECT g, repeat(md5(g::text), 12) FROM generate_series(1, 40000) g"])
-    ok, message, recorded = run_check(slot_check)
+    ok, message, recorded = run_check(slot_check(slot, PAUSED_HELD_BYTES))
     assert not ok and not recorded["ok"], message
     assert f"replication slot '{slot}' holds back" in message, message
     held = int(re.search(r"holds back (\d+) bytes", message).group(1))  # type: ignore[union-attr]
-    assert held > 4 * 1024**2 and recorded["report"]["held_bytes"] >= held, (held, recorded)
+    assert held > PAUSED_HELD_BYTES and recorded["report"]["held_bytes"] >= held, (held, recorded)
     assert re.search(r"oldest ~\d+s old", message), message  # its age, as the superuser may read it
 
     hook.resume_connector(name)
     wait_until(f"{name} RUNNING again", lambda: not hook.connector_problems(name))
-    # The application writes again: the connector confirms past the held WAL, and the server
-    # lets it go at its next running-transactions record (every 15 s while WAL is written).
-    last: list[str] = []
-
-    def released() -> bool:
-        write_source(source, ["UPDATE accounts SET balance = balance + 1 WHERE id = 3"])
-        ok, message, _ = run_check(slot_check)
-        last[:] = [message]
-        return ok
-    try:
-        wait_until(f"{slot} released again", released, timeout=120, interval=3)
-    except AssertionError as err:
-        raise AssertionError(f"{err}: {last}") from None
+    # The application writes again: the connector confirms past the held WAL, and the server lets
+    # it go at its next running-transactions record (every 15 s while WAL is written). Released
+    # means holding less than while paused, whatever the other worker writes meanwhile.
+    wait_for_confirmed(source, slot_check(slot, held // 2), f"{slot} released again", timeout=120)
 
     # Connect removes a connector asynchronously: for a moment it is still listed, then its
     # status still says UNASSIGNED (a failure too, naming it), then it does not exist.
