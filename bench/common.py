@@ -60,9 +60,14 @@ def local_stack() -> dict[str, str]:
 
 
 def git_commit(tree: Path) -> str:
-    """The short commit a checkout is at ("unknown" outside git): which build a figure is of."""
+    """The short commit a checkout is at ("unknown" outside git), with ``-dirty`` when its tracked
+    files differ from that commit: which build a figure is of."""
     done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
+    commit = done.stdout.strip()
+    if not commit:
+        return "unknown"
+    changed = subprocess.run(["git", "-C", str(tree), "diff", "--quiet", "HEAD", "--"], capture_output=True)
+    return f"{commit}-dirty" if changed.returncode == 1 else commit
 
 
 def load_average() -> list[float]:

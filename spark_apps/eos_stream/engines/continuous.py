@@ -21,9 +21,11 @@ one transaction, dead letters, two_phase). Every failure transition of ``sink/ba
 (1-10) and of prepared parts (P1-P6) holds as it is. A reader of the target sees one
 transaction per cycle, covering all partitions, as with a Spark micro-batch.
 
-One process, no executors: its throughput is what one core parses and COPYs (docs/latency.md).
-Its memory is bounded by ``continuous_max_bytes`` three times: librdkafka's prefetch queue
-(``consumer_settings``), a cycle's records, and their Arrow copy while it is written.
+One process, no executors. Its cycles overlap (C13): while cycle N commits in the database,
+N+1 is staged on a thread and N+2 is read, so one core parses and COPYs while PostgreSQL
+applies (docs/latency.md). Its memory is bounded by ``continuous_max_bytes`` five times:
+librdkafka's prefetch queue (``consumer_settings``), the cycle being read, the one being staged
+(and its Arrow copy while it is written) and the one committing (kept for its retries).
 
 Every session the engine opens runs with ``lock_timeout`` and ``statement_timeout``
 (``LOCK_TIMEOUT``, ``STATEMENT_TIMEOUT``; a connection's own ``options`` win), so a lock held on
@@ -84,6 +86,17 @@ C12. partitions added to a topic while it runs: every poll reads the topics' par
     it writes after to a new partition (unless a producer with metadata older than the grow
     still writes the key to its old partition after the engine found the new one).
 
+C13. cycles applied ahead (``sink/apply_ahead``: every mode here stores its offsets in the
+    database, so the transitions A1-A3 hold as they are): cycle N is handed over, staged on a
+    stager thread once N-1's staging has ended and committed on an applier thread once N-1 has
+    committed, while the loop reads N+1 from N's end. Commits stay one at a time and in
+    order; once one fails no later one commits, and the failure is raised in the loop at the
+    next hand-over or before the loop looks around. Everything between cycles (C5's idle
+    commit aside, the progress row, the running lock, new partitions, the stop and the epoch)
+    happens only after every cycle handed over has committed. A crash with N committing and N+1
+    staged is A1: the rerun starts from N's start. A cycle written as a prepared part (P1-P6)
+    is not applied ahead: its part is written and decided in the loop, as before.
+
 Bounds on ending: a SIGTERM or a stop request ends the run within ``stop_poll_seconds`` between
 cycles; mid-cycle within the statement in flight (at most ``LOCK_TIMEOUT`` waiting for a lock,
 ``STATEMENT_TIMEOUT`` running, 10 s connecting) plus 0.05 s. A fence waits on the engine's
@@ -98,6 +111,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -111,11 +125,13 @@ from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
+from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part_batches
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import reads_messages, stage_batches
+from spark_apps.eos_stream.sink.writer import StagedBatch
 from spark_apps.eos_stream.state import reconnect
 from spark_apps.eos_stream.state.control import StopSignal
 
@@ -221,15 +237,19 @@ class ContinuousRun:
         # C9, C10: a retry's wait ends on a SIGTERM or a stop, and comes often (the records wait).
         self.sink.sleep = waits.pause
         self.sink.MAX_BACKOFF_SECONDS = reconnect.MAX_BACKOFF_SECONDS
-        self.current = dict(driver.starting)
+        # Each partition's stored offset after the last commit; the reader's ``current`` runs ahead
+        # of it by the cycles handed over and not yet committed (C13).
+        self.committed = dict(driver.starting)
         self.batch_id = 0
-        self.reader = CycleReader(consumer, self.current, config.kafka_bootstrap,
+        self.reader = CycleReader(consumer, dict(driver.starting), config.kafka_bootstrap,
                                   max_records=config.max_offsets_per_trigger, max_bytes=config.continuous_max_bytes,
                                   linger=config.continuous_linger_ms / 1000,
                                   outage_seconds=config.transient_retry_seconds)
         self.progress = Progress(config, driver.run_id)
         self.guard_outage = reconnect.Outage("running lock", self.where, config.transient_retry_seconds)
         self._part_conn: Any = None
+        # C13: staged ahead on threads unless each cycle is written as a prepared part.
+        self.ahead = None if driver.prepared_parts else ApplyAhead(self.sink, driver.connect, notify=emit)
         self.stop = driver.stop_signal()
         waits.stop = self.stop
 
@@ -245,12 +265,14 @@ class ContinuousRun:
                 continue  # a cycle past markers only is carried by the next one's range (C5)
             if cycle.ends and not cycle.messages:
                 self.commit(cycle)  # C5: idle, past markers only
+            self.drain()
             looked_at = time.monotonic()
             reason = self.look_around()
             if reason:
                 last = self.reader.read(0)
                 if last.ends:
                     self.commit(last)
+                self.drain()
                 self.record_progress()
                 return reason
 
@@ -295,38 +317,54 @@ class ContinuousRun:
             emit("progress_not_recorded", error=errors.one_line(exc))
 
     def commit(self, cycle: Cycle) -> None:
-        """The cycle's records and end offsets in one transaction (``BatchSink.process``)."""
-        driver, config, batch_id = self.driver, self.config, self.batch_id
-        started = time.time()
-        written = self.write_as_part(cycle) if driver.prepared_parts and cycle.messages else None
+        """Hands the cycle over to be committed: applied ahead (C13) or at once, its records and end
+        offsets in one transaction (``BatchSink.process``). The next cycle reads on from its end."""
+        driver, batch_id, started = self.driver, self.batch_id, round(time.time(), 3)
+        self.batch_id += 1
+        self.reader.current.update(cycle.ends)
 
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            return stage_batches(driver.dsn, driver.spec, config.meta_schema, stage_name, keep_raw,
+            return stage_batches(driver.dsn, driver.spec, self.config.meta_schema, stage_name, keep_raw,
                                  cycle.batches(as_messages=reads_messages(driver.spec)))
 
+        def apply(staged: StagedBatch | WrittenParts | None) -> None:
+            self.apply(batch_id, cycle, fill_stage, staged, started)
+
+        if self.ahead is not None:
+            self.ahead.hand_over(batch_id, fill_stage, apply)
+        else:
+            apply(self.write_as_part(batch_id, cycle) if driver.prepared_parts and cycle.messages else None)
+
+    def apply(self, batch_id: int, cycle: Cycle, fill_stage: Callable[[str, bool], int],
+              staged: StagedBatch | WrittenParts | None, started: float) -> None:
+        """Commits one cycle (on the applier thread when applying ahead) and tells of it."""
         try:
-            result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=written)
+            result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=staged)
         except Exception as exc:
             if errors.classify(exc) == "transient" and not isinstance(exc, reconnect.OutageTooLong):
                 # 8's retries are spent: the error names the step and where
-                raise reconnect.OutageTooLong("cycle commit", self.where, config.transient_retry_seconds,
+                raise reconnect.OutageTooLong("cycle commit", self.where, self.config.transient_retry_seconds,
                                               exc) from exc
             raise
         self.progress.add(batch_id, cycle, result.applied)
-        self.current.update(cycle.ends)
-        self.batch_id += 1
+        self.committed.update(cycle.ends)
         # The end offsets: every partition's stored offset after this cycle, as a Spark batch's.
-        batch_event(batch_id, result, {tp: o for tp, o in self.current.items() if o != EARLIEST},
-                    records=len(cycle.messages), bytes=cycle.bytes, started_at=round(started, 3),
+        batch_event(batch_id, result, {tp: o for tp, o in self.committed.items() if o != EARLIEST},
+                    records=len(cycle.messages), bytes=cycle.bytes, started_at=started,
                     committed_at=round(time.time(), 3))
 
-    def write_as_part(self, cycle: Cycle) -> WrittenParts | None:
+    def drain(self) -> None:
+        """Waits until every cycle handed over has committed; raises the first one's failure."""
+        if self.ahead is not None:
+            self.ahead.finish()
+
+    def write_as_part(self, batch_id: int, cycle: Cycle) -> WrittenParts | None:
         """The cycle written as one prepared part, or None after rolling back what it left (P2)."""
         driver = self.driver
         try:
             # Refused or failed (P2): the write may have ended inside its transaction, which closing
             # the session rolls back; the next part starts on a new one.
-            return write_one_part(self.sink, driver.spec, self.batch_id, lambda name: write_part_batches(
+            return write_one_part(self.sink, driver.spec, batch_id, lambda name: write_part_batches(
                 driver.dsn, driver.spec, self.config.target_schema, name, cycle.batches(), self.part_connection()),
                 on_failed=self.close_part_connection)
         except BaseException:
@@ -341,6 +379,13 @@ class ContinuousRun:
             self._part_conn = connect(self.driver.dsn, describe=self.config.postgres.describe(),
                                       application_name="eos-part")
         return self._part_conn
+
+    def close(self) -> None:
+        """Lets the cycles handed over end (their failure is ``drain``'s to raise) and closes the
+        sessions the run opened beside the driver's."""
+        if self.ahead is not None:
+            self.ahead.close()
+        self.close_part_connection()
 
     def close_part_connection(self) -> None:
         if self._part_conn is not None and not self._part_conn.closed:
@@ -401,7 +446,7 @@ def run_continuous(config: PipelineConfig) -> int:
             try:
                 reason = engine.run()
             finally:
-                engine.close_part_connection()
+                engine.close()
         finally:
             consumer.close()
             driver.close()
