@@ -22,6 +22,9 @@ over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsP
 * ``peer_values``, ``peer_copy``: Structured Streaming ``foreachBatch``, at-least-once, with
   its best settings (``bench/cdc_peer.py`` says which and why): ``INSERT ... ON CONFLICT DO
   UPDATE`` by ``execute_values``, or COPY into a temporary table and one merge per table.
+* ``peer_jdbc``: Debezium's JDBC sink connector in the stack's Connect worker (``--schemas``
+  only; ``scripts/stack.sh start-connect`` first), at-least-once, at its best settings
+  (``bench/cdc_jdbc_peer.py``), timed until its target equals the stream's final state.
 
 Runs alternate (``bench.common.in_turn``), each into a fresh target schema. Two clocks, both
 ``time.time()`` of this machine: **launch** (spark-submit started, to the last batch's commit:
@@ -52,13 +55,13 @@ sys.path.insert(0, str(ROOT))
 from psycopg2 import sql  # noqa: E402
 
 from bench.cdc_changes import COLUMNS, ChangeStream  # noqa: E402
+from bench.cdc_jdbc_peer import create_tables, run_jdbc_peer  # noqa: E402
 from bench.common import drop_schemas, git_commit, in_turn, load_average, local_stack, machine  # noqa: E402
 from bench.harness import AppRun, pg_connect, pipeline_config, spark_submit, start_app, start_continuous  # noqa: E402
-from spark_apps.eos_stream.cdc import mirror_sql  # noqa: E402
-from spark_apps.eos_stream.cdc.mirror import MirrorTarget  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic  # noqa: E402
 
-FIGURES = ("mirror", "mirror_whole", "mirror_continuous", "peer_values", "peer_copy")
+FIGURES = ("mirror", "mirror_whole", "mirror_continuous", "peer_values", "peer_copy", "peer_jdbc")
+DEFAULT_FIGURES = FIGURES[:-1]  # peer_jdbc needs the Connect worker and --schemas
 PEER = Path(__file__).with_name("cdc_peer.py")
 TRANSACTION = 5000  # records per Kafka transaction
 BASELINE = "@baseline"  # a figure's name for the same figure of the --baseline checkout
@@ -192,14 +195,7 @@ def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected:
 def run_peer(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
              batch: int, label: str, write: str) -> dict[str, Any]:
     schema = f"t_{label}"
-    conn = pg_connect(stack)
-    drop_schemas(conn, schema)
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        for table in stream.tables:
-            cur.execute(mirror_sql.target_ddl(MirrorTarget(f"public.{table.name}", table.name, ("id",), COLUMNS),
-                                              schema))
-    conn.close()
+    create_tables(stack, stream, schema)
     config = {"bootstrap": stack["EOS_KAFKA_BOOTSTRAP"], "topics": stream.topics(), "schemas": stream.schemas,
               "max_offsets_per_trigger": batch, "checkpoint_dir": str(tmp / f"{label}-checkpoint"),
               "target_schema": schema, "write": write, "page_size": 1000,
@@ -269,6 +265,9 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
                                 "whole" if plain == "mirror_whole" else "per_key",
                                 produced["records"] if plain == "mirror_continuous" else None,
                                 args.baseline if figure.endswith(BASELINE) else ROOT)
+        elif figure == "peer_jdbc":
+            result = run_jdbc_peer(stack, stream, expected, label, args.partitions,
+                                   lambda schema: differences(stack, schema, expected))
         else:
             result = run_peer(stack, tmp, stream, expected, args.batch, label, figure.removeprefix("peer_"))
         result["load_average"] = load_average()
@@ -308,7 +307,7 @@ def main() -> None:
     parser.add_argument("--schemas", action="store_true", help="the JSON converter's schemas.enable=true")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=35)
-    parser.add_argument("--figures", default=",".join(FIGURES), type=lambda text: text.split(","))
+    parser.add_argument("--figures", default=",".join(DEFAULT_FIGURES), type=lambda text: text.split(","))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cdc_throughput.json"))
     parser.add_argument("--baseline", type=Path, help="a checkout of another commit: its mirror figures run "
                         "too, in the same rounds, named <figure>@baseline")

@@ -6,6 +6,7 @@
 #      .local/spark-jars (Spark's Kafka source + PostgreSQL JDBC),
 #      .local/connect-libs (a Kafka Connect worker) and
 #      .local/connect-plugins/debezium-postgres (Debezium's PostgreSQL connector),
+#      .local/connect-plugins/debezium-jdbc (Debezium's JDBC sink, the benchmark's peer),
 #      with a project-local Maven repository in .local/m2; resolved in the
 #      background while step 3 runs.
 #   3. .venv with `pip install -c constraints.txt -e .[dev,spark]`.
@@ -125,6 +126,10 @@ fetch_all_jars() {
   mkdir -p "$EOS_CONNECT_PLUGIN_PATH"
   fetch_jars debezium-postgres "$EOS_ROOT/scripts/maven/debezium-postgres.pom.xml" \
     "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" -DincludeScope=runtime
+  # Debezium's JDBC sink: the peer the CDC benchmark times the mirror against. The worker loads
+  # it with the others; a connector of it exists only while the benchmark runs one.
+  fetch_jars debezium-jdbc "$EOS_ROOT/scripts/maven/debezium-jdbc.pom.xml" \
+    "$EOS_CONNECT_PLUGIN_PATH/debezium-jdbc" -DincludeScope=runtime
 }
 
 # Maven's downloads run while pip installs (they share nothing but the network): on a fresh
@@ -161,4 +166,4 @@ fi
 trap - EXIT
 cat "$jars_out"
 
-step "done ($(ls "$EOS_KAFKA_LIBS" | wc -l) kafka jars, $(ls "$EOS_SPARK_JARS_DIR" | wc -l) spark jars, $(ls "$EOS_CONNECT_LIBS" | wc -l) connect jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" | wc -l) debezium jars, $("$EOS_VENV/bin/python" --version))"
+step "done ($(ls "$EOS_KAFKA_LIBS" | wc -l) kafka jars, $(ls "$EOS_SPARK_JARS_DIR" | wc -l) spark jars, $(ls "$EOS_CONNECT_LIBS" | wc -l) connect jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" | wc -l) debezium jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-jdbc" | wc -l) jdbc sink jars, $("$EOS_VENV/bin/python" --version))"

@@ -13,6 +13,8 @@ connect_pid="$connect_dir/connect.pid"
 # config, in Connect's config topic, or in its REST answers.
 connect_secrets_dir="$connect_dir/secrets"
 connect_source_secrets="$connect_secrets_dir/source-db.properties"
+# The target database's password, for a sink connector (the benchmark's JDBC sink peer).
+connect_target_secrets="$connect_secrets_dir/target-db.properties"
 connect_url() { echo "http://$EOS_BIND_HOST:$EOS_CONNECT_PORT"; }
 
 psql_super() {  # $1 database, $2... psql options; SQL on stdin, as the cluster's superuser
@@ -47,7 +49,8 @@ SELECT format('CREATE PUBLICATION %I FOR ALL TABLES', :'publication')
   WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = :'publication') \\gexec
 SQL
   mkdir -p "$connect_secrets_dir"
-  (umask 077; printf 'password=%s\n' "$(cat "$EOS_SOURCE_PG_PASSWORD_FILE")" > "$connect_source_secrets")
+  (umask 077; printf 'password=%s\n' "$(cat "$EOS_SOURCE_PG_PASSWORD_FILE")" > "$connect_source_secrets"
+   printf 'password=%s\n' "$EOS_PG_PASSWORD" > "$connect_target_secrets")
   log "CDC source: database $EOS_SOURCE_PG_DB, role $EOS_SOURCE_PG_USER, publication $EOS_SOURCE_PUBLICATION"
 }
 
@@ -153,12 +156,14 @@ connect_status() {
 write_connect_env() {  # appended to stack.env: what a client of the CDC source needs
   cat >> "$EOS_STATE_DIR/stack.env" <<EOF
 # Kafka Connect's REST API (running only after start-connect) and the CDC source database;
-# a connector names its password as \${file:\$EOS_CONNECT_SOURCE_SECRETS:password}.
+# a connector names its password as \${file:\$EOS_CONNECT_SOURCE_SECRETS:password} (the source's)
+# or \${file:\$EOS_CONNECT_TARGET_SECRETS:password} (the target's).
 export EOS_CONNECT_URL=$(connect_url)
 export EOS_SOURCE_PG_DB=$EOS_SOURCE_PG_DB
 export EOS_SOURCE_PG_USER=$EOS_SOURCE_PG_USER
 export EOS_SOURCE_PUBLICATION=$EOS_SOURCE_PUBLICATION
 export EOS_SOURCE_PG_PASSWORD_FILE=$EOS_SOURCE_PG_PASSWORD_FILE
 export EOS_CONNECT_SOURCE_SECRETS=$connect_source_secrets
+export EOS_CONNECT_TARGET_SECRETS=$connect_target_secrets
 EOF
 }
