@@ -37,13 +37,15 @@ from spark_apps.eos_stream.cdc import mirror_sql
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
 
 POLL_SECONDS = 0.25
-BATCH = 10_000  # records per batch.size and per consumer poll
+BATCH = 10_000  # records per batch.size and per consumer poll, unless --jdbc-batch says otherwise
 # A change topic is <prefix>.<schema>.<table>; the connector's table is <table>.
 TABLE_OF_TOPIC = r"[^.]+\.[^.]+\.(.+)"
 
 
-def connector_config(stack: dict[str, str], stream: ChangeStream, schema: str, tasks: int) -> dict[str, Any]:
-    """The JDBC sink's config: ``stream``'s change topics into ``schema``'s tables."""
+def connector_config(stack: dict[str, str], stream: ChangeStream, schema: str, tasks: int,
+                     batch: int = BATCH) -> dict[str, Any]:
+    """The JDBC sink's config: ``stream``'s change topics into ``schema``'s tables, ``batch``
+    records per write and per consumer poll."""
     url = (f"jdbc:postgresql://{stack['EOS_PG_HOST']}:{stack['EOS_PG_PORT']}/{stack['EOS_PG_DB']}"
            "?reWriteBatchedInserts=true&stringtype=unspecified")
     return {
@@ -58,9 +60,9 @@ def connector_config(stack: dict[str, str], stream: ChangeStream, schema: str, t
         "delete.enabled": "true",
         "primary.key.mode": "record_key",
         "schema.evolution": "none",
-        "batch.size": BATCH,
+        "batch.size": batch,
         "use.reduction.buffer": "true",
-        "consumer.override.max.poll.records": BATCH,
+        "consumer.override.max.poll.records": batch,
         "consumer.override.isolation.level": "read_committed",
         "consumer.override.auto.offset.reset": "earliest",
         "transforms": "table",
@@ -129,7 +131,7 @@ def create_tables(stack: dict[str, str], stream: ChangeStream, schema: str) -> N
 
 
 def run_jdbc_peer(stack: dict[str, str], stream: ChangeStream, expected: dict[str, dict[int, tuple]], label: str,
-                  partitions: int, differences: Callable[[str], dict[str, int]],
+                  partitions: int, differences: Callable[[str], dict[str, int]], batch: int = BATCH,
                   timeout: float = 1800) -> dict[str, Any]:
     """One timed run of the JDBC sink into schema ``t_<label>``; ``differences(schema)`` counts,
     per table, the rows where the target and the final state differ."""
@@ -141,7 +143,7 @@ def run_jdbc_peer(stack: dict[str, str], stream: ChangeStream, expected: dict[st
     # The batches clock starts at the last poll that found no row: rows came after it.
     launched, empty_at, first_row, done = time.time(), time.time(), None, None
     _rest(stack, "PUT", f"/connectors/{name}/config",
-          connector_config(stack, stream, schema, tasks=partitions * len(stream.topics())))
+          connector_config(stack, stream, schema, tasks=partitions * len(stream.topics()), batch=batch))
     try:
         while done is None:
             if time.time() - launched > timeout:

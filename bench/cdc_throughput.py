@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from psycopg2 import sql  # noqa: E402
 
 from bench.cdc_changes import COLUMNS, ChangeStream  # noqa: E402
+from bench.cdc_jdbc_peer import BATCH as JDBC_BATCH  # noqa: E402
 from bench.cdc_jdbc_peer import create_tables, run_jdbc_peer  # noqa: E402
 from bench.common import drop_schemas, git_commit, in_turn, load_average, local_stack, machine  # noqa: E402
 from bench.harness import AppRun, pg_connect, pipeline_config, spark_submit, start_app, start_continuous  # noqa: E402
@@ -267,7 +268,7 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
                                 args.baseline if figure.endswith(BASELINE) else ROOT)
         elif figure == "peer_jdbc":
             result = run_jdbc_peer(stack, stream, expected, label, args.partitions,
-                                   lambda schema: differences(stack, schema, expected))
+                                   lambda schema: differences(stack, schema, expected), batch=args.jdbc_batch)
         else:
             result = run_peer(stack, tmp, stream, expected, args.batch, label, figure.removeprefix("peer_"))
         result["load_average"] = load_average()
@@ -309,6 +310,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--figures", default=",".join(DEFAULT_FIGURES), type=lambda text: text.split(","))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cdc_throughput.json"))
+    parser.add_argument("--jdbc-batch", type=int, default=JDBC_BATCH,
+                        help="peer_jdbc's batch.size and consumer max.poll.records")
     parser.add_argument("--baseline", type=Path, help="a checkout of another commit: its mirror figures run "
                         "too, in the same rounds, named <figure>@baseline")
     parser.add_argument("--from-log", type=Path, help="no runs: the report of the runs a log of this bench printed")
@@ -331,6 +334,8 @@ def main() -> None:
               "changes": args.changes, "max_offsets_per_trigger": args.batch, "partitions_per_topic": args.partitions,
               "converter": f"JsonConverter, schemas.enable={str(args.schemas).lower()}", "runs": args.runs,
               "seed": args.seed, "tables": by_tables}
+    if "peer_jdbc" in args.figures:
+        report["jdbc_batch"] = args.jdbc_batch
     if "1" in by_tables and "20" in by_tables:
         report["routing_cost_20_vs_1_tables"] = {
             figure: round(by_tables["20"]["figures"][figure]["batch_changes_per_second"]["median"]
