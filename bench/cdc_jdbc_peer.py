@@ -1,9 +1,10 @@
 """Debezium's JDBC sink connector, the mirror's peer a user would pick instead
 (``bench/cdc_throughput.py --figures peer_jdbc``).
 
-It runs for real, in the stack's Kafka Connect worker (``scripts/stack.sh start-connect``; its
-jars come with ``scripts/install.sh``), and reads the benchmark's change topics into its own
-schema of the target database, with the settings its documentation gives for speed:
+It runs for real, in the stack's Kafka Connect worker (started by
+``bench.common.connect_stack``; its jars come with ``scripts/install.sh``), created through the
+provider's ``KafkaConnectHook``, and reads the benchmark's change topics into its own schema of
+the target database, with the settings its documentation gives for speed:
 
 * ``insert.mode=upsert``, ``delete.enabled=true``, ``primary.key.mode=record_key``;
 * ``batch.size`` with ``consumer.override.max.poll.records`` of the same size (the batch is
@@ -15,23 +16,20 @@ schema of the target database, with the settings its documentation gives for spe
 Its tables are created first, as the mirror's are, so both targets have the same types. The
 connector is at-least-once: it is timed from its creation (launch) and from the last poll that
 found none of its rows (batches) until its target equals the change stream's final state,
-polled every 0.25 s (a cheap signature first, the full comparison when it matches). A failed task stops the
-bench with its trace.
+polled every 0.25 s (a cheap signature first, the full comparison when it matches). A failed
+task stops the bench with its trace.
 """
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from psycopg2 import sql
 
 from bench.cdc_changes import COLUMNS, ChangeStream
-from bench.common import drop_schemas
+from bench.common import CONNECT_CONN, drop_schemas
 from bench.harness import pg_connect
 from spark_apps.eos_stream.cdc import mirror_sql
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
@@ -75,20 +73,14 @@ def connector_config(stack: dict[str, str], stream: ChangeStream, schema: str, t
     }
 
 
-def _rest(stack: dict[str, str], method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    request = urllib.request.Request(f"{stack['EOS_CONNECT_URL']}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read().decode()
-    return json.loads(text) if text else None
+def _failed_task(hook: Any, name: str) -> str | None:
+    """A failed task's trace, or None while every task runs (or has not started yet: a task not
+    yet assigned is no failure, which ``connector_problems`` would count)."""
+    from airflow_provider_eos.hooks.kafka_connect import ConnectorNotFoundError
 
-
-def _failed_task(stack: dict[str, str], name: str) -> str | None:
-    """A failed task's trace, or None while every task runs (or has not started yet)."""
     try:
-        status = _rest(stack, "GET", f"/connectors/{name}/status")
-    except urllib.error.HTTPError:
+        status = hook.get_connector_status(name)
+    except ConnectorNotFoundError:
         return None
     for task in status.get("tasks", []):
         if task.get("state") == "FAILED":
@@ -140,15 +132,19 @@ def run_jdbc_peer(stack: dict[str, str], stream: ChangeStream, expected: dict[st
     schema, name = f"t_{label}", f"bench-jdbc-{label}"
     create_tables(stack, stream, schema)
     wanted = expected_signatures(expected)
+    # Airflow's import is kept out of the module: the tests import bench.cdc_throughput.
+    from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
+
+    hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
     # The batches clock starts at the last poll that found no row: rows came after it.
     launched, empty_at, first_row, done = time.time(), time.time(), None, None
-    _rest(stack, "PUT", f"/connectors/{name}/config",
-          connector_config(stack, stream, schema, tasks=partitions * len(stream.topics()), batch=batch))
+    hook.put_connector_config(name, connector_config(stack, stream, schema, tasks=partitions * len(stream.topics()),
+                                                     batch=batch))
     try:
         while done is None:
             if time.time() - launched > timeout:
                 raise SystemExit(f"{label}: the JDBC sink did not reach the final state in {timeout:.0f} s")
-            trace = _failed_task(stack, name)
+            trace = _failed_task(hook, name)
             if trace:
                 raise SystemExit(f"{label}: a JDBC sink task failed:\n{trace}")
             now, found = time.time(), _signatures(stack, schema, list(wanted))
@@ -162,7 +158,7 @@ def run_jdbc_peer(stack: dict[str, str], stream: ChangeStream, expected: dict[st
             else:
                 time.sleep(POLL_SECONDS)
     finally:
-        _rest(stack, "DELETE", f"/connectors/{name}")
+        hook.delete_connector(name)
     conn = pg_connect(stack)
     drop_schemas(conn, schema)
     conn.close()

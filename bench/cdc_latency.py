@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook  # noqa: E402
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config  # noqa: E402
-from bench.common import git_commit, in_turn, load_average, local_stack, machine  # noqa: E402
+from bench.common import CONNECT_CONN, connect_stack, git_commit, in_turn, load_average, machine  # noqa: E402
 from bench.harness import (  # noqa: E402
     AppRun,
     drop_replication_slot,
@@ -60,7 +58,6 @@ from bench.harness import (  # noqa: E402
 
 BLOCKS = 10
 FIGURES = ("p50", "p90", "p99", "max")
-CONNECT_CONN = "eos_bench_connect"
 
 
 @dataclass
@@ -245,12 +242,7 @@ def main() -> None:
                         help="the connector's poll.interval.ms (Debezium's default: 500)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cdc_latency.json"))
     args = parser.parse_args()
-    stack = local_stack()
-    subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start-connect"], check=True, stdout=subprocess.DEVNULL)
-    stack = local_stack()  # now with the Connect worker's URL
-    host, port = stack["EOS_CONNECT_URL"].removeprefix("http://").split(":")
-    os.environ[f"AIRFLOW_CONN_{CONNECT_CONN.upper()}"] = json.dumps(
-        {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"})
+    stack = connect_stack()
     runs: dict[str, list[dict[str, Any]]] = {"whole": [], "per_key": []}
     with tempfile.TemporaryDirectory(prefix="eos-bench-cdc-latency-") as tmp:
         for index, transactions in in_turn(list(runs), args.runs):

@@ -23,7 +23,7 @@ over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsP
   its best settings (``bench/cdc_peer.py`` says which and why): ``INSERT ... ON CONFLICT DO
   UPDATE`` by ``execute_values``, or COPY into a temporary table and one merge per table.
 * ``peer_jdbc``: Debezium's JDBC sink connector in the stack's Connect worker (``--schemas``
-  only; ``scripts/stack.sh start-connect`` first), at-least-once, at its best settings
+  only; the worker is started if it is down), at-least-once, at its best settings
   (``bench/cdc_jdbc_peer.py``), timed until its target equals the stream's final state.
 
 Runs alternate (``bench.common.in_turn``), each into a fresh target schema. Two clocks, both
@@ -57,7 +57,15 @@ from psycopg2 import sql  # noqa: E402
 from bench.cdc_changes import COLUMNS, ChangeStream  # noqa: E402
 from bench.cdc_jdbc_peer import BATCH as JDBC_BATCH  # noqa: E402
 from bench.cdc_jdbc_peer import create_tables, run_jdbc_peer  # noqa: E402
-from bench.common import drop_schemas, git_commit, in_turn, load_average, local_stack, machine  # noqa: E402
+from bench.common import (  # noqa: E402
+    connect_stack,
+    drop_schemas,
+    git_commit,
+    in_turn,
+    load_average,
+    local_stack,
+    machine,
+)
 from bench.harness import AppRun, pg_connect, pipeline_config, spark_submit, start_app, start_continuous  # noqa: E402
 from spark_apps.ledger.generator import ensure_topic  # noqa: E402
 
@@ -323,7 +331,7 @@ def main() -> None:
     if args.from_log:
         by_tables = tables_from_log(args.from_log)
     else:
-        stack = local_stack()
+        stack = connect_stack() if "peer_jdbc" in args.figures else local_stack()
         tmp = Path("/tmp") / f"eos-cdc-bench-{time.strftime('%H%M%S')}"
         tmp.mkdir(parents=True)
         by_tables = {str(tables): bench_tables(args, stack, tables, tmp) for tables in args.tables}

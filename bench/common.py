@@ -4,6 +4,7 @@ one fresh ledger topic to read, and how a side-by-side bench runs two checkouts 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import subprocess
@@ -56,6 +57,22 @@ def local_stack() -> dict[str, str]:
     subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start"], check=True, stdout=subprocess.DEVNULL)
     stack = read_env_file(STATE_DIR / "stack.env")
     os.environ.update(stack)
+    return stack
+
+
+CONNECT_CONN = "eos_bench_connect"  # the Airflow connection to the Connect worker a bench sets
+
+
+def connect_stack(conn_id: str = CONNECT_CONN) -> dict[str, str]:
+    """The local stack with its Kafka Connect worker started (if it is down), and an Airflow
+    connection ``conn_id`` to the worker's REST API in this process's environment, for
+    ``KafkaConnectHook``; the stack's settings, the worker's URL and secrets files included."""
+    local_stack()
+    subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start-connect"], check=True, stdout=subprocess.DEVNULL)
+    stack = local_stack()  # now with the Connect worker's URL
+    host, port = stack["EOS_CONNECT_URL"].removeprefix("http://").split(":")
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(
+        {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"})
     return stack
 
 

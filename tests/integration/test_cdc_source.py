@@ -193,7 +193,8 @@ def check_health(hook: KafkaConnectHook, name: str, slot: str, source: Source) -
     wait_until(f"{name} RUNNING again", lambda: not hook.connector_problems(name))
     # The application writes again: the connector confirms past the held WAL, and the server lets
     # it go at its next running-transactions record (every 15 s while WAL is written). Released
-    # means holding less than while paused, whatever the other worker writes meanwhile.
+    # means holding less than half of what it held while paused, whatever the other worker
+    # writes meanwhile.
     wait_for_confirmed(source, slot_check(slot, held // 2), f"{slot} released again", timeout=120)
 
     # Connect removes a connector asynchronously: for a moment it is still listed, then its

@@ -124,7 +124,8 @@ def check_messages(messages: list[Any], starts: dict[TopicPartition, int], ends:
 
 class CycleReader:
     """Reads cycles on ``consumer`` from ``current`` (each partition's next offset, or
-    EARLIEST), which the caller moves on as cycles commit.
+    EARLIEST), which the caller moves on as it hands each cycle over to be committed (C13: before
+    the commit itself; ``refresh`` is called only once every cycle handed over has committed).
 
     :param max_records: a cycle's record bound (``max_offsets_per_trigger``).
     :param max_bytes: a cycle's bound on its records' keys and values (``continuous_max_bytes``).
