@@ -48,11 +48,12 @@ from airflow_provider_eos.utils.debezium_config import postgres_connector_config
 from bench.common import CONNECT_CONN, connect_stack, git_commit, in_turn, load_average, machine  # noqa: E402
 from bench.harness import (  # noqa: E402
     AppRun,
-    drop_replication_slot,
+    drop_cdc_source,
     pg_connect,
     pipeline_config,
     source_connection,
     start_continuous,
+    topics_exist,
     wait_until,
 )
 
@@ -141,21 +142,7 @@ class Source:
         wait_until(f"{self.name} RUNNING", lambda: not hook.connector_problems(self.name), 120, 0.5)
 
     def drop(self, hook: KafkaConnectHook) -> None:
-        hook.delete_connector(self.name)
-        conn = source_connection(self.stack)
-        try:
-            drop_replication_slot(conn, f"dbz_{self.name[4:]}")
-            with conn.cursor() as cur:
-                cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.name)))
-        finally:
-            conn.close()
-
-
-def _topics_exist(stack: dict[str, str], topics: list[str]) -> bool:
-    from confluent_kafka.admin import AdminClient
-
-    listed = AdminClient({"bootstrap.servers": stack["EOS_KAFKA_BOOTSTRAP"]}).list_topics(timeout=10).topics
-    return all(topic in listed for topic in topics)
+        drop_cdc_source(self.stack, hook, self.name, f"dbz_{self.name[4:]}", self.name)
 
 
 def _mirror(source: Source, transactions: str) -> dict[str, Any]:
@@ -196,8 +183,8 @@ def one_run(stack: dict[str, str], args: argparse.Namespace, transactions: str, 
         for thread in threads:
             thread.start()
         # The transaction topic is created by the connector's first source transaction.
-        wait_until("the change and transaction topics", lambda: _topics_exist(stack, list(source.topics.values())),
-                   120, 0.5)
+        wait_until("the change and transaction topics",
+                   lambda: topics_exist(stack["EOS_KAFKA_BOOTSTRAP"], list(source.topics.values())), 120, 0.5)
         run = start_continuous(config, tmp, label=transactions)
         started = time.monotonic()
         window = (started + args.warmup, started + args.warmup + args.measure)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg2
+from psycopg2 import sql
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "spark_apps" / "eos_stream" / "app.py"
@@ -240,3 +241,24 @@ def audit(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] | No
     report = json.loads(result.stdout)
     report["exit_code"] = result.returncode
     return report
+
+
+def topics_exist(bootstrap: str, topics: list[str]) -> bool:
+    """Whether the broker lists every one of ``topics`` (a connector creates its topics with its first records)."""
+    from confluent_kafka.admin import AdminClient
+
+    listed = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+    return all(topic in listed for topic in topics)
+
+
+def drop_cdc_source(stack: dict[str, str], hook: Any, connector: str, slot: str, schema: str) -> None:
+    """Deletes a benchmark's source connector (``hook``: a KafkaConnectHook), then its replication
+    slot and its source schema."""
+    hook.delete_connector(connector)
+    conn = source_connection(stack)
+    try:
+        drop_replication_slot(conn, slot)
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    finally:
+        conn.close()
