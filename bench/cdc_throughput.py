@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -66,7 +65,14 @@ from bench.common import (  # noqa: E402
     local_stack,
     machine,
 )
-from bench.harness import AppRun, pg_connect, pipeline_config, spark_submit, start_app, start_continuous  # noqa: E402
+from bench.harness import (  # noqa: E402
+    continuous_until_read,
+    pg_connect,
+    pipeline_config,
+    spark_submit,
+    start_app,
+    start_continuous,
+)
 from spark_apps.ledger.generator import ensure_topic  # noqa: E402
 
 FIGURES = ("mirror", "mirror_whole", "mirror_continuous", "peer_values", "peer_copy", "peer_jdbc")
@@ -152,22 +158,6 @@ def _clocks(launched: float, batches: list[dict[str, Any]]) -> dict[str, float]:
             "batches": len(batches)}
 
 
-def _continuous_until_read(run: AppRun, records: int, timeout: float = 1800) -> int:
-    """Waits until the continuous engine's batches hold ``records`` records, then stops it by
-    SIGTERM (it ends after its cycle, exit 143); 0 for that stop, else its exit code; the bench
-    stops when it died first."""
-    deadline = time.monotonic() + timeout
-    while sum(e["records"] for e in run.events("batch")) < records:
-        if run.process.poll() is not None or time.monotonic() > deadline:
-            run.kill()
-            raise SystemExit(f"continuous engine ended or stalled before reading {records} records:\n"
-                             f"{run.log()[-3000:]}")
-        time.sleep(0.2)
-    run.process.terminate()
-    code = run.wait(120)
-    return 0 if code == 128 + signal.SIGTERM and run.events("stopped") else code
-
-
 def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
                batch: int, label: str, transactions: str = "per_key", records: int | None = None,
                root: Path = ROOT) -> dict[str, Any]:
@@ -183,7 +173,7 @@ def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected:
     run = (start_app(config, tmp, label=label, root=root) if records is None
            else start_continuous(config, tmp, label=label, root=root))
     try:
-        code = run.wait(1800) if records is None else _continuous_until_read(run, records)
+        code = run.wait(1800) if records is None else continuous_until_read(run, records)
     except subprocess.TimeoutExpired:
         run.kill()
         raise SystemExit(f"mirror did not finish in 30 minutes:\n{run.log()[-3000:]}") from None

@@ -262,3 +262,65 @@ def drop_cdc_source(stack: dict[str, str], hook: Any, connector: str, slot: str,
             cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     finally:
         conn.close()
+
+
+def _process_role(pid: int) -> str | None:
+    """What an app's process is: its JVM, the Python driver, or a Python worker of Spark's."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    text = b" ".join(command).decode(errors="replace")
+    if "java" in Path(command[0].decode(errors="replace")).name:
+        return "jvm"
+    if "pyspark.daemon" in text or "pyspark.worker" in text:
+        return "python_workers"
+    if "app.py" in text or "eos_stream.engines" in text:
+        return "python_driver"
+    return None
+
+
+def group_rss_mib(group: int) -> dict[str, float]:
+    """Resident memory (RSS, MiB) of one process group's processes (an ``AppRun``'s: its process
+    is the group's leader), summed per role (``_process_role``)."""
+    page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
+    totals: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            resident_pages = int((entry / "statm").read_text().split()[1])
+        except (OSError, ValueError):
+            continue
+        role = _process_role(int(entry.name))
+        if role:
+            totals[role] = totals.get(role, 0.0) + resident_pages * page_kib / 1024
+    return totals
+
+
+def continuous_until_read(run: AppRun, records: int, timeout: float = 1800) -> int:
+    """Waits until the continuous engine's batches hold ``records`` records, then stops it by
+    SIGTERM (it ends after its cycle, exit 143); 0 for that stop, else its exit code; the bench
+    stops when it died first."""
+    deadline = time.monotonic() + timeout
+    while sum(e["records"] for e in run.events("batch")) < records:
+        if run.process.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            raise SystemExit(f"continuous engine ended or stalled before reading {records} records:\n"
+                             f"{run.log()[-3000:]}")
+        time.sleep(0.2)
+    run.process.terminate()
+    code = run.wait(120)
+    return 0 if code == 128 + signal.SIGTERM and run.events("stopped") else code
+
+
+def warm_cycles(cycles: list[dict[str, Any]]) -> dict[str, Any]:
+    """The continuous engine's cycles but the first (its progress rows sum a second's cycles, so
+    the cycles' own events count): from the first warm cycle's start to the last commit."""
+    warm = cycles[1:]
+    seconds = max(c["committed_at"] for c in warm) - warm[0]["started_at"]
+    return {"rows": sum(c["records"] for c in warm), "seconds": round(seconds, 3), "clock": "first warm start to last"
+            " commit", "phases": [{**{f"sink_{k}": v for k, v in c["timings_ms"].items()}, "rows": c["records"]}
+                                  for c in warm]}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,42 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import ledger_topic, local_stack, machine  # noqa: E402
-from bench.harness import pipeline_config, start_app  # noqa: E402
-
-PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
-
-
-def _role(pid: int) -> str | None:
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    text = b" ".join(command).decode(errors="replace")
-    if "java" in Path(command[0].decode(errors="replace")).name:
-        return "jvm"
-    if "pyspark.daemon" in text or "pyspark.worker" in text:
-        return "python_workers"
-    if "app.py" in text:
-        return "python_driver"
-    return None
-
-
-def _group_rss_mib(group: int) -> dict[str, float]:
-    """RSS per role, summed over the processes of one process group."""
-    totals: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) != group:
-                continue
-            resident_pages = int((entry / "statm").read_text().split()[1])
-        except (OSError, ValueError):
-            continue
-        role = _role(int(entry.name))
-        if role:
-            totals[role] = totals.get(role, 0.0) + resident_pages * PAGE_KIB / 1024
-    return totals
+from bench.harness import group_rss_mib, pipeline_config, start_app  # noqa: E402
 
 
 def measure(stack: dict[str, str], tmp: Path, topic: str, events: int) -> dict:
@@ -69,7 +33,7 @@ def measure(stack: dict[str, str], tmp: Path, topic: str, events: int) -> dict:
     run = start_app(config, tmp, label=name)
     peaks: dict[str, float] = {}
     while run.process.poll() is None:
-        sample = _group_rss_mib(run.process.pid)
+        sample = group_rss_mib(run.process.pid)
         for role, mib in sample.items():
             peaks[role] = max(peaks.get(role, 0.0), mib)
         peaks["total"] = max(peaks.get("total", 0.0), sum(sample.values()))

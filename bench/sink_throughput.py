@@ -2,56 +2,47 @@
 
     .venv/bin/python bench/sink_throughput.py --events 1000000 --batch 100000 --runs 3
 
-One topic of N ledger events (4 partitions, committed in transactions of
-5,000) is read by every figure, ``--runs`` rounds, the figures in a shuffled
-order in each round (the seed is recorded). Every figure is a rate over the
-same clock: rows from the first read to the last commit, after a warm-up.
+One topic of N ledger events (4 partitions, committed in transactions of 5,000) is read by every
+figure, ``--runs`` rounds, the figures in a shuffled order in each round (the seed is recorded).
+Every figure is a rate over the same clock: rows from the first read to the last commit, after a
+warm-up.
 
-* **Pipeline modes** (the app, spark-submit ``local[2]``, ``availableNow``,
-  ``maxOffsetsPerTrigger`` = ``--batch``): every batch but the first, which
-  carries the JVM's and the Python workers' warm-up, from the second batch's
-  start to the last batch's commit (the sink's ``started_at`` and
-  ``committed_at``); rows are those batches' input rows. Each run has its own
-  pipeline and target schema. A baseline build that does not report those
-  times is clocked by the sum of Spark's batch durations (``triggerExecution``),
-  the same clock where batches do not overlap.
-* **Spark peers** (one spark-submit ``local[2]`` for all three, warmed up by
-  one full untimed read of the topic first):
-  ``spark_noop``, the topic read with ``read_committed`` into the ``noop``
-  sink; ``spark_from_json_noop``, the same plus ``from_json`` of the ledger's
-  fields (no Spark pipeline here can beat these: the ceilings);
-  ``spark_jdbc``, ``df.write.jdbc`` of the parsed rows into ``ledger_events``
-  (at-least-once; ``batchsize`` 10,000, ``reWriteBatchedInserts``, one
+* **Pipeline modes** (the app, spark-submit ``local[2]``, ``availableNow``, ``maxOffsetsPerTrigger``
+  = ``--batch``): every batch but the first, which carries the JVM's and the Python workers'
+  warm-up, from the second batch's start to the last batch's commit (the sink's ``started_at`` and
+  ``committed_at``); rows are those batches' input rows. Each run has its own pipeline and target
+  schema. A baseline build that does not report those times is clocked by the sum of Spark's batch
+  durations (``triggerExecution``), the same clock where batches do not overlap.
+* **Spark peers** (one spark-submit ``local[2]`` for all three, warmed up by one full untimed read
+  of the topic first): ``spark_noop``, the topic read with ``read_committed`` into the ``noop``
+  sink; ``spark_from_json_noop``, the same plus ``from_json`` of the ledger's fields (no Spark
+  pipeline here can beat these: the ceilings); ``spark_jdbc``, ``df.write.jdbc`` of the parsed rows
+  into ``ledger_events`` (at-least-once; ``batchsize`` 10,000, ``reWriteBatchedInserts``, one
   partition per Kafka partition; its rows are counted after the clock).
-* **Python peers** (this process; the Kafka consume happens before the clock
-  for the two raw COPYs): ``raw_copy_preencoded``, COPY of already encoded
-  ``ledger_events`` rows (PostgreSQL's own ceiling); ``raw_copy_encoded``,
-  the same with ``staging_lines`` encoding inside the clock;
-  ``python_reference``, the pipeline a user might write by hand: one
-  confluent-kafka consumer, ``parse_record`` per record and COPY, all inside
-  the clock; ``python_reference_tuned``, the same with the one consumer setting
-  the pipeline's readers change (``fetch.queue.backoff.ms``, 1 s by default).
+* **Python peers** (this process; the Kafka consume happens before the clock for the two raw COPYs):
+  ``raw_copy_preencoded``, COPY of already encoded ``ledger_events`` rows (PostgreSQL's own
+  ceiling); ``raw_copy_encoded``, the same with ``staging_lines`` encoding inside the clock;
+  ``python_reference``, the pipeline a user might write by hand: one confluent-kafka consumer,
+  ``parse_record`` per record and COPY, all inside the clock; ``python_reference_tuned``, the same
+  with the one consumer setting the pipeline's readers change (``fetch.queue.backoff.ms``, 1 s by
+  default).
 
-``--baseline DIR`` runs ``BASELINE_MODES`` with another checkout's app too
-(a git worktree of an older commit, sharing this one's .venv and .local), in
-the same rounds and the same shuffle, as ``<mode>@baseline``: before and
-after on one clock. The baseline's ratios go under ``baseline``.
-
-``ratios.recovery_100k_seconds`` and ``recovery_1m_seconds`` are read from
-``--recovery`` (bench/results/recovery_times.json): restore + replay + audit
-at 100k and 1M events with the definition's defaults.
+``--baseline DIR`` runs ``BASELINE_MODES`` with another checkout's app too (a git worktree of an
+older commit, sharing this one's .venv and .local), in the same rounds and the same shuffle, as
+``<mode>@baseline``: before and after on one clock. The baseline's ratios go under ``baseline``.
+``ratios.recovery_100k_seconds`` and ``recovery_1m_seconds`` are read from ``--recovery``
+(bench/results/recovery_times.json): restore + replay + audit at 100k and 1M events with the
+definition's defaults.
 
 ``exactly_once_staged`` is ``exactly_once`` with prepared parts turned off
-(``EOS_PREPARED_PARTS=0``): every batch staged and applied in SQL, the path
-before them and the one a batch falls back to.
+(``EOS_PREPARED_PARTS=0``): every batch staged and applied in SQL, the path before them and the one
+a batch falls back to. ``exactly_once_continuous``: on the continuous engine, stopped once its
+cycles hold every event. ``exactly_once_local1`` and ``exactly_once_local4`` are the scaling figure:
+the same pipeline with one task slot, and with four on the same two cores. Each mode's run also
+records which processes used the cores during its warm batches (``bench/cpu_share.py``).
 
-``exactly_once_local1`` and ``exactly_once_local4`` are the scaling figure:
-the same pipeline with one task slot, and with four on the same two cores.
-Each mode's run also records which processes used the cores during its warm
-batches (``bench/cpu_share.py``): Spark, PostgreSQL, Kafka, the machine.
-
-Writes bench/results/sink_throughput.json (``figures`` with every run,
-``phases`` per batch, ``ratios`` against the issue's targets) and prints a table.
+Writes bench/results/sink_throughput.json (``figures`` with every run, ``phases`` per batch,
+``ratios`` against the issue's targets) and prints a table.
 """
 
 from __future__ import annotations
@@ -75,7 +66,14 @@ from psycopg2 import sql  # noqa: E402
 
 from bench.common import PARTITIONS, git_commit, ledger_topic, local_stack, machine  # noqa: E402
 from bench.cpu_share import CpuShare  # noqa: E402
-from bench.harness import pg_connect, pipeline_config, start_app  # noqa: E402
+from bench.harness import (  # noqa: E402
+    continuous_until_read,
+    pg_connect,
+    pipeline_config,
+    start_app,
+    start_continuous,
+    warm_cycles,
+)
 from spark_apps.eos_stream.kafka.ranges import FETCH_QUEUE_BACKOFF_MS  # noqa: E402
 from spark_apps.eos_stream.records.parsing import parse_record, staging_lines  # noqa: E402
 from spark_apps.eos_stream.run.preflight import PREPARED_PARTS_ENV  # noqa: E402
@@ -93,6 +91,8 @@ MODES = {
     # The scaling figure: the same pipeline with one task slot, and with four on the same two cores.
     "exactly_once_local1": ("exactly_once", "LEDGER", "local[1]"),
     "exactly_once_local4": ("exactly_once", "LEDGER", "local[4]"),
+    # One Python process, no Spark ("continuous" is no master); its peer: python_reference_tuned.
+    "exactly_once_continuous": ("exactly_once", "LEDGER", "continuous"),
 }
 # Figures of the --baseline checkout's app: "<mode>@baseline".
 BASELINE_SUFFIX = "@baseline"
@@ -125,23 +125,28 @@ def warm_batches(stack: dict, meta_schema: str, pipeline: str) -> list[dict[str,
              "durations": d if isinstance(d, dict) else json.loads(d or "{}")} for b, n, ms, d in rows[1:]]
 
 
-def run_mode(stack: dict, tmp: Path, topic: str, name: str, figure: str, batch: int,
+def run_mode(stack: dict, tmp: Path, topic: str, name: str, figure: str, batch: int, events: int,
              baseline: Path | None = None) -> dict[str, Any]:
-    """One run of a pipeline mode; ``baseline``: the app of that checkout instead of this one."""
+    """One run of a pipeline mode; ``baseline``: the app of that checkout instead of this one. The
+    continuous engine, which never ends by itself, is stopped once its cycles hold all ``events``."""
     delivery, spec, master = MODES[figure.removesuffix(BASELINE_SUFFIX)]
     config = pipeline_config(stack, tmp, name, delivery=delivery, spec=f"spark_apps.ledger.spec:{spec}",
                              topics=[topic], max_offsets_per_trigger=batch)
     env = {PREPARED_PARTS_ENV: "0"} if figure == "exactly_once_staged" else None
-    run = start_app(config, tmp, env_extra=env, label=name, root=baseline or ROOT, master=master)
+    root = baseline or ROOT
+    run = (start_continuous(config, tmp, env_extra=env, label=name, root=root) if master == "continuous"
+           else start_app(config, tmp, env_extra=env, label=name, root=root, master=master))
     cpu = CpuShare(run.process.pid, run.log_path)
     try:
-        run.wait(1800)
+        code = continuous_until_read(run, events) if master == "continuous" else run.wait(1800)
     except subprocess.TimeoutExpired:
         run.kill()
         raise SystemExit(f"{figure} did not finish in 30 minutes:\n{run.log()[-3000:]}") from None
     share = cpu.result()
-    if run.process.returncode != 0:
+    if code != 0:
         raise SystemExit(f"{figure} failed:\n{run.log()[-3000:]}")
+    if master == "continuous":
+        return {**warm_cycles(run.events("batch")), "cpu": share}
     warm = warm_batches(stack, config["meta_schema"], name)
     sink = {e["batch_id"]: e for e in run.events("batch")}
     phases = []
@@ -431,7 +436,7 @@ def _run_rounds(args: argparse.Namespace, chosen: list[str], stack: dict[str, st
                     print(json.dumps({"round": round_number, "figure": name, **result}), flush=True)
                 continue
             if unit.removesuffix(BASELINE_SUFFIX) in MODES:
-                result = run_mode(stack, tmp, topic, label.replace("_", ""), unit, args.batch,
+                result = run_mode(stack, tmp, topic, label.replace("_", ""), unit, args.batch, args.events,
                                   args.baseline if unit.endswith(BASELINE_SUFFIX) else None)
             else:
                 result = python_peer(stack, topic, args.events, unit, f"{tag}r{round_number}")

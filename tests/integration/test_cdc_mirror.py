@@ -37,7 +37,7 @@ from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from tests.helpers.cdc_oracle import change_counts, compare, high_watermarks, replay, stored_offsets, topics_written
-from tests.helpers.cdc_source import drop_slot, wait_until
+from tests.helpers.cdc_source import drop_source, wait_until
 from tests.helpers.cdc_workload import KEYS, SOURCE_DDL, NewColumn, Workload, mirror_connector, mirror_definition
 from tests.helpers.cdc_workload import target_of as target_table
 from tests.helpers.stack_faults import Restart, kill_broker, kill_connect_worker, restart_postgres_immediate, stack_sh
@@ -131,19 +131,7 @@ def mirror(connect: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
             stack_sh("start-connect")
             state.hook.delete_connector(state.connector)
             workload.close()
-            _drop_source(env, schema, state.slot)
-
-
-def _drop_source(env: dict[str, str], schema: str, slot: str) -> None:
-    from tests.helpers.cdc_source import Source, source_connection
-
-    conn = source_connection(env)
-    try:
-        drop_slot(Source(conn, schema), slot)
-        with conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    finally:
-        conn.close()
+            drop_source(env, schema, state.slot)
 
 
 def _holds(mirror: Mirror, marks: dict[str, tuple]) -> bool:

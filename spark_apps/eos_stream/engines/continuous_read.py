@@ -70,9 +70,11 @@ def record_bytes(message: Any) -> int:
 
 def poll_count(records_left: int, bytes_left: int, largest: int) -> int:
     """How many records one poll may ask for: no more than the records left, librdkafka's
-    limit, and what fits in the bytes left at the largest record seen so far (``largest``; 0:
-    none yet, so one record), but at least one. A cycle passes its byte bound by at most the
-    last poll's records, which were each thought to fit."""
+    limit, and what fits in the bytes left at the largest record the reader has seen
+    (``largest``; 0: none yet, so one record), but at least one. A cycle passes its byte bound by
+    at most the last poll's records, which were each thought to fit. A poll takes whatever
+    arrives until its count or its timeout, so the estimate must not be a cycle's own: one that
+    began with a tombstone would think a thousand records of 1 MB fit in 8 MiB."""
     fits = bytes_left // largest if largest > 0 else 1
     return max(1, min(records_left, _MAX_CONSUME, fits))
 
@@ -141,6 +143,8 @@ class CycleReader:
         # Partitions found while running, held back until their topic's others caught up: the
         # last stable offsets each of those must be committed up to.
         self.held: dict[TopicPartition, dict[TopicPartition, int]] = {}
+        # The largest key and value the reader has read, for the size of its polls (poll_count).
+        self.largest = 0
 
     def assign(self) -> None:
         from confluent_kafka import TopicPartition as KafkaPartition
@@ -154,17 +158,17 @@ class CycleReader:
         from confluent_kafka import TopicPartition as KafkaPartition
 
         messages: list[Any] = []
-        size = largest = 0
+        size = 0
         idle_until, deadline = time.monotonic() + max(idle_seconds, 0), None
         while len(messages) < self.max_records and size < self.max_bytes:
             polled_at = time.monotonic()
             limit = deadline if deadline is not None else min(idle_until, polled_at + _IDLE_POLL_SECONDS)
-            count = poll_count(self.max_records - len(messages), self.max_bytes - size, largest)
+            count = poll_count(self.max_records - len(messages), self.max_bytes - size, self.largest)
             for message in self.consumer.consume(count, timeout=max(limit - polled_at, 0)):
                 if message.error() is None:
                     messages.append(message)
                     weight = record_bytes(message)
-                    size, largest = size + weight, max(largest, weight)
+                    size, self.largest = size + weight, max(self.largest, weight)
                 else:
                     self._on_error(message)
             if messages:

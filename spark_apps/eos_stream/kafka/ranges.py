@@ -6,7 +6,8 @@ the last stable offset); whoever stages the batch reads them: each Spark task
 its share of the ranges, all of them at once (``app.py``), or the Spark-less
 replay every range of a batch (``direct_replay.py``). Both read with a librdkafka consumer of their own and
 hand the records on as Arrow batches of (topic, partition, offset, key, value),
-at most ``CHUNK_RECORDS`` at a time, so memory is bounded by a chunk.
+at most ``CHUNK_RECORDS`` at a time and at most ``READ_AHEAD_BYTES`` plus ``FETCH_BYTES`` of
+keys and values, so memory is bounded by a chunk, in records and in bytes.
 
 Why the executors read Kafka themselves instead of through Spark's source:
 Spark's read turns every record into a Spark row and then into Arrow for the
@@ -55,6 +56,13 @@ _FETCH_WAIT_MAX_MS = 10
 # range ends mid-log when maxOffsetsPerTrigger cuts it, and what is fetched past its end is
 # thrown away. Two chunks keep a reader fed.
 _PREFETCH_RECORDS = 2 * CHUNK_RECORDS
+# The byte bound of a reader (its records held, whatever their size): librdkafka queues at most
+# READ_AHEAD_BYTES ahead (queued.max.messages.kbytes; its own default) and a fetch response brings
+# at most FETCH_BYTES more (fetch.max.bytes), so a chunk handed on, which is what the queue held,
+# stays below their sum. Change records of about 1 MB then make chunks of some 70 records, not
+# CHUNK_RECORDS (10 GB); records of 4.6 kB still fill a chunk.
+READ_AHEAD_BYTES = 64 * 1024 * 1024
+FETCH_BYTES = 16 * 1024 * 1024
 # Once that many records wait, librdkafka postpones the partition's next fetch by this long
 # (1,000 ms by default): with a queue of two chunks a reader drained it and then waited most
 # of that second, so reading 100k records of ~150 bytes took 2.1 s; with 10 ms, 0.19 s
@@ -92,6 +100,7 @@ def consumer_settings(bootstrap: str, security: Mapping[str, str], group: str,
     return {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "error",
             "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS, "queued.min.messages": prefetch_records,
+            "queued.max.messages.kbytes": READ_AHEAD_BYTES // 1024, "fetch.max.bytes": FETCH_BYTES,
             "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS, **security}
 
 
