@@ -58,9 +58,10 @@ _FETCH_WAIT_MAX_MS = 10
 _PREFETCH_RECORDS = 2 * CHUNK_RECORDS
 # The byte bound of a reader (its records held, whatever their size): librdkafka queues at most
 # READ_AHEAD_BYTES ahead (queued.max.messages.kbytes; its own default) and a fetch response brings
-# at most FETCH_BYTES more (fetch.max.bytes), so a chunk handed on, which is what the queue held,
-# stays below their sum. Change records of about 1 MB then make chunks of some 70 records, not
-# CHUNK_RECORDS (10 GB); records of 4.6 kB still fill a chunk.
+# at most FETCH_BYTES more (fetch.max.bytes), so a chunk handed on, which is what the queue held
+# and what arrived in the poll's 10 ms, holds about their sum at most. Change records of about
+# 1 MB then make chunks of some 70 records, not CHUNK_RECORDS (10 GB); records of 4.6 kB still
+# fill a chunk.
 READ_AHEAD_BYTES = 64 * 1024 * 1024
 FETCH_BYTES = 16 * 1024 * 1024
 # Once that many records wait, librdkafka postpones the partition's next fetch by this long
