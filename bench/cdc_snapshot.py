@@ -97,12 +97,20 @@ class Source:
             cur.execute(sql.SQL("VACUUM ANALYZE {}.items").format(schema))
         conn.close()
 
-    def create_connector(self, hook: KafkaConnectHook, partitions: int) -> float:
+    def create_connector(self, hook: KafkaConnectHook, partitions: int, **extra: Any) -> float:
         """The connector's creation, accepted by Connect: the run's clock starts here."""
         hook.put_connector_config(self.name, postgres_connector_config(
             self.stack, self.name, f"dbz_{self.name[5:]}", [f"{self.name}.items"],
-            **{"topic.creation.default.partitions": partitions}))
+            **{"topic.creation.default.partitions": partitions, **extra}))
         return time.time()
+
+    def write_marker(self) -> None:
+        """One change (row 1's qty set to itself): a connector that takes no snapshot creates
+        its change topic with its first change."""
+        conn = source_connection(self.stack)
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("UPDATE {}.items SET qty = qty WHERE id = 1").format(sql.Identifier(self.name)))
+        conn.close()
 
     def drop(self, hook: KafkaConnectHook) -> None:
         drop_cdc_source(self.stack, hook, self.name, f"dbz_{self.name[5:]}", self.name)
@@ -136,6 +144,14 @@ class StableOffsets:
     def start(self) -> None:
         self._thread.start()
 
+    def settled(self) -> bool:
+        """Whether the offsets grew since the first sample and then stayed put for 3 s."""
+        samples = list(self.samples)
+        if not samples or samples[-1][1] <= samples[0][1]:
+            return False
+        last_change = max(at for at, total in samples if total < samples[-1][1])
+        return time.time() - last_change >= 3
+
     def published_at(self) -> float:
         """When the offsets first reached their final value (read now, after the mirror's end)."""
         self._stop.set()
@@ -144,7 +160,7 @@ class StableOffsets:
         return next(at for at, total in self.samples if total >= final)
 
 
-def _start_mirror(stack: dict[str, str], source: Source, engine: str, batch: int, tmp: Path) -> tuple[AppRun, dict]:
+def start_mirror(stack: dict[str, str], source: Source, engine: str, batch: int, tmp: Path) -> tuple[AppRun, dict]:
     mirror = {"topic_prefix": source.name, "tables": [
         {"source": f"{source.name}.items", "key": ["id"], "columns": dict(COLUMNS)}]}
     config = pipeline_config(stack, tmp, source.name[5:], topics=[source.topic], spec=None, mirror=mirror,
@@ -177,7 +193,7 @@ def _digest(conn: Any, schema: str) -> tuple[int, str]:
     return count, digest
 
 
-def _check_equal(stack: dict[str, str], source: Source, target_schema: str) -> None:
+def check_equal(stack: dict[str, str], source: Source, target_schema: str) -> None:
     source_conn, target_conn = source_connection(stack), pg_connect(stack)
     try:
         expected, found = _digest(source_conn, source.name), _digest(target_conn, target_schema)
@@ -186,6 +202,29 @@ def _check_equal(stack: dict[str, str], source: Source, target_schema: str) -> N
         target_conn.close()
     if expected != found:
         raise SystemExit(f"the mirror differs from its source (rows, md5): {found} != {expected}: no figure for it")
+
+
+def verify_mirror(stack: dict[str, str], source: Source, run: AppRun, config: dict[str, Any]) -> list[dict]:
+    """Stops the mirror and checks it: no dead letter, equal to its source. Returns its batches."""
+    run.kill()
+    events = run.events("batch")
+    if any(e["dead_lettered"] for e in events):
+        raise SystemExit(f"the mirror dead-lettered records: {[e['dead_lettered'] for e in events]}")
+    check_equal(stack, source, config["target_schema"])
+    return events
+
+
+def finish_run(stack: dict[str, str], hook: KafkaConnectHook, source: Source, run: AppRun | None,
+               config: dict[str, Any]) -> None:
+    """A run's end, whatever happened: its mirror killed, its connector, slot and source dropped,
+    then its target and bookkeeping schemas."""
+    if run is not None:
+        run.kill()
+    source.drop(hook)
+    if config:
+        conn = pg_connect(stack)
+        drop_schemas(conn, config["target_schema"], config["meta_schema"])
+        conn.close()
 
 
 def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: Path) -> dict[str, Any]:
@@ -202,22 +241,12 @@ def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: P
         offsets = StableOffsets(stack["EOS_KAFKA_BOOTSTRAP"], source.topic)
         offsets.start()
         launched = time.time()
-        run, config = _start_mirror(stack, source, engine, args.batch, tmp)
+        run, config = start_mirror(stack, source, engine, args.batch, tmp)
         mirrored = _mirrored_at(run, args.rows)
         published = offsets.published_at()
-        run.kill()
-        events = run.events("batch")
-        if any(e["dead_lettered"] for e in events):
-            raise SystemExit(f"the mirror dead-lettered records: {[e['dead_lettered'] for e in events]}")
-        _check_equal(stack, source, config["target_schema"])
+        events = verify_mirror(stack, source, run, config)
     finally:
-        if run is not None:
-            run.kill()
-        source.drop(hook)
-        if config:
-            conn = pg_connect(stack)
-            drop_schemas(conn, config["target_schema"], config["meta_schema"])
-            conn.close()
+        finish_run(stack, hook, source, run, config)
     return {"debezium_s": round(published - created, 2), "mirror_s": round(mirrored - created, 2),
             "mirror_after_debezium_s": round(mirrored - published, 2),
             "mirror_launched_s": round(launched - created, 2),
@@ -225,31 +254,41 @@ def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: P
             "batches": len(events), "load_average": load_average()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+def engine_arguments(description: str, rows: int, out: str) -> argparse.Namespace:
+    """The options of the benches that run each engine from a fresh source and connector."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=rows, help="rows of the source table")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=50_000, help="max_offsets_per_trigger (records)")
     parser.add_argument("--partitions", type=int, default=2, help="partitions of the change topic")
     parser.add_argument("--engines", default=",".join(ENGINES), type=lambda text: text.split(","))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cdc_snapshot.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / out))
+    return parser.parse_args()
+
+
+def run_engines(args: argparse.Namespace, one_run: Any, figures: tuple[str, ...]) -> dict[str, Any]:
+    """``args.runs`` runs of ``one_run`` per engine, alternating; the report's common part, with
+    each figure's median per engine (``medians``)."""
     stack = connect_stack()
     runs: dict[str, list[dict[str, Any]]] = {engine: [] for engine in args.engines}
-    with tempfile.TemporaryDirectory(prefix="eos-bench-cdc-snapshot-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="eos-bench-cdc-") as tmp:
         for index, engine in in_turn(list(runs), args.runs):
             result = one_run(stack, args, engine, Path(tmp) / f"{engine}-{index}")
             print(json.dumps({"engine": engine, "run": index, **result}), flush=True)
             runs[engine].append(result)
-    medians = {engine: {name: statistics.median(r[name] for r in rs) for name in FIGURES}
-               for engine, rs in runs.items()}
-    report = {"command": "bench/" + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "code": git_commit(ROOT),
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-              "rows": args.rows, "batch": args.batch, "partitions": args.partitions, "runs": runs,
-              "medians": medians,
-              "rows_per_second": {engine: {"debezium": round(args.rows / m["debezium_s"]),
-                                           "mirror": round(args.rows / m["mirror_s"])}
-                                  for engine, m in medians.items()}}
+    return {"command": "bench/" + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "code": git_commit(ROOT),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
+            "rows": args.rows, "batch": args.batch, "partitions": args.partitions, "runs": runs,
+            "medians": {engine: {name: statistics.median(r[name] for r in rs) for name in figures}
+                        for engine, rs in runs.items()}}
+
+
+def main() -> None:
+    args = engine_arguments(__doc__ or "", 1_000_000, "cdc_snapshot.json")
+    report = run_engines(args, one_run, FIGURES)
+    medians = report["medians"]
+    report["rows_per_second"] = {engine: {"debezium": round(args.rows / m["debezium_s"]),
+                                          "mirror": round(args.rows / m["mirror_s"])} for engine, m in medians.items()}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{'engine':<12}" + "".join(f"{name:>26}" for name in FIGURES))
     for engine, figures in medians.items():
