@@ -42,6 +42,7 @@ from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook  # noqa: E
 from bench.cdc_snapshot import (  # noqa: E402
     Source,
     StableOffsets,
+    batch_committed_at,
     engine_arguments,
     finish_run,
     run_engines,
@@ -83,19 +84,9 @@ def _change_source(source: Source) -> int:
     return changes
 
 
-def _reached(run: AppRun, end: int, timeout: float = 1800) -> tuple[float, list[dict[str, Any]]]:
-    """The commit time of the batch whose end offsets reach ``end`` (their sum), and the batches."""
-    def done() -> tuple[float, list[dict[str, Any]]] | None:
-        if run.process.poll() is not None:
-            raise SystemExit(f"the mirror ended ({run.process.returncode}):\n{run.log()[-3000:]}")
-        events = run.events("batch")
-        for event in events:
-            offsets = json.loads(event["end_offsets"])
-            if sum(o for partitions in offsets.values() for o in partitions.values()) >= end:
-                return float(event["committed_at"]), events
-        return None
-
-    return wait_until("the mirror at the topic's end", done, timeout, 0.5)
+def _offsets_sum(batch: dict[str, Any]) -> int:
+    """The sum of a batch's end offsets (its event's nested JSON of topic, partition and offset)."""
+    return sum(offset for partitions in json.loads(batch["end_offsets"]).values() for offset in partitions.values())
 
 
 def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: Path) -> dict[str, Any]:
@@ -121,7 +112,7 @@ def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: P
         published, end = offsets.published_at(), offsets.total()
         launched = time.time()
         run, config = start_mirror(stack, source, engine, args.batch, tmp)
-        committed, _ = _reached(run, end)
+        committed = batch_committed_at(run, "the mirror at the topic's end", lambda b, _: _offsets_sum(b) >= end)
         events = verify_mirror(stack, source, run, config)
     finally:
         finish_run(stack, hook, source, run, config)

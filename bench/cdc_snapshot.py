@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,20 +170,21 @@ def start_mirror(stack: dict[str, str], source: Source, engine: str, batch: int,
     return run, config
 
 
-def _mirrored_at(run: AppRun, rows: int, timeout: float = 1800) -> float:
-    """The commit time of the batch that brought the rows the mirror applied to ``rows`` (a
-    snapshot's every record is one row's insert)."""
-    def whole() -> float | None:
+def batch_committed_at(run: AppRun, what: str, reached: Callable[[dict[str, Any], int], bool],
+                       timeout: float = 1800) -> float:
+    """The commit time of the mirror's first batch for which ``reached(batch, rows applied up to
+    it)`` holds, waited for; the bench stops if the mirror ends first."""
+    def found() -> float | None:
         if run.process.poll() is not None:
             raise SystemExit(f"the mirror ended ({run.process.returncode}):\n{run.log()[-3000:]}")
-        total = 0
+        applied = 0
         for event in run.events("batch"):
-            total += event["applied"]
-            if total >= rows:
+            applied += event["applied"]
+            if reached(event, applied):
                 return float(event["committed_at"])
         return None
 
-    return wait_until("the whole table mirrored", whole, timeout, 0.5)
+    return wait_until(what, found, timeout, 0.5)
 
 
 def _digest(conn: Any, schema: str) -> tuple[int, str]:
@@ -242,7 +244,8 @@ def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: P
         offsets.start()
         launched = time.time()
         run, config = start_mirror(stack, source, engine, args.batch, tmp)
-        mirrored = _mirrored_at(run, args.rows)
+        # A snapshot's every record is one row's insert.
+        mirrored = batch_committed_at(run, "the whole table mirrored", lambda _, applied: applied >= args.rows)
         published = offsets.published_at()
         events = verify_mirror(stack, source, run, config)
     finally:

@@ -4,7 +4,6 @@ one fresh ledger topic to read, and how a side-by-side bench runs two checkouts 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -14,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness import STATE_DIR, read_env_file
+from bench.harness import STATE_DIR, kafka_connect_connection, read_env_file
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,9 +69,7 @@ def connect_stack(conn_id: str = CONNECT_CONN) -> dict[str, str]:
     local_stack()
     subprocess.run([str(ROOT / "scripts" / "stack.sh"), "start-connect"], check=True, stdout=subprocess.DEVNULL)
     stack = local_stack()  # now with the Connect worker's URL
-    host, port = stack["EOS_CONNECT_URL"].removeprefix("http://").split(":")
-    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(
-        {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"})
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = kafka_connect_connection(stack)
     return stack
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -251,10 +252,16 @@ def topics_exist(bootstrap: str, topics: list[str]) -> bool:
     return all(topic in listed for topic in topics)
 
 
-def drop_cdc_source(stack: dict[str, str], hook: Any, connector: str, slot: str, schema: str) -> None:
-    """Deletes a benchmark's source connector (``hook``: a KafkaConnectHook), then its replication
-    slot and its source schema."""
-    hook.delete_connector(connector)
+def kafka_connect_connection(stack: dict[str, str]) -> str:
+    """The Airflow connection (JSON, for an ``AIRFLOW_CONN_*`` variable) to the stack's Kafka
+    Connect worker, as ``KafkaConnectHook`` reads it."""
+    host, port = stack["EOS_CONNECT_URL"].removeprefix("http://").split(":")
+    return json.dumps({"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"})
+
+
+def drop_source_schema(stack: dict[str, str], slot: str, schema: str) -> None:
+    """Drops a connector's replication slot once let go (``drop_replication_slot``), then its
+    source schema."""
     conn = source_connection(stack)
     try:
         drop_replication_slot(conn, slot)
@@ -262,6 +269,13 @@ def drop_cdc_source(stack: dict[str, str], hook: Any, connector: str, slot: str,
             cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     finally:
         conn.close()
+
+
+def drop_cdc_source(stack: dict[str, str], hook: Any, connector: str, slot: str, schema: str) -> None:
+    """Deletes a benchmark's source connector (``hook``: a KafkaConnectHook), then its replication
+    slot and its source schema."""
+    hook.delete_connector(connector)
+    drop_source_schema(stack, slot, schema)
 
 
 def _process_role(pid: int) -> str | None:
@@ -298,6 +312,30 @@ def group_rss_mib(group: int) -> dict[str, float]:
         if role:
             totals[role] = totals.get(role, 0.0) + resident_pages * page_kib / 1024
     return totals
+
+
+class PeakMemory(threading.Thread):
+    """The peak resident memory (MiB) of an app run's process group, per role (``group_rss_mib``)
+    and in all (``total``), sampled every ``interval`` seconds until the run ends or ``stop``."""
+
+    def __init__(self, app: AppRun, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.app, self.interval = app, interval
+        self.peaks: dict[str, float] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set() and self.app.process.poll() is None:
+            sample = group_rss_mib(self.app.process.pid)
+            for role, mib in sample.items():
+                self.peaks[role] = max(self.peaks.get(role, 0.0), mib)
+            self.peaks["total"] = max(self.peaks.get("total", 0.0), sum(sample.values()))
+            self.done.wait(self.interval)
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.join(10)
+        return self.peaks
 
 
 def continuous_until_read(run: AppRun, records: int, timeout: float = 1800) -> int:

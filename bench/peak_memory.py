@@ -24,20 +24,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import ledger_topic, local_stack, machine  # noqa: E402
-from bench.harness import group_rss_mib, pipeline_config, start_app  # noqa: E402
+from bench.harness import PeakMemory, pipeline_config, start_app  # noqa: E402
 
 
 def measure(stack: dict[str, str], tmp: Path, topic: str, events: int) -> dict:
     name = f"mem{time.strftime('%H%M%S')}"
     config = pipeline_config(stack, tmp, name, topics=[topic], max_offsets_per_trigger=events)
     run = start_app(config, tmp, label=name)
-    peaks: dict[str, float] = {}
-    while run.process.poll() is None:
-        sample = group_rss_mib(run.process.pid)
-        for role, mib in sample.items():
-            peaks[role] = max(peaks.get(role, 0.0), mib)
-        peaks["total"] = max(peaks.get("total", 0.0), sum(sample.values()))
-        time.sleep(0.1)
+    memory = PeakMemory(run, 0.1)
+    memory.start()
+    try:
+        run.wait(3600)
+    finally:
+        peaks = memory.stop()
     if run.process.returncode != 0:
         raise SystemExit(f"{name} failed:\n{run.log()[-3000:]}")
     batches = [e for e in run.events("batch") if e["applied"]]

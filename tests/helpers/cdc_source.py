@@ -8,9 +8,9 @@ from typing import Any
 
 from psycopg2 import sql
 
-from bench.harness import drop_replication_slot, source_connection, wait_until
+from bench.harness import drop_replication_slot, drop_source_schema, source_connection, wait_until
 
-__all__ = ["Source", "drop_slot", "drop_source", "pause_connector", "source_connection", "wait_until",
+__all__ = ["Source", "drop_slot", "drop_source_schema", "pause_connector", "source_connection", "wait_until",
            "write_source"]
 
 
@@ -37,17 +37,6 @@ def write_source(source: Source, statements: list[str]) -> None:
 def drop_slot(source: Source, slot: str) -> None:
     """Drops the connector's slot once its WAL sender has let go (``bench.harness.drop_replication_slot``)."""
     drop_replication_slot(source.conn, slot)
-
-
-def drop_source(env: dict[str, str], schema: str, slot: str) -> None:
-    """Drops a test's connector slot (once let go), then its source schema."""
-    conn = source_connection(env)
-    try:
-        drop_slot(Source(conn, schema), slot)
-        with conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    finally:
-        conn.close()
 
 
 def pause_connector(hook: Any, name: str) -> None:

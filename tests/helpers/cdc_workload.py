@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg2
+import psycopg2.errors
 from psycopg2 import sql
 
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
@@ -74,6 +75,21 @@ def mirror_definition(schema: str) -> dict[str, Any]:
     aggregates = [{"source": f"{schema}.{source}", "target": target, "group_by": list(group_by), "sums": sums}
                   for source, target, group_by, sums in AGGREGATES]
     return {"mirror": {"topic_prefix": schema, "tables": tables, "aggregates": aggregates}}
+
+
+def holds_marks(target: Any, target_schema: str, marks: dict[str, tuple[str, tuple]]) -> bool:
+    """Whether the mirror's target holds every row of a ``Workload.marker()`` transaction (not
+    before a first batch created the tables)."""
+    with target.cursor() as cur:
+        for table, (match, values) in marks.items():
+            try:
+                cur.execute(sql.SQL("SELECT 1 FROM {}.{} WHERE {}").format(
+                    sql.Identifier(target_schema), sql.Identifier(target_of(table)), sql.SQL(match)), values)
+            except psycopg2.errors.UndefinedTable:
+                return False
+            if cur.fetchone() is None:
+                return False
+    return True
 
 
 @dataclass(frozen=True)

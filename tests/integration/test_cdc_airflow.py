@@ -24,6 +24,7 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
+from bench.harness import kafka_connect_connection
 from tests.helpers.cdc_oracle import compare, high_watermarks, stored_offsets, topics_written
 from tests.helpers.cdc_source import (
     Source,
@@ -79,9 +80,7 @@ class MirrorPipeline:
 def _connections(stack: dict[str, str]) -> dict[str, str]:
     """Connect's REST API, and the source database as the cluster's superuser (the slot's age
     reads pg_ls_waldir(), which needs pg_monitor)."""
-    host, port = stack["EOS_CONNECT_URL"].removeprefix("http://").split(":")
-    return {f"AIRFLOW_CONN_{CONNECT_CONN.upper()}": json.dumps(
-                {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"}),
+    return {f"AIRFLOW_CONN_{CONNECT_CONN.upper()}": kafka_connect_connection(stack),
             f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": json.dumps({
                 "conn_type": "postgres", "host": stack["EOS_PG_HOST"], "port": int(stack["EOS_PG_PORT"]),
                 "login": stack["EOS_PG_USER"], "password": stack["EOS_PG_PASSWORD"],

@@ -24,15 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg2.errors
 import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
+from bench.harness import kafka_connect_connection
 from tests.helpers.cdc_oracle import change_counts, compare, high_watermarks, stored_offsets, topics_written
-from tests.helpers.cdc_source import drop_source, wait_until
-from tests.helpers.cdc_workload import KEYS, SOURCE_DDL, NewColumn, Workload, mirror_connector, mirror_definition
-from tests.helpers.cdc_workload import target_of as target_table
+from tests.helpers.cdc_source import drop_source_schema, wait_until
+from tests.helpers.cdc_workload import (
+    KEYS,
+    SOURCE_DDL,
+    NewColumn,
+    Workload,
+    holds_marks,
+    mirror_connector,
+    mirror_definition,
+)
 from tests.helpers.continuous import request_stop
 from tests.streaming import AppRun, dead_letter_count, pg_connect, pipeline_config, start_app, start_continuous
 
@@ -61,9 +68,7 @@ class Backlog:
 def backlog(connect: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backlog]:
     env, unique = connect, uuid.uuid4().hex[:10]
     schema, slot, connector = f"cdcb_{unique}", f"dbz_{unique}", f"backlog-{unique}"
-    host, port = env["EOS_CONNECT_URL"].removeprefix("http://").split(":")
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", json.dumps(
-        {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"}))
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", kafka_connect_connection(env))
     hook, workload = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN), Workload(env, schema)
     try:
         with workload.conn.cursor() as cur:
@@ -83,21 +88,7 @@ def backlog(connect: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyP
     finally:
         hook.delete_connector(connector)
         workload.close()
-        drop_source(env, schema, slot)
-
-
-def _holds(target: Any, schema: str, marks: dict[str, tuple[str, tuple]]) -> bool:
-    """Whether the target holds every marker row, the backlog's last transaction."""
-    with target.cursor() as cur:
-        for table, (match, values) in marks.items():
-            try:
-                cur.execute(sql.SQL("SELECT 1 FROM {}.{} WHERE {}").format(
-                    sql.Identifier(schema), sql.Identifier(target_table(table)), sql.SQL(match)), values)
-            except psycopg2.errors.UndefinedTable:  # before the first batch created the targets
-                return False
-            if cur.fetchone() is None:
-                return False
-    return True
+        drop_source_schema(env, slot, schema)
 
 
 def _apply_backlog(backlog: Backlog, tmp_path: Path, engine: str) -> tuple[AppRun, dict[str, Any]]:
@@ -112,7 +103,8 @@ def _apply_backlog(backlog: Backlog, tmp_path: Path, engine: str) -> tuple[AppRu
         def caught_up() -> bool:
             assert run.process.poll() is None, run.log()[-3000:]
             ends = high_watermarks(backlog.env["EOS_KAFKA_BOOTSTRAP"], backlog.topics)
-            return _holds(target, config["target_schema"], backlog.marks) and stored_offsets(target, config) == ends
+            held = holds_marks(target, config["target_schema"], backlog.marks)
+            return held and stored_offsets(target, config) == ends
 
         wait_until(f"{engine}: the backlog applied", caught_up, timeout=400, interval=1)
         request_stop(backlog.env, config)

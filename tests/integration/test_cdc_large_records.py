@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
 from psycopg2 import sql
 
-from bench.harness import group_rss_mib
+from bench.harness import PeakMemory
 from tests.helpers.continuous import stop_when_caught_up
 from tests.helpers.kafka import create_topic, delete_topics
-from tests.streaming import AppRun, pg_connect, pipeline_config, start_app, start_continuous
+from tests.streaming import pg_connect, pipeline_config, start_app, start_continuous
 from tests.unit.cdc_samples import source
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -46,9 +45,14 @@ CYCLE_BYTES = 8 * 1024 * 1024
 MIB = 1024 * 1024
 
 
+def _doc(key: int, serial: int) -> str:
+    """The ``doc`` of change ``serial`` of ``key``: it names the change, then fills to VALUE_CHARS."""
+    return f"{key}:{serial}:".ljust(VALUE_CHARS, "x")
+
+
 def _change(key: int, serial: int, op: str) -> tuple[bytes, bytes | None]:
-    """One change of ``key`` (its ``doc`` names the change, then fills to VALUE_CHARS)."""
-    doc = f"{key}:{serial}:".ljust(VALUE_CHARS, "x")
+    """One change of ``key``."""
+    doc = _doc(key, serial)
     before, after = ({"id": key, "doc": None}, None) if op == "d" else (None, {"id": key, "doc": doc})
     value = {"before": before, "after": after, "op": op, "ts_ms": 1764230000123, "transaction": None,
              "source": source("blobs", lsn=1000 + serial, tx_id=500 + serial)}
@@ -67,7 +71,7 @@ def _workload() -> tuple[list[tuple[bytes, bytes | None]], dict[int, str]]:
             records.append((json.dumps({"id": key}).encode(), None))  # the tombstone
             del final[key]
         else:
-            final[key] = hashlib.md5(f"{key}:{serial}:".ljust(VALUE_CHARS, "x").encode()).hexdigest()
+            final[key] = hashlib.md5(_doc(key, serial).encode()).hexdigest()
     return records, final
 
 
@@ -87,25 +91,6 @@ def large_topic(stack: dict) -> tuple[str, str, dict[int, str]]:
     assert producer.flush(60) == 0
     yield prefix, topic, final
     delete_topics(stack["EOS_KAFKA_BOOTSTRAP"], topic)
-
-
-class PeakMemory(threading.Thread):
-    """The peak resident memory (MiB) of each role of a run's process group, sampled every 50 ms."""
-
-    def __init__(self, run: AppRun) -> None:
-        super().__init__(daemon=True)
-        self.run_, self.peaks, self.done = run, {}, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set() and self.run_.process.poll() is None:
-            for role, mib in group_rss_mib(self.run_.process.pid).items():
-                self.peaks[role] = max(self.peaks.get(role, 0.0), mib)
-            self.done.wait(0.05)
-
-    def stop(self) -> dict[str, float]:
-        self.done.set()
-        self.join(10)
-        return self.peaks
 
 
 def _config(stack: dict, tmp_path: Path, name: str, prefix: str, topic: str, **settings) -> dict:
@@ -129,7 +114,7 @@ def _continuous_peak(stack: dict, tmp_path: Path, large_topic: tuple, name: str,
     config = _config(stack, tmp_path, name, prefix, topic, continuous_max_bytes=cycle_bytes,
                      max_offsets_per_trigger=10 * RECORDS)
     run = start_continuous(config, tmp_path, label=name)
-    memory = PeakMemory(run)
+    memory = PeakMemory(run, 0.05)
     memory.start()
     try:
         stop_when_caught_up(stack, config, run, [topic])
@@ -158,7 +143,7 @@ def test_spark_reads_a_batch_of_large_records_within_the_readers_byte_bound(stac
     prefix, topic, final = large_topic
     config = _config(stack, tmp_path, f"ls{unique_name}", prefix, topic, max_offsets_per_trigger=10 * RECORDS)
     run = start_app(config, tmp_path, label="large")
-    memory = PeakMemory(run)
+    memory = PeakMemory(run, 0.05)
     memory.start()
     try:
         assert run.wait(600) == 0, run.log()[-3000:]

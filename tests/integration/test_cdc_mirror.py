@@ -31,14 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg2.errors
 import pytest
 from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
+from bench.harness import kafka_connect_connection
 from tests.helpers.cdc_oracle import change_counts, compare, high_watermarks, replay, stored_offsets, topics_written
-from tests.helpers.cdc_source import drop_source, wait_until
-from tests.helpers.cdc_workload import KEYS, SOURCE_DDL, NewColumn, Workload, mirror_connector, mirror_definition
+from tests.helpers.cdc_source import drop_source_schema, wait_until
+from tests.helpers.cdc_workload import (
+    KEYS,
+    SOURCE_DDL,
+    NewColumn,
+    Workload,
+    holds_marks,
+    mirror_connector,
+    mirror_definition,
+)
 from tests.helpers.cdc_workload import target_of as target_table
 from tests.helpers.stack_faults import Restart, kill_broker, kill_connect_worker, restart_postgres_immediate, stack_sh
 from tests.streaming import AppRun, dead_letter_count, pg_connect, pipeline_config, start_app
@@ -101,10 +109,8 @@ class Mirror:
 def mirror(connect: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mirror]:
     env, unique = connect, uuid.uuid4().hex[:10]
     schema, tmp_path = f"cdc_{unique}", tmp_path_factory.mktemp("cdc_mirror")
-    host, port = env["EOS_CONNECT_URL"].removeprefix("http://").split(":")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", json.dumps(
-            {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"}))
+        patch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", kafka_connect_connection(env))
         workload = Workload(env, schema)
         with workload.conn.cursor() as cur:
             cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -131,22 +137,7 @@ def mirror(connect: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
             stack_sh("start-connect")
             state.hook.delete_connector(state.connector)
             workload.close()
-            drop_source(env, schema, state.slot)
-
-
-def _holds(mirror: Mirror, marks: dict[str, tuple]) -> bool:
-    """Whether the target holds every marker row (not before a first driver created the tables)."""
-    with mirror.target.cursor() as cur:
-        for table, (match, values) in marks.items():
-            try:
-                cur.execute(sql.SQL("SELECT 1 FROM {}.{} WHERE {}").format(
-                    sql.Identifier(mirror.config["target_schema"]), sql.Identifier(target_table(table)),
-                    sql.SQL(match)), values)
-            except psycopg2.errors.UndefinedTable:
-                return False
-            if cur.fetchone() is None:
-                return False
-    return True
+            drop_source_schema(env, state.slot, schema)
 
 
 def catch_up(mirror: Mirror, timeout: float = 300) -> float:
@@ -158,7 +149,7 @@ def catch_up(mirror: Mirror, timeout: float = 300) -> float:
 
     def caught_up() -> bool:
         mirror.supervise()
-        if not _holds(mirror, marks):
+        if not holds_marks(mirror.target, mirror.config["target_schema"], marks):
             return False
         return stored_offsets(mirror.target, mirror.config) == high_watermarks(mirror.env["EOS_KAFKA_BOOTSTRAP"],
                                                                                 mirror.topics)

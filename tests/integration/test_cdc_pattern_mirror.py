@@ -26,6 +26,7 @@ from psycopg2 import sql
 
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
+from bench.harness import kafka_connect_connection
 from tests.helpers.cdc_source import Source, drop_slot, wait_until, write_source
 from tests.streaming import AppRun, pg_connect, pipeline_config, start_app
 
@@ -134,9 +135,7 @@ def test_a_pattern_mirrors_every_table_a_table_created_after_the_start_included(
 ) -> None:
     env, schema = connect, source.schema
     slot, connector = f"dbz_{unique_name}", f"pattern-{unique_name}"
-    host, port = env["EOS_CONNECT_URL"].removeprefix("http://").split(":")
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", json.dumps(
-        {"conn_type": "kafka_connect", "host": host, "port": int(port), "schema": "http"}))
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN.upper()}", kafka_connect_connection(env))
     write_source(source, SOURCE_DDL)
     rng = random.Random(35)
     changes(source, rng, list(FIRST_TABLES), 0)  # rows for the initial snapshot
