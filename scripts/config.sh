@@ -13,6 +13,10 @@ EOS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # How often the coordinator aborts timed-out transactions (Kafka's default 10s).
 : "${EOS_KAFKA_TXN_ABORT_INTERVAL_MS:=1000}"
 : "${EOS_PG_PORT:=15432}"
+# How long `stack.sh start` waits for the broker. After an unclean stop (a SIGKILL, a crash) it
+# recovers the last segment of every partition before it listens: with about a thousand
+# partitions on 2 busy cores that took 100 s.
+: "${EOS_KAFKA_START_SECONDS:=240}"
 : "${EOS_PG_DB:=eos}"
 : "${EOS_PG_USER:=eos}"
 : "${EOS_PG_MAX_PREPARED:=64}"
@@ -58,7 +62,7 @@ if [ ! -s "$EOS_KAFKA_SASL_PASSWORD_FILE" ]; then
   mkdir -p "$(dirname "$EOS_KAFKA_SASL_PASSWORD_FILE")"
   (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$EOS_KAFKA_SASL_PASSWORD_FILE")
 fi
-export EOS_ROOT EOS_STATE_DIR EOS_KAFKA_SASL_PORT EOS_KAFKA_SASL_USER EOS_KAFKA_SASL_PASSWORD_FILE EOS_BIND_HOST EOS_KAFKA_PORT EOS_KAFKA_CONTROLLER_PORT \
+export EOS_ROOT EOS_STATE_DIR EOS_KAFKA_START_SECONDS EOS_KAFKA_SASL_PORT EOS_KAFKA_SASL_USER EOS_KAFKA_SASL_PASSWORD_FILE EOS_BIND_HOST EOS_KAFKA_PORT EOS_KAFKA_CONTROLLER_PORT \
   EOS_KAFKA_TXN_MAX_TIMEOUT_MS EOS_KAFKA_TXN_ABORT_INTERVAL_MS EOS_PG_PORT EOS_PG_DB EOS_PG_USER \
   EOS_PG_MAX_PREPARED EOS_KAFKA_LIBS EOS_SPARK_JARS_DIR EOS_VENV EOS_PG_PASSWORD EOS_SPARK_MASTER_PORT \
   EOS_SPARK_MASTER_UI_PORT EOS_SPARK_WORKER_PORT EOS_SPARK_WORKER_UI_PORT EOS_SPARK_WORKER_CORES EOS_SPARK_WORKER_MEMORY \

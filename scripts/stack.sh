@@ -128,8 +128,10 @@ start_kafka() {
     _ "$kafka_dir/log4j2.properties" "$EOS_KAFKA_LIBS" "$kafka_dir/server.properties" \
     > "$kafka_dir/kafka.log" 2>&1 < /dev/null &
   echo $! > "$kafka_pid"
-  wait_for 90 "kafka on $EOS_BIND_HOST:$EOS_KAFKA_PORT" kafka_ready \
-    || die "kafka did not start within 90s: see $kafka_dir/kafka.log"
+  wait_for "$EOS_KAFKA_START_SECONDS" "kafka on $EOS_BIND_HOST:$EOS_KAFKA_PORT" kafka_ready \
+    || die "kafka did not start within ${EOS_KAFKA_START_SECONDS}s: see $kafka_dir/kafka.log
+       (after an unclean stop the broker recovers every partition first; give it longer with
+       EOS_KAFKA_START_SECONDS=<seconds> scripts/stack.sh start)"
 }
 
 ensure_kafka_sasl_user() {

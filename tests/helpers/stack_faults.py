@@ -48,7 +48,8 @@ def gone(pid: int) -> bool:
     return False
 
 
-def stack_sh(*args: str, timeout: float = 240) -> None:
+def stack_sh(*args: str, timeout: float = 300) -> None:
+    """``scripts/stack.sh *args``; ``timeout`` outlasts its own wait for the broker (240 s by default)."""
     subprocess.run(["bash", str(STACK_SH), *args], check=True, timeout=timeout, stdout=subprocess.DEVNULL)
 
 

@@ -51,7 +51,7 @@ from tests.helpers.cdc_workload import target_of as target_table
 from tests.helpers.stack_faults import Restart, kill_broker, kill_connect_worker, restart_postgres_immediate, stack_sh
 from tests.streaming import AppRun, dead_letter_count, pg_connect, pipeline_config, start_app
 
-# Kills the broker, the Connect worker and restarts PostgreSQL: run on a stack of their own (scripts/test.sh).
+# Kills the broker, the Connect worker and restarts PostgreSQL: run alone (scripts/test.sh).
 pytestmark = [pytest.mark.stack_faults]
 CONNECT_CONN = "eos_cdc_mirror_connect"
 WORKLOAD_SECONDS = 22

@@ -243,7 +243,7 @@ def _whole_through(bank_source: BankSource, tmp_path: Path, fault: Callable[[], 
     return reader, seen
 
 
-@pytest.mark.stack_faults  # kills a Connect worker: run on a stack of their own (scripts/test.sh)
+@pytest.mark.stack_faults  # kills the Connect worker the other tests share: run alone (scripts/test.sh)
 def test_a_connect_worker_sigkill_keeps_transactions_whole(bank_source: BankSource, tmp_path: Path) -> None:
     """The Kafka Connect worker SIGKILLed mid-stream and started again: the connector resumes from
     its stored source offsets, inside or between source transactions, and the reader still sees
@@ -251,7 +251,7 @@ def test_a_connect_worker_sigkill_keeps_transactions_whole(bank_source: BankSour
     _whole_through(bank_source, tmp_path, kill_connect_worker)
 
 
-@pytest.mark.stack_faults  # restarts a PostgreSQL cluster: run on a stack of their own (scripts/test.sh)
+@pytest.mark.stack_faults  # restarts the PostgreSQL cluster every test shares: run alone (scripts/test.sh)
 def test_a_postgres_restart_keeps_transactions_whole(bank_source: BankSource, tmp_path: Path) -> None:
     """PostgreSQL (source and target share the cluster) restarted in immediate mode mid-stream: the
     application, the reader, the connector and the engine all lose their sessions. The engine

@@ -1,7 +1,7 @@
 """The continuous engine (``engines/continuous.py``, C10, C11) through a PostgreSQL immediate restart
 while a transactional producer writes, and through a broker SIGKILL and restart: it must not
 exit at all, and the audit must end exact. These kill or restart daemons of the stack: marked
-``stack_faults``, run on a stack of their own beside the other tests (scripts/test.sh), never on a shared one.
+``stack_faults``, run alone after the other tests (scripts/test.sh), never on a shared stack.
 """
 
 from __future__ import annotations
