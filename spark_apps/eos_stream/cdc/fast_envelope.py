@@ -176,3 +176,53 @@ def read(key: bytes | None, value: bytes) -> Read | None:
     if transaction is not None and not isinstance(transaction, dict):
         return None
     return Read(envelope.op, before, after, fields, keyed[0], keyed[1], schema, transaction)
+
+
+# --- the transaction topic's BEGIN and END (``transactions``) ----------------------------------
+
+
+class _Collection(msgspec.Struct):
+    data_collection: str
+    event_count: int
+
+
+class _TransactionPayload(msgspec.Struct):
+    """What ``transactions.parse_transaction_record`` reads of a BEGIN or an END; ``event_count``
+    and ``ts_ms`` are skipped."""
+
+    status: str
+    id: str
+    data_collections: list[_Collection] | None = None
+
+
+class _WrappedTransaction(msgspec.Struct, forbid_unknown_fields=True):
+    schema: msgspec.Raw
+    payload: _TransactionPayload
+
+
+_TRANSACTION = msgspec.json.Decoder(_WrappedTransaction)
+_PLAIN_TRANSACTION = msgspec.json.Decoder(_TransactionPayload)
+
+
+def transaction_record(value: bytes) -> tuple[str, str, dict[str, int]] | None:
+    """(status, transaction id, events per ``schema.table``) of a well-formed BEGIN or END, or
+    None when ``transactions.parse_transaction_record``, the reference, must read it (and give
+    its verdict in its words): anything mistyped, a count below 0, an empty id, an id that is no
+    string. A record with schemas is mostly its schema, skipped here as raw bytes."""
+    try:
+        try:
+            payload = _TRANSACTION.decode(value).payload
+        except msgspec.ValidationError:  # no schema wrapper: the payload itself
+            payload = _PLAIN_TRANSACTION.decode(value)
+    except (msgspec.MsgspecError, UnicodeError, RecursionError, ValueError):
+        return None
+    tx = payload.id.split(":", 1)[0]  # transactions.tx_part
+    if payload.status not in ("BEGIN", "END") or not tx:
+        return None
+    counts: dict[str, int] = {}
+    if payload.status == "END":
+        for entry in payload.data_collections or ():
+            if entry.event_count < 0:
+                return None
+            counts[entry.data_collection] = counts.get(entry.data_collection, 0) + entry.event_count
+    return payload.status, tx, counts
