@@ -205,10 +205,10 @@ _PLAIN_TRANSACTION = msgspec.json.Decoder(_TransactionPayload)
 
 
 def transaction_record(value: bytes) -> tuple[str, str, dict[str, int]] | None:
-    """(status, transaction id, events per ``schema.table``) of a well-formed BEGIN or END, or
-    None when ``transactions.parse_transaction_record``, the reference, must read it (and give
-    its verdict in its words): anything mistyped, a count below 0, an empty id, an id that is no
-    string. A record with schemas is mostly its schema, skipped here as raw bytes."""
+    """(status, transaction id as Debezium wrote it, events per ``schema.table``) of a
+    well-formed BEGIN or END, or None when ``transactions``' ``json`` reading must decide (and
+    give its verdict in its words): anything mistyped, a count below 0, an id that is no string.
+    A record with schemas is mostly its schema, skipped here as raw bytes."""
     try:
         try:
             payload = _TRANSACTION.decode(value).payload
@@ -216,8 +216,7 @@ def transaction_record(value: bytes) -> tuple[str, str, dict[str, int]] | None:
             payload = _PLAIN_TRANSACTION.decode(value)
     except (msgspec.MsgspecError, UnicodeError, RecursionError, ValueError):
         return None
-    tx = payload.id.split(":", 1)[0]  # transactions.tx_part
-    if payload.status not in ("BEGIN", "END") or not tx:
+    if payload.status not in ("BEGIN", "END"):
         return None
     counts: dict[str, int] = {}
     if payload.status == "END":
@@ -225,4 +224,4 @@ def transaction_record(value: bytes) -> tuple[str, str, dict[str, int]] | None:
             if entry.event_count < 0:
                 return None
             counts[entry.data_collection] = counts.get(entry.data_collection, 0) + entry.event_count
-    return payload.status, tx, counts
+    return payload.status, payload.id, counts

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from spark_apps.eos_stream.cdc import fast_envelope, transactions
+from spark_apps.eos_stream.cdc import transactions
 from spark_apps.eos_stream.cdc.envelope import Change, EnvelopeError
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type
 from spark_apps.eos_stream.cdc.transactions import END
@@ -244,17 +244,14 @@ def _transaction_cells(value: bytes | None, mirrored: Callable[[str], bool]) -> 
     counts of the tables the mirror reads (``mirrored``) as ``_after``, and its transaction; a
     BEGIN's or a tombstone's are empty. A table the connector captures and the mirror does not
     would never bring its events: the mirror is whole over its own tables."""
-    read = None if value is None else fast_envelope.transaction_record(value)
-    if read is None:
-        try:
-            record = transactions.parse_transaction_record(value)
-        except ValueError as exc:
-            raise EnvelopeError(str(exc)) from exc
-        read = None if record is None else (record.status, record.tx, dict(record.counts))
+    try:
+        record = transactions.parse_transaction_record(value)
+    except ValueError as exc:
+        raise EnvelopeError(str(exc)) from exc
     body: list[str | None] = [None] * _BODY_CELLS
-    if read is not None and read[0] == END:
-        _, tx, counts = read
-        body[1], body[3], body[-2] = END, transactions.counts_json({t: n for t, n in counts.items() if mirrored(t)}), tx
+    if record is not None and record.status == END:
+        mirrored_counts = {table: n for table, n in record.counts.items() if mirrored(table)}
+        body[1], body[3], body[-2] = END, transactions.counts_json(mirrored_counts), record.tx
     return body
 
 
