@@ -78,8 +78,8 @@ left=$(( wall - ($(date +%s) - started) ))
 if [ "$parallel_status" -ne 0 ] && [ "$parallel_status" -ne 5 ] || [ "$left" -le 60 ]; then
   exit "$parallel_status"
 fi
-# A stack this run started holds only its tests' leftovers: about a thousand partitions, which a
-# SIGKILLed broker recovers one by one before it listens again (tests/helpers/stack_reset.py).
+# A stack this run started holds only its tests' leftovers: their topics, which a SIGKILLed
+# broker recovers one by one before it listens again (tests/helpers/stack_reset.py).
 if [ "$started_stack" -eq 1 ]; then
   "$venv/bin/python" -m tests.helpers.stack_reset || echo "test: the stack's leftovers stay (see above)"
 fi

@@ -1,58 +1,66 @@
 """Between ``make test``'s two phases, on a stack that run started itself: the connectors and
 topics the first phase's tests left behind are deleted, so the ``stack_faults`` tests that
-follow kill and restart a broker of a few partitions instead of about a thousand.
+follow kill and restart a broker that holds only their own partitions.
 
-A SIGKILLed broker recovers every partition's log before it listens again (about 100 s for
-the first phase's thousand partitions on 2 cores, against seconds for the few left here), and
-a leftover connector keeps polling its source and writing its topics while they run.
-Kafka's internal topics (``__*``) and the Connect worker's own (``eos-connect-*``) stay.
+A SIGKILLed broker recovers every partition's log before it listens again (about 100 s for a
+long-lived local broker's thousand partitions on 2 cores; 121 topics are left by a CI run's
+first phase), and a leftover connector keeps polling its source and writing its topics while
+they run. Kafka's internal topics (``__*``) and the Connect worker's own (``eos-connect-*``) stay.
 
     .venv/bin/python -m tests.helpers.stack_reset
 """
 
 from __future__ import annotations
 
+import os
 import sys
-import time
 
 import requests
 from confluent_kafka.admin import AdminClient
 
+from bench.harness import kafka_connect_connection, wait_until
 from demo.env_files import STATE_DIR, read_env_file
+from tests.helpers.airflow_tests_env import own_airflow_env
+from tests.helpers.kafka import delete_topics
 
 KEPT_PREFIXES = ("__", "eos-connect-")
+CONNECT_CONN = "eos_stack_reset_connect"
 
 
-def delete_connectors(connect_url: str) -> list[str]:
-    """Deletes every connector of the Connect worker at ``connect_url``; none when it is down."""
+def delete_connectors(stack: dict[str, str]) -> list[str]:
+    """Deletes every connector of the stack's Connect worker; none when the worker is not running.
+    Airflow runs in the tests' own deployment (``own_airflow_env``), never in a default home."""
+    os.environ.update(own_airflow_env())
+    os.environ[f"AIRFLOW_CONN_{CONNECT_CONN.upper()}"] = kafka_connect_connection(stack)
+    from airflow_provider_eos.hooks.kafka_connect import KafkaConnectError, KafkaConnectHook
+
+    hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
     try:
-        names = requests.get(f"{connect_url}/connectors", timeout=10).json()
-    except requests.ConnectionError:
-        return []
+        names = hook.list_connectors()
+    except KafkaConnectError as err:
+        if isinstance(err.__cause__, requests.ConnectionError):
+            return []
+        raise
     for name in names:
-        requests.delete(f"{connect_url}/connectors/{name}", timeout=30).raise_for_status()
-    return list(names)
+        hook.delete_connector(name)
+    return names
 
 
-def delete_topics(bootstrap: str, timeout: float = 120) -> int:
+def delete_leftover_topics(bootstrap: str) -> int:
     """Deletes every topic but the kept ones and waits until the broker lists none of them."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     doomed = [t for t in admin.list_topics(timeout=30).topics if not t.startswith(KEPT_PREFIXES)]
-    for start in range(0, len(doomed), 200):
-        for future in admin.delete_topics(doomed[start:start + 200], operation_timeout=60).values():
-            future.result(90)
-    deadline = time.monotonic() + timeout
-    while set(doomed) & set(admin.list_topics(timeout=30).topics):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topics still listed {timeout:.0f} s after their deletion")
-        time.sleep(1)
+    if doomed:
+        delete_topics(bootstrap, *doomed)
+        wait_until("the deleted topics gone from the broker's list",
+                   lambda: not set(doomed) & set(admin.list_topics(timeout=30).topics))
     return len(doomed)
 
 
 def main() -> int:
-    env = read_env_file(STATE_DIR / "stack.env")
-    connectors = delete_connectors(env["EOS_CONNECT_URL"])
-    topics = delete_topics(env["EOS_KAFKA_BOOTSTRAP"])
+    stack = read_env_file(STATE_DIR / "stack.env")
+    connectors = delete_connectors(stack)
+    topics = delete_leftover_topics(stack["EOS_KAFKA_BOOTSTRAP"])
     print(f"stack reset: {len(connectors)} connectors and {topics} topics deleted")
     return 0
 
