@@ -5,6 +5,7 @@ tests/integration/test_direct_replay.py and every test that runs the app."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -185,3 +186,51 @@ def test_other_consumer_errors_fail_with_the_offset_but_no_retention_claim() -> 
     with pytest.raises(RuntimeError, match=r"needs offset 40 while reading up to 50: .*transport") as info:
         _offsets(consumer, 40, 50)
     assert "retention" not in str(info.value)
+
+
+def _sizes(shares: list[list[OffsetRange]]) -> list[int]:
+    return [sum(r.end - r.start for r in share) for share in shares]
+
+
+def _covered(shares: list[list[OffsetRange]]) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    pieces: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for share in shares:
+        assert len({(r.topic, r.partition) for r in share}) == len(share), "two ranges of one partition in a share"
+        for r in share:
+            pieces.setdefault((r.topic, r.partition), []).append((r.start, r.end))
+    return {key: sorted(value) for key, value in pieces.items()}
+
+
+def test_shares_split_a_range_so_two_partitions_and_a_transaction_topic_fill_two_tasks_alike() -> None:
+    ranges = [OffsetRange("c", 0, 0, 172_000), OffsetRange("c", 1, 0, 172_000),
+              OffsetRange("c.transaction", 0, 0, 133_000)]
+    shares = kafka_ranges.balanced_shares(ranges, 2)
+    assert _sizes(shares) == [238_500, 238_500]
+    assert _covered(shares) == {("c", 0): [(0, 172_000)], ("c", 1): [(0, 66_500), (66_500, 172_000)],
+                                ("c.transaction", 0): [(0, 133_000)]}
+
+
+def test_shares_never_split_into_small_pieces_nor_a_range_from_the_log_start() -> None:
+    small = [OffsetRange("t", 0, 5, 8), OffsetRange("t", 1, 0, 4), OffsetRange("u", 0, 0, 3)]
+    assert kafka_ranges.balanced_shares(small, 2) == [small[:2], small[2:]]
+    assert kafka_ranges.balanced_shares([OffsetRange("t", 0, 0, 3_000)], 2) == [[OffsetRange("t", 0, 0, 3_000)]]
+    assert kafka_ranges.balanced_shares([OffsetRange("t", 0, 0, 4_000)], 2) == [[OffsetRange("t", 0, 0, 2_000)],
+                                                                               [OffsetRange("t", 0, 2_000, 4_000)]]
+    # the bench's batch: two change partitions of 17,915 records and 14,170 transaction records
+    bench = [OffsetRange("c", 0, 0, 17_915), OffsetRange("c", 1, 0, 17_915), OffsetRange("c.transaction", 0, 0, 14_170)]
+    assert _sizes(kafka_ranges.balanced_shares(bench, 2)) == [25_000, 25_000]
+    unknown = [OffsetRange("t", 0, EARLIEST, 90_000), OffsetRange("t", 1, 0, 30_000)]
+    assert kafka_ranges.balanced_shares(unknown, 2) == [unknown[:1], unknown[1:]]
+    assert kafka_ranges.balanced_shares([], 2) == []
+
+
+def test_shares_are_at_most_the_tasks_and_cover_every_offset_once() -> None:
+    ranges = [OffsetRange(f"t{i}", p, 1_000 * i, 1_000 * i + 7_000 + 3_000 * p) for i in range(7) for p in range(3)]
+    for tasks in (1, 2, 3, 5):
+        shares = kafka_ranges.balanced_shares(ranges, tasks)
+        assert len(shares) <= tasks
+        assert max(_sizes(shares)) - min(_sizes(shares)) <= 13_000  # within one unsplit range of each other
+        for (topic, partition), pieces in _covered(shares).items():
+            whole = next(r for r in ranges if (r.topic, r.partition) == (topic, partition))
+            assert pieces[0][0] == whole.start and pieces[-1][1] == whole.end
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))

@@ -239,20 +239,26 @@ def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[
     return resolved_staging_lines(resolve, records, keep_raw)
 
 
-def _transaction_cells(value: bytes | None, mirrored: Callable[[str], bool]) -> list[str | None]:
-    """The body cells of a transaction-topic record (``transactions``): an END's op, its
-    counts of the tables the mirror reads (``mirrored``) as ``_after``, and its transaction; a
-    BEGIN's or a tombstone's are empty. A table the connector captures and the mirror does not
-    would never bring its events: the mirror is whole over its own tables."""
+# A transaction record's line after its coordinates: a BEGIN's (or a tombstone's) every cell
+# NULL; an END's its op, counts and transaction. Written directly: the transaction topic brings
+# two records per source transaction, and the generic cells cost more than reading them.
+_EMPTY_BODY = "\t" + "\t".join([_NULL] * (_BODY_CELLS + 3)) + "\n"
+_END_BODY = "\t".join([_NULL] * 4 + [END, _NULL, "{counts}"] + [_NULL] * (_BODY_CELLS - 6) + ["{tx}", _NULL]) + "\n"
+
+
+def _transaction_line(coordinates: str, value: bytes | None, mirrored: Callable[[str], bool]) -> str:
+    """The stage line of a transaction-topic record (``transactions``) after its coordinates'
+    cells: an END's op, its counts of the tables the mirror reads (``mirrored``; none of 0) as ``_after``,
+    and its transaction; a BEGIN's or a tombstone's cells empty. A table the connector captures
+    and the mirror does not would never bring its events: the mirror is whole over its own tables."""
     try:
         record = transactions.parse_transaction_record(value)
     except ValueError as exc:
         raise EnvelopeError(str(exc)) from exc
-    body: list[str | None] = [None] * _BODY_CELLS
-    if record is not None and record.status == END:
-        mirrored_counts = {table: n for table, n in record.counts.items() if mirrored(table)}
-        body[1], body[3], body[-2] = END, transactions.counts_json(mirrored_counts), record.tx
-    return body
+    if record is None or record.status != END:
+        return coordinates + _EMPTY_BODY
+    counts = transactions.counts_json({table: n for table, n in record.counts.items() if n and mirrored(table)})
+    return coordinates + "\t" + _END_BODY.format(counts=escape_copy(counts), tx=escape_copy(record.tx))
 
 
 def _refused_cells(value: bytes | None, error: str) -> list[str | None]:
@@ -278,12 +284,12 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
     in meaning, faster; it is not used when ``keep_raw`` asks for every record's bytes."""
     if keep_raw:
         flat = None
+    escaped_transaction_topic = None if transaction_topic is None else escape_copy(transaction_topic)
     for topic, partition, offset, key, value in records:
         cells: list[str | bytes | None]
         try:
             if topic == transaction_topic:
-                cells = [topic, str(partition), str(offset), None, None, None, *_transaction_cells(value, mirrored)]
-                yield "\t".join(map(_copy_cell, cells)) + "\n"
+                yield _transaction_line(f"{escaped_transaction_topic}\t{partition}\t{offset}", value, mirrored)
                 continue
             if flat is not None:
                 line = flat(topic, partition, offset, key, value)

@@ -115,16 +115,18 @@ class MirrorBatches:
                 STAGE_CHUNK_CHARS)
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
-                  skip_applied: bool, pipeline: str = "") -> BatchRun:
+                  skip_applied: bool, pipeline: str = "", staged_once: bool = False) -> BatchRun:
         """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
         apply of the stage (or of one isolated range of it) to the targets they leave. A mirror
         of whole transactions first rewrites the stage to the records it applies now
         (``transactions_sql``); the stage then holds records below the stored offsets, which
         the apply must not skip, and it dedupes only when a retried task staged copies (the
-        writer's count of the stage no longer tells)."""
+        writer's count of the stage no longer tells). ``staged_once``: the writer's count of the
+        stage, before the walk, found no copies, so the walk need not look for them."""
         whole, copies, released = self.definition.whole_transactions, 0, 0
         if whole:
-            done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied)
+            done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied,
+                                                     str(self.definition.transaction_topic()), staged_once)
             copies = done.pop("copies")
             if done["held"] or done["released"]:
                 emit("mirror_transactions", **done)

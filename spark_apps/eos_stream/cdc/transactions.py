@@ -13,8 +13,9 @@ transaction is **applicable** when the per-table counts of its data events among
 candidates equal its END's, and every earlier END was applicable: the walk stops at the first
 that is not, so a later transaction is never visible without an earlier one. A record
 without a transaction (a snapshot read, a tombstone) is free, but within a partition nothing
-is applied after a held record (per-key Kafka order). :func:`plan` is the reference model of
-what ``transactions_sql`` computes in the database over the stage and ``held_changes``.
+is applied after a held record (per-key Kafka order). :func:`plan` is the reference model, one
+record at a time, of what ``transactions_sql`` decides in the database from the candidates'
+counts per partition, kind, transaction and table.
 """
 
 from __future__ import annotations
@@ -234,3 +235,16 @@ def misordered_message(tx: Any, coordinate: Any, earlier: Any) -> str:
             "lost (the transaction topic lost records to retention, or was recreated), or the change topics are "
             "not in commit order (partitions added while the mirror was behind). Transaction "
             f"{earlier} can never apply whole: re-snapshot into a new pipeline, or set mirror.transactions: per_key")
+
+
+# --- the kinds the walk in SQL counts (``transactions_sql``) -------------------
+
+# Besides END; UNTRACKED: a streaming change without a transaction.
+CHANGE, FREE, UNTRACKED = "change", "free", "untracked"
+
+
+def untracked_message(coordinate: Any) -> str:
+    topic, partition, offset = coordinate
+    return (f"the change at {topic}[{partition}]@{offset} carries no transaction: a mirror with transactions: "
+            "whole needs the connector's provide.transaction.metadata=true (postgres_connector_config sets it); "
+            "set it and restart the connector, or set mirror.transactions: per_key")

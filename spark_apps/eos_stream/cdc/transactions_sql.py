@@ -1,13 +1,20 @@
 """Whole source transactions in SQL: the batch's stage rewritten to what it may apply.
 
 In the batch's transaction, before the mirror's apply (``pipeline.MirrorBatches.batch_run``),
-:func:`hold_and_release` computes ``transactions.plan`` over the candidates (the stage's
-records not applied yet, plus the pipeline's rows of ``held_changes``) and leaves:
+:func:`hold_and_release` counts the candidates (the stage's records not applied yet, plus the
+pipeline's rows of ``held_changes``) in one pass, per partition, kind, transaction and table;
+``transactions.walk`` decides from the counts what ``transactions.plan`` decides record by
+record; one statement then moves records by partition and offset, and leaves:
 
 - in the stage, exactly the records to apply now: the free records and the events of the
-  applicable transactions, those an earlier batch held included;
+  applicable transactions, those an earlier batch held included, and none of the transaction
+  topic's (its BEGINs and applied ENDs are dropped; the apply has nothing to do with them);
 - in ``held_changes``, every other candidate (events of incomplete transactions, the ENDs not
   applicable yet, and whatever follows a held record in its partition).
+
+The walk's cost is one aggregate of the batch and a few statements that touch only the records
+they move, whatever the number of transactions: a walk in SQL over every record (window, joins,
+a materialised copy of the batch) cost ten times as much (``docs/benchmarks.md``).
 
 A mirror switched back to ``per_key`` (the way out when a transaction can never complete) gets
 the records it held in its next batch (:func:`release_all`), and applies them per key with the
@@ -30,10 +37,6 @@ from spark_apps.eos_stream.cdc import transactions
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
 from spark_apps.eos_stream.state import meta_tables
 
-# The columns the walk reads (a change's row is not among them: only an END's counts, in _after);
-# a candidate's other columns are only moved, between the stage and held_changes.
-_WALKED = ("_topic", "_partition", "_offset", "_error", "_op", "_tx", "_collection")
-
 
 def _columns(prefix: str = "") -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(prefix, c) if prefix else sql.Identifier(c) for c in STAGE_COLUMNS)
@@ -47,112 +50,145 @@ def skip_applied_statement(stage: sql.Composable, meta_schema: str) -> sql.Compo
     ).format(stage=stage, offsets=meta_tables.table(meta_schema, meta_tables.OFFSETS))
 
 
+_KIND = """CASE WHEN _op = {end} AND _error IS NULL THEN {end}
+  WHEN _tx IS NOT NULL AND _op IS DISTINCT FROM {end} THEN {change}
+  WHEN _op IN ('c', 'u', 'd') AND _error IS NULL THEN {untracked} ELSE {free} END"""
+
+# The walk (``transactions.plan``, decided over counts): one pass over the candidates counts
+# them per partition, kind, transaction and table (``g``; an END a group of its own; with copies
+# of a retried task possible, distinct offsets, else count(*), which the database hashes instead
+# of sorting the batch); the rest joins those few thousand groups. ``stop``: the first END, in
+# the transaction topic's order, whose transaction is incomplete; the ENDs from it on wait, and
+# the transactions before it are ``ready``. ``blocking``: per partition, the first event of a
+# transaction not ready, where the partition's held records start.
 _WALK = """
-WITH cand AS MATERIALIZED (
-  SELECT DISTINCT ON (_topic, _partition, _offset) * FROM (
-    SELECT TRUE AS _was_held, {narrow} FROM {held} WHERE pipeline = %(pipeline)s
-    UNION ALL SELECT FALSE, {narrow} FROM {stage}) u
-  ORDER BY _topic, _partition, _offset, _was_held DESC),
-ends AS (SELECT _topic, _partition, _offset, _tx, CAST(_after AS jsonb) AS counts FROM cand
-         WHERE _op = {end} AND _error IS NULL),
-seen AS (SELECT _tx, _collection, count(*) AS n FROM cand
-         WHERE _tx IS NOT NULL AND _op IS DISTINCT FROM {end} GROUP BY _tx, _collection),
-expected AS (SELECT e._topic, e._partition, e._offset, e._tx, c.t AS _collection, c.n::bigint AS n
-             FROM ends e CROSS JOIN LATERAL jsonb_each_text(e.counts) c(t, n)),
-extra AS (SELECT s._tx, s._collection FROM seen s JOIN (SELECT DISTINCT _tx FROM ends) e ON e._tx = s._tx
-          LEFT JOIN expected x ON x._tx = s._tx AND x._collection = s._collection
-          WHERE x._tx IS NULL OR s.n > x.n),
-verdict AS (
-  SELECT e._topic, e._partition, e._offset, e._tx, COALESCE(bool_and(COALESCE(s.n, 0) = x.n), TRUE) AS complete
-  FROM ends e
-  LEFT JOIN expected x ON (x._topic, x._partition, x._offset) = (e._topic, e._partition, e._offset)
-  LEFT JOIN seen s ON s._tx = x._tx AND s._collection = x._collection
-  GROUP BY e._topic, e._partition, e._offset, e._tx),
-walk AS (SELECT *, bool_and(complete) OVER (ORDER BY _topic, _partition, _offset) AS applicable FROM verdict),
-ready AS (SELECT DISTINCT _tx FROM walk WHERE applicable),
-by_tx AS (SELECT c._topic, c._partition, c._offset, c._tx FROM cand c
-          WHERE c._tx IS NOT NULL AND c._op IS DISTINCT FROM {end} AND c._tx NOT IN (SELECT _tx FROM ready)),
-block AS (SELECT DISTINCT ON (_topic, _partition) _topic, _partition, _offset AS first, _tx AS first_tx FROM by_tx
-          ORDER BY _topic, _partition, _offset),
-held AS MATERIALIZED (
-  SELECT c.*, c._tx IN (SELECT _tx FROM ready) AND c._op IS DISTINCT FROM {end} AS _ready, b.first_tx FROM cand c
-  LEFT JOIN block b ON b._topic = c._topic AND b._partition = c._partition
-  WHERE c._offset >= b.first
-     OR (c._op = {end} AND NOT EXISTS (SELECT 1 FROM walk w WHERE w.applicable AND (w._topic, w._partition, w._offset)
-                                       = (c._topic, c._partition, c._offset)))),
-moved AS (INSERT INTO {held} (pipeline, {columns}) SELECT %(pipeline)s, {stage_columns} FROM {stage} s
-          JOIN held x ON (x._topic, x._partition, x._offset) = (s._topic, s._partition, s._offset)
-          WHERE NOT x._was_held ON CONFLICT DO NOTHING RETURNING 1),
-released AS (DELETE FROM {held} h WHERE h.pipeline = %(pipeline)s
-             AND NOT EXISTS (SELECT 1 FROM held x WHERE (x._topic, x._partition, x._offset)
-                                                       = (h._topic, h._partition, h._offset))
-             RETURNING {held_columns}),
-back AS (INSERT INTO {stage} ({columns}) SELECT * FROM released RETURNING 1)
-SELECT (SELECT count(*) FROM held WHERE NOT _was_held), (SELECT count(*) FROM moved),
-  (SELECT count(*) FROM {stage}) - (SELECT count(*) FROM cand WHERE NOT _was_held), (SELECT count(*) FROM back),
-  (SELECT count(*) FROM held), (SELECT count(*) FROM walk WHERE applicable),
-  (SELECT string_agg(_tx || ' (' || _collection || ')', '; ' ORDER BY _tx, _collection) FROM extra),
-  (SELECT min(_tx || ' at ' || _topic || '[' || _partition || ']@' || _offset || ' behind ' || first_tx)
-   FROM held WHERE _ready),
-  (SELECT min(_topic || '[' || _partition || ']@' || _offset) FROM cand
-   WHERE _op IN ('c', 'u', 'd') AND _tx IS NULL AND _error IS NULL),
-  (SELECT string_agg(_tx, ', ' ORDER BY _topic, _partition, _offset) FROM walk WHERE NOT applicable)
+WITH c AS (SELECT TRUE AS _was_held, _topic, _partition, _offset, {kind} AS kind, _tx, _collection,
+             CASE WHEN _op = {end} THEN _after END AS _after FROM {held} WHERE pipeline = %(pipeline)s
+           UNION ALL
+           SELECT FALSE, _topic, _partition, _offset, {kind}, _tx, _collection,
+             CASE WHEN _op = {end} THEN _after END FROM {stage}),
+g AS MATERIALIZED (
+  SELECT _topic, _partition, kind, _tx, _collection, {events} AS events, min(_offset) AS first, max(_offset) AS last,
+    max(_after) AS counts, count(*) FILTER (WHERE NOT _was_held) AS rows_staged, {staged} AS staged,
+    count(*) FILTER (WHERE _was_held) AS rows_held
+  FROM c GROUP BY _topic, _partition, kind, _tx, _collection, CASE WHEN kind = {end} THEN _offset END),
+seen AS MATERIALIZED (SELECT _tx, _collection, sum(events) AS n FROM g WHERE kind = {change} GROUP BY _tx, _collection),
+ends AS MATERIALIZED (
+  SELECT e._topic, e._partition, e.first AS _offset, e._tx, CAST(e.counts AS jsonb) AS counts,
+    COALESCE(s.got, '{{}}'::jsonb) AS got
+  FROM g e LEFT JOIN (SELECT _tx, jsonb_object_agg(_collection, n) AS got FROM seen GROUP BY _tx) s ON s._tx = e._tx
+  WHERE e.kind = {end}),
+stop AS MATERIALIZED (SELECT _topic, _partition, _offset FROM ends WHERE counts <> got ORDER BY 1, 2, 3 LIMIT 1),
+walked AS MATERIALIZED (
+  SELECT e.*, ((e._topic, e._partition, e._offset) >= (x._topic, x._partition, x._offset)) IS TRUE AS waits
+  FROM ends e LEFT JOIN stop x ON TRUE),
+ready AS MATERIALIZED (SELECT DISTINCT _tx FROM walked WHERE NOT waits),
+blocking AS MATERIALIZED (
+  SELECT DISTINCT ON (_topic, _partition) _topic, _partition, first, _tx FROM g
+  WHERE kind = {change} AND NOT EXISTS (SELECT 1 FROM ready r WHERE r._tx = g._tx) ORDER BY _topic, _partition, first),
+extra AS (SELECT e._tx, s._collection FROM ends e JOIN seen s ON s._tx = e._tx
+          WHERE s.n > COALESCE(CAST(e.counts ->> s._collection AS bigint), 0)),
+behind AS (SELECT g._tx, g._topic, g._partition, g.last, b._tx AS earlier
+           FROM g JOIN blocking b USING (_topic, _partition)
+           WHERE g.kind = {change} AND g.last > b.first AND EXISTS (SELECT 1 FROM ready r WHERE r._tx = g._tx)
+           ORDER BY g._tx, g._topic, g._partition, g.last LIMIT 1)
+SELECT
+  (SELECT json_agg(json_build_array(_topic, _partition, first, FALSE)) FROM blocking),
+  (SELECT json_agg(json_build_array(_topic, _partition, first, TRUE)) FROM (
+     SELECT _topic, _partition, min(_offset) AS first FROM walked WHERE waits GROUP BY 1, 2) w),
+  (SELECT count(*) FROM ready),
+  (SELECT json_agg(_tx ORDER BY _topic, _partition, _offset) FROM (
+     SELECT * FROM walked WHERE waits ORDER BY _topic, _partition, _offset LIMIT 5) w),
+  (SELECT sum(rows_staged - staged) FROM g), (SELECT sum(rows_held) FROM g),
+  (SELECT json_build_array(_tx, string_agg(_collection, ', ' ORDER BY _collection)) FROM extra
+   WHERE _tx = (SELECT min(_tx) FROM extra) GROUP BY _tx),
+  (SELECT json_build_array(_tx, json_build_array(_topic, _partition, last), earlier) FROM behind),
+  (SELECT json_build_array(_topic, _partition, first) FROM g WHERE kind = {untracked}
+   ORDER BY _topic, _partition, first LIMIT 1)
 """
 
 
-def walk_statement(stage: sql.Composable, meta_schema: str) -> sql.Composed:
-    """The walk over the candidates, moving records between the stage and ``held_changes``;
-    one row: (records held now, rows inserted into held_changes, copies of a coordinate in the stage
-    (a retried task's), records released, records held in all, transactions applicable,
-    transactions with too many events, an applicable transaction's event held by its partition,
-    a streaming change without transaction metadata, the transactions waiting)."""
-    return sql.SQL(_WALK).format(
-        held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES), stage=stage,
-        columns=_columns(), held_columns=_columns("h"), stage_columns=_columns("s"), end=sql.Literal(transactions.END),
-        narrow=sql.SQL(", ").join([*map(sql.Identifier, _WALKED), sql.SQL(
-            "CASE WHEN _op = {end} THEN _after END AS _after").format(end=sql.Literal(transactions.END))]))
+def walk_statement(stage: sql.Composable, meta_schema: str, copies: bool) -> sql.Composed:
+    """The walk (see above); one row: the bounds where each partition's held records start
+    (``[topic, partition, first offset, ENDs only]``, for :func:`move_statement`), the
+    transactions ready, the first five waiting, the stage's copies, the records held before,
+    and the refusals found: a transaction with too many events, an applicable one behind a held
+    event, a streaming change without transaction metadata. ``copies``: the stage may hold a
+    record twice, so offsets are counted distinct."""
+    names = {"end": sql.Literal(transactions.END), "change": sql.Literal(transactions.CHANGE),
+             "untracked": sql.Literal(transactions.UNTRACKED), "free": sql.Literal(transactions.FREE)}
+    counts = ({"events": sql.SQL("count(DISTINCT _offset)"),
+               "staged": sql.SQL("count(DISTINCT _offset) FILTER (WHERE NOT _was_held)")} if copies else
+              {"events": sql.SQL("count(*)"), "staged": sql.SQL("count(*) FILTER (WHERE NOT _was_held)")})
+    return sql.SQL(_WALK).format(held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES), stage=stage,
+                                 kind=sql.SQL(_KIND).format(**names), **counts, **names)
 
 
-def drop_held_statement(stage: sql.Composable, meta_schema: str) -> sql.Composed:
-    """Removes from the stage the records the walk moved to ``held_changes`` (and their copies)."""
-    return sql.SQL(
-        "DELETE FROM {stage} s USING {held} h WHERE h.pipeline = %(pipeline)s"
-        " AND (h._topic, h._partition, h._offset) = (s._topic, s._partition, s._offset)"
-    ).format(stage=stage, held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES))
+# The records held now leave the stage for held_changes; the records held before and not now
+# come back to the stage (an END is done once its transaction applies); the transaction topic's
+# records left in the stage (its BEGINs, the ENDs applied) go: the apply has nothing to do with them.
+_MOVE = """
+WITH held_from AS (SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[],
+                                        %(ends_only)s::boolean[]) f(topic, partition, first, ends_only)),
+moved AS (DELETE FROM {stage} s USING held_from f
+          WHERE s._topic = f.topic AND s._partition = f.partition AND s._offset >= f.first
+            AND (NOT f.ends_only OR s._op = {end})
+          RETURNING {stage_columns}),
+kept AS (INSERT INTO {held} (pipeline, {columns}) SELECT %(pipeline)s, * FROM moved ON CONFLICT DO NOTHING RETURNING 1),
+released AS (DELETE FROM {held} h WHERE h.pipeline = %(pipeline)s AND NOT EXISTS (
+               SELECT 1 FROM held_from f WHERE h._topic = f.topic AND h._partition = f.partition
+                                           AND h._offset >= f.first AND (NOT f.ends_only OR h._op = {end}))
+             RETURNING {held_columns}),
+back AS (INSERT INTO {stage} ({columns}) SELECT * FROM released WHERE _op IS DISTINCT FROM {end} RETURNING 1)
+SELECT (SELECT count(*) FROM kept), (SELECT count(*) FROM released), (SELECT count(*) FROM back)
+"""
+
+
+def move_statement(stage: sql.Composable, meta_schema: str) -> sql.Composed:
+    """Moves records between the stage and ``held_changes`` as the walk's bounds say;
+    one row: (records newly held, records released, of them changes back in the stage)."""
+    return sql.SQL(_MOVE).format(
+        held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES), stage=stage, end=sql.Literal(transactions.END),
+        columns=_columns(), held_columns=_columns("h"), stage_columns=_columns("s"))
+
+
+def drop_transaction_records_statement(stage: sql.Composable) -> sql.Composed:
+    """Removes the transaction topic's records the walk left in the stage (a refused one stays, to be dead-lettered)."""
+    return sql.SQL("DELETE FROM {} WHERE _topic = %(transaction_topic)s AND _error IS NULL").format(stage)
 
 
 def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str,
-                     skip_applied: bool) -> dict[str, Any]:
+                     skip_applied: bool, transaction_topic: str, staged_once: bool = False) -> dict[str, Any]:
     """Rewrites the stage to the records this batch applies (see the module), on ``cur``, in the
     batch's transaction; returns what it did, for the batch's event. ``copies``: the stage held a
     record twice (a retried task), so the apply must dedupe; released records never repeat a
     staged one (they are below the stored offsets, the stage's records at or above them).
+    ``staged_once``: the writer counted no copies in the stage, so none are looked for.
 
     :raises transactions.TransactionError: an END counting fewer events than arrived, a
         complete transaction behind a held record of its partition, or a streaming change
         without transaction metadata; the batch's transaction then rolls back."""
-    params = {"pipeline": pipeline}
+    params: dict[str, Any] = {"pipeline": pipeline, "transaction_topic": transaction_topic}
     if skip_applied:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
-    cur.execute(walk_statement(stage, meta_schema), params)
+    cur.execute(walk_statement(stage, meta_schema, copies=not staged_once), params)
     row = cur.fetchone()
     assert row is not None
-    moved, _, copies, released, held, applicable, too_many, misordered, untracked, waiting = row
+    held_from, ends_held_from, applicable, waiting, copies, held_before, too_many, behind, untracked = row
     if too_many:
-        raise transactions.TransactionError(transactions.impossible_message(too_many.split(" (")[0], too_many))
-    if misordered:
-        tx, _, where = misordered.partition(" at ")
-        where, _, earlier = where.partition(" behind ")
-        raise transactions.TransactionError(transactions.misordered_message(tx, where, earlier))
+        raise transactions.TransactionError(transactions.impossible_message(*too_many))
+    if behind:
+        raise transactions.TransactionError(transactions.misordered_message(behind[0], tuple(behind[1]), behind[2]))
     if untracked:
-        raise transactions.TransactionError(
-            f"the change at {untracked} carries no transaction: a mirror with transactions: whole needs the "
-            "connector's provide.transaction.metadata=true (postgres_connector_config sets it); set it and restart "
-            "the connector, or set mirror.transactions: per_key")
-    if moved:
-        cur.execute(drop_held_statement(stage, meta_schema), params)
-    return {"held_now": int(moved), "released": int(released), "held": int(held), "copies": int(copies),
-            "transactions_applied": int(applicable), "waiting": (waiting or "").split(", ")[:5] if waiting else []}
+        raise transactions.TransactionError(transactions.untracked_message(untracked))
+    bounds = (held_from or []) + (ends_held_from or [])
+    params.update(topics=[b[0] for b in bounds], partitions=[b[1] for b in bounds], offsets=[b[2] for b in bounds],
+                  ends_only=[b[3] for b in bounds])
+    cur.execute(move_statement(stage, meta_schema), params)
+    kept, released, _ = cur.fetchone()
+    cur.execute(drop_transaction_records_statement(stage), params)
+    return {"held_now": int(kept), "released": int(released), "held": int(held_before or 0) - released + kept,
+            "copies": int(copies or 0), "transactions_applied": int(applicable), "waiting": waiting or []}
 
 
 _RELEASE_ALL = """

@@ -257,22 +257,30 @@ class _BatchWrite:
         self.started_at = time.time()
         self.ranges = kafka_ranges.offset_ranges(start, end)
 
-    def on_tasks(self, task: Callable[[int, Iterable[Any]], Iterator[Any]]) -> list[Any]:
+    def on_tasks(self, task: Callable[[int, Iterable[Any]], Iterator[Any]], balanced: bool = False) -> list[Any]:
         """Runs ``task`` (task index, its share of the ranges) on the executors and collects
         what each yields. No more tasks than task slots: a Python task costs tens of
-        milliseconds of scheduling however little it reads (docs/benchmarks.md)."""
+        milliseconds of scheduling however little it reads (docs/benchmarks.md). ``balanced``:
+        the shares are of about equal records, a range split between tasks where needed
+        (``kafka_ranges.balanced_shares``). Only a stage's shares are: its apply sorts the whole
+        batch by offset, while a part is written as its task reads it, so parts keep whole partitions."""
         if not self.ranges:
             return []
         context = self.stream.spark.sparkContext
-        tasks = min(len(self.ranges), context.defaultParallelism)
-        return context.parallelize(self.ranges, tasks).mapPartitionsWithIndex(task).collect()
+        if not balanced:
+            tasks = min(len(self.ranges), context.defaultParallelism)
+            return context.parallelize(self.ranges, tasks).mapPartitionsWithIndex(task).collect()
+        shares = kafka_ranges.balanced_shares(self.ranges, context.defaultParallelism)
+        return (context.parallelize(shares, len(shares))
+                .mapPartitionsWithIndex(lambda index, held: task(index, [r for share in held for r in share]))
+                .collect())
 
     def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
         """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
         stream, config = self.stream, self.stream.config
         stager = range_stager(stream.dsn, stream.spec_source, config.meta_schema, stage_name, keep_raw,
                               stream.kafka_settings)
-        staged = sum(self.on_tasks(lambda _index, share: stager(share)))
+        staged = sum(self.on_tasks(lambda _index, share: stager(share), balanced=True))
         stream.rows_read.record(self.batch_id, staged)
         return staged
 

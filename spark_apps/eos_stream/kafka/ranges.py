@@ -92,6 +92,54 @@ def offset_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartiti
     return ranges
 
 
+# A range is split between two tasks only where both pieces hold at least this many records:
+# a piece costs its task an assignment and the wait past its end, milliseconds, while a batch of
+# two change partitions and a transaction topic left one task 14,000 records more than the other
+# when pieces had to hold a chunk (10,000).
+MIN_PIECE_RECORDS = 2_000
+
+
+def balanced_shares(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
+    """``ranges`` as at most ``tasks`` shares of about equal records, a range split at an offset
+    where one share fills up, so the slowest task reads no more than its part of the batch. A
+    batch of whole transactions reads its change partitions and the transaction topic's one
+    partition: three ranges on two task slots, whole, left one task a partition and the other
+    a partition and the transaction topic. The pieces of a range go to consecutive shares, so a
+    share never holds two ranges of one partition (``read_ranges``). A range from ``EARLIEST``
+    has no known size (the log's start is the broker's) and is never split; its end stands for
+    its size."""
+    def size(r: OffsetRange) -> int:
+        return r.end - (0 if r.start == EARLIEST else r.start)
+
+    tasks = max(1, tasks)
+    left = sum(map(size, ranges))  # records not yet in a share
+    shares: list[list[OffsetRange]] = [[]]
+    target, filled = -(-left // tasks), 0
+
+    def next_share() -> None:  # its target: what is left, over the shares left (an overfull one evens out)
+        nonlocal target, filled
+        shares.append([])
+        target, filled = -(-left // (tasks - len(shares) + 1)), 0
+
+    for r in ranges:
+        while True:
+            more = len(shares) < tasks  # another share may start
+            room = target - filled
+            if more and r.start != EARLIEST and MIN_PIECE_RECORDS <= room <= size(r) - MIN_PIECE_RECORDS:
+                shares[-1].append(OffsetRange(r.topic, r.partition, r.start, r.start + room))
+                left -= room
+                r = OffsetRange(r.topic, r.partition, r.start + room, r.end)
+                next_share()
+                continue
+            if more and shares[-1] and room < size(r) / 2:  # it fits the next share better than this one
+                next_share()
+            shares[-1].append(r)
+            filled += size(r)
+            left -= size(r)
+            break
+    return [share for share in shares if share]
+
+
 def consumer_settings(bootstrap: str, security: Mapping[str, str], group: str,
                       prefetch_records: int = _PREFETCH_RECORDS) -> dict[str, Any]:
     """A range reader's librdkafka settings. ``security``: the connection's options in

@@ -125,7 +125,9 @@ class MirrorApply(Protocol):
         ...
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
-                  skip_applied: bool, pipeline: str = "") -> BatchRun: ...
+                  skip_applied: bool, pipeline: str = "", staged_once: bool = False) -> BatchRun:
+        """``staged_once``: the stage is known to hold each record once (no retried task's copies)."""
+        ...
 
     def transaction_topic(self) -> str | None:
         """The connector's transaction topic when the mirror applies source transactions whole."""

@@ -98,21 +98,22 @@ class BatchWriter:
         params = {"pipeline": self.offsets.pipeline}
 
         def apply(cur) -> tuple[int, int]:
-            run = self._batch_run(cur, stage)
+            # Counted before a mirror's batch_run, which may rewrite the stage (whole transactions).
+            once = not record_by_record and self._staged_once(cur, stage, staged_rows)
+            run = self._batch_run(cur, stage, once)
             if record_by_record:
                 return self._apply_each(cur, stage, params, run)
-            dedupe = self.mode.dedupe and not self._staged_once(cur, stage, staged_rows)
-            return run(cur, dedupe, False, params)
+            return run(cur, self.mode.dedupe and not once, False, params)
 
         return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
 
-    def _batch_run(self, cur, stage: sql.Composed) -> BatchRun:
+    def _batch_run(self, cur, stage: sql.Composed, staged_once: bool) -> BatchRun:
         """How this batch's transaction applies the stage: the spec's statement, or a mirror's
         (``PipelineSpec.mirror``, which first makes the batch's schema changes on ``cur``)."""
         if self.spec.mirror is not None:
             return self.spec.mirror.batch_run(cur, stage, target_schema=self.target_schema,
                                               meta_schema=self.meta_schema, skip_applied=self.mode.stores_offsets,
-                                              pipeline=self.offsets.pipeline)
+                                              pipeline=self.offsets.pipeline, staged_once=staged_once)
 
         def run(cur, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(self._statement(stage=stage, dedupe=dedupe, only_range=only_range), params)
