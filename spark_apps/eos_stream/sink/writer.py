@@ -98,8 +98,9 @@ class BatchWriter:
         params = {"pipeline": self.offsets.pipeline}
 
         def apply(cur) -> tuple[int, int]:
-            # Counted before a mirror's batch_run, which may rewrite the stage (whole transactions).
-            once = not record_by_record and self._staged_once(cur, stage, staged_rows)
+            # Counted only where copies matter (a deduping mode: every mirror's), and before a
+            # mirror's batch_run, which may rewrite the stage (whole transactions).
+            once = not record_by_record and self.mode.dedupe and self._staged_once(cur, stage, staged_rows)
             run = self._batch_run(cur, stage, once)
             if record_by_record:
                 return self._apply_each(cur, stage, params, run)
