@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import psycopg2
 from psycopg2 import sql
 
+from airflow_provider_eos.launchers.spark_submit import LOCAL_DRIVER_JAVA_OPTIONS
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "spark_apps" / "eos_stream" / "app.py"
 SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
@@ -26,6 +28,9 @@ SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
 # (scripts/config.sh: $EOS_STATE_DIR, default .local in the checkout).
 STATE_DIR = Path(os.environ.get("EOS_STATE_DIR", ROOT / ".local"))
 T = TypeVar("T")
+# A benchmark's own choice of the app driver's JVM options on a local master, instead of the
+# stream operator's (an empty value: the JVM's defaults), to compare them.
+DRIVER_JAVA_OPTIONS_ENV = "EOS_BENCH_DRIVER_JAVA_OPTIONS"
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -112,12 +117,17 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
               label: str = "run", root: Path = ROOT, master: str = "local[2]",
               spark_conf: dict[str, str] | None = None) -> AppRun:
     """Starts the app of the checkout at ``root`` (another one: a benchmark's baseline build),
-    with ``spark_conf``'s Spark properties."""
+    with ``spark_conf``'s Spark properties. A benchmark's Spark peers (``spark_submit``) keep the
+    JVM's defaults, as a user's own Spark job would."""
     config_path = tmp_path / f"{config['pipeline']}.json"
     config_path.write_text(json.dumps(config))
     log_path = tmp_path / f"{label}-{time.monotonic_ns()}.log"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            **(env_extra or {})}
+    # The driver JVM's options the stream operator gives a local master, or the benchmark's own.
+    jvm = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, LOCAL_DRIVER_JAVA_OPTIONS)
+    if master.startswith("local") and jvm:
+        spark_conf = {"spark.driver.defaultJavaOptions": jvm, **(spark_conf or {})}
     command = [*spark_submit(master, os.environ["EOS_SPARK_JARS"], spark_conf),
                str(root / APP.relative_to(ROOT)), "--config", str(config_path)]
     with open(log_path, "wb") as log:

@@ -30,6 +30,7 @@ from airflow_provider_eos.launchers.result import (
     AppRunResult,
     parse_event,
 )
+from airflow_provider_eos.launchers.spark_submit import LOCAL_DRIVER_JAVA_OPTIONS
 from airflow_provider_eos.utils import provider_config
 
 # The run's result and events are every launcher's (launchers/result.py); named here too for the
@@ -119,7 +120,8 @@ class EosStreamSubmitHook(SparkSubmitHook):
     :param driver_bind_address: ``spark.driver.bindAddress``; default 127.0.0.1 for local masters only.
     :param py_files: ``--py-files``; default: a zip of ``spark_apps`` and of the config's spec
         package (:func:`spec_package_files`), built at submit time for non-local masters.
-    :param conf: more Spark properties.
+    :param conf: more Spark properties. On a local master ``spark.driver.defaultJavaOptions``
+        defaults to ``launchers.spark_submit.LOCAL_DRIVER_JAVA_OPTIONS`` (C1 only, serial GC).
     :param kwargs: passed to :class:`SparkSubmitHook` (driver_memory, name, deploy_mode, ...).
     """
 
@@ -163,6 +165,8 @@ class EosStreamSubmitHook(SparkSubmitHook):
             self._conf.setdefault("spark.driver.host", host)
         if bind:
             self._conf.setdefault("spark.driver.bindAddress", bind)
+        if self.local:
+            self._conf.setdefault("spark.driver.defaultJavaOptions", LOCAL_DRIVER_JAVA_OPTIONS)
         # Built per config (write_config): the zip carries the config's spec package too.
         self._ships_apps = not self.local and not self._py_files
         self._popen_env: dict[str, str] = {}

@@ -23,16 +23,15 @@ from pathlib import Path
 
 import pyspark
 
+from airflow_provider_eos.launchers.spark_submit import LOCAL_DRIVER_JAVA_OPTIONS
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.helpers.locks import file_lock
 from tests.streaming import pipeline_config, run_app
 
 # JVM options for every spark-submit the tests start (spark-submit adds SPARK_SUBMIT_OPTS to the
-# driver's JVM). A test's driver lives for seconds and a few small batches: the C1 compiler alone
-# costs far less than C1 and C2 together, and the serial collector needs no GC threads on 2 cores.
-# An app run to completion took about 40% less CPU and 35% less time (docs/testing.md). Neither
-# changes what the app does. Benchmarks (bench/) do not start through these fixtures: JVM defaults.
-TEST_SPARK_SUBMIT_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# driver's JVM): the ones the stream operator gives a local master's driver, so that the tests'
+# drivers run as users' do and the archive is written by the JVM configuration that reads it.
+TEST_SPARK_SUBMIT_OPTS = LOCAL_DRIVER_JAVA_OPTIONS
 # A few batches of the ledger: enough to load every class a run's start and its batches use.
 _EVENTS = 3000
 

@@ -103,6 +103,23 @@ def test_non_local_master_ships_a_zip_and_keeps_secrets_off_the_command_line(con
         hook.cleanup()
 
 
+def test_a_local_masters_driver_jvm_runs_c1_only_unless_the_user_says_otherwise(conns, monkeypatch):
+    def driver_options(**hook_args: Any) -> list[str]:
+        hook = EosStreamSubmitHook(**hook_args)
+        try:
+            command = hook.build_command({"pipeline": "p"})
+        finally:
+            hook.cleanup()
+        return [command[i + 1] for i, arg in enumerate(command)
+                if arg == "--conf" and command[i + 1].startswith("spark.driver.defaultJavaOptions=")]
+
+    assert driver_options() == ["spark.driver.defaultJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"]
+    mine = {"spark.driver.defaultJavaOptions": "-XX:+UseG1GC"}
+    assert driver_options(conf=mine) == ["spark.driver.defaultJavaOptions=-XX:+UseG1GC"]
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://m:7077"}))
+    assert driver_options() == []  # a cluster's driver: the JVM's defaults
+
+
 def test_event_parsing_and_reasons():
     assert parse_event('EOS-BATCH {"batch_id": 3}') == ("batch", {"batch_id": 3})
     assert parse_event("INFO something") is None
