@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import psycopg2
 from psycopg2 import sql
 
-from airflow_provider_eos.launchers.spark_submit import LOCAL_DRIVER_JAVA_OPTIONS
+from airflow_provider_eos.launchers.spark_options import LOCAL_DRIVER_JAVA_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "spark_apps" / "eos_stream" / "app.py"

@@ -30,7 +30,7 @@ from airflow_provider_eos.launchers.result import (
     AppRunResult,
     parse_event,
 )
-from airflow_provider_eos.launchers.spark_submit import LOCAL_DRIVER_JAVA_OPTIONS
+from airflow_provider_eos.launchers.spark_options import LOCAL_DRIVER_JAVA_OPTIONS
 from airflow_provider_eos.utils import provider_config
 
 # The run's result and events are every launcher's (launchers/result.py); named here too for the
@@ -121,7 +121,7 @@ class EosStreamSubmitHook(SparkSubmitHook):
     :param py_files: ``--py-files``; default: a zip of ``spark_apps`` and of the config's spec
         package (:func:`spec_package_files`), built at submit time for non-local masters.
     :param conf: more Spark properties. On a local master ``spark.driver.defaultJavaOptions``
-        defaults to ``launchers.spark_submit.LOCAL_DRIVER_JAVA_OPTIONS`` (C1 only, serial GC).
+        defaults to ``launchers.spark_options.LOCAL_DRIVER_JAVA_OPTIONS`` (C1 only, serial GC).
     :param kwargs: passed to :class:`SparkSubmitHook` (driver_memory, name, deploy_mode, ...).
     """
 

@@ -18,13 +18,6 @@ if TYPE_CHECKING:
 
 # How often the reader of the events wakes while the submit runs: a kill's signal handler runs then.
 _POLL_SECONDS = 0.5
-# The driver JVM's options on a local master (``spark.driver.defaultJavaOptions``, which a user's
-# own setting replaces and ``spark.driver.extraJavaOptions`` extends). There the driver JVM is the
-# whole of Spark, sharing the cores with the Python workers, PostgreSQL and the broker, while the
-# records never pass through it (the tasks read Kafka in Python): C2's compiler threads spend more
-# CPU than its code saves, and a serial collector needs no threads of its own
-# (docs/benchmarks.md, "The driver JVM"). A cluster's driver keeps the JVM's defaults.
-LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _DONE = object()
 
 

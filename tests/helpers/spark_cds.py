@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyspark
 
-from airflow_provider_eos.launchers.spark_submit import LOCAL_DRIVER_JAVA_OPTIONS
+from airflow_provider_eos.launchers.spark_options import LOCAL_DRIVER_JAVA_OPTIONS
 from spark_apps.ledger.generator import ensure_topic, produce_ledger
 from tests.helpers.locks import file_lock
 from tests.streaming import pipeline_config, run_app
