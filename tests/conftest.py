@@ -3,6 +3,7 @@ once by scripts/stack.sh or reused when it already runs."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
@@ -20,6 +21,10 @@ from tests.helpers.locks import file_lock
 from tests.helpers.spark_cds import TEST_SPARK_SUBMIT_OPTS, driver_archive_opts
 
 ROOT = Path(__file__).resolve().parents[1]
+# py4j logs "Closing down clientserver connection" at INFO from a __del__ at interpreter exit (a
+# test's in-process SparkSession), after the xdist worker's output stream has closed: every run's
+# output ended in a "--- Logging error ---" traceback that was no error of the tests.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 # Modules that share the demo's Airflow deployment, so they run one after another on one xdist
