@@ -184,3 +184,18 @@ def test_keep_raw_stages_every_record_on_the_reference_path() -> None:
     line = next(mirror.resolved_staging_lines(patterns.Router(definition).resolve, [record], True,
                                               flat=FlatLines(definition).line))
     assert _meaning(line)[mirror.STAGE_COLUMNS.index("_value")] is not None
+
+
+def test_a_record_with_schemas_that_does_not_begin_with_its_schema_is_left_to_the_reference() -> None:
+    topic, partition, offset, key_bytes, value_bytes = _sample("c", None, FLAT_ROW, schemas=True)
+    assert key_bytes is not None and value_bytes is not None
+    assert FlatLines(_definition()).line(topic, partition, offset, key_bytes, value_bytes) is not None
+
+    def payload_first(raw: bytes) -> bytes:
+        document = json.loads(raw)
+        return json.dumps({"payload": document["payload"], "schema": document["schema"]}).encode()
+
+    for record in ((topic, partition, offset, payload_first(key_bytes), value_bytes),
+                   (topic, partition, offset, key_bytes, payload_first(value_bytes))):
+        assert FlatLines(_definition()).line(*record) is None
+        assert _reference(_definition(), record)

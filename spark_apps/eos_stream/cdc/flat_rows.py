@@ -81,6 +81,8 @@ class _WrappedKey(msgspec.Struct, forbid_unknown_fields=True):
 _VALUE = msgspec.json.Decoder(_Wrapped)
 _PLAIN_VALUE = msgspec.json.Decoder(_Envelope)
 _KEY = msgspec.json.Decoder(_WrappedKey)
+# How Connect's JSON converter begins a record with schemas (the schema, then the payload).
+_WITH_SCHEMA = b'{"schema":'
 
 
 def _admitted(pg_type: str, schema: FieldSchema | None) -> Any:
@@ -193,6 +195,11 @@ class FlatLines:
 
     @staticmethod
     def _envelope(value: bytes) -> tuple[_Envelope, Any]:
+        # Only a record with schemas is tried as one: without schemas, that failed try and its
+        # exception were 7 % of the continuous engine's time. A record with schemas the prefix
+        # misses decodes here to an envelope without ``op``: the reference path reads it.
+        if not value.startswith(_WITH_SCHEMA):
+            return _PLAIN_VALUE.decode(value), None
         try:
             wrapped = _VALUE.decode(value)
         except msgspec.ValidationError:
@@ -201,6 +208,10 @@ class FlatLines:
 
     @staticmethod
     def _key(key: bytes) -> tuple[msgspec.Raw | bytes, Any]:
+        # As for the value; a key with schemas the prefix misses fails the key's decoder (it
+        # admits exactly the key's columns), and the reference path reads the record.
+        if not key.startswith(_WITH_SCHEMA):
+            return key, None
         try:
             wrapped = _KEY.decode(key)
         except msgspec.ValidationError:
