@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import psycopg2
 from psycopg2 import sql
 
-from airflow_provider_eos.launchers.spark_options import LOCAL_DRIVER_JAVA_OPTIONS
+from airflow_provider_eos.launchers.spark_options import LOCAL_DRIVER_JAVA_OPTIONS, is_local_master
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "spark_apps" / "eos_stream" / "app.py"
@@ -126,7 +126,7 @@ def start_app(config: dict[str, Any], tmp_path: Path, env_extra: dict[str, str] 
            **(env_extra or {})}
     # The driver JVM's options the stream operator gives a local master, or the benchmark's own.
     jvm = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, LOCAL_DRIVER_JAVA_OPTIONS)
-    if master.startswith("local") and jvm:
+    if is_local_master(master) and jvm:
         spark_conf = {"spark.driver.defaultJavaOptions": jvm, **(spark_conf or {})}
     command = [*spark_submit(master, os.environ["EOS_SPARK_JARS"], spark_conf),
                str(root / APP.relative_to(ROOT)), "--config", str(config_path)]

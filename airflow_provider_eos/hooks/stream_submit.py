@@ -30,7 +30,7 @@ from airflow_provider_eos.launchers.result import (
     AppRunResult,
     parse_event,
 )
-from airflow_provider_eos.launchers.spark_options import LOCAL_DRIVER_JAVA_OPTIONS
+from airflow_provider_eos.launchers.spark_options import LOCAL_DRIVER_JAVA_OPTIONS, is_local_master
 from airflow_provider_eos.utils import provider_config
 
 # The run's result and events are every launcher's (launchers/result.py); named here too for the
@@ -95,10 +95,6 @@ def build_spark_apps_zip(target_dir: str | Path, spec: str | None = None) -> str
         for file, name in spec_package_files(spec):
             archive.write(file, name)
     return str(path)
-
-
-def is_local_master(master: str) -> bool:
-    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
 
 
 class EosStreamSubmitHook(SparkSubmitHook):

@@ -1,5 +1,13 @@
-"""Spark properties the stream operator's spark-submit sets by default; here, importing nothing,
-so that the benchmarks and the tests start their drivers as the operator does."""
+"""Spark properties the stream operator's spark-submit sets by default, and which masters are
+local; here, importing nothing, so that the benchmarks and the tests start their drivers as the
+operator does."""
+
+
+def is_local_master(master: str) -> bool:
+    """A master whose driver runs on this machine with its executors (``local``, ``local[N]``,
+    ``local-cluster[...]``)."""
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
+
 
 # The driver JVM's options on a local master (``spark.driver.defaultJavaOptions``, which a user's
 # own setting replaces and ``spark.driver.extraJavaOptions`` extends). There the driver JVM is the
