@@ -96,6 +96,9 @@ def test_a_pipeline_runs_and_recovers_through_sasl_from_its_definition(stack: di
     assert watch.seen > 0 and not watch.hits, watch.hits
     logs = sorted(tmp_path.glob("dagtest-*.log"))
     assert len(logs) == 2 and "EOS-BATCH" in logs[0].read_text(errors="replace"), logs
+    # The job that warms the Python workers reads Kafka with the tasks' settings, SASL's too.
+    assert "EOS-WORKERS_WARMED" in logs[0].read_text(errors="replace")
+    assert not [log.name for log in logs if "EOS-WORKERS_NOT_WARMED" in log.read_text(errors="replace")]
     assert not [log.name for log in logs if options["sasl.password"] in log.read_text(errors="replace")]
 
 

@@ -137,17 +137,33 @@ class FlatLines:
         self.definition = definition
         text = definition.placeholder or DEFAULT_PLACEHOLDER
         # Debezium writes the placeholder as its text, or base64 of it in a bytes column.
-        self.placeholders = (text.encode(), base64.b64encode(text.encode()))
+        self.placeholder, self.placeholder_base64 = text.encode(), base64.b64encode(text.encode())
         self.plans: dict[tuple[str, int, int], _Plan] = {}
+        self.last_plan: _Plan | None = None
+        # Topic and source table names as COPY cells: a handful of each, escaped once.
+        self.escaped: dict[str, str] = {}
 
     def _plan(self, target: MirrorTarget, key_schema: Any, row_schema: Any) -> _Plan:
+        last = self.last_plan  # most records are of the table and schema just seen
+        if last is not None and last.target is target and last.key_schema is key_schema \
+                and last.row_schema is row_schema:
+            return last
         cache_key = (target.table, id(key_schema), id(row_schema))
         plan = self.plans.get(cache_key)
         if plan is None or plan.target is not target:
             if len(self.plans) >= _MAX_PLANS:
                 self.plans.clear()
             plan = self.plans[cache_key] = _Plan(target, key_schema, row_schema)
+        self.last_plan = plan
         return plan
+
+    def _escape(self, name: str) -> str:
+        escaped = self.escaped.get(name)
+        if escaped is None:
+            if len(self.escaped) >= _MAX_PLANS:
+                self.escaped.clear()
+            escaped = self.escaped[name] = escape_copy(name)
+        return escaped
 
     def line(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> str | None:
         """The record's stage line, or None when the reference path must stage it."""
@@ -186,12 +202,11 @@ class FlatLines:
         tx = envelope.transaction
         if tx is not None and not isinstance(tx, dict):
             raise _ToReference
-        cells = (escape_copy(topic), str(partition), str(offset), _NULL, _NULL, _NULL, plan.table, op,
-                 escape_copy(key_text.decode()), _NULL if after is None else after, "[]",
-                 _NULL if before is None else before, _NULL, _NULL,
-                 _NULL if not tx or tx.get("id") is None else escape_copy(str(tx_part(tx.get("id")))),
-                 escape_copy(table))
-        return "\t".join(cells) + "\n"
+        tx_cell = _NULL if not tx or tx.get("id") is None else escape_copy(str(tx_part(tx.get("id"))))
+        # The cells of mirror.STAGE_COLUMNS, in one format: no tuple, no join.
+        return (f"{self._escape(topic)}\t{partition}\t{offset}\t\\N\t\\N\t\\N\t{plan.table}\t{op}\t"
+                f"{escape_copy(key_text.decode())}\t{_NULL if after is None else after}\t[]\t"
+                f"{_NULL if before is None else before}\t\\N\t\\N\t{tx_cell}\t{self._escape(table)}\n")
 
     @staticmethod
     def _envelope(value: bytes) -> tuple[_Envelope, Any]:
@@ -223,7 +238,7 @@ class FlatLines:
         text = bytes(raw)
         if text == _JSON_NULL:
             return None
-        if b"\\u" in text or (placeholder_possible and any(p in text for p in self.placeholders)):
+        if b"\\u" in text or (placeholder_possible and (self.placeholder in text or self.placeholder_base64 in text)):
             raise _ToReference
         assert plan.row is not None
         plan.row.decode(text)

@@ -70,8 +70,9 @@ C9. SIGTERM (a supervisor's kill, a pod's eviction): a cycle committing normally
     supervisor restarts it (a stop request is C7). A SIGKILL is C2 or C3.
 C10. a session lost (a terminated backend, a PostgreSQL restart) or a statement timed out: the
     claim is tried again whole, on new sessions, after closing its own (its running lock with
-    them); a cycle's session, guard session or part session is opened again by the sink's retry
-    (8, P2), the guard taking the running lock again and the retry checking the epoch again;
+    them); a cycle's session, guard session, staging session (``staging.StageSessions``: kept
+    between cycles, closed by a COPY that fails) or part session is opened again by the sink's
+    retry (8, P2), the guard taking the running lock again and the retry checking the epoch again;
     the stop-and-fence poll and the progress row reopen theirs at the next poll (a row not
     written is summed into the next). Bound: ``transient_retry_seconds`` in a row, then exit 1.
 C11. the brokers unreachable (killed, restarting, a leader moving): the consumer keeps
@@ -130,7 +131,7 @@ from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.part_writer import write_part_batches
 from spark_apps.eos_stream.sink.parts import WrittenParts
 from spark_apps.eos_stream.sink.postgres import connect
-from spark_apps.eos_stream.sink.staging import reads_messages, stage_batches
+from spark_apps.eos_stream.sink.staging import StageSessions, reads_messages, stage_batches
 from spark_apps.eos_stream.sink.writer import StagedBatch
 from spark_apps.eos_stream.state import reconnect
 from spark_apps.eos_stream.state.control import StopSignal
@@ -248,6 +249,8 @@ class ContinuousRun:
         self.progress = Progress(config, driver.run_id)
         self.guard_outage = reconnect.Outage("running lock", self.where, config.transient_retry_seconds)
         self._part_conn: Any = None
+        self.stage_sessions = StageSessions(lambda: connect(driver.dsn, describe=config.postgres.describe(),
+                                                            application_name="eos-stage"))
         # C13: staged ahead on threads unless each cycle is written as a prepared part.
         self.ahead = None if driver.prepared_parts else ApplyAhead(self.sink, driver.connect, notify=emit)
         self.stop = driver.stop_signal()
@@ -325,7 +328,7 @@ class ContinuousRun:
 
         def fill_stage(stage_name: str, keep_raw: bool) -> int:
             return stage_batches(driver.dsn, driver.spec, self.config.meta_schema, stage_name, keep_raw,
-                                 cycle.batches(as_messages=reads_messages(driver.spec)))
+                                 cycle.batches(as_messages=reads_messages(driver.spec)), self.stage_sessions)
 
         def apply(staged: StagedBatch | WrittenParts | None) -> None:
             self.apply(batch_id, cycle, fill_stage, staged, started)
@@ -385,6 +388,7 @@ class ContinuousRun:
         sessions the run opened beside the driver's."""
         if self.ahead is not None:
             self.ahead.close()
+        self.stage_sessions.close()
         self.close_part_connection()
 
     def close_part_connection(self) -> None:

@@ -37,6 +37,9 @@ S9. a session lost (a PostgreSQL restart): a batch's sessions are opened again b
     row (a second failure loses that row; Spark logs it and goes on).
 S10. a task or the query fails for another reason (an executor lost, a Kafka error): the run
     fails (exit 1) with the innermost cause; a supervisor restarts it from the stored offsets.
+S11. the job that warms the Python workers while the query starts fails (Kafka unreachable, an
+    executor lost): only reported (``workers_not_warmed``); the first batch's tasks warm their
+    workers themselves, and fail as S10 if the cause lasts.
 
 Exit codes: ``run/entry.py``.
 """
@@ -45,10 +48,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.engines.shared import batch_event, poll_stop
 from spark_apps.eos_stream.engines.spark_progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.engines.start import begin
@@ -66,7 +71,7 @@ from spark_apps.eos_stream.run.pyspark_pairing import check_pyspark_pairing
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
 from spark_apps.eos_stream.sink.part_writer import driver_part_writer, part_writer
 from spark_apps.eos_stream.sink.parts import WrittenParts
-from spark_apps.eos_stream.sink.staging import range_stager
+from spark_apps.eos_stream.sink.staging import range_stager, worker_warmer
 from spark_apps.eos_stream.sink.writer import StagedBatch
 from spark_apps.eos_stream.state import fencing
 from spark_apps.eos_stream.state.control import StopSignal
@@ -164,6 +169,10 @@ class StreamRun:
             emit("ui", url=ui_url, application_id=spark.sparkContext.applicationId)
         self.checkpoint = _run_checkpoint(config, self.run_id)
         self.offset_log = OffsetLog(spark, self.checkpoint)
+        self.kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
+                                                             kafka_security.executor_options(config.kafka_options),
+                                                             f"eos-stage-{config.pipeline}")
+        self._warm_workers()
 
     def _source(self) -> Any:
         """The query's Kafka source; sets where its first batch starts and the tasks' consumer settings."""
@@ -184,9 +193,6 @@ class StreamRun:
         self.first_start = starting
         # Spark's source plans each batch's offset ranges; its tasks read them (kafka_ranges).
         records = reader.load()
-        self.kafka_settings = kafka_ranges.consumer_settings(config.kafka_bootstrap,
-                                                             kafka_security.executor_options(config.kafka_options),
-                                                             f"eos-stage-{config.pipeline}")
         self.write_in_driver = driver_part_writer(self.dsn, self.spec, config.target_schema, self.kafka_settings)
         return records
 
@@ -206,6 +212,26 @@ class StreamRun:
         else:
             writer = writer.trigger(processingTime=config.trigger_interval)
         return writer.queryName(f"eos-{config.pipeline}").start()
+
+    def _warm_workers(self) -> None:
+        """Warms the executors' Python workers (``staging.worker_warmer``) in a job of its own, on
+        a thread, while the query is set up and starts: on a local master that start-up was most
+        of the first batch's staging (S11)."""
+        context = self.spark.sparkContext
+        slots = context.defaultParallelism
+        warm = worker_warmer(self.spec_source, self.kafka_settings)
+
+        def run() -> None:
+            started = time.perf_counter()
+            try:
+                context.parallelize(range(slots), slots).mapPartitionsWithIndex(warm).collect()
+            except Exception as exc:  # an optimisation only
+                emit("workers_not_warmed", error=errors.one_line(exc))
+                return
+            emit("workers_warmed", tasks=slots, ms=round((time.perf_counter() - started) * 1000))
+
+        self.warming = threading.Thread(target=run, name="eos-warm-workers", daemon=True)
+        self.warming.start()
 
     def write_batch(self, batch_df: Any, batch_id: int) -> None:
         """``foreachBatch``: the batch's offsets from Spark's log, then its write (now, or handed
@@ -242,6 +268,7 @@ class StreamRun:
             raise fencing.Fenced(sink.fenced)
         if query.exception() is not None:
             raise RuntimeError(f"streaming query failed: {query.exception()}") from query.exception()
+        self.warming.join(timeout=30)  # a run that ends at once: no job cut off by the stop
         self.spark.stop()
         self.start.finished()
         return EXIT_OK

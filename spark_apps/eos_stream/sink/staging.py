@@ -10,6 +10,7 @@ Spark-less replay stages its ranges the same way, in its own process.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -166,12 +167,69 @@ def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: st
 
 
 def stage_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
-                  keep_raw: bool, batches: Iterable[Any]) -> int:
+                  keep_raw: bool, batches: Iterable[Any], sessions: StageSessions | None = None) -> int:
     """COPYs Arrow batches of (topic, partition, offset, key, value) into the stage in one
-    transaction of its own; returns how many records it staged."""
+    transaction of its own, on a session of ``sessions`` or else a new one; returns how many
+    records it staged."""
     counts = {"staged": 0}
-    _copy(dsn_kwargs, spec, meta_schema, stage_name, copy_chunks(batches, spec, keep_raw, counts))
+    chunks = copy_chunks(batches, spec, keep_raw, counts)
+    if sessions is None:
+        _copy(dsn_kwargs, spec, meta_schema, stage_name, chunks)
+    else:
+        sessions.copy(spec, meta_schema, stage_name, chunks)
     return counts["staged"]
+
+
+class StageSessions:
+    """The staging sessions of one process that stages batch after batch (the continuous
+    engine): one per thread, kept from one batch to the next. A new session costs a backend
+    start and authentication, often more than a small batch's COPY. A COPY that fails for any
+    reason closes its session (it may have broken, or be mid-COPY); the next one opens another.
+
+    :param open_session: opens a session (``sink.postgres.connect``)."""
+
+    def __init__(self, open_session: Callable[[], PgConnection]) -> None:
+        self._open = open_session
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._opened: list[PgConnection] = []
+
+    def copy(self, spec: PipelineSpec, meta_schema: str, stage_name: str, chunks: Iterator[bytes | memoryview]) -> None:
+        """COPYs the chunks into the stage, committed when the last chunk is in."""
+        conn = self._session()
+        try:
+            with conn.cursor() as cur:
+                copy_from_chunks(cur, stage_table(meta_schema, stage_name), [c for c, _ in stage_column_types(spec)],
+                                 chunks)
+            conn.commit()
+        except BaseException as exc:
+            self._discard(conn)
+            if isinstance(exc, psycopg2.Error):
+                raise StageCopyError(errors.tagged(exc)) from exc
+            raise
+
+    def _session(self) -> PgConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = self._local.conn = self._open()
+            with self._lock:
+                self._opened.append(conn)
+        return conn
+
+    def _discard(self, conn: PgConnection) -> None:
+        self._local.conn = None
+        with self._lock:
+            self._opened.remove(conn)
+        if not conn.closed:
+            conn.close()
+
+    def close(self) -> None:
+        """Closes every thread's session; call it once no thread stages any more."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            if not conn.closed:
+                conn.close()
 
 
 def range_stager(dsn_kwargs: dict[str, Any], spec_source: SpecSource, meta_schema: str, stage_name: str, keep_raw: bool,
@@ -195,6 +253,21 @@ def range_stager(dsn_kwargs: dict[str, Any], spec_source: SpecSource, meta_schem
             raise
 
     return stage
+
+
+def worker_warmer(spec_source: SpecSource,
+                  kafka_settings: dict[str, Any]) -> Callable[[int, Iterable[Any]], Iterator[int]]:
+    """Returns what a warm-up task runs before the stream's first batch: it builds the spec
+    and the Kafka consumer ``range_stager``'s tasks keep per Python worker, so the first batch
+    does not wait for a worker's imports, its spec and its consumer's first connection."""
+
+    def warm(_index: int, _items: Iterable[Any]) -> Iterator[int]:
+        spec_source.load()
+        consumer = kafka_ranges.worker_consumer(kafka_settings)
+        consumer.list_topics(timeout=10)  # its bootstrap and metadata, which a first fetch waits for
+        yield 0
+
+    return warm
 
 
 def copy_from_chunks(cur, table: sql.Composable, columns: Iterable[str], chunks: Iterator[bytes | memoryview]) -> None:
