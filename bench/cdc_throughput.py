@@ -19,6 +19,7 @@ over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsP
 * ``mirror_whole``: the same with ``transactions: whole``, reading the transaction topic too
   (asking for it makes the stream carry Debezium's transaction metadata for every figure: each
   change's ``transaction`` block, and a BEGIN and an END per source transaction);
+* ``mirror_continuous_whole``: the continuous engine with ``transactions: whole``;
 * ``peer_values``, ``peer_copy``: Structured Streaming ``foreachBatch``, at-least-once, with
   its best settings (``bench/cdc_peer.py`` says which and why): ``INSERT ... ON CONFLICT DO
   UPDATE`` by ``execute_values``, or COPY into a temporary table and one merge per table.
@@ -75,7 +76,8 @@ from bench.harness import (  # noqa: E402
 )
 from spark_apps.ledger.generator import ensure_topic  # noqa: E402
 
-FIGURES = ("mirror", "mirror_whole", "mirror_continuous", "peer_values", "peer_copy", "peer_jdbc")
+FIGURES = ("mirror", "mirror_whole", "mirror_continuous", "mirror_continuous_whole", "peer_values", "peer_copy",
+           "peer_jdbc")
 DEFAULT_FIGURES = FIGURES[:-1]  # peer_jdbc needs the Connect worker and --schemas
 PEER = Path(__file__).with_name("cdc_peer.py")
 TRANSACTION = 5000  # records per Kafka transaction
@@ -246,7 +248,7 @@ def ratios(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, tmp: Path) -> dict[str, Any]:
     tag = time.strftime("%H%M%S")
     stream = ChangeStream(tables, args.changes, prefix=f"cdcb{tag}n{tables}", seed=args.seed, schemas=args.schemas,
-                          transaction_metadata="mirror_whole" in args.figures)
+                          transaction_metadata=any(f.endswith("_whole") for f in args.figures))
     started = time.perf_counter()
     produced = produce(stack, stream, args.partitions)
     print(json.dumps({"tables": tables, "produced": produced, "seconds": round(time.perf_counter() - started, 1)}),
@@ -261,8 +263,8 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
         if figure.startswith("mirror"):
             plain = figure.removesuffix(BASELINE)
             result = run_mirror(stack, tmp, stream, expected, args.batch, label,
-                                "whole" if plain == "mirror_whole" else "per_key",
-                                change_records(stream, produced) if plain == "mirror_continuous" else None,
+                                "whole" if plain.endswith("_whole") else "per_key",
+                                continuous_records(plain, stream, produced),
                                 args.baseline if figure.endswith(BASELINE) else ROOT)
         elif figure == "peer_jdbc":
             result = run_jdbc_peer(stack, stream, expected, label, args.partitions,
@@ -274,6 +276,14 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
         print(json.dumps({"tables": tables, "run": index, "figure": figure, **result}), flush=True)
     return {"topics": len(stream.topics()), "final_rows": sum(len(t.rows) for t in stream.tables),
             **tables_result(produced, runs)}
+
+
+def continuous_records(figure: str, stream: ChangeStream, produced: dict[str, int]) -> int | None:
+    """The records a continuous figure's run reads before it is stopped (None: a Spark figure):
+    every record with ``whole``, which reads the transaction topic too."""
+    if figure == "mirror_continuous_whole":
+        return produced["records"]
+    return change_records(stream, produced) if figure == "mirror_continuous" else None
 
 
 def change_records(stream: ChangeStream, produced: dict[str, int]) -> int:

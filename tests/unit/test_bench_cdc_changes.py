@@ -116,3 +116,15 @@ def test_a_per_key_run_waits_for_the_change_topics_records_only() -> None:
         changes = sum(1 for topic, _key, _value in records if topic != stream.transaction_topic())
         assert change_records(stream, {"records": len(records), **stream.counts}) == changes
         assert (changes < len(records)) is metadata
+
+
+def test_a_whole_continuous_run_waits_for_the_transaction_topic_too() -> None:
+    from bench.cdc_throughput import continuous_records
+
+    stream = ChangeStream(2, 300, prefix="t", seed=5, transaction_metadata=True)
+    records = list(stream.records())
+    produced = {"records": len(records), **stream.counts}
+    changes = sum(1 for topic, _key, _value in records if topic != stream.transaction_topic())
+    assert continuous_records("mirror_continuous_whole", stream, produced) == len(records)
+    assert continuous_records("mirror_continuous", stream, produced) == changes < len(records)
+    assert continuous_records("mirror_whole", stream, produced) is None  # a Spark figure ends by itself

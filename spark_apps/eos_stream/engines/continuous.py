@@ -97,6 +97,10 @@ C13. cycles applied ahead (``sink/apply_ahead``: every mode here stores its offs
     happens only after every cycle handed over has committed. A crash with N committing and N+1
     staged is A1: the rerun starts from N's start. A cycle written as a prepared part (P1-P6)
     is not applied ahead: its part is written and decided in the loop, as before.
+C14. a whole mirror's cycles through a backlog are paced (``cycle_pace``): a partition past its
+    share is paused and, at the cycle's end, sought back to its first refused record, which
+    ends its range. Its next record must be that one; if the consumer goes on elsewhere, the
+    run fails (exit 1) before that cycle commits, and the rerun reads from the stored offsets.
 
 Bounds on ending: a SIGTERM or a stop request ends the run within ``stop_poll_seconds`` between
 cycles; mid-cycle within the statement in flight (at most ``LOCK_TIMEOUT`` waiting for a lock,
@@ -242,10 +246,12 @@ class ContinuousRun:
         # of it by the cycles handed over and not yet committed (C13).
         self.committed = dict(driver.starting)
         self.batch_id = 0
+        mirror = driver.spec.mirror
         self.reader = CycleReader(consumer, dict(driver.starting), config.kafka_bootstrap,
                                   max_records=config.max_offsets_per_trigger, max_bytes=config.continuous_max_bytes,
                                   linger=config.continuous_linger_ms / 1000,
-                                  outage_seconds=config.transient_retry_seconds)
+                                  outage_seconds=config.transient_retry_seconds,
+                                  lead_topic=None if mirror is None else mirror.transaction_topic())
         self.progress = Progress(config, driver.run_id)
         self.guard_outage = reconnect.Outage("running lock", self.where, config.transient_retry_seconds)
         self._part_conn: Any = None

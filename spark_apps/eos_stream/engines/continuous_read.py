@@ -13,6 +13,10 @@ fatal one) fails the run before the cycle commits.
 Every poll of the engine reads the topics' partitions (``refresh``): a partition added to a
 topic is held back until the topic's other partitions are committed up to their last stable
 offsets of that moment, then assigned from its earliest offset (C12 of ``engines/continuous.py``).
+
+A mirror of whole source transactions paces its cycles through a backlog (``cycle_pace``): each
+partition gives a cycle its share, in proportion to its lag, the transaction topic leading, and
+the cycle waits for those shares rather than ending on the linger (C14).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from spark_apps.eos_stream.engines import cycle_pace
+from spark_apps.eos_stream.engines.cycle_pace import Pace
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
@@ -136,9 +142,14 @@ class CycleReader:
     """
 
     def __init__(self, consumer: Any, current: dict[TopicPartition, int], bootstrap: str, *, max_records: int,
-                 max_bytes: int, linger: float, outage_seconds: float) -> None:
+                 max_bytes: int, linger: float, outage_seconds: float, lead_topic: str | None = None) -> None:
         self.consumer, self.current = consumer, current
         self.max_records, self.max_bytes, self.linger = max_records, max_bytes, linger
+        # A whole mirror's cycles take each partition's share of a backlog (``cycle_pace``), its
+        # transaction topic (``lead_topic``) leading; a partition a cycle stopped is sought back,
+        # and its next record must be the one it refused.
+        self.lead_topic, self.average_bytes = lead_topic, 0.0
+        self.resume_at: dict[TopicPartition, int] = {}
         self.outage = Outage("kafka read", f"Kafka {bootstrap}", outage_seconds)
         # Partitions found while running, held back until their topic's others caught up: the
         # last stable offsets each of those must be committed up to.
@@ -159,6 +170,7 @@ class CycleReader:
 
         messages: list[Any] = []
         size = 0
+        pace = self._pace() if self.lead_topic is not None else None
         idle_until, deadline = time.monotonic() + max(idle_seconds, 0), None
         while len(messages) < self.max_records and size < self.max_bytes:
             polled_at = time.monotonic()
@@ -166,6 +178,8 @@ class CycleReader:
             count = poll_count(self.max_records - len(messages), self.max_bytes - size, self.largest)
             for message in self.consumer.consume(count, timeout=max(limit - polled_at, 0)):
                 if message.error() is None:
+                    if (self.resume_at or pace is not None) and not self._takes(message, pace):
+                        continue
                     messages.append(message)
                     weight = record_bytes(message)
                     size, self.largest = size + weight, max(self.largest, weight)
@@ -173,16 +187,64 @@ class CycleReader:
                     self._on_error(message)
             if messages:
                 self.outage.ok()
-                if deadline is None:
-                    deadline = polled_at + self.linger  # the poll that found the first record counts
+                if deadline is None:  # the poll that found the first record counts
+                    deadline = polled_at + (self.linger if pace is None else cycle_pace.FILL_SECONDS)
             now = time.monotonic()
             if (deadline is not None and now >= deadline) or (deadline is None and now >= idle_until):
                 break
+            if pace is not None and pace.filled():
+                break
         partitions = [KafkaPartition(t, p) for t, p in sorted(self.current)]
         positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(partitions)}
+        if pace is not None:
+            positions.update(self._seek_back(pace))
+        if messages:
+            self.average_bytes = size / len(messages)
         starts, ends = moved_ranges(self.current, positions)
         check_messages(messages, starts, ends)
         return Cycle(messages, starts, ends, size)
+
+    def _pace(self) -> Pace | None:
+        """This cycle's shares of the backlog (``cycle_pace``); None when it can hold it all."""
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        lags = {}
+        for tp, start in self.current.items():
+            low, high = self.consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)
+            if high < 0:  # nothing fetched yet: ask the broker
+                low, high = self.consumer.get_watermark_offsets(KafkaPartition(*tp), timeout=_PROBE_SECONDS)
+            lags[tp] = high - (low if start == EARLIEST else start)
+        expected = cycle_pace.cycle_records(self.max_records, self.max_bytes, self.average_bytes)
+        limits = cycle_pace.shares(lags, expected, self.lead_topic)
+        return None if limits is None else Pace(limits, lags)
+
+    def _takes(self, message: Any, pace: Pace | None) -> bool:
+        """Whether the cycle takes ``message``: a partition sought back must go on exactly where
+        it stopped (no record skipped), and a paced cycle takes a partition's share only; the
+        first record refused pauses the partition's fetches."""
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        tp, offset = (message.topic(), message.partition()), message.offset()
+        expected = self.resume_at.pop(tp, None)
+        if expected is not None and offset != expected:
+            raise RuntimeError(f"{tp[0]}[{tp[1]}]: sought back to offset {expected}, the consumer went on at "
+                               f"{offset}: refusing a cycle that would skip records")
+        if pace is None or pace.admits(tp, offset):
+            return True
+        if pace.stopped_at.get(tp) == offset:  # the partition's first refused record
+            self.consumer.pause([KafkaPartition(*tp)])
+        return False
+
+    def _seek_back(self, pace: Pace) -> dict[TopicPartition, int]:
+        """Sends each partition the cycle stopped back to its first refused record, which its
+        next cycle starts at and must read first; returns those positions."""
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        for (topic, partition), offset in pace.stopped_at.items():
+            self.consumer.resume([KafkaPartition(topic, partition)])
+            self.consumer.seek(KafkaPartition(topic, partition, offset))
+            self.resume_at[(topic, partition)] = offset
+        return dict(pace.stopped_at)
 
     def _on_error(self, message: Any) -> None:
         from confluent_kafka import KafkaException
