@@ -3,8 +3,8 @@
 In the batch's transaction, before the mirror's apply (``pipeline.MirrorBatches.batch_run``),
 :func:`hold_and_release` counts the candidates (the stage's records not applied yet, plus the
 pipeline's rows of ``held_changes``) in one pass, per partition, kind, transaction and table;
-the walk (``_WALK``) decides over those counts what ``transactions.plan`` decides record by
-record; one statement then moves records by partition and offset, and leaves:
+the walk (``transaction_walk``) decides over those counts, in Python, what ``transactions.plan``
+decides record by record; one statement then moves records by partition and offset, and leaves:
 
 - in the stage, exactly the records to apply now: the free records and the events of the
   applicable transactions, those an earlier batch held included, and none of the transaction
@@ -12,10 +12,8 @@ record; one statement then moves records by partition and offset, and leaves:
 - in ``held_changes``, every other candidate (events of incomplete transactions, the ENDs not
   applicable yet, and whatever follows a held record in its partition).
 
-The walk's cost is one aggregate pass over the batch, joins over the few thousand groups, and
-statements that touch only the records they move: about 125 ms for a stage of 50,000 records,
-where a walk over every record (a materialised copy of the batch, a sort, a window, joins) took
-about 300 ms (``docs/benchmarks.md``).
+The walk's cost is one aggregate pass over the batch, the groups read back (a few thousand
+rows), and statements that touch only the records they move (``docs/benchmarks.md``).
 
 A mirror switched back to ``per_key`` (the way out when a transaction can never complete) gets
 the records it held in its next batch (:func:`release_all`), and applies them per key with the
@@ -34,7 +32,7 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.cdc import transactions
+from spark_apps.eos_stream.cdc import transaction_walk, transactions
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
 from spark_apps.eos_stream.state import meta_tables
 
@@ -55,74 +53,32 @@ _KIND = """CASE WHEN _op = {end} AND _error IS NULL THEN {end}
   WHEN _tx IS NOT NULL AND _op IS DISTINCT FROM {end} THEN {change}
   WHEN _op IN ('c', 'u', 'd') AND _error IS NULL THEN {untracked} ELSE {free} END"""
 
-# The walk (``transactions.plan``, decided over counts): one pass over the candidates counts
-# them per partition, kind, transaction and table (``g``; an END a group of its own; with copies
-# of a retried task possible, distinct offsets, else count(*), which the database hashes instead
-# of sorting the batch); the rest joins those few thousand groups. ``stop``: the first END, in
-# the transaction topic's order, whose transaction is incomplete; the ENDs from it on wait, and
-# the transactions before it are ``ready``. ``blocking``: per partition, the first event of a
-# transaction not ready, where the partition's held records start.
-_WALK = """
-WITH c AS (SELECT TRUE AS _was_held, _topic, _partition, _offset, {kind} AS kind, _tx, _collection,
-             CASE WHEN _op = {end} THEN _after END AS _after FROM {held} WHERE pipeline = %(pipeline)s
-           UNION ALL
-           SELECT FALSE, _topic, _partition, _offset, {kind}, _tx, _collection,
-             CASE WHEN _op = {end} THEN _after END FROM {stage}),
-g AS MATERIALIZED (
-  SELECT _topic, _partition, kind, _tx, _collection, {events} AS events, min(_offset) AS first, max(_offset) AS last,
-    max(_after) AS counts, count(*) FILTER (WHERE NOT _was_held) AS rows_staged, {staged} AS staged,
-    count(*) FILTER (WHERE _was_held) AS rows_held
-  FROM c GROUP BY _topic, _partition, kind, _tx, _collection, CASE WHEN kind = {end} THEN _offset END),
-seen AS MATERIALIZED (SELECT _tx, _collection, sum(events) AS n FROM g WHERE kind = {change} GROUP BY _tx, _collection),
-ends AS MATERIALIZED (
-  SELECT e._topic, e._partition, e.first AS _offset, e._tx, CAST(e.counts AS jsonb) AS counts,
-    COALESCE(s.got, '{{}}'::jsonb) AS got
-  FROM g e LEFT JOIN (SELECT _tx, jsonb_object_agg(_collection, n) AS got FROM seen GROUP BY _tx) s ON s._tx = e._tx
-  WHERE e.kind = {end}),
-stop AS MATERIALIZED (SELECT _topic, _partition, _offset FROM ends WHERE counts <> got ORDER BY 1, 2, 3 LIMIT 1),
-walked AS MATERIALIZED (
-  SELECT e.*, ((e._topic, e._partition, e._offset) >= (x._topic, x._partition, x._offset)) IS TRUE AS waits
-  FROM ends e LEFT JOIN stop x ON TRUE),
-ready AS MATERIALIZED (SELECT DISTINCT _tx FROM walked WHERE NOT waits),
-blocking AS MATERIALIZED (
-  SELECT DISTINCT ON (_topic, _partition) _topic, _partition, first, _tx FROM g
-  WHERE kind = {change} AND NOT EXISTS (SELECT 1 FROM ready r WHERE r._tx = g._tx) ORDER BY _topic, _partition, first),
-extra AS (SELECT e._tx, s._collection FROM ends e JOIN seen s ON s._tx = e._tx
-          WHERE s.n > COALESCE(CAST(e.counts ->> s._collection AS bigint), 0)),
-behind AS (SELECT g._tx, g._topic, g._partition, g.last, b._tx AS earlier
-           FROM g JOIN blocking b USING (_topic, _partition)
-           WHERE g.kind = {change} AND g.last > b.first AND EXISTS (SELECT 1 FROM ready r WHERE r._tx = g._tx)
-           ORDER BY g._tx, g._topic, g._partition, g.last LIMIT 1)
-SELECT
-  (SELECT json_agg(json_build_array(_topic, _partition, first, FALSE)) FROM blocking),
-  (SELECT json_agg(json_build_array(_topic, _partition, first, TRUE)) FROM (
-     SELECT _topic, _partition, min(_offset) AS first FROM walked WHERE waits GROUP BY 1, 2) w),
-  (SELECT count(*) FROM ready),
-  (SELECT json_agg(_tx ORDER BY _topic, _partition, _offset) FROM (
-     SELECT * FROM walked WHERE waits ORDER BY _topic, _partition, _offset LIMIT 5) w),
-  (SELECT sum(rows_staged - staged) FROM g), (SELECT sum(rows_held) FROM g),
-  (SELECT json_build_array(_tx, string_agg(_collection, ', ' ORDER BY _collection)) FROM extra
-   WHERE _tx = (SELECT min(_tx) FROM extra) GROUP BY _tx),
-  (SELECT json_build_array(_tx, json_build_array(_topic, _partition, last), earlier) FROM behind),
-  (SELECT json_build_array(_topic, _partition, first) FROM g WHERE kind = {untracked}
-   ORDER BY _topic, _partition, first LIMIT 1)
+# One pass over the candidates counts them per partition, kind, transaction and table (an END a
+# group of its own; with copies of a retried task possible, distinct offsets, else count(*),
+# which the database hashes instead of sorting the batch); ``transaction_walk`` decides over the
+# groups. ``first``/``last``: the group's offsets; ``counts``: an END's, as staged.
+_COUNT = """
+SELECT _topic, _partition, kind, _tx, _collection, {events}, min(_offset), max(_offset), max(_after),
+  count(*) FILTER (WHERE NOT _was_held), {staged}, count(*) FILTER (WHERE _was_held)
+FROM (SELECT TRUE AS _was_held, _topic, _partition, _offset, {kind} AS kind, _tx, _collection,
+        CASE WHEN _op = {end} THEN _after END AS _after FROM {held} WHERE pipeline = %(pipeline)s
+      UNION ALL
+      SELECT FALSE, _topic, _partition, _offset, {kind}, _tx, _collection,
+        CASE WHEN _op = {end} THEN _after END FROM {stage}) c
+GROUP BY _topic, _partition, kind, _tx, _collection, CASE WHEN kind = {end} THEN _offset END
 """
 
 
-def walk_statement(stage: sql.Composable, meta_schema: str, copies: bool) -> sql.Composed:
-    """The walk (see above); one row: the bounds where each partition's held records start
-    (``[topic, partition, first offset, ENDs only]``, for :func:`move_statement`), the
-    transactions ready, the first five waiting, the stage's copies, the records held before,
-    and the refusals found: a transaction with too many events, an applicable one behind a held
-    event, a streaming change without transaction metadata. ``copies``: the stage may hold a
-    record twice, so offsets are counted distinct."""
+def count_statement(stage: sql.Composable, meta_schema: str, copies: bool) -> sql.Composed:
+    """The candidates' groups (``transaction_walk.Group``'s fields, in order). ``copies``: the
+    stage may hold a record twice, so offsets are counted distinct."""
     names = {"end": sql.Literal(transactions.END), "change": sql.Literal(transactions.CHANGE),
              "untracked": sql.Literal(transactions.UNTRACKED), "free": sql.Literal(transactions.FREE)}
     counts = ({"events": sql.SQL("count(DISTINCT _offset)"),
                "staged": sql.SQL("count(DISTINCT _offset) FILTER (WHERE NOT _was_held)")} if copies else
               {"events": sql.SQL("count(*)"), "staged": sql.SQL("count(*) FILTER (WHERE NOT _was_held)")})
-    return sql.SQL(_WALK).format(held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES), stage=stage,
-                                 kind=sql.SQL(_KIND).format(**names), **counts, **names)
+    return sql.SQL(_COUNT).format(held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES), stage=stage,
+                                  kind=sql.SQL(_KIND).format(**names), end=names["end"], **counts)
 
 
 # The records held now leave the stage for held_changes; the records held before and not now
@@ -172,24 +128,16 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     params: dict[str, Any] = {"pipeline": pipeline, "transaction_topic": transaction_topic}
     if skip_applied:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
-    cur.execute(walk_statement(stage, meta_schema, copies=not staged_once), params)
-    row = cur.fetchone()
-    assert row is not None
-    held_from, ends_held_from, applicable, waiting, copies, held_before, too_many, behind, untracked = row
-    if too_many:
-        raise transactions.TransactionError(transactions.impossible_message(*too_many))
-    if behind:
-        raise transactions.TransactionError(transactions.misordered_message(behind[0], tuple(behind[1]), behind[2]))
-    if untracked:
-        raise transactions.TransactionError(transactions.untracked_message(untracked))
-    bounds = (held_from or []) + (ends_held_from or [])
+    cur.execute(count_statement(stage, meta_schema, copies=not staged_once), params)
+    walked = transaction_walk.walk([transaction_walk.Group(*row) for row in cur.fetchall()])
+    bounds = walked.bounds
     params.update(topics=[b[0] for b in bounds], partitions=[b[1] for b in bounds], offsets=[b[2] for b in bounds],
                   ends_only=[b[3] for b in bounds])
     cur.execute(move_statement(stage, meta_schema), params)
     kept, released, _ = cur.fetchone()
     cur.execute(drop_transaction_records_statement(stage), params)
-    return {"held_now": int(kept), "released": int(released), "held": int(held_before or 0) - released + kept,
-            "copies": int(copies or 0), "transactions_applied": int(applicable), "waiting": waiting or []}
+    return {"held_now": int(kept), "released": int(released), "held": walked.held_before - released + kept,
+            "copies": walked.copies, "transactions_applied": walked.ready, "waiting": walked.waiting}
 
 
 _RELEASE_ALL = """

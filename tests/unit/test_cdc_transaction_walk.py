@@ -1,0 +1,108 @@
+"""The walk over a batch's counts (``cdc/transaction_walk.py``) against the reference model,
+``transactions.plan``, on random histories: the same records held, the same transactions ready,
+the same refusals. The groups are made as ``transactions_sql.count_statement`` makes them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+import pytest
+
+from spark_apps.eos_stream.cdc import transactions
+from spark_apps.eos_stream.cdc.transaction_walk import Group, walk
+from spark_apps.eos_stream.cdc.transactions import CHANGE, END, FREE, Candidate, TransactionError, plan
+
+TX = "app.transaction"
+TOPICS = ("app.public.a", "app.public.b")
+
+
+def groups_of(candidates: Iterable[Candidate]) -> list[Group]:
+    """The count statement's groups: per partition, kind, transaction and table, an END alone."""
+    found: dict[tuple, list[Candidate]] = {}
+    for c in candidates:
+        topic, partition, offset = c.coordinate
+        key = (topic, partition, c.kind, c.tx, c.collection, offset if c.kind == END else None)
+        found.setdefault(key, []).append(c)
+    made = []
+    for (topic, partition, kind, tx, collection, _), members in found.items():
+        offsets = [m.coordinate[2] for m in members]
+        counts = transactions.counts_json(members[0].counts) if kind == END else None
+        made.append(Group(topic, partition, kind, tx, collection, len(offsets), min(offsets), max(offsets),
+                          counts, staged=len(offsets), staged_once=len(offsets)))
+    return made
+
+
+def _history(rng: random.Random, count: int, lose_ends: float) -> dict[tuple[str, int], list[Candidate]]:
+    """A source's transactions in commit order over two tables of two partitions each, with
+    snapshot reads between them; each END lost with probability ``lose_ends``."""
+    streams: dict[tuple[str, int], list[Candidate]] = {}
+
+    def put(topic: str, partition: int, kind: str, tx: str | None = None, collection: str | None = None,
+            counts: dict[str, int] | None = None) -> None:
+        stream = streams.setdefault((topic, partition), [])
+        stream.append(Candidate((topic, partition, len(stream)), kind, tx, collection, counts or {}))
+
+    for n in range(count):
+        tx, counts = str(1000 + n), dict[str, int]()
+        for _ in range(rng.randint(0, 6)):
+            topic = rng.choice(TOPICS)
+            collection = "public." + topic.rsplit(".", 1)[1]
+            put(topic, rng.randint(0, 1), CHANGE, tx, collection)
+            counts[collection] = counts.get(collection, 0) + 1
+        if rng.random() < 0.2:
+            put(rng.choice(TOPICS), rng.randint(0, 1), FREE)
+        if rng.random() >= lose_ends:
+            put(TX, 0, END, tx, counts=counts)
+    return streams
+
+
+def _read_prefixes(rng: random.Random, streams: dict[tuple[str, int], list[Candidate]]) -> list[Candidate]:
+    return [c for stream in streams.values() for c in stream[:rng.randint(0, len(stream))]]
+
+
+def _kind_of(refusal: TransactionError) -> str:
+    return next(kind for kind in ("is complete, but", "more change events", "carries no transaction")
+                if kind in str(refusal))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_walk_over_counts_holds_what_the_model_holds_or_refuses_where_it_refuses(seed: int) -> None:
+    rng = random.Random(seed)
+    streams = _history(rng, rng.randint(1, 30), lose_ends=0.1 if seed % 2 else 0.0)
+    read = _read_prefixes(rng, streams)
+    try:
+        expected = plan(read)
+    except TransactionError as refusal:
+        with pytest.raises(TransactionError) as got:
+            walk(groups_of(read))
+        assert _kind_of(got.value) == _kind_of(refusal)  # which event each names may differ
+        return
+    decided = walk(groups_of(read))
+    held = {c.coordinate for c in read if any(
+        c.coordinate[:2] == (t, p) and c.coordinate[2] >= first and (not ends_only or c.kind == END)
+        for t, p, first, ends_only in decided.bounds)}
+    # The model holds a free record of the transaction topic (none here) and an END alike.
+    assert held == expected.held
+    assert decided.ready == len(set(expected.applicable))
+    assert decided.waiting == expected.waiting[:5]
+
+
+def test_more_events_than_the_end_counts_are_refused_naming_the_transaction_and_tables() -> None:
+    read = [Candidate((TOPICS[0], 0, 0), CHANGE, "7", "public.a"),
+            Candidate((TOPICS[0], 0, 1), CHANGE, "7", "public.a"),
+            Candidate((TX, 0, 0), END, "7", counts={"public.a": 1})]
+    with pytest.raises(TransactionError, match=r"source transaction 7: more change events of public.a than its END"):
+        walk(groups_of(read))
+
+
+def test_a_streaming_change_without_a_transaction_is_refused_at_its_coordinates() -> None:
+    read = [Candidate((TOPICS[1], 1, 4), transactions.UNTRACKED)]
+    with pytest.raises(TransactionError, match=r"app.public.b\[1\]@4 carries no transaction"):
+        walk(groups_of(read))
+
+
+def test_copies_and_records_held_before_are_summed_from_the_groups() -> None:
+    groups = [Group(TOPICS[0], 0, FREE, None, None, 3, 0, 2, staged=5, staged_once=3, held=1)]
+    decided = walk(groups)
+    assert (decided.copies, decided.held_before, decided.bounds) == (2, 1, [])
