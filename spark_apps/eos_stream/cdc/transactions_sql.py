@@ -129,7 +129,7 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     if skip_applied:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
     cur.execute(count_statement(stage, meta_schema, copies=not staged_once), params)
-    walked = transaction_walk.walk([transaction_walk.Group(*row) for row in cur.fetchall()])
+    walked = transaction_walk.walk(list(map(transaction_walk.Group._make, cur.fetchall())))
     bounds = walked.bounds
     params.update(topics=[b[0] for b in bounds], partitions=[b[1] for b in bounds], offsets=[b[2] for b in bounds],
                   ends_only=[b[3] for b in bounds])
