@@ -97,10 +97,12 @@ C13. cycles applied ahead (``sink/apply_ahead``: every mode here stores its offs
     happens only after every cycle handed over has committed. A crash with N committing and N+1
     staged is A1: the rerun starts from N's start. A cycle written as a prepared part (P1-P6)
     is not applied ahead: its part is written and decided in the loop, as before.
-C14. a whole mirror's cycles through a backlog are paced (``cycle_pace``): a partition past its
-    share is paused and, at the cycle's end, sought back to its first refused record, which
-    ends its range. Its next record must be that one; if the consumer goes on elsewhere, the
-    run fails (exit 1) before that cycle commits, and the rerun reads from the stored offsets.
+C14. a whole mirror's cycles through a backlog are paced (``cycle_pace``): the records a
+    partition gives past its share are carried, in order, to the next cycle, and its range ends
+    at the first of them; its fetches pause while they reach a fetch's worth. A carried record
+    is in no committed range: a crash loses it with the cycle, and the rerun reads it again from
+    the stored offsets. If the consumer hands out a record of a partition at or below the last
+    one carried, the run fails (exit 1) before that cycle commits.
 
 Bounds on ending: a SIGTERM or a stop request ends the run within ``stop_poll_seconds`` between
 cycles; mid-cycle within the statement in flight (at most ``LOCK_TIMEOUT`` waiting for a lock,

@@ -15,8 +15,9 @@ topic is held back until the topic's other partitions are committed up to their 
 offsets of that moment, then assigned from its earliest offset (C12 of ``engines/continuous.py``).
 
 A mirror of whole source transactions paces its cycles through a backlog (``cycle_pace``): each
-partition gives a cycle its share, in proportion to its lag, the transaction topic leading, and
-the cycle waits for those shares rather than ending on the linger (C14).
+partition gives a cycle its share, the partitions kept level in the source's history, the
+transaction topic leading, and the cycle waits for those shares rather than ending on the linger;
+what a partition fetched past its share is carried to the next cycle (C14).
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def kafka_error_kind(error: Any) -> str:
 def record_bytes(message: Any) -> int:
     """What a record's key and value weigh in a cycle's byte bound."""
     return len(message.key() or b"") + len(message.value() or b"")
+
+
+def partition_sizes(messages: list[Any]) -> dict[TopicPartition, float]:
+    """Each partition's average record bytes (``record_bytes``) among ``messages``."""
+    totals: dict[TopicPartition, list[int]] = {}
+    for message in messages:
+        total = totals.setdefault((message.topic(), message.partition()), [0, 0])
+        total[0] += record_bytes(message)
+        total[1] += 1
+    return {tp: size / count for tp, (size, count) in totals.items()}
 
 
 def poll_count(records_left: int, bytes_left: int, largest: int) -> int:
@@ -146,10 +157,18 @@ class CycleReader:
         self.consumer, self.current = consumer, current
         self.max_records, self.max_bytes, self.linger = max_records, max_bytes, linger
         # A whole mirror's cycles take each partition's share of a backlog (``cycle_pace``), its
-        # transaction topic (``lead_topic``) leading; a partition a cycle stopped is sought back,
-        # and its next record must be the one it refused.
-        self.lead_topic, self.average_bytes = lead_topic, 0.0
-        self.resume_at: dict[TopicPartition, int] = {}
+        # transaction topic (``lead_topic``) leading; the records a cycle refused are carried, in
+        # order, to the next (its range ends at the first of them), their partition's fetches
+        # paused while they reach ``carry_bytes``.
+        self.lead_topic = lead_topic
+        self.sizes: dict[TopicPartition, float] = {}  # each partition's average record bytes in its last cycle
+        self.spans: dict[TopicPartition, int] = {}  # each partition's lag when the backlog was first paced
+        self.carried: dict[TopicPartition, list[Any]] = {}
+        self.carried_bytes: dict[TopicPartition, int] = {}
+        self.taken_to: dict[TopicPartition, int] = {}  # the cycle's records: each partition's last offset + 1
+        self.paused: dict[TopicPartition, int] = {}  # paused partitions: the offset to fetch from
+        # A partition's carried records past this many bytes pause its fetches (a fetch's worth).
+        self.carry_bytes = min(1 << 20, max_bytes)
         self.outage = Outage("kafka read", f"Kafka {bootstrap}", outage_seconds)
         # Partitions found while running, held back until their topic's others caught up: the
         # last stable offsets each of those must be committed up to.
@@ -169,8 +188,9 @@ class CycleReader:
         from confluent_kafka import TopicPartition as KafkaPartition
 
         messages: list[Any] = []
-        size = 0
         pace = self._pace() if self.lead_topic is not None else None
+        self.taken_to = {}
+        size = self._take_carried(pace, messages)
         idle_until, deadline = time.monotonic() + max(idle_seconds, 0), None
         while len(messages) < self.max_records and size < self.max_bytes:
             polled_at = time.monotonic()
@@ -178,11 +198,7 @@ class CycleReader:
             count = poll_count(self.max_records - len(messages), self.max_bytes - size, self.largest)
             for message in self.consumer.consume(count, timeout=max(limit - polled_at, 0)):
                 if message.error() is None:
-                    if (self.resume_at or pace is not None) and not self._takes(message, pace):
-                        continue
-                    messages.append(message)
-                    weight = record_bytes(message)
-                    size, self.largest = size + weight, max(self.largest, weight)
+                    size += self._offer(message, pace, messages)
                 else:
                     self._on_error(message)
             if messages:
@@ -196,10 +212,13 @@ class CycleReader:
                 break
         partitions = [KafkaPartition(t, p) for t, p in sorted(self.current)]
         positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(partitions)}
-        if pace is not None:
-            positions.update(self._seek_back(pace))
-        if messages:
-            self.average_bytes = size / len(messages)
+        # A partition sought back to fetch on reports no position until it fetches: its records
+        # taken from those carried end its range then.
+        positions.update({tp: max(end, positions.get(tp, end)) for tp, end in self.taken_to.items()})
+        positions.update({tp: carried[0].offset() for tp, carried in self.carried.items()})
+        self._fetch_carried_partitions()
+        if self.lead_topic is not None:
+            self.sizes.update(partition_sizes(messages))
         starts, ends = moved_ranges(self.current, positions)
         check_messages(messages, starts, ends)
         return Cycle(messages, starts, ends, size)
@@ -214,37 +233,63 @@ class CycleReader:
             if high < 0:  # nothing fetched yet: ask the broker
                 low, high = self.consumer.get_watermark_offsets(KafkaPartition(*tp), timeout=_PROBE_SECONDS)
             lags[tp] = high - (low if start == EARLIEST else start)
-        expected = cycle_pace.cycle_records(self.max_records, self.max_bytes, self.average_bytes)
-        limits = cycle_pace.shares(lags, expected, self.lead_topic)
-        return None if limits is None else Pace(limits, lags)
+        bounds = cycle_pace.CycleBounds(self.max_records, self.max_bytes)
+        limits = cycle_pace.shares(lags, bounds, self.sizes, self.lead_topic, self.spans)
+        if limits is None:
+            self.spans = {}  # caught up: the next backlog's spans are its own
+            return None
+        self.spans.update({tp: lag for tp, lag in lags.items() if self.spans.get(tp, 0) <= 0})
+        return Pace(limits, lags)
 
-    def _takes(self, message: Any, pace: Pace | None) -> bool:
-        """Whether the cycle takes ``message``: a partition sought back must go on exactly where
-        it stopped (no record skipped), and a paced cycle takes a partition's share only; the
-        first record refused pauses the partition's fetches."""
+    def _take_carried(self, pace: Pace | None, messages: list[Any]) -> int:
+        """Offers the records earlier cycles refused, in order, before any new one, and lets the
+        partitions they no longer fill fetch; returns the bytes of those taken."""
+        carried, self.carried, self.carried_bytes = self.carried, {}, {}
+        size = sum(self._offer(message, pace, messages) for records in carried.values() for message in records)
+        self._fetch_carried_partitions()
+        return size
+
+    def _fetch_carried_partitions(self) -> None:
+        """Pauses the fetches of a partition whose carried records reach ``carry_bytes`` and
+        resumes the others', so that they fetch on while the cycle commits: what is carried stays
+        bounded, and the next cycle need not wait for a partition's first fetch."""
         from confluent_kafka import TopicPartition as KafkaPartition
 
-        tp, offset = (message.topic(), message.partition()), message.offset()
-        expected = self.resume_at.pop(tp, None)
-        if expected is not None and offset != expected:
-            raise RuntimeError(f"{tp[0]}[{tp[1]}]: sought back to offset {expected}, the consumer went on at "
-                               f"{offset}: refusing a cycle that would skip records")
-        if pace is None or pace.admits(tp, offset):
-            return True
-        if pace.stopped_at.get(tp) == offset:  # the partition's first refused record
+        full = {tp for tp, size in self.carried_bytes.items() if size >= self.carry_bytes}
+        for tp in sorted(set(self.paused) - full):
+            # Sought to where it stopped: a resumed partition's fetches start at once (librdkafka
+            # otherwise waits out a fetch backoff), and the records carried are not fetched again.
+            self.consumer.resume([KafkaPartition(*tp)])
+            self.consumer.seek(KafkaPartition(*tp, self.paused.pop(tp)))
+        for tp in sorted(full - set(self.paused)):
             self.consumer.pause([KafkaPartition(*tp)])
-        return False
+            self.paused[tp] = self.carried[tp][-1].offset() + 1
 
-    def _seek_back(self, pace: Pace) -> dict[TopicPartition, int]:
-        """Sends each partition the cycle stopped back to its first refused record, which its
-        next cycle starts at and must read first; returns those positions."""
-        from confluent_kafka import TopicPartition as KafkaPartition
+    def _offer(self, message: Any, pace: Pace | None, messages: list[Any]) -> int:
+        """Takes ``message`` into the cycle (returns its bytes) unless a paced cycle is past its
+        partition's share, or its partition already has records carried: then it is carried to
+        the next cycle, in order."""
+        tp, offset = (message.topic(), message.partition()), message.offset()
+        carried = self.carried.get(tp)
+        if carried is not None and offset <= carried[-1].offset():
+            raise RuntimeError(f"{tp[0]}[{tp[1]}]: the consumer went back to offset {offset} after "
+                               f"{carried[-1].offset()}: refusing a cycle that would repeat records")
+        if carried is None and (pace is None or pace.admits(tp, offset)):
+            messages.append(message)
+            self.taken_to[tp] = offset + 1
+            weight = record_bytes(message)
+            self.largest = max(self.largest, weight)
+            return weight
+        self.carried.setdefault(tp, []).append(message)
+        self.carried_bytes[tp] = self.carried_bytes.get(tp, 0) + record_bytes(message)
+        if tp in self.paused:
+            self.paused[tp] = offset + 1
+        elif self.carried_bytes[tp] >= self.carry_bytes:
+            from confluent_kafka import TopicPartition as KafkaPartition
 
-        for (topic, partition), offset in pace.stopped_at.items():
-            self.consumer.resume([KafkaPartition(topic, partition)])
-            self.consumer.seek(KafkaPartition(topic, partition, offset))
-            self.resume_at[(topic, partition)] = offset
-        return dict(pace.stopped_at)
+            self.consumer.pause([KafkaPartition(*tp)])
+            self.paused[tp] = offset + 1
+        return 0
 
     def _on_error(self, message: Any) -> None:
         from confluent_kafka import KafkaException
