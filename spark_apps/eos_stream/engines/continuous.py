@@ -13,7 +13,8 @@ pipeline at the stored offsets (and to new partitions as they appear, C12), poll
 ``continuous_linger_ms`` have passed since its first record (``continuous_read``); the cycle's
 end in each partition is the consumer's position there (past every record it handed out, and past the transaction
 markers and aborted records it skipped: never past a record it has not handed out, never past
-the last stable offset, which a read_committed fetch does not cross). The records polled are
+the last stable offset, which a read_committed fetch does not cross), or the first record a
+paced cycle carried to the next (C14). The records polled are
 the batch: written as one prepared part, or staged from memory (every retry and an isolation
 stage the same records again, without reading Kafka twice), and committed through the same
 ``BatchSink.process`` as every other engine (the ownership check, the data and the offsets in
