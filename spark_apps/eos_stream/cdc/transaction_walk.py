@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple
 
 from spark_apps.eos_stream.cdc import transactions
@@ -73,26 +74,36 @@ def _seen(groups: Iterable[Group]) -> dict[str, dict[str | None, int]]:
     return seen
 
 
-def _expected(end: Group) -> dict[str | None, int]:
-    counts = json.loads(end.counts) if end.counts else {}
-    return {table: n for table, n in counts.items() if n}
+def _expected(counts: str | None) -> dict[str | None, int]:
+    tables = json.loads(counts) if counts else {}
+    return {table: n for table, n in tables.items() if n}
 
 
 def _check_counts(ends: list[Group], seen: dict[str, dict[str | None, int]]) -> list[bool]:
-    """Whether each END's transaction is complete; refuses one with more events than it counts."""
+    """Whether each END's transaction is complete; refuses one with more events than it counts.
+    An END's counts are read once per distinct text (a batch's ENDs repeat a few)."""
+    read: dict[str | None, dict[str | None, int]] = {}
     complete = []
     for end in ends:
-        expected, got = _expected(end), seen.get(str(end.tx), {})
+        expected = read.get(end.counts)
+        if expected is None:
+            expected = read[end.counts] = _expected(end.counts)
+        got = seen.get(str(end.tx), {})
+        if got == expected:
+            complete.append(True)
+            continue
         extra = sorted(str(t) for t, n in got.items() if n > expected.get(t, 0))
         if extra:
             raise TransactionError(transactions.impossible_message(end.tx, ", ".join(extra)))
-        complete.append(got == expected)
+        complete.append(False)
     return complete
 
 
 def _refuse_misordered(changes: list[Group], ready: set[str], blocking: dict[tuple[str, int], Group]) -> None:
     """A ready transaction's event behind a held event of its partition: an END lost, or change
     topics out of commit order (``transactions.misordered_message``)."""
+    if not blocking:
+        return
     behind = sorted((g for g in changes if g.tx in ready and (g.topic, g.partition) in blocking
                      and g.last > blocking[(g.topic, g.partition)].first),
                     key=lambda g: (str(g.tx), g.topic, g.partition, g.last))
@@ -107,7 +118,7 @@ def walk(groups: list[Group]) -> Walk:
 
     :raises TransactionError: an END counting fewer events than arrived, a complete transaction
         behind a held record of its partition, or a streaming change without transaction metadata."""
-    ends = sorted((g for g in groups if g.kind == END), key=lambda g: (g.topic, g.partition, g.first))
+    ends = sorted((g for g in groups if g.kind == END), key=attrgetter("topic", "partition", "first"))
     changes = [g for g in groups if g.kind == CHANGE]
     complete = _check_counts(ends, _seen(groups))
     stop = next((i for i, done in enumerate(complete) if not done), len(ends))
@@ -127,4 +138,5 @@ def walk(groups: list[Group]) -> Walk:
     bounds = ([(t, p, g.first, False) for (t, p), g in sorted(blocking.items())]
               + [(t, p, first, True) for (t, p), first in sorted(waiting_from.items())])
     return Walk(bounds, len(ready), [str(e.tx) for e in ends[stop:stop + 5]],
-                copies=sum(g.staged - g.staged_once for g in groups), held_before=sum(g.held for g in groups))
+                copies=sum(map(attrgetter("staged"), groups)) - sum(map(attrgetter("staged_once"), groups)),
+                held_before=sum(map(attrgetter("held"), groups)))
