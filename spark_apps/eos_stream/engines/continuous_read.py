@@ -75,14 +75,17 @@ def record_bytes(message: Any) -> int:
     return len(message.key() or b"") + len(message.value() or b"")
 
 
-def partition_sizes(messages: list[Any]) -> dict[TopicPartition, float]:
-    """Each partition's average record bytes (``record_bytes``) among ``messages``."""
+def partition_reads(messages: list[Any]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, float]]:
+    """Each partition's end among ``messages`` (its last record's offset + 1) and its average
+    record bytes (``record_bytes``)."""
     totals: dict[TopicPartition, list[int]] = {}
     for message in messages:
-        total = totals.setdefault((message.topic(), message.partition()), [0, 0])
-        total[0] += record_bytes(message)
-        total[1] += 1
-    return {tp: size / count for tp, (size, count) in totals.items()}
+        total = totals.setdefault((message.topic(), message.partition()), [0, 0, 0])
+        total[0] = message.offset() + 1
+        total[1] += record_bytes(message)
+        total[2] += 1
+    return ({tp: end for tp, (end, _, _) in totals.items()},
+            {tp: size / count for tp, (_, size, count) in totals.items()})
 
 
 def poll_count(records_left: int, bytes_left: int, largest: int) -> int:
@@ -165,7 +168,6 @@ class CycleReader:
         self.spans: dict[TopicPartition, int] = {}  # each partition's lag when the backlog was first paced
         self.carried: dict[TopicPartition, list[Any]] = {}
         self.carried_bytes: dict[TopicPartition, int] = {}
-        self.taken_to: dict[TopicPartition, int] = {}  # the cycle's records: each partition's last offset + 1
         self.paused: dict[TopicPartition, int] = {}  # paused partitions: the offset to fetch from
         # A partition's carried records past this many bytes pause its fetches (a fetch's worth).
         self.carry_bytes = min(1 << 20, max_bytes)
@@ -189,7 +191,6 @@ class CycleReader:
 
         messages: list[Any] = []
         pace = self._pace() if self.lead_topic is not None else None
-        self.taken_to = {}
         size = self._take_carried(pace, messages)
         idle_until, deadline = time.monotonic() + max(idle_seconds, 0), None
         while len(messages) < self.max_records and size < self.max_bytes:
@@ -212,13 +213,14 @@ class CycleReader:
                 break
         partitions = [KafkaPartition(t, p) for t, p in sorted(self.current)]
         positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(partitions)}
-        # A partition sought back to fetch on reports no position until it fetches: its records
-        # taken from those carried end its range then.
-        positions.update({tp: max(end, positions.get(tp, end)) for tp, end in self.taken_to.items()})
-        positions.update({tp: carried[0].offset() for tp, carried in self.carried.items()})
-        self._fetch_carried_partitions()
         if self.lead_topic is not None:
-            self.sizes.update(partition_sizes(messages))
+            ends, sizes = partition_reads(messages)
+            self.sizes.update(sizes)
+            # A partition sought back to fetch on reports no position until it fetches: the
+            # records it gave (those carried to this cycle) end its range then.
+            positions.update({tp: max(end, positions.get(tp, end)) for tp, end in ends.items()})
+            positions.update({tp: carried[0].offset() for tp, carried in self.carried.items()})
+            self._fetch_carried_partitions()
         starts, ends = moved_ranges(self.current, positions)
         check_messages(messages, starts, ends)
         return Cycle(messages, starts, ends, size)
@@ -276,7 +278,6 @@ class CycleReader:
                                f"{carried[-1].offset()}: refusing a cycle that would repeat records")
         if carried is None and (pace is None or pace.admits(tp, offset)):
             messages.append(message)
-            self.taken_to[tp] = offset + 1
             weight = record_bytes(message)
             self.largest = max(self.largest, weight)
             return weight

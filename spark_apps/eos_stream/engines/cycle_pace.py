@@ -71,8 +71,8 @@ def shares(lags: Mapping[TopicPartition, int], bounds: CycleBounds, sizes: Mappi
         return None
     span = {tp: max((spans or {}).get(tp, lag), 0) for tp, lag in lags.items()}
     level = _level(lags, span, {}, bounds, sizes)
-    whole, ahead = sum(span.values()) or 1, (LEAD - 1) * sum(level.values())
-    if leading is not None:
+    if leading is not None:  # its lead: a part of what the cycle reads, in proportion to its span
+        ahead, whole = (LEAD - 1) * sum(level.values()), sum(span.values()) or 1
         lead = {tp: ahead * span[tp] / whole for tp in lags if tp[0] == leading}
         level = _level(lags, span, lead, bounds, sizes)
     return {tp: math.ceil(round(n, 6)) + SHARE_SLACK for tp, n in level.items()}

@@ -198,10 +198,7 @@ class StageSessions:
         """COPYs the chunks into the stage, committed when the last chunk is in."""
         conn = self._session()
         try:
-            with conn.cursor() as cur:
-                copy_from_chunks(cur, stage_table(meta_schema, stage_name), [c for c, _ in stage_column_types(spec)],
-                                 chunks)
-            conn.commit()
+            _copy_on(conn, spec, meta_schema, stage_name, chunks)
         except BaseException as exc:
             self._discard(conn)
             if isinstance(exc, psycopg2.Error):
@@ -287,6 +284,13 @@ def copy_from_chunks(cur, table: sql.Composable, columns: Iterable[str], chunks:
         raise
 
 
+def _copy_on(conn: PgConnection, spec: PipelineSpec, meta_schema: str, stage_name: str,
+             chunks: Iterator[bytes | memoryview]) -> None:
+    """COPYs the chunks into the stage on ``conn``, committed when the last chunk is in."""
+    with conn, conn.cursor() as cur:
+        copy_from_chunks(cur, stage_table(meta_schema, stage_name), [c for c, _ in stage_column_types(spec)], chunks)
+
+
 def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
           chunks: Iterator[bytes | memoryview]) -> None:
     """COPYs the chunks into the stage on a connection of its own, committed
@@ -294,9 +298,7 @@ def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stag
     try:
         conn = psycopg2.connect(**{**dsn_kwargs, "application_name": "eos-stage"})
         try:
-            with conn, conn.cursor() as cur:
-                copy_from_chunks(cur, stage_table(meta_schema, stage_name), [c for c, _ in stage_column_types(spec)],
-                                 chunks)
+            _copy_on(conn, spec, meta_schema, stage_name, chunks)
         finally:
             conn.close()
     except psycopg2.Error as exc:
