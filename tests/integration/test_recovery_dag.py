@@ -409,10 +409,12 @@ def test_recovery_succeeds_while_a_producer_keeps_committing(stack, tmp_path, un
     [snap] = _dag_test(env, [[f"eos_snapshot__{name}", {}]], tmp_path)
     assert snap["state"] == "success", snap
 
-    # Small transactions twice a second on every partition, from before the gate to after the audit.
+    # Small transactions on every partition, back to back from before the gate to after the audit,
+    # so that some always land between the replay's goal and the audit's look at Kafka (at a tick
+    # every 0.5 s, a loaded machine once let a replay and its audit fall between two commits).
     feed = Feed(lambda tick: produce_ledger(bootstrap, 60, topic=topic, batch_size=20, abort_every=3,
                                             seed=100 + tick, first_seq=100_000 * tick,
-                                            transactional_id=f"feed{name}"), interval=0.5, name="ledger feed")
+                                            transactional_id=f"feed{name}"), interval=0.05, name="ledger feed")
     feed.start()
     try:
         conf = {"snapshot": "latest", "resume": False, "quiet_seconds": 1, "dry_run": False}
