@@ -117,11 +117,12 @@ def replay(stack: dict[str, str], config: dict[str, Any], ends: dict[str, int], 
         stage = create_stage(conn, spec, config["meta_schema"], name)
         settings = kafka_ranges.consumer_settings(config["kafka_bootstrap"], {}, "cdc-mirror-replay")
         consumer = kafka_ranges.worker_consumer(settings)
-        stage_ranges(dsn, spec, config["meta_schema"], name, False, consumer,
-                     [kafka_ranges.OffsetRange(t, 0, kafka_ranges.EARLIEST, end) for t, end in ends.items()])
+        staged = stage_ranges(dsn, spec, config["meta_schema"], name, False, consumer,
+                              [kafka_ranges.OffsetRange(t, 0, kafka_ranges.EARLIEST, end) for t, end in ends.items()])
         with conn.cursor() as cur:
             run = spec.mirror.batch_run(cur, stage, target_schema=config["target_schema"],
-                                        meta_schema=config["meta_schema"], skip_applied=skip_applied)
+                                        meta_schema=config["meta_schema"], skip_applied=skip_applied,
+                                        groups=staged.groups)
             applied, _ = run(cur, True, False, {"pipeline": config["pipeline"]})
             cur.execute(sql.SQL("DROP TABLE {}").format(stage))
         conn.commit()

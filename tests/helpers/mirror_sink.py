@@ -9,11 +9,12 @@ import pyarrow as pa
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc.pipeline import mirror_spec
+from spark_apps.eos_stream.records.spec import StageCount
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.modes import MODES
 from spark_apps.eos_stream.sink.settings import SinkSettings
-from spark_apps.eos_stream.sink.staging import copy_from_chunks, stage_column_types, stage_table
+from spark_apps.eos_stream.sink.staging import copy_chunks, copy_from_chunks, stage_column_types, stage_table
 from spark_apps.eos_stream.state.ddl import run_ddl
 from tests.streaming import pg_connect
 
@@ -38,15 +39,18 @@ class MirrorSink:
                                 max_batch_attempts=max_batch_attempts, transient_retry_seconds=0)
         self.sink = BatchSink(settings, conn=self.conn, guard_conn=self.guard)
 
-    def stage(self, stage_name: str, keep_raw: bool, batch: pa.RecordBatch) -> None:
-        """What a task does with its records: their stage lines COPYed on a session of its own."""
+    def stage(self, stage_name: str, keep_raw: bool, batch: pa.RecordBatch) -> StageCount:
+        """What a task does with its records: their stage lines COPYed on a session of its own;
+        returns what it reports (its lines, and a whole mirror's transaction groups)."""
         stager = pg_connect(self.stack)
+        counts: dict[str, Any] = {"staged": 0}
         try:
             with stager.cursor() as cur:
                 copy_from_chunks(cur, stage_table(self.meta, stage_name), [c for c, _ in stage_column_types(self.spec)],
-                                 self.spec.mirror.staging_chunks([batch], keep_raw))  # type: ignore[union-attr]
+                                 copy_chunks([batch], self.spec, keep_raw, counts))
         finally:
             stager.close()
+        return StageCount(counts["staged"], counts.get("groups"))
 
     def close(self) -> None:
         self.conn.rollback()

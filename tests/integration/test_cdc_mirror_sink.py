@@ -22,6 +22,7 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc.schema_changes import SchemaChangeRefused
+from spark_apps.eos_stream.records.spec import StageCount
 from tests.helpers.mirror_sink import MirrorSink
 
 TOPIC = "app.public.accounts"
@@ -63,10 +64,9 @@ class _Mirror(MirrorSink):
                                  pa.array([v for _, v in records], pa.binary())],
                                 names=["topic", "partition", "offset", "key", "value"])
 
-        def fill_stage(stage_name: str, keep_raw: bool) -> int:
+        def fill_stage(stage_name: str, keep_raw: bool) -> StageCount:
             self.staged_raw.append(keep_raw)
-            self.stage(stage_name, keep_raw, batch)
-            return len(records)
+            return self.stage(stage_name, keep_raw, batch)
 
         return self.sink.process(batch_id, {(TOPIC, 0): start}, {(TOPIC, 0): start + len(records)}, fill_stage)
 

@@ -19,6 +19,7 @@ import pytest
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc.schema_changes import SchemaChangeRefused
+from spark_apps.eos_stream.records.spec import StageCount
 from tests.helpers.cdc_typed_records import typed_record, untyped_record
 from tests.helpers.mirror_sink import MirrorSink
 
@@ -65,9 +66,8 @@ class _PatternMirror(MirrorSink):
                                  pa.array([v for _, _, v in records], pa.binary())],
                                 names=["topic", "partition", "offset", "key", "value"])
 
-        def fill_stage(stage_name: str, keep_raw: bool) -> int:
-            self.stage(stage_name, keep_raw, batch)
-            return len(records)
+        def fill_stage(stage_name: str, keep_raw: bool) -> StageCount:
+            return self.stage(stage_name, keep_raw, batch)
 
         result = self.sink.process(batch_id, start, end, fill_stage)
         self.next = {**self.next, **end}

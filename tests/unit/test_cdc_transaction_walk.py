@@ -1,6 +1,7 @@
 """The walk over a batch's counts (``cdc/transaction_walk.py``) against the reference model,
 ``transactions.plan``, on random histories: the same records held, the same transactions ready,
-the same refusals. The groups are made as ``transactions_sql.count_statement`` makes them."""
+the same refusals. The groups are made as ``transactions_sql.count_statement`` makes them, and as
+the stagers count them (``transaction_groups``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 import pytest
 
 from spark_apps.eos_stream.cdc import transactions
+from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
 from spark_apps.eos_stream.cdc.transaction_walk import Group, walk
 from spark_apps.eos_stream.cdc.transactions import CHANGE, END, FREE, Candidate, TransactionError, plan
 
@@ -31,6 +33,26 @@ def groups_of(candidates: Iterable[Candidate]) -> list[Group]:
         made.append(Group(topic, partition, kind, tx, collection, len(offsets), min(offsets), max(offsets),
                           counts, staged=len(offsets), staged_once=len(offsets)))
     return made
+
+
+def counted_groups(candidates: Iterable[Candidate], rng: random.Random) -> list[Group]:
+    """The stagers' groups (``transaction_groups.GroupCounter``): the candidates staged by two
+    tasks, each partition's records split between them where a random cut falls, as balanced
+    shares split a range; the groups of both joined, as the driver joins its tasks' reports."""
+    tasks = [GroupCounter(), GroupCounter()]
+    by_partition: dict[tuple[str, int], list[Candidate]] = {}
+    for c in candidates:
+        by_partition.setdefault(c.coordinate[:2], []).append(c)
+    op = {CHANGE: "c", transactions.UNTRACKED: "u", FREE: "r"}
+    for records in by_partition.values():
+        cut = rng.randint(0, len(records))
+        for index, c in enumerate(records):
+            task = tasks[index >= cut]
+            if c.kind == END:
+                task.end(*c.coordinate, str(c.tx), transactions.counts_json(c.counts))
+            else:
+                task.record(*c.coordinate, op[c.kind], False, c.tx, c.collection)
+    return tasks[0].groups() + tasks[1].groups()
 
 
 def _history(rng: random.Random, count: int, lose_ends: float) -> dict[tuple[str, int], list[Candidate]]:
@@ -66,19 +88,22 @@ def _kind_of(refusal: TransactionError) -> str:
                 if kind in str(refusal))
 
 
+@pytest.mark.parametrize("counted_by", ["database", "stagers"])
 @pytest.mark.parametrize("seed", range(40))
-def test_the_walk_over_counts_holds_what_the_model_holds_or_refuses_where_it_refuses(seed: int) -> None:
+def test_the_walk_over_counts_holds_what_the_model_holds_or_refuses_where_it_refuses(
+        seed: int, counted_by: str) -> None:
     rng = random.Random(seed)
     streams = _history(rng, rng.randint(1, 30), lose_ends=0.1 if seed % 2 else 0.0)
     read = _read_prefixes(rng, streams)
+    groups = groups_of(read) if counted_by == "database" else counted_groups(read, rng)
     try:
         expected = plan(read)
     except TransactionError as refusal:
         with pytest.raises(TransactionError) as got:
-            walk(groups_of(read))
+            walk(groups)
         assert _kind_of(got.value) == _kind_of(refusal)  # which event each names may differ
         return
-    decided = walk(groups_of(read))
+    decided = walk(groups)
     held = {c.coordinate for c in read if any(
         c.coordinate[:2] == (t, p) and c.coordinate[2] >= first and (not ends_only or c.kind == END)
         for t, p, first, ends_only in decided.bounds)}

@@ -210,6 +210,16 @@ def test_shares_split_a_range_so_two_partitions_and_a_transaction_topic_fill_two
                                 ("c.transaction", 0): [(0, 133_000)]}
 
 
+def test_shares_weigh_the_records_of_a_topic_that_costs_less_to_stage() -> None:
+    # the bench's batch again, its transaction records weighing 0.4 of a change: the task with
+    # the transaction topic takes fewer changes than the other, which takes 20,749 (not 25,000)
+    bench = [OffsetRange("c", 0, 0, 17_915), OffsetRange("c", 1, 0, 17_915), OffsetRange("c.transaction", 0, 0, 14_170)]
+    shares = kafka_ranges.balanced_shares(bench, 2, {"c.transaction": 0.4})
+    assert _covered(shares) == {("c", 0): [(0, 17_915)], ("c", 1): [(0, 2_834), (2_834, 17_915)],
+                                ("c.transaction", 0): [(0, 14_170)]}
+    assert [len(share) for share in shares] == [2, 2]
+
+
 def test_shares_never_split_into_small_pieces_nor_a_range_from_the_log_start() -> None:
     small = [OffsetRange("t", 0, 5, 8), OffsetRange("t", 1, 0, 4), OffsetRange("u", 0, 0, 3)]
     assert kafka_ranges.balanced_shares(small, 2) == [small[:2], small[2:]]

@@ -38,6 +38,7 @@ import msgspec
 from spark_apps.eos_stream.cdc.definition import MirrorDefinition
 from spark_apps.eos_stream.cdc.fast_envelope import KEY_SCHEMAS, OPS, ROW_SCHEMAS, SchemaRefused
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
+from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
 from spark_apps.eos_stream.cdc.transactions import tx_part
 from spark_apps.eos_stream.cdc.values import DEFAULT_PLACEHOLDER, FieldSchema, base_type, plain_kind
 from spark_apps.eos_stream.records.parsing import escape_copy
@@ -133,8 +134,9 @@ class _Plan:
 class FlatLines:
     """Stage lines of flat changes for one mirror definition (see the module)."""
 
-    def __init__(self, definition: MirrorDefinition) -> None:
-        self.definition = definition
+    def __init__(self, definition: MirrorDefinition, counter: GroupCounter | None = None) -> None:
+        """:param counter: a whole mirror's, which counts each line made in its transaction's group."""
+        self.definition, self.counter = definition, counter
         text = definition.placeholder or DEFAULT_PLACEHOLDER
         # Debezium writes the placeholder as its text, or base64 of it in a bytes column.
         self.placeholder, self.placeholder_base64 = text.encode(), base64.b64encode(text.encode())
@@ -202,7 +204,10 @@ class FlatLines:
         tx = envelope.transaction
         if tx is not None and not isinstance(tx, dict):
             raise _ToReference
-        tx_cell = _NULL if not tx or tx.get("id") is None else escape_copy(str(tx_part(tx.get("id"))))
+        tx_id = None if not tx or tx.get("id") is None else tx_part(tx.get("id"))
+        tx_cell = _NULL if tx_id is None else escape_copy(tx_id)
+        if self.counter is not None:
+            self.counter.record(topic, partition, offset, op, False, tx_id, table)
         # The cells of mirror.STAGE_COLUMNS, in one format: no tuple, no join.
         return (f"{self._escape(topic)}\t{partition}\t{offset}\t\\N\t\\N\t\\N\t{plan.table}\t{op}\t"
                 f"{escape_copy(key_text.decode())}\t{_NULL if after is None else after}\t[]\t"

@@ -24,6 +24,7 @@ import msgspec
 from spark_apps.eos_stream.cdc import transactions
 from spark_apps.eos_stream.cdc.envelope import Change, EnvelopeError
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type
+from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
 from spark_apps.eos_stream.cdc.transactions import END
 from spark_apps.eos_stream.cdc.values import pg_text
 from spark_apps.eos_stream.records.parsing import escape_copy
@@ -261,6 +262,22 @@ def _transaction_line(coordinates: str, value: bytes | None, mirrored: Callable[
     return coordinates + "\t" + _END_BODY.format(counts=escape_copy(counts), tx=escape_copy(record.tx))
 
 
+def _count_transaction_record(counter: GroupCounter, topic: str, partition: int, offset: int, value: bytes | None,
+                              mirrored: Callable[[str], bool]) -> None:
+    """A transaction-topic record counted instead of staged (``transaction_groups``): an END as
+    its group, a BEGIN or a tombstone as nothing. A record it cannot read raises ``EnvelopeError``
+    and is staged, refused."""
+    try:
+        record = transactions.parse_transaction_record(value)
+    except ValueError as exc:
+        raise EnvelopeError(str(exc)) from exc
+    if record is None or record.status != END:
+        counter.skip()
+        return
+    counter.end(topic, partition, offset, record.tx,
+                transactions.counts_json({table: n for table, n in record.counts.items() if n and mirrored(table)}))
+
+
 def _refused_cells(value: bytes | None, error: str) -> list[str | None]:
     """A refused change's error and body: its transaction and table when its envelope can be
     read, so it still counts toward its transaction's END (``transactions.loose_transaction``)."""
@@ -275,13 +292,16 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
                            records: Iterable[tuple[str, int, int, bytes | None, bytes | None]],
                            keep_raw: bool, transaction_topic: str | None = None,
                            mirrored: Callable[[str], bool] = lambda table: True,
-                           flat: FlatLine | None = None) -> Iterator[str]:
+                           flat: FlatLine | None = None, counter: GroupCounter | None = None) -> Iterator[str]:
     """One COPY line per Kafka record: a change's cells, a tombstone's empty line (so the
     stage still counts every record), a refused record's error with its raw bytes, a
     record whose target cannot be made, with the refusal for the driver (``TargetRefused``),
     or a record of ``transaction_topic`` (``_transaction_cells``, counting the tables ``mirrored``).
     ``flat`` (``flat_rows.FlatLines.line``) stages the changes it vouches for, the same line
-    in meaning, faster; it is not used when ``keep_raw`` asks for every record's bytes."""
+    in meaning, faster; it is not used when ``keep_raw`` asks for every record's bytes.
+    With a ``counter`` (a whole mirror's), every staged record is counted in its group, and
+    the transaction topic's records are counted instead of staged (``transaction_groups``);
+    ``flat`` then counts the lines it makes."""
     if keep_raw:
         flat = None
     escaped_transaction_topic = None if transaction_topic is None else escape_copy(transaction_topic)
@@ -289,6 +309,9 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
         cells: list[str | bytes | None]
         try:
             if topic == transaction_topic:
+                if counter is not None:
+                    _count_transaction_record(counter, topic, partition, offset, value, mirrored)
+                    continue
                 yield _transaction_line(f"{escaped_transaction_topic}\t{partition}\t{offset}", value, mirrored)
                 continue
             if flat is not None:
@@ -305,4 +328,6 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
         except TargetRefused as refused:
             cells = [topic, str(partition), str(offset), key, value, None, refused.table,
                      *[None] * (_BODY_CELLS - 4), refused.create, None, None]
+        if counter is not None:  # the cells of _error, _op, _tx and _collection
+            counter.record(topic, partition, offset, cells[7], cells[5] is not None, cells[14], cells[15])  # type: ignore[arg-type]
         yield "\t".join(map(_copy_cell, cells)) + "\n"

@@ -26,6 +26,7 @@ from spark_apps.eos_stream.cdc import (
     mirror_sql,
     patterns,
     schema_changes,
+    transaction_groups,
     transactions,
     transactions_sql,
 )
@@ -102,31 +103,45 @@ class MirrorBatches:
         return ([schema] + [mirror_sql.target_ddl(t, target_schema) for t in tables.values()]
                 + [aggregate_sql.aggregate_ddl(a, tables[a.source], target_schema) for a in self.definition.aggregates])
 
-    def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]:
+    def staging_chunks(self, batches: Iterable[Any], keep_raw: bool,
+                       counter: transaction_groups.GroupCounter | None = None) -> Iterator[bytes]:
         """The COPY text of a task's Arrow batches or message chunks (``kafka.ranges.MessageChunk``):
         one line per Kafka record, in chunks of
-        about ``STAGE_CHUNK_CHARS`` (``bounded_chunks``)."""
+        about ``STAGE_CHUNK_CHARS`` (``bounded_chunks``). With a ``counter`` (``group_counter``),
+        the records' transaction groups are counted, and the transaction topic's counted instead of staged."""
         resolve = patterns.Router(self.definition).resolve
-        flat = flat_rows.FlatLines(self.definition).line
+        flat = flat_rows.FlatLines(self.definition, counter).line
         for batch in batches:
             yield from bounded_chunks(mirror.resolved_staging_lines(
                 resolve, _records(batch), keep_raw,
-                transactions.transaction_topic(self.definition.topic_prefix), self.definition.mirrors, flat),
-                STAGE_CHUNK_CHARS)
+                transactions.transaction_topic(self.definition.topic_prefix), self.definition.mirrors, flat,
+                counter), STAGE_CHUNK_CHARS)
+
+    def group_counter(self) -> transaction_groups.GroupCounter | None:
+        """A counter of transaction groups for a mirror of whole transactions (None for ``per_key``)."""
+        return transaction_groups.GroupCounter() if self.definition.whole_transactions else None
+
+    def staging_weights(self) -> dict[str, float]:
+        """The transaction topic's records, counted and not staged, as a share of a change's work."""
+        topic = self.definition.transaction_topic()
+        return {} if topic is None else {topic: transaction_groups.TRANSACTION_RECORD_WEIGHT}
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
-                  skip_applied: bool, pipeline: str = "", staged_once: bool = False) -> BatchRun:
+                  skip_applied: bool, pipeline: str = "", staged_once: bool = False,
+                  groups: list[Any] | None = None) -> BatchRun:
         """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
         apply of the stage (or of one isolated range of it) to the targets they leave. A mirror
         of whole transactions first rewrites the stage to the records it applies now
         (``transactions_sql``); the stage then holds records below the stored offsets, which
         the apply must not skip, and it dedupes only when a retried task staged copies (the
         writer's count of the stage no longer tells). ``staged_once``: the writer's count of the
-        stage, before the walk, found no copies, so the walk need not look for them."""
+        stage, before the walk, found no copies, so the walk need not look for them. ``groups``:
+        the stagers' count of the stage's transaction groups (``StageCount.groups``)."""
         whole, copies, released = self.definition.whole_transactions, 0, 0
         if whole:
             done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied,
-                                                     str(self.definition.transaction_topic()), staged_once)
+                                                     str(self.definition.transaction_topic()), staged_once,
+                                                     groups)
             copies = done.pop("copies")
             if done["held"] or done["released"]:
                 emit("mirror_transactions", **done)

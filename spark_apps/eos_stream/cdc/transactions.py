@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from spark_apps.eos_stream.cdc import fast_envelope
 
 WHOLE = "whole"
@@ -71,12 +73,10 @@ class TransactionRecord:
         return counts_json(self.counts)
 
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps builds an encoder per call otherwise
-
-
 def counts_json(counts: Mapping[str, int]) -> str:
-    """An END's events per table as the stage's ``_after`` cell: compact JSON, tables sorted."""
-    return _COMPACT.encode(dict(sorted(counts.items())))
+    """An END's events per table as the stage's ``_after`` cell: compact JSON, tables sorted
+    (msgspec's: the json module's encoder was a third of the transaction topic's staging)."""
+    return msgspec.json.encode(counts, order="sorted").decode()
 
 
 def parse_transaction_record(value: bytes | None) -> TransactionRecord | None:

@@ -1,10 +1,12 @@
 """Whole source transactions in SQL: the batch's stage rewritten to what it may apply.
 
 In the batch's transaction, before the mirror's apply (``pipeline.MirrorBatches.batch_run``),
-:func:`hold_and_release` counts the candidates (the stage's records not applied yet, plus the
-pipeline's rows of ``held_changes``) in one pass, per partition, kind, transaction and table;
-the walk (``transaction_walk``) decides over those counts, in Python, what ``transactions.plan``
-decides record by record; one statement then moves records by partition and offset, and leaves:
+:func:`hold_and_release` takes the candidates' groups, per partition, kind, transaction and
+table: the stage's as its stagers counted them while staging (``transaction_groups``; the
+transaction topic's records are counted there, not staged), the pipeline's rows of
+``held_changes`` counted here in one pass. The walk (``transaction_walk``) decides over those
+counts, in Python, what ``transactions.plan`` decides record by record; one statement then
+moves records by partition and offset, and the ENDs that wait into ``held_changes``, and leaves:
 
 - in the stage, exactly the records to apply now: the free records and the events of the
   applicable transactions, those an earlier batch held included, and none of the transaction
@@ -12,8 +14,11 @@ decides record by record; one statement then moves records by partition and offs
 - in ``held_changes``, every other candidate (events of incomplete transactions, the ENDs not
   applicable yet, and whatever follows a held record in its partition).
 
-The walk's cost is one aggregate pass over the batch, the groups read back (a few thousand
-rows), and statements that touch only the records they move (``docs/benchmarks.md``).
+The walk's cost is a dictionary update per record in the stagers, the held records counted, and
+statements that touch only the records they move (``docs/benchmarks.md``). When the stagers'
+count cannot stand (a group of the stage straddles a stored offset: a batch partly re-read, by
+another engine) or there is none (``groups`` None: the stage then holds the transaction topic's
+records too), the database counts the stage in the same pass as the held records.
 
 A mirror switched back to ``per_key`` (the way out when a transaction can never complete) gets
 the records it held in its next batch (:func:`release_all`), and applies them per key with the
@@ -32,7 +37,7 @@ from typing import Any
 
 from psycopg2 import sql
 
-from spark_apps.eos_stream.cdc import transaction_walk, transactions
+from spark_apps.eos_stream.cdc import transaction_groups, transaction_walk, transactions
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
 from spark_apps.eos_stream.state import meta_tables
 
@@ -62,30 +67,40 @@ SELECT _topic, _partition, kind, _tx, _collection, {events}, min(_offset), max(_
   count(*) FILTER (WHERE NOT _was_held), {staged}, count(*) FILTER (WHERE _was_held)
 FROM (SELECT TRUE AS _was_held, _topic, _partition, _offset, {kind} AS kind, _tx, _collection,
         CASE WHEN _op = {end} THEN _after END AS _after FROM {held} WHERE pipeline = %(pipeline)s
-      UNION ALL
-      SELECT FALSE, _topic, _partition, _offset, {kind}, _tx, _collection,
-        CASE WHEN _op = {end} THEN _after END FROM {stage}) c
+      {stage_part}) c
 GROUP BY _topic, _partition, kind, _tx, _collection, CASE WHEN kind = {end} THEN _offset END
 """
+_STAGE_PART = """UNION ALL
+      SELECT FALSE, _topic, _partition, _offset, {kind}, _tx, _collection,
+        CASE WHEN _op = {end} THEN _after END FROM {stage}"""
 
 
-def count_statement(stage: sql.Composable, meta_schema: str, copies: bool) -> sql.Composed:
-    """The candidates' groups (``transaction_walk.Group``'s fields, in order). ``copies``: the
-    stage may hold a record twice, so offsets are counted distinct."""
+def count_statement(stage: sql.Composable | None, meta_schema: str, copies: bool) -> sql.Composed:
+    """The candidates' groups (``transaction_walk.Group``'s fields, in order): the held records',
+    and the stage's unless ``stage`` is None (the stagers counted them). ``copies``: the stage may
+    hold a record twice, so offsets are counted distinct."""
     names = {"end": sql.Literal(transactions.END), "change": sql.Literal(transactions.CHANGE),
              "untracked": sql.Literal(transactions.UNTRACKED), "free": sql.Literal(transactions.FREE)}
+    kind = sql.SQL(_KIND).format(**names)
     counts = ({"events": sql.SQL("count(DISTINCT _offset)"),
                "staged": sql.SQL("count(DISTINCT _offset) FILTER (WHERE NOT _was_held)")} if copies else
               {"events": sql.SQL("count(*)"), "staged": sql.SQL("count(*) FILTER (WHERE NOT _was_held)")})
-    return sql.SQL(_COUNT).format(held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES), stage=stage,
-                                  kind=sql.SQL(_KIND).format(**names), end=names["end"], **counts)
+    stage_part = sql.SQL("") if stage is None else sql.SQL(_STAGE_PART).format(kind=kind, end=names["end"],
+                                                                               stage=stage)
+    return sql.SQL(_COUNT).format(held=meta_tables.table(meta_schema, meta_tables.HELD_CHANGES),
+                                  stage_part=stage_part, kind=kind, end=names["end"], **counts)
 
 
 # The records held now leave the stage for held_changes; the records held before and not now
 # come back to the stage (an END is done once its transaction applies); the transaction topic's
 # records left in the stage (its BEGINs, the ENDs applied) go: the apply has nothing to do with them.
 _MOVE = """
-WITH held_from AS (SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[],
+WITH counted_ends AS (INSERT INTO {held} (pipeline, _topic, _partition, _offset, _op, _after, _tx)
+                      SELECT %(pipeline)s, e.topic, e.partition, e."offset", {end}, e.counts, e.tx
+                      FROM unnest(%(end_topics)s::text[], %(end_partitions)s::int[], %(end_offsets)s::bigint[],
+                                  %(end_counts)s::text[], %(end_txs)s::text[]) e(topic, partition, "offset", counts, tx)
+                      ON CONFLICT DO NOTHING RETURNING 1),
+held_from AS (SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[],
                                         %(ends_only)s::boolean[]) f(topic, partition, first, ends_only)),
 moved AS (DELETE FROM {stage} s USING held_from f
           WHERE s._topic = f.topic AND s._partition = f.partition AND s._offset >= f.first
@@ -97,7 +112,8 @@ released AS (DELETE FROM {held} h WHERE h.pipeline = %(pipeline)s AND NOT EXISTS
                                            AND h._offset >= f.first AND (NOT f.ends_only OR h._op = {end}))
              RETURNING {held_columns}),
 back AS (INSERT INTO {stage} ({columns}) SELECT * FROM released WHERE _op IS DISTINCT FROM {end} RETURNING 1)
-SELECT (SELECT count(*) FROM kept), (SELECT count(*) FROM released), (SELECT count(*) FROM back)
+SELECT (SELECT count(*) FROM kept) + (SELECT count(*) FROM counted_ends), (SELECT count(*) FROM released),
+       (SELECT count(*) FROM back)
 """
 
 
@@ -115,12 +131,15 @@ def drop_transaction_records_statement(stage: sql.Composable) -> sql.Composed:
 
 
 def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str,
-                     skip_applied: bool, transaction_topic: str, staged_once: bool = False) -> dict[str, Any]:
+                     skip_applied: bool, transaction_topic: str, staged_once: bool = False,
+                     groups: list[transaction_walk.Group] | None = None) -> dict[str, Any]:
     """Rewrites the stage to the records this batch applies (see the module), on ``cur``, in the
     batch's transaction; returns what it did, for the batch's event. ``copies``: the stage held a
     record twice (a retried task), so the apply must dedupe; released records never repeat a
     staged one (they are below the stored offsets, the stage's records at or above them).
     ``staged_once``: the writer counted no copies in the stage, so none are looked for.
+    ``groups``: the stagers' count of the stage (``transaction_groups``), whose transaction-topic
+    records they did not stage; None: the stage holds every record, and is counted here.
 
     :raises transactions.TransactionError: an END counting fewer events than arrived, a
         complete transaction behind a held record of its partition, or a streaming change
@@ -128,16 +147,46 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     params: dict[str, Any] = {"pipeline": pipeline, "transaction_topic": transaction_topic}
     if skip_applied:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
-    cur.execute(count_statement(stage, meta_schema, copies=not staged_once), params)
-    walked = transaction_walk.walk(list(map(transaction_walk.Group._make, cur.fetchall())))
-    bounds = walked.bounds
-    params.update(topics=[b[0] for b in bounds], partitions=[b[1] for b in bounds], offsets=[b[2] for b in bounds],
-                  ends_only=[b[3] for b in bounds])
+    counted = groups
+    if groups is not None and skip_applied:
+        counted = transaction_groups.applicable(groups, stored_offsets(cur, meta_schema, pipeline))
+    # The held records always counted here; the stage's too when its stagers' count cannot stand.
+    cur.execute(count_statement(stage if counted is None else None, meta_schema, copies=not staged_once), params)
+    found = list(map(transaction_walk.Group._make, cur.fetchall()))
+    if counted is not None:
+        ends = [g for g in counted if g.kind == transactions.END]
+        candidates = found + counted
+    else:  # the stage counted here; the ENDs, never staged, as the stagers read them
+        ends = [] if groups is None else transaction_groups.applicable(
+            [g for g in groups if g.kind == transactions.END], stored_offsets(cur, meta_schema, pipeline)) or []
+        candidates = found + ends
+    walked = transaction_walk.walk(candidates)
+    params.update(_move_params(walked.bounds, ends))
     cur.execute(move_statement(stage, meta_schema), params)
     kept, released, _ = cur.fetchone()
-    cur.execute(drop_transaction_records_statement(stage), params)
+    if groups is None:  # the stage holds the transaction topic's records
+        cur.execute(drop_transaction_records_statement(stage), params)
+    copies = walked.copies if counted is None else int(not staged_once)
     return {"held_now": int(kept), "released": int(released), "held": walked.held_before - released + kept,
-            "copies": walked.copies, "transactions_applied": walked.ready, "waiting": walked.waiting}
+            "copies": copies, "transactions_applied": walked.ready, "waiting": walked.waiting}
+
+
+def _move_params(bounds: list[transaction_walk.Bound], ends: list[transaction_walk.Group]) -> dict[str, list]:
+    """``move_statement``'s arrays: the walk's bounds, and the ENDs the stagers counted that
+    the bounds hold (not in the stage: they go to ``held_changes`` as they are)."""
+    bound_of = {(t, p): first for t, p, first, _ in bounds}
+    held_ends = [e for e in ends if (e.topic, e.partition) in bound_of and e.first >= bound_of[(e.topic, e.partition)]]
+    return {"topics": [b[0] for b in bounds], "partitions": [b[1] for b in bounds], "offsets": [b[2] for b in bounds],
+            "ends_only": [b[3] for b in bounds], "end_topics": [e.topic for e in held_ends],
+            "end_partitions": [e.partition for e in held_ends], "end_offsets": [e.first for e in held_ends],
+            "end_counts": [e.counts for e in held_ends], "end_txs": [e.tx for e in held_ends]}
+
+
+def stored_offsets(cur: Any, meta_schema: str, pipeline: str) -> dict[tuple[str, int], int]:
+    """The pipeline's stored offsets, ``{(topic, partition): next offset}``."""
+    cur.execute(sql.SQL("SELECT topic, partition, next_offset FROM {} WHERE pipeline = %s").format(
+        meta_tables.table(meta_schema, meta_tables.OFFSETS)), (pipeline,))
+    return {(t, p): n for t, p, n in cur.fetchall()}
 
 
 _RELEASE_ALL = """

@@ -131,6 +131,7 @@ from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.spec import StageCount
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.sink.apply_ahead import ApplyAhead
@@ -335,7 +336,7 @@ class ContinuousRun:
         self.batch_id += 1
         self.reader.current.update(cycle.ends)
 
-        def fill_stage(stage_name: str, keep_raw: bool) -> int:
+        def fill_stage(stage_name: str, keep_raw: bool) -> StageCount:
             return stage_batches(driver.dsn, driver.spec, self.config.meta_schema, stage_name, keep_raw,
                                  cycle.batches(as_messages=reads_messages(driver.spec)), self.stage_sessions)
 
@@ -347,7 +348,7 @@ class ContinuousRun:
         else:
             apply(self.write_as_part(batch_id, cycle) if driver.prepared_parts and cycle.messages else None)
 
-    def apply(self, batch_id: int, cycle: Cycle, fill_stage: Callable[[str, bool], int],
+    def apply(self, batch_id: int, cycle: Cycle, fill_stage: Callable[[str, bool], StageCount],
               staged: StagedBatch | WrittenParts | None, started: float) -> None:
         """Commits one cycle (on the applier thread when applying ahead) and tells of it."""
         try:

@@ -62,6 +62,7 @@ from spark_apps.eos_stream.engines.start import EARLIEST, Driver, begin, import_
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import OffsetRange
+from spark_apps.eos_stream.records.spec import StageCount
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
@@ -154,7 +155,8 @@ def replay(config: PipelineConfig) -> int:
             offset_ranges = [OffsetRange(*tp, start, end) for tp, start, end in ranges]
             written = write_as_part(driver, sink, consumer, batch_id, offset_ranges) if driver.prepared_parts else None
 
-            def fill_stage(stage_name: str, keep_raw: bool, offset_ranges: list[OffsetRange] = offset_ranges) -> int:
+            def fill_stage(stage_name: str, keep_raw: bool,
+                           offset_ranges: list[OffsetRange] = offset_ranges) -> StageCount:
                 return stage_ranges(driver.dsn, spec, config.meta_schema, stage_name, keep_raw, consumer,
                                     offset_ranges)
 

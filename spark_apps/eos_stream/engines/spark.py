@@ -63,7 +63,7 @@ from spark_apps.eos_stream.kafka import security as kafka_security
 from spark_apps.eos_stream.kafka.offsets import from_nested
 from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import SpecSource
+from spark_apps.eos_stream.records.spec import SpecSource, StageCount
 from spark_apps.eos_stream.run import entry
 from spark_apps.eos_stream.run.config import PipelineConfig
 from spark_apps.eos_stream.run.entry import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
@@ -297,18 +297,21 @@ class _BatchWrite:
         if not balanced:
             tasks = min(len(self.ranges), context.defaultParallelism)
             return context.parallelize(self.ranges, tasks).mapPartitionsWithIndex(task).collect()
-        shares = kafka_ranges.balanced_shares(self.ranges, context.defaultParallelism)
+        mirror = self.stream.spec.mirror
+        shares = kafka_ranges.balanced_shares(self.ranges, context.defaultParallelism,
+                                              mirror.staging_weights() if mirror is not None else None)
         return (context.parallelize(shares, len(shares))
                 .mapPartitionsWithIndex(lambda index, held: task(index, [r for share in held for r in share]))
                 .collect())
 
-    def fill_stage(self, stage_name: str, keep_raw: bool) -> int:
-        """Each Spark task reads its share of the ranges and COPYs it; only its count returns."""
+    def fill_stage(self, stage_name: str, keep_raw: bool) -> StageCount:
+        """Each Spark task reads its share of the ranges and COPYs it; only its count returns
+        (with a whole mirror's transaction groups), from its successful attempt."""
         stream, config = self.stream, self.stream.config
         stager = range_stager(stream.dsn, stream.spec_source, config.meta_schema, stage_name, keep_raw,
                               stream.kafka_settings)
-        staged = sum(self.on_tasks(lambda _index, share: stager(share), balanced=True))
-        stream.rows_read.record(self.batch_id, staged)
+        staged = StageCount.merged(self.on_tasks(lambda _index, share: stager(share), balanced=True))
+        stream.rows_read.record(self.batch_id, staged.rows or 0)
         return staged
 
     def write_parts(self, prefix: str) -> list[dict[str, Any]]:
@@ -323,7 +326,8 @@ class _BatchWrite:
         stream.rows_read.record(self.batch_id, sum(r["rows"] for r in results))
         return results
 
-    def apply(self, fill_stage: Callable[[str, bool], int], staged: StagedBatch | WrittenParts | None = None) -> None:
+    def apply(self, fill_stage: Callable[[str, bool], StageCount],
+              staged: StagedBatch | WrittenParts | None = None) -> None:
         result = self.stream.sink.process(self.batch_id, self.start, self.end, fill_stage, staged)
         batch_event(self.batch_id, result, self.end, started_at=round(self.started_at, 3),
                     committed_at=round(time.time(), 3))

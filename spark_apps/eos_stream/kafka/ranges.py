@@ -99,17 +99,19 @@ def offset_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartiti
 MIN_PIECE_RECORDS = 2_000
 
 
-def balanced_shares(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
-    """``ranges`` as at most ``tasks`` shares of about equal records, a range split at an offset
+def balanced_shares(ranges: list[OffsetRange], tasks: int,
+                    weights: Mapping[str, float] | None = None) -> list[list[OffsetRange]]:
+    """``ranges`` as at most ``tasks`` shares of about equal work, a range split at an offset
     where one share fills up, so the slowest task reads no more than its part of the batch. A
     batch of whole transactions reads its change partitions and the transaction topic's one
     partition: three ranges on two task slots, whole, left one task a partition and the other
     a partition and the transaction topic. The pieces of a range go to consecutive shares, so a
     share never holds two ranges of one partition (``read_ranges``). A range from ``EARLIEST``
     has no known size (the log's start is the broker's) and is never split; its end stands for
-    its size."""
+    its size. ``weights``: a record's work, per topic, against 1 for the others' (a whole
+    mirror's transaction topic: its records are counted, not staged)."""
     def size(r: OffsetRange) -> int:
-        return r.end - (0 if r.start == EARLIEST else r.start)
+        return round((r.end - (0 if r.start == EARLIEST else r.start)) * (weights or {}).get(r.topic, 1.0))
 
     tasks = max(1, tasks)
     left = sum(map(size, ranges))  # records not yet in a share
@@ -125,10 +127,11 @@ def balanced_shares(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRa
         while True:
             more = len(shares) < tasks  # another share may start
             room = target - filled
-            if more and r.start != EARLIEST and MIN_PIECE_RECORDS <= room <= size(r) - MIN_PIECE_RECORDS:
-                shares[-1].append(OffsetRange(r.topic, r.partition, r.start, r.start + room))
+            records = round(room / (weights or {}).get(r.topic, 1.0))  # the room in the range's records
+            if more and r.start != EARLIEST and MIN_PIECE_RECORDS <= records <= r.end - r.start - MIN_PIECE_RECORDS:
+                shares[-1].append(OffsetRange(r.topic, r.partition, r.start, r.start + records))
+                r = OffsetRange(r.topic, r.partition, r.start + records, r.end)
                 left -= room
-                r = OffsetRange(r.topic, r.partition, r.start + room, r.end)
                 next_share()
                 continue
             if more and shares[-1] and room < size(r) / 2:  # it fits the next share better than this one

@@ -13,7 +13,7 @@ import importlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # PostgreSQL types the record parser knows how to validate and encode for COPY.
 SUPPORTED_TYPES = ("text", "bigint", "integer", "numeric", "double precision", "boolean", "timestamptz")
@@ -107,6 +107,28 @@ Target = RowTarget | AggregateTarget
 BatchRun = Callable[[Any, bool, bool, dict], tuple[int, int]]
 
 
+class StageCount(NamedTuple):
+    """What a stager reports of the records it staged: how many lines (``rows``; None: unknown),
+    and, for a mirror of whole transactions, their transaction groups
+    (``cdc/transaction_groups.py``; None: not counted, so the apply counts the stage)."""
+
+    rows: int | None
+    groups: list[Any] | None = None
+
+    @classmethod
+    def of(cls, reported: StageCount | int | None) -> StageCount:
+        """A stager's report as a StageCount (a row pipeline's stagers report only a count)."""
+        return reported if isinstance(reported, StageCount) else cls(reported)
+
+    @classmethod
+    def merged(cls, reports: Iterable[StageCount | int | None]) -> StageCount:
+        """The reports of a batch's tasks as one: their rows summed (unknown if one is), their groups joined."""
+        counts = [cls.of(r) for r in reports]
+        rows = None if any(c.rows is None for c in counts) else sum(c.rows or 0 for c in counts)
+        groups = None if any(c.groups is None for c in counts) else [g for c in counts for g in c.groups or ()]
+        return cls(rows, groups)
+
+
 class MirrorApply(Protocol):
     """How a change stream's mirror (``cdc/``) is staged and applied, for the sink, which knows
     no mirror: the executors stage each Kafka record as one line of ``stage_column_types``,
@@ -115,7 +137,17 @@ class MirrorApply(Protocol):
 
     def stage_column_types(self) -> list[tuple[str, str]]: ...
 
-    def staging_chunks(self, batches: Iterable[Any], keep_raw: bool) -> Iterator[bytes]: ...
+    def staging_chunks(self, batches: Iterable[Any], keep_raw: bool, counter: Any = None) -> Iterator[bytes]:
+        """``counter``: ``group_counter()``'s, which counts what the lines stage."""
+        ...
+
+    def group_counter(self) -> Any:
+        """A counter of the staged records' transaction groups, for a mirror of whole transactions; else None."""
+        ...
+
+    def staging_weights(self) -> dict[str, float]:
+        """A record's staging work per topic where it differs from a change's 1 (``kafka.ranges.balanced_shares``)."""
+        ...
 
     def target_tables(self) -> list[str]: ...
 
@@ -125,8 +157,10 @@ class MirrorApply(Protocol):
         ...
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
-                  skip_applied: bool, pipeline: str = "", staged_once: bool = False) -> BatchRun:
-        """``staged_once``: the stage is known to hold each record once (no retried task's copies)."""
+                  skip_applied: bool, pipeline: str = "", staged_once: bool = False,
+                  groups: list[Any] | None = None) -> BatchRun:
+        """``staged_once``: the stage is known to hold each record once (no retried task's copies);
+        ``groups``: the stagers' transaction groups (``StageCount.groups``)."""
         ...
 
     def transaction_topic(self) -> str | None:

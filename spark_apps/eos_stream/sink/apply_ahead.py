@@ -65,6 +65,7 @@ from typing import Any
 from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.records.spec import StageCount
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.batch_sink import BatchSink
 from spark_apps.eos_stream.sink.parts import WriteParts, WrittenParts
@@ -96,7 +97,7 @@ class ApplyAhead:
         self._failure: BaseException | None = None
         self._reported = False
 
-    def stage(self, batch_id: int, fill_stage: Callable[[str, bool], int | None],
+    def stage(self, batch_id: int, fill_stage: Callable[[str, bool], StageCount | int | None],
               write_parts: WriteParts | None = None) -> StagedBatch | WrittenParts | None:
         """Writes the batch as prepared parts when ``write_parts`` is given and every task
         could, else stages it on the staging session (None: it could not; its apply will)."""
@@ -110,13 +111,13 @@ class ApplyAhead:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()
             create_stage(self._conn, self._sink.spec, self._sink.meta_schema, name)
-            rows = fill_stage(name, False)
+            staged = StageCount.of(fill_stage(name, False))
         except Exception as exc:  # the apply stages it again and judges the error itself
             self._notify("stage_ahead_failed", batch_id=batch_id, error=errors.one_line(exc))
             if self._conn is not None and not self._conn.closed:
                 self._conn.rollback()
             return None
-        return StagedBatch(name, rows, round((time.perf_counter() - started) * 1000))
+        return StagedBatch(name, staged.rows, round((time.perf_counter() - started) * 1000), staged.groups)
 
     def _write_parts(self, batch_id: int, write_parts: WriteParts, started: float) -> WrittenParts | None:
         """The batch written as prepared parts, or None after rolling back whatever parts
@@ -133,7 +134,7 @@ class ApplyAhead:
             self._notify("parts_not_rolled_back", batch_id=batch_id, error=errors.one_line(exc))
         return None
 
-    def hand_over(self, batch_id: int, fill_stage: Callable[[str, bool], int | None],
+    def hand_over(self, batch_id: int, fill_stage: Callable[[str, bool], StageCount | int | None],
                   apply: Callable[[StagedBatch | WrittenParts | None], Any],
                   write_parts: WriteParts | None = None) -> None:
         """Queues the batch: staged after the batch before it, then ``apply(staged)``

@@ -93,6 +93,7 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.records.spec import StageCount
 from spark_apps.eos_stream.sink import parts
 from spark_apps.eos_stream.sink.committer import BatchCommitter
 from spark_apps.eos_stream.sink.in_doubt import resolve_in_doubt
@@ -154,7 +155,8 @@ class BatchSink:
 
     ``process`` takes fill_stage, a callable(stage_name, keep_raw) that makes
     the executors COPY the batch into the staging table and returns the rows
-    its successful tasks staged, or None (Spark-specific, injected).
+    its successful tasks staged (a ``StageCount``, with a whole mirror's transaction
+    groups), or None (Spark-specific, injected).
     """
 
     MAX_BACKOFF_SECONDS = 30.0
@@ -202,7 +204,7 @@ class BatchSink:
         batch_id: int,
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
-        fill_stage: Callable[[str, bool], int | None],
+        fill_stage: Callable[[str, bool], StageCount | int | None],
         staged: StagedBatch | WrittenParts | None = None,
     ) -> BatchResult:
         """Applies one micro-batch exactly once, or raises.
@@ -263,7 +265,7 @@ class BatchSink:
         batch_id: int,
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
-        fill_stage: Callable[[str, bool], int | None],
+        fill_stage: Callable[[str, bool], StageCount | int | None],
         isolate: bool,
         offered: StagedBatch | WrittenParts | None,
     ) -> BatchResult:
@@ -328,7 +330,7 @@ class BatchSink:
         batch_id: int,
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
-        fill_stage: Callable[[str, bool], int | None],
+        fill_stage: Callable[[str, bool], StageCount | int | None],
         record_by_record: bool,
         staged: StagedBatch | None = None,
     ) -> BatchResult:
@@ -336,15 +338,15 @@ class BatchSink:
         clock = Stopwatch()
         try:
             if staged is not None:
-                stage, staged_rows = stage_table(self.meta_schema, staged.name), staged.rows
+                stage, count = stage_table(self.meta_schema, staged.name), StageCount(staged.rows, staged.groups)
                 clock.laps["stage"] = staged.stage_ms
             else:
                 stage_name = self.stage_name(batch_id)
                 stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
-                staged_rows = fill_stage(stage_name, record_by_record)
+                count = StageCount.of(fill_stage(stage_name, record_by_record))
                 clock.lap("stage")
             prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record,
-                                           staged_rows)
+                                           count.rows, count.groups)
             clock.lap("apply")
             records = prepared.applied + prepared.dead_lettered
             self._crash_point("before_commit", self._batches_this_run, records=records)

@@ -22,7 +22,7 @@ from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records import batch_lines
 from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
-from spark_apps.eos_stream.records.spec import PipelineSpec, SpecSource
+from spark_apps.eos_stream.records.spec import PipelineSpec, SpecSource, StageCount
 
 _PG_COLUMN_TYPES = {"_topic": "text", "_partition": "integer", "_offset": "bigint", "_key": "bytea",
                     "_value": "bytea", "_error": "text"}
@@ -123,14 +123,19 @@ class _ChunkReader:
 
 
 def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
-                counts: dict[str, int]) -> Iterator[bytes | memoryview]:
+                counts: dict[str, Any]) -> Iterator[bytes | memoryview]:
     """The COPY data of a task's (topic, partition, offset, key, value) Arrow
-    batches, one or two chunks per batch; counts rows in ``counts``.
+    batches, one or two chunks per batch; counts the lines in ``counts["staged"]``, and
+    a whole mirror's transaction groups in ``counts["groups"]`` (``MirrorApply.group_counter``).
 
     Without raw bytes (every batch but an isolated one) Arrow parses and encodes
     the records it can vouch for (``batch_lines``), Python the rest."""
     if spec.mirror is not None:
-        yield from spec.mirror.staging_chunks(_counted(batches, counts), keep_raw)
+        counter = spec.mirror.group_counter()
+        yield from spec.mirror.staging_chunks(_counted(batches, counts), keep_raw, counter)
+        if counter is not None:  # the transaction topic's records counted, not staged
+            counts["staged"] -= counter.unstaged
+            counts["groups"] = counter.groups()
         return
     fast = not keep_raw and batch_lines.supported(spec)
     for batch in batches:
@@ -141,7 +146,7 @@ def copy_chunks(batches: Iterable[Any], spec: PipelineSpec, keep_raw: bool,
             yield "".join(staging_lines(spec, batch_lines.arrow_records(batch), keep_raw)).encode()
 
 
-def _counted(batches: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
+def _counted(batches: Iterable[Any], counts: dict[str, Any]) -> Iterator[Any]:
     for batch in batches:
         counts["staged"] += batch.num_rows
         yield batch
@@ -155,9 +160,9 @@ def reads_messages(spec: PipelineSpec) -> bool:
 
 
 def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
-                 keep_raw: bool, consumer: Any, ranges: Iterable[kafka_ranges.OffsetRange]) -> int:
+                 keep_raw: bool, consumer: Any, ranges: Iterable[kafka_ranges.OffsetRange]) -> StageCount:
     """Reads offset ranges with ``consumer``, all at once, and COPYs them into the stage in one
-    transaction of its own; returns how many records it staged."""
+    transaction of its own; returns what it staged."""
     read = kafka_ranges.message_chunks if reads_messages(spec) else kafka_ranges.record_batches
     reader = read(consumer, ranges)
     try:
@@ -167,17 +172,17 @@ def stage_ranges(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: st
 
 
 def stage_batches(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,
-                  keep_raw: bool, batches: Iterable[Any], sessions: StageSessions | None = None) -> int:
+                  keep_raw: bool, batches: Iterable[Any], sessions: StageSessions | None = None) -> StageCount:
     """COPYs Arrow batches of (topic, partition, offset, key, value) into the stage in one
-    transaction of its own, on a session of ``sessions`` or else a new one; returns how many
-    records it staged."""
-    counts = {"staged": 0}
+    transaction of its own, on a session of ``sessions`` or else a new one; returns what it
+    staged: its lines, and a whole mirror's transaction groups (``copy_chunks``)."""
+    counts: dict[str, Any] = {"staged": 0}
     chunks = copy_chunks(batches, spec, keep_raw, counts)
     if sessions is None:
         _copy(dsn_kwargs, spec, meta_schema, stage_name, chunks)
     else:
         sessions.copy(spec, meta_schema, stage_name, chunks)
-    return counts["staged"]
+    return StageCount(counts["staged"], counts.get("groups"))
 
 
 class StageSessions:
@@ -229,18 +234,19 @@ class StageSessions:
                 conn.close()
 
 
-def range_stager(dsn_kwargs: dict[str, Any], spec_source: SpecSource, meta_schema: str, stage_name: str, keep_raw: bool,
-                 kafka_settings: dict[str, Any]) -> Callable[[Iterable[kafka_ranges.OffsetRange]], Iterator[int]]:
+def range_stager(dsn_kwargs: dict[str, Any], spec_source: SpecSource, meta_schema: str, stage_name: str,
+                 keep_raw: bool, kafka_settings: dict[str, Any]
+                 ) -> Callable[[Iterable[kafka_ranges.OffsetRange]], Iterator[StageCount]]:
     """Returns the function each Spark task runs on its share of the batch's offset ranges:
-    it reads and stages them and yields its count, for the driver to sum.
+    it reads and stages them and yields its count, for the driver to merge (``StageCount.merged``).
 
     It captures only plain values, so it pickles to any executor; the spec is built from
     ``spec_source`` once per executor process."""
 
-    def stage(ranges: Iterable[kafka_ranges.OffsetRange]) -> Iterator[int]:
+    def stage(ranges: Iterable[kafka_ranges.OffsetRange]) -> Iterator[StageCount]:
         share = list(ranges)
         if not share:
-            yield 0
+            yield StageCount(0, [])
             return  # an empty task opens no connection
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         try:

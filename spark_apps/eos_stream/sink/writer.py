@@ -27,11 +27,13 @@ from spark_apps.eos_stream.state import fencing
 class StagedBatch:
     """A batch already in its staging table (``apply_ahead``: staged while the
     previous batch applied): its table name, the rows its successful tasks
-    reported (None: unknown) and how long staging took."""
+    reported (None: unknown), how long staging took, and a whole mirror's
+    transaction groups (``StageCount.groups``)."""
 
     name: str
     rows: int | None
     stage_ms: int = 0
+    groups: list[Any] | None = None
 
 
 @dataclass
@@ -92,29 +94,32 @@ class BatchWriter:
         end_offsets: Mapping[TopicPartition, int],
         record_by_record: bool,
         staged_rows: int | None = None,
+        staged_groups: list[Any] | None = None,
     ) -> PreparedBatch:
         """:param staged_rows: the rows the successful staging tasks reported
-        (None: unknown, so a deduping mode dedupes)."""
+        (None: unknown, so a deduping mode dedupes).
+        :param staged_groups: a whole mirror's transaction groups, as its stagers counted them."""
         params = {"pipeline": self.offsets.pipeline}
 
         def apply(cur) -> tuple[int, int]:
             # Counted only where copies matter (a deduping mode: every mirror's), and before a
             # mirror's batch_run, which may rewrite the stage (whole transactions).
             once = not record_by_record and self.mode.dedupe and self._staged_once(cur, stage, staged_rows)
-            run = self._batch_run(cur, stage, once)
+            run = self._batch_run(cur, stage, once, staged_groups)
             if record_by_record:
                 return self._apply_each(cur, stage, params, run)
             return run(cur, self.mode.dedupe and not once, False, params)
 
         return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
 
-    def _batch_run(self, cur, stage: sql.Composed, staged_once: bool) -> BatchRun:
+    def _batch_run(self, cur, stage: sql.Composed, staged_once: bool, groups: list[Any] | None = None) -> BatchRun:
         """How this batch's transaction applies the stage: the spec's statement, or a mirror's
         (``PipelineSpec.mirror``, which first makes the batch's schema changes on ``cur``)."""
         if self.spec.mirror is not None:
             return self.spec.mirror.batch_run(cur, stage, target_schema=self.target_schema,
                                               meta_schema=self.meta_schema, skip_applied=self.mode.stores_offsets,
-                                              pipeline=self.offsets.pipeline, staged_once=staged_once)
+                                              pipeline=self.offsets.pipeline, staged_once=staged_once,
+                                              groups=groups)
 
         def run(cur, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(self._statement(stage=stage, dedupe=dedupe, only_range=only_range), params)
