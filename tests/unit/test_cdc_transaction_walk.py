@@ -52,7 +52,7 @@ def counted_groups(candidates: Iterable[Candidate], rng: random.Random) -> list[
                 task.end(*c.coordinate, str(c.tx), transactions.counts_json(c.counts))
             else:
                 task.record(*c.coordinate, op[c.kind], False, c.tx, c.collection)
-    return tasks[0].groups() + tasks[1].groups()
+    return [Group._make(g) for g in tasks[0].groups() + tasks[1].groups()]
 
 
 def _history(rng: random.Random, count: int, lose_ends: float) -> dict[tuple[str, int], list[Candidate]]:

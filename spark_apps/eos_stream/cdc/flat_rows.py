@@ -205,7 +205,7 @@ class FlatLines:
         if tx is not None and not isinstance(tx, dict):
             raise _ToReference
         tx_id = None if not tx or tx.get("id") is None else tx_part(tx.get("id"))
-        tx_cell = _NULL if tx_id is None else escape_copy(tx_id)
+        tx_cell = _NULL if tx_id is None else tx_id if tx_id.isdigit() else escape_copy(tx_id)  # PostgreSQL's: digits
         if self.counter is not None:
             self.counter.record(topic, partition, offset, op, False, tx_id, table)
         # The cells of mirror.STAGE_COLUMNS, in one format: no tuple, no join.

@@ -132,14 +132,15 @@ def drop_transaction_records_statement(stage: sql.Composable) -> sql.Composed:
 
 def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str,
                      skip_applied: bool, transaction_topic: str, staged_once: bool = False,
-                     groups: list[transaction_walk.Group] | None = None) -> dict[str, Any]:
+                     groups: list[tuple] | None = None) -> dict[str, Any]:
     """Rewrites the stage to the records this batch applies (see the module), on ``cur``, in the
     batch's transaction; returns what it did, for the batch's event. ``copies``: the stage held a
     record twice (a retried task), so the apply must dedupe; released records never repeat a
     staged one (they are below the stored offsets, the stage's records at or above them).
     ``staged_once``: the writer counted no copies in the stage, so none are looked for.
-    ``groups``: the stagers' count of the stage (``transaction_groups``), whose transaction-topic
-    records they did not stage; None: the stage holds every record, and is counted here.
+    ``groups``: the stagers' count of the stage (``transaction_groups``: each a ``Group``'s
+    fields), whose transaction-topic records they did not stage; None: the stage holds every
+    record, and is counted here.
 
     :raises transactions.TransactionError: an END counting fewer events than arrived, a
         complete transaction behind a held record of its partition, or a streaming change
@@ -147,28 +148,34 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     params: dict[str, Any] = {"pipeline": pipeline, "transaction_topic": transaction_topic}
     if skip_applied:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
-    counted = groups
-    if groups is not None and skip_applied:
-        counted = transaction_groups.applicable(groups, stored_offsets(cur, meta_schema, pipeline))
-    # The held records always counted here; the stage's too when its stagers' count cannot stand.
-    cur.execute(count_statement(stage if counted is None else None, meta_schema, copies=not staged_once), params)
-    found = list(map(transaction_walk.Group._make, cur.fetchall()))
-    if counted is not None:
-        ends = [g for g in counted if g.kind == transactions.END]
-        candidates = found + counted
-    else:  # the stage counted here; the ENDs, never staged, as the stagers read them
-        ends = [] if groups is None else transaction_groups.applicable(
-            [g for g in groups if g.kind == transactions.END], stored_offsets(cur, meta_schema, pipeline)) or []
-        candidates = found + ends
+    staged = None if groups is None else list(map(transaction_walk.Group._make, groups))
+    candidates, ends, stage_counted = _candidates(cur, stage, meta_schema, params, staged, skip_applied, staged_once)
     walked = transaction_walk.walk(candidates)
     params.update(_move_params(walked.bounds, ends))
     cur.execute(move_statement(stage, meta_schema), params)
     kept, released, _ = cur.fetchone()
-    if groups is None:  # the stage holds the transaction topic's records
+    if staged is None:  # the stage holds the transaction topic's records
         cur.execute(drop_transaction_records_statement(stage), params)
-    copies = walked.copies if counted is None else int(not staged_once)
+    copies = walked.copies if stage_counted else int(not staged_once)
     return {"held_now": int(kept), "released": int(released), "held": walked.held_before - released + kept,
             "copies": copies, "transactions_applied": walked.ready, "waiting": walked.waiting}
+
+
+def _candidates(cur: Any, stage: sql.Composable, meta_schema: str, params: dict[str, Any],
+                staged: list[transaction_walk.Group] | None, skip_applied: bool, staged_once: bool
+                ) -> tuple[list[transaction_walk.Group], list[transaction_walk.Group], bool]:
+    """The walk's groups: the held records' counted here, and the stage's as its stagers counted
+    them (those at or above the stored offsets), or counted here when that count cannot stand
+    (``transaction_groups.applicable``) or there is none. Also the stagers' ENDs (never staged),
+    and whether the stage was counted here."""
+    stored = stored_offsets(cur, meta_schema, params["pipeline"]) if staged is not None and skip_applied else {}
+    counted = staged if staged is None else transaction_groups.applicable(staged, stored)
+    cur.execute(count_statement(stage if counted is None else None, meta_schema, copies=not staged_once), params)
+    found = list(map(transaction_walk.Group._make, cur.fetchall()))
+    if counted is not None:
+        return found + counted, [g for g in counted if g.kind == transactions.END], False
+    ends = transaction_groups.applicable([g for g in staged or () if g.kind == transactions.END], stored) or []
+    return found + ends, ends, True
 
 
 def _move_params(bounds: list[transaction_walk.Bound], ends: list[transaction_walk.Group]) -> dict[str, list]:
