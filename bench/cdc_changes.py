@@ -151,13 +151,14 @@ class ChangeStream:
     as Debezium's records (:meth:`records`), and the rows it leaves (:meth:`final_rows`).
 
     :param schemas: the JSON converter's ``schemas.enable``.
+    :param transaction_changes: the largest source transaction; sizes from 1 to it, as many of each.
     """
 
     def __init__(self, tables: int, changes: int, *, prefix: str, schema: str = "public", seed: int = 35,
-                 schemas: bool = False, transaction_metadata: bool = False) -> None:
+                 schemas: bool = False, transaction_metadata: bool = False, transaction_changes: int = 8) -> None:
         self.tables = [_Table(name) for name in table_names(tables)]
         self.changes, self.prefix, self.schema, self.schemas = changes, prefix, schema, schemas
-        self.transaction_metadata = transaction_metadata
+        self.transaction_metadata, self.transaction_changes = transaction_metadata, transaction_changes
         self.random = random.Random(seed)
         self.counts = {"c": 0, "u": 0, "d": 0, "tombstones": 0, "transactions": 0}
         self._lsn, self._tx, self._clock_us = 30_000_000, 700, int(EPOCH.timestamp() * 1_000_000)
@@ -253,14 +254,15 @@ class ChangeStream:
 
     def records(self) -> Iterator[tuple[str, bytes, bytes | None]]:
         """(topic, key, value) of every record, in the order the connector writes them:
-        source transactions of 1-8 changes, each on one table (with ``transaction_metadata``,
-        each between its BEGIN and its END in the transaction topic)."""
+        source transactions of 1 to ``transaction_changes`` changes (8 unless asked), each on one
+        table (with ``transaction_metadata``, each between its BEGIN and its END in the
+        transaction topic)."""
         made = 0
         while made < self.changes:
             table = self.tables[self.random.randrange(len(self.tables))]
             self._tx += 1
             self.counts["transactions"] += 1
-            size = min(self.random.randint(1, 8), self.changes - made)
+            size = min(self.random.randint(1, self.transaction_changes), self.changes - made)
             key_head, key_tail, value_head, value_tail = self._wrappers[table.name]
             topic = topic_of(self.prefix, self.schema, table.name)
             if self.transaction_metadata:
