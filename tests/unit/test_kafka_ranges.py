@@ -244,3 +244,17 @@ def test_shares_are_at_most_the_tasks_and_cover_every_offset_once() -> None:
             whole = next(r for r in ranges if (r.topic, r.partition) == (topic, partition))
             assert pieces[0][0] == whole.start and pieces[-1][1] == whole.end
             assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
+
+
+def test_a_topic_on_top_of_the_limit_adds_its_share_of_the_backlog_up_to_the_limit_again() -> None:
+    limit_with = kafka_ranges.limit_with_topic_on_top
+    bounds = {("c", 0): (0, 172_000), ("c", 1): (0, 172_000), ("c.transaction", 0): (0, 133_000)}
+    never_applied = dict.fromkeys(bounds, EARLIEST)
+    assert limit_with(50_000, "c.transaction", never_applied, bounds) == 50_000 + round(50_000 * 133_000 / 344_000)
+    # from stored offsets: the lags left, not the logs
+    stored = {("c", 0): 162_000, ("c", 1): 162_000, ("c.transaction", 0): 103_000}
+    assert limit_with(50_000, "c.transaction", stored, bounds) == 50_000 + 50_000  # 30,000 on top of 20,000: capped
+    assert limit_with(50_000, None, never_applied, bounds) == 50_000
+    assert limit_with(50_000, "c.transaction", {**stored, ("c.transaction", 0): 133_000}, bounds) == 50_000
+    assert limit_with(50_000, "c.transaction", {("c", 0): 172_000, ("c", 1): 172_000, ("c.transaction", 0): 0},
+                      bounds) == 50_000  # no change left: nothing to share the room with

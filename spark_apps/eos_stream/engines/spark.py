@@ -147,7 +147,7 @@ class StreamRun:
         if driver is None:
             return EXIT_OK
         self.driver = driver
-        self.dsn, self.starting = driver.dsn, driver.starting
+        self.dsn, self.starting, self.log_bounds = driver.dsn, driver.starting, driver.log_bounds
         self._start_spark()
         query = self._start_query()
         return self._watch(query)
@@ -185,7 +185,7 @@ class StreamRun:
         reader = (
             self.spark.readStream.format("kafka").options(**_kafka_source_options(config))
             .option(*subscription)
-            .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+            .option("maxOffsetsPerTrigger", str(self._offsets_limit()))
         )
         reader = reader.option("startingOffsets", offsets_to_json(starting))
         # Where the source starts this run's first batch: the tasks read from there (kafka_ranges), so it
@@ -195,6 +195,20 @@ class StreamRun:
         records = reader.load()
         self.write_in_driver = driver_part_writer(self.dsn, self.spec, config.target_schema, self.kafka_settings)
         return records
+
+    def _offsets_limit(self) -> int:
+        """Spark's ``maxOffsetsPerTrigger``: ``max_offsets_per_trigger``, plus, for a mirror of
+        whole transactions, the transaction topic's records in their share of the backlog. They
+        are counted, not staged, and would otherwise take more than a quarter of each batch's
+        room from the changes with source transactions of 1-8 changes (10 batches for a backlog
+        that takes 7)."""
+        limit = self.config.max_offsets_per_trigger
+        spark_limit = kafka_ranges.limit_with_topic_on_top(limit, self.spec.transaction_topic(), self.starting,
+                                                           self.log_bounds)
+        if spark_limit != limit:
+            emit("offsets_limit", max_offsets_per_trigger=limit, spark_max_offsets_per_trigger=spark_limit,
+                 why="the transaction topic's records come on top of the changes' limit")
+        return spark_limit
 
     def _start_query(self) -> Any:
         config = self.config

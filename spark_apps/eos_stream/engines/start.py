@@ -111,6 +111,8 @@ class Driver:
     starting: dict[TopicPartition, int]
     # Batches are written as prepared parts (``sink.parts``) before falling back to staging.
     prepared_parts: bool = False
+    # Each partition's (log start, high watermark) at the claim; empty unless the mode stores offsets.
+    log_bounds: dict[TopicPartition, tuple[int, int]] = field(default_factory=dict)
     # The stop-and-fence poll, once ``stop_signal`` made it: its session replaces control_conn.
     stop: StopSignal | None = field(default=None, repr=False)
 
@@ -243,12 +245,13 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
     if problem := preflight.transaction_topic_problem(spec.transaction_topic(), partitions, stored):
         raise ConfigError(problem)
     starting = {(t, p): stored.get((t, p), EARLIEST) for t, ps in partitions.items() for p in ps}
+    bounds: dict[TopicPartition, tuple[int, int]] = {}
     if mode.stores_offsets:
         # The resume point must still be in Kafka: a stored offset below the log start (retention)
         # or past its end (a recreated topic) fails here, before Spark, naming each partition. The
         # other modes' offsets, stored after the data, meet the loss in the read (Spark's source).
-        lost_data.check_stored_offsets(config.pipeline, config.kafka_bootstrap, config.librdkafka_options(),
-                                       stored, sorted(starting))
+        bounds = lost_data.check_stored_offsets(config.pipeline, config.kafka_bootstrap,
+                                                config.librdkafka_options(), stored, sorted(starting))
         laps.lap("log_bounds")
     write_parts, why = preflight.prepared_parts(conn, spec, mode)
     emit("resume", stored_offsets=offsets_to_json(stored), stale_stages_dropped=dropped,
@@ -256,5 +259,6 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
          parts_rolled_back=resolved_parts["rolled_back"], epoch=epoch,
          write_path="prepared_parts" if write_parts else "staged", write_path_reason=why,
          claim_ms={**laps.laps, "rest": laps.lap("rest")})
-    return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting, write_parts)
+    return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting, write_parts,
+                  log_bounds=bounds)
 

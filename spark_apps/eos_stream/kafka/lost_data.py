@@ -133,11 +133,15 @@ def log_bounds(bootstrap: str, options: Mapping[str, str], partitions: list[Topi
 
 
 def check_stored_offsets(pipeline: str, bootstrap: str, options: Mapping[str, str],
-                         stored: Mapping[TopicPartition, int], partitions: list[TopicPartition]) -> None:
-    """Raises DataLost when a stored offset of ``partitions`` is outside Kafka's log."""
-    lost = lost_partitions(stored, log_bounds(bootstrap, options, partitions))
+                         stored: Mapping[TopicPartition, int],
+                         partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+    """Raises DataLost when a stored offset of ``partitions`` is outside Kafka's log; returns
+    the logs' bounds (``log_bounds``)."""
+    bounds = log_bounds(bootstrap, options, partitions)
+    lost = lost_partitions(stored, bounds)
     if lost:
         raise DataLost(pipeline, lost)
+    return bounds
 
 
 def is_spark_data_loss(texts: list[str] | tuple[Any, ...]) -> bool:

@@ -143,6 +143,24 @@ def balanced_shares(ranges: list[OffsetRange], tasks: int,
     return [share for share in shares if share]
 
 
+def limit_with_topic_on_top(limit: int, topic: str | None, starting: Mapping[tuple[str, int], int],
+                            bounds: Mapping[tuple[str, int], tuple[int, int]]) -> int:
+    """A batch's offsets limit (Spark's ``maxOffsetsPerTrigger``, which counts every subscribed
+    partition's records) such that about ``limit`` of them are the other topics', ``topic``'s
+    records coming on top in their share of the backlog at ``starting`` (``EARLIEST``: the log
+    start of ``bounds``, each partition's (log start, high watermark)). At most twice ``limit``:
+    the share is an estimate, and a batch stays bounded whatever the backlog holds."""
+    if topic is None:
+        return limit
+    lags = {"on_top": 0, "others": 0}
+    for tp, (log_start, end) in bounds.items():
+        start = starting.get(tp, EARLIEST)
+        lags["on_top" if tp[0] == topic else "others"] += max(0, end - (log_start if start == EARLIEST else start))
+    if not lags["others"] or not lags["on_top"]:
+        return limit
+    return limit + min(limit, round(limit * lags["on_top"] / lags["others"]))
+
+
 def consumer_settings(bootstrap: str, security: Mapping[str, str], group: str,
                       prefetch_records: int = _PREFETCH_RECORDS) -> dict[str, Any]:
     """A range reader's librdkafka settings. ``security``: the connection's options in
