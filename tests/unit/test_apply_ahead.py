@@ -104,7 +104,8 @@ def test_staging_ahead_reports_its_rows_and_time() -> None:
     with mock.patch("spark_apps.eos_stream.sink.apply_ahead.create_stage") as create:
         staged = _ahead().stage(7, lambda name, keep_raw: 42 if (name, keep_raw) == ("stage_7", False) else -1)
     assert create.call_args.args[3] == "stage_7"
-    assert isinstance(staged, StagedBatch) and (staged.name, staged.rows) == ("stage_7", 42) and staged.stage_ms >= 0
+    assert isinstance(staged, StagedBatch) and (staged.name, staged.count.rows) == ("stage_7", 42)
+    assert staged.stage_ms >= 0
 
 
 def test_a_failure_to_stage_ahead_is_no_error_but_leaves_staging_to_the_apply() -> None:

@@ -39,6 +39,7 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import transaction_groups, transaction_walk, transactions
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
+from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.state import meta_tables
 
 
@@ -168,8 +169,9 @@ def _candidates(cur: Any, stage: sql.Composable, meta_schema: str, params: dict[
     them (those at or above the stored offsets), or counted here when that count cannot stand
     (``transaction_groups.applicable``) or there is none. Also the stagers' ENDs (never staged),
     and whether the stage was counted here."""
-    stored = stored_offsets(cur, meta_schema, params["pipeline"]) if staged is not None and skip_applied else {}
-    counted = staged if staged is None else transaction_groups.applicable(staged, stored)
+    read_stored = staged is not None and skip_applied
+    stored = OffsetsStore(meta_schema, params["pipeline"]).load(cur.connection) if read_stored else {}
+    counted = None if staged is None else transaction_groups.applicable(staged, stored)
     cur.execute(count_statement(stage if counted is None else None, meta_schema, copies=not staged_once), params)
     found = list(map(transaction_walk.Group._make, cur.fetchall()))
     if counted is not None:
@@ -187,13 +189,6 @@ def _move_params(bounds: list[transaction_walk.Bound], ends: list[transaction_wa
             "ends_only": [b[3] for b in bounds], "end_topics": [e.topic for e in held_ends],
             "end_partitions": [e.partition for e in held_ends], "end_offsets": [e.first for e in held_ends],
             "end_counts": [e.counts for e in held_ends], "end_txs": [e.tx for e in held_ends]}
-
-
-def stored_offsets(cur: Any, meta_schema: str, pipeline: str) -> dict[tuple[str, int], int]:
-    """The pipeline's stored offsets, ``{(topic, partition): next offset}``."""
-    cur.execute(sql.SQL("SELECT topic, partition, next_offset FROM {} WHERE pipeline = %s").format(
-        meta_tables.table(meta_schema, meta_tables.OFFSETS)), (pipeline,))
-    return {(t, p): n for t, p, n in cur.fetchall()}
 
 
 _RELEASE_ALL = """

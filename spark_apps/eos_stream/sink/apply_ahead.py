@@ -117,7 +117,7 @@ class ApplyAhead:
             if self._conn is not None and not self._conn.closed:
                 self._conn.rollback()
             return None
-        return StagedBatch(name, staged.rows, round((time.perf_counter() - started) * 1000), staged.groups)
+        return StagedBatch(name, staged, round((time.perf_counter() - started) * 1000))
 
     def _write_parts(self, batch_id: int, write_parts: WriteParts, started: float) -> WrittenParts | None:
         """The batch written as prepared parts, or None after rolling back whatever parts

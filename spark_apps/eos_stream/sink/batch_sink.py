@@ -338,7 +338,7 @@ class BatchSink:
         clock = Stopwatch()
         try:
             if staged is not None:
-                stage, count = stage_table(self.meta_schema, staged.name), StageCount(staged.rows, staged.groups)
+                stage, count = stage_table(self.meta_schema, staged.name), staged.count
                 clock.laps["stage"] = staged.stage_ms
             else:
                 stage_name = self.stage_name(batch_id)

@@ -15,7 +15,7 @@ from psycopg2.extensions import connection as PgConnection
 
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
-from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec
+from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec, StageCount
 from spark_apps.eos_stream.sink import apply_sql
 from spark_apps.eos_stream.sink.in_doubt import prepare_failure, transaction_id
 from spark_apps.eos_stream.sink.modes import DeliveryMode
@@ -26,14 +26,13 @@ from spark_apps.eos_stream.state import fencing
 @dataclass(frozen=True)
 class StagedBatch:
     """A batch already in its staging table (``apply_ahead``: staged while the
-    previous batch applied): its table name, the rows its successful tasks
-    reported (None: unknown), how long staging took, and a whole mirror's
-    transaction groups (``StageCount.groups``)."""
+    previous batch applied): its table name, what its stagers reported (their
+    rows, None: unknown, and a whole mirror's transaction groups) and how long
+    staging took."""
 
     name: str
-    rows: int | None
+    count: StageCount
     stage_ms: int = 0
-    groups: list[Any] | None = None
 
 
 @dataclass
