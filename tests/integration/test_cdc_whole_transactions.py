@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 CONNECT_CONN = "eos_whole_tx_connect"
 WORKLOAD_SECONDS = 24
 BATCH = 100  # max_offsets_per_trigger: a settlement (160 changes) spans two batches or more
+HELD_IN_DATABASE_BYTES = 16 * 1024  # continuous_max_bytes under a settlement's records
 KILL = {"EOS_FAULT_POINT": "before_commit", "EOS_FAULT_AT_BATCH": "4", "EOS_FAULT_SKIP_EMPTY": "1"}
 FAULT_AFTER = 10  # seconds into the application's run
 
@@ -346,7 +347,9 @@ def test_a_restore_then_a_replay_keep_transactions_whole(bank_source: BankSource
 
     for key, value in connections_env(bank_source.env).items():
         monkeypatch.setenv(key, value)
-    config = _config(bank_source, tmp_path, "continuous", "whole")
+    # Cycles of at most 16 kB hold a settlement's first part past their in-memory bound, so the
+    # database holds it (``engines/cycle_hold``, H3), and a snapshot can take it.
+    config = {**_config(bank_source, tmp_path, "continuous", "whole"), "continuous_max_bytes": HELD_IN_DATABASE_BYTES}
     (tmp_path / "pipeline.json").write_text(json.dumps(config))
     reader = _reader(bank_source, config)
     stop_reader = threading.Event()

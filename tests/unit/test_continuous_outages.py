@@ -11,7 +11,7 @@ import psycopg2
 import pytest
 from confluent_kafka import KafkaError
 
-from spark_apps.eos_stream.engines import continuous
+from spark_apps.eos_stream.engines import continuous, continuous_waits
 from spark_apps.eos_stream.engines.continuous_read import caught_up, kafka_error_kind, new_partitions, poll_count
 from spark_apps.eos_stream.kafka.ranges import EARLIEST
 from spark_apps.eos_stream.run.config import PipelineConfig, PostgresTarget
@@ -134,22 +134,22 @@ class Stop:
 
 
 def test_a_retrys_wait_ends_on_sigterm_a_stop_or_a_fence() -> None:
-    waits = continuous.Waits(poll_seconds=0.02)
+    waits = continuous_waits.Waits(poll_seconds=0.02)
     waits.pause(0.01)  # nothing asked: it waits its time
     waits.stop = Stop()  # type: ignore[assignment]
     waits.pause(0.05)
     assert waits.stop.polls >= 2  # type: ignore[attr-defined]
     waits.stop = Stop(requested="stop requested at now")  # type: ignore[assignment]
-    with pytest.raises(continuous.Interrupted, match="stop requested"):
+    with pytest.raises(continuous_waits.Interrupted, match="stop requested"):
         waits.pause(60)
     waits.stop = Stop(fenced="its epoch is 4")  # type: ignore[assignment]
     with pytest.raises(fencing.Fenced):
         waits.pause(60)
     waits.stop = None
     waits.on_sigterm(15, None)
-    with pytest.raises(continuous.Interrupted) as raised:
+    with pytest.raises(continuous_waits.Interrupted) as raised:
         waits.pause(60)
-    assert raised.value.reason == continuous.TERMINATED_MID_CYCLE
+    assert raised.value.reason == continuous_waits.TERMINATED_MID_CYCLE
 
 
 A0, A1, A2, A3, B0 = ("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0)

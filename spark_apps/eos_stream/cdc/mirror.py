@@ -35,6 +35,7 @@ class MirrorError(ValueError):
 
 
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
+KafkaRecord = tuple[str, int, int, bytes | None, bytes | None]  # topic, partition, offset, key, value
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ class TargetRefused(Exception):
 
 
 def staging_lines(route: Callable[[str], MirrorTarget | None], decode: Callable[[bytes | None, bytes | None], Any],
-                  records: Iterable[tuple[str, int, int, bytes | None, bytes | None]], keep_raw: bool) -> Iterator[str]:
+                  records: Iterable[KafkaRecord], keep_raw: bool) -> Iterator[str]:
     """``resolved_staging_lines`` for the tables ``route`` names (by source table)."""
 
     def resolve(key: bytes | None, value: bytes | None) -> Resolved | None:
@@ -289,7 +290,7 @@ FlatLine = Callable[[str, int, int, bytes | None, bytes | None], str | None]
 
 
 def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resolved | None],
-                           records: Iterable[tuple[str, int, int, bytes | None, bytes | None]],
+                           records: Iterable[KafkaRecord],
                            keep_raw: bool, transaction_topic: str | None = None,
                            mirrored: Callable[[str], bool] = lambda table: True,
                            flat: FlatLine | None = None, counter: GroupCounter | None = None) -> Iterator[str]:

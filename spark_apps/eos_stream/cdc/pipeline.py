@@ -14,7 +14,7 @@ sink in that same transaction, so a batch applies whole, with its offsets, or no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from psycopg2 import sql
@@ -109,13 +109,23 @@ class MirrorBatches:
         one line per Kafka record, in chunks of
         about ``STAGE_CHUNK_CHARS`` (``bounded_chunks``). With a ``counter`` (``group_counter``),
         the records' transaction groups are counted, and the transaction topic's counted instead of staged."""
+        lines = self.lines_of(counter)
+        for batch in batches:
+            yield from bounded_chunks(lines(_records(batch), keep_raw), STAGE_CHUNK_CHARS)
+
+    def lines_of(self, counter: transaction_groups.GroupCounter | None = None
+                 ) -> Callable[[Iterable[mirror.KafkaRecord], bool], Iterator[str]]:
+        """What makes the stage lines of (topic, partition, offset, key, value) records, one per
+        record but the transaction topic's that ``counter`` counts instead (``staging_chunks``)."""
         resolve = patterns.Router(self.definition).resolve
         flat = flat_rows.FlatLines(self.definition, counter).line
-        for batch in batches:
-            yield from bounded_chunks(mirror.resolved_staging_lines(
-                resolve, _records(batch), keep_raw,
-                transactions.transaction_topic(self.definition.topic_prefix), self.definition.mirrors, flat,
-                counter), STAGE_CHUNK_CHARS)
+        topic = transactions.transaction_topic(self.definition.topic_prefix)
+
+        def lines(records: Iterable[mirror.KafkaRecord], keep_raw: bool) -> Iterator[str]:
+            return mirror.resolved_staging_lines(resolve, records, keep_raw, topic, self.definition.mirrors, flat,
+                                                 counter)
+
+        return lines
 
     def group_counter(self) -> transaction_groups.GroupCounter | None:
         """A counter of transaction groups for a mirror of whole transactions (None for ``per_key``)."""
@@ -128,7 +138,7 @@ class MirrorBatches:
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool, pipeline: str = "", staged_once: bool = False,
-                  groups: list[Any] | None = None) -> BatchRun:
+                  groups: list[Any] | None = None, walked: bool = False) -> BatchRun:
         """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
         apply of the stage (or of one isolated range of it) to the targets they leave. A mirror
         of whole transactions first rewrites the stage to the records it applies now
@@ -136,16 +146,17 @@ class MirrorBatches:
         the apply must not skip, and it dedupes only when a retried task staged copies (the
         writer's count of the stage no longer tells). ``staged_once``: the writer's count of the
         stage, before the walk, found no copies, so the walk need not look for them. ``groups``:
-        the stagers' count of the stage's transaction groups (``StageCount.groups``)."""
+        the stagers' count of the stage's transaction groups (``StageCount.groups``). ``walked``: the
+        stager decided the transactions (``engines/cycle_hold``): the stage is what applies now."""
         whole, copies, released = self.definition.whole_transactions, 0, 0
-        if whole:
+        if whole and not walked:
             done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied,
                                                      str(self.definition.transaction_topic()), staged_once,
                                                      groups)
             copies = done.pop("copies")
             if done["held"] or done["released"]:
                 emit("mirror_transactions", **done)
-        else:  # a mirror that ran whole until now applies what it held, per key
+        elif not whole:  # a mirror that ran whole until now applies what it held, per key
             released = transactions_sql.release_all(cur, stage, meta_schema, pipeline, skip_applied)
             if released:
                 emit("mirror_transactions", released=released, held=0, mode="per_key")

@@ -207,12 +207,28 @@ def release_all(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str
     first (``skip_applied``) and the apply must not skip by offset again."""
     held = meta_tables.table(meta_schema, meta_tables.HELD_CHANGES)
     params = {"pipeline": pipeline}
-    cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE pipeline = %(pipeline)s)").format(held), params)
-    row = cur.fetchone()
-    if row is None or not row[0]:
+    if not holds_records(cur, meta_schema, pipeline):
         return 0
     if skip_applied:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
     cur.execute(sql.SQL(_RELEASE_ALL).format(held=held, stage=stage, columns=_columns(),
                                              end=sql.Literal(transactions.END)), params)
     return int(cur.rowcount)
+
+
+def holds_records(cur: Any, meta_schema: str, pipeline: str) -> bool:
+    """Whether ``held_changes`` holds records of ``pipeline`` (one index probe)."""
+    cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE pipeline = %s)").format(
+        meta_tables.table(meta_schema, meta_tables.HELD_CHANGES)), (pipeline,))
+    row = cur.fetchone()
+    return row is not None and bool(row[0])
+
+
+def remove_held(stage: sql.Composable, bound: dict[tuple[str, int], int]) -> tuple[sql.Composed, tuple]:
+    """The statement and parameters that remove from ``stage`` the records at or above each
+    partition's ``bound`` (``{(topic, partition): first held offset}``: held in memory instead)."""
+    topics, partitions, firsts = zip(*((t, p, first) for (t, p), first in sorted(bound.items())), strict=True)
+    statement = sql.SQL("DELETE FROM {} s USING unnest(%s::text[], %s::int[], %s::bigint[]) b(topic, partition,"
+                        " first) WHERE s._topic = b.topic AND s._partition = b.partition AND s._offset >= b.first"
+                        ).format(stage)
+    return statement, (list(topics), list(partitions), list(firsts))

@@ -104,6 +104,11 @@ C14. a whole mirror's cycles through a backlog are paced (``cycle_pace``): the r
     is in no committed range: a crash loses it with the cycle, and the rerun reads it again from
     the stored offsets. If the consumer hands out a record of a partition at or below the last
     one carried, the run fails (exit 1) before that cycle commits.
+C15. a whole mirror's cycles applied ahead hold their incomplete source transactions in memory
+    (``cycle_hold``, H1-H5): a cycle stages what applies and stores each partition's first record
+    not applied; the next cycle walks the held records with its own. Held too long or past
+    ``continuous_max_bytes``, they go to ``held_changes`` (H3), and an idle stream commits an
+    empty cycle to move them there.
 
 Bounds on ending: a SIGTERM or a stop request ends the run within ``stop_poll_seconds`` between
 cycles; mid-cycle within the statement in flight (at most ``LOCK_TIMEOUT`` waiting for a lock,
@@ -124,13 +129,15 @@ from dataclasses import replace
 from typing import Any
 
 from spark_apps.eos_stream import errors
+from spark_apps.eos_stream.cdc.transactions_sql import holds_records
+from spark_apps.eos_stream.engines.continuous_progress import Progress
 from spark_apps.eos_stream.engines.continuous_read import Cycle, CycleReader, is_kafka_weather
-from spark_apps.eos_stream.engines.shared import ProgressRows, batch_event, poll_stop, write_one_part
+from spark_apps.eos_stream.engines.continuous_waits import EXIT_TERMINATED, TERMINATED, Interrupted, Waits
+from spark_apps.eos_stream.engines.cycle_hold import CyclePlan, TransactionHolds
+from spark_apps.eos_stream.engines.shared import batch_event, poll_stop, write_one_part
 from spark_apps.eos_stream.engines.start import EARLIEST, Driver, Start, begin, import_in_background, open_consumer
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
-from spark_apps.eos_stream.kafka.offsets import to_json as offsets_to_json
-from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.records.spec import StageCount
 from spark_apps.eos_stream.run import preflight
 from spark_apps.eos_stream.run.config import PipelineConfig
@@ -142,98 +149,17 @@ from spark_apps.eos_stream.sink.postgres import connect
 from spark_apps.eos_stream.sink.staging import StageSessions, reads_messages, stage_batches
 from spark_apps.eos_stream.sink.writer import StagedBatch
 from spark_apps.eos_stream.state import reconnect
-from spark_apps.eos_stream.state.control import StopSignal
 
-# C9: the stop reasons a SIGTERM gives, and the exit code it ends with (128 + SIGTERM, as a shell
-# reports a process the signal ended).
-TERMINATED = "SIGTERM: ended after the cycle in flight"
-TERMINATED_MID_CYCLE = "SIGTERM: ended in a cycle's retry, the cycle uncommitted"
-EXIT_TERMINATED = 128 + signal.SIGTERM
 # Every session's lock and statement timeouts: a cycle's statements take milliseconds, a cycle's
 # COPY of ``continuous_max_bytes`` a few seconds. Short enough that a SIGTERM's 5 s before the
 # hook's SIGKILL covers a lock wait.
 LOCK_TIMEOUT, STATEMENT_TIMEOUT = "3s", "30s"
-# How often a retry's wait looks at the SIGTERM flag.
-_WAIT_SLICE_SECONDS = 0.05
-
-
 def with_session_timeouts(config: PipelineConfig) -> PipelineConfig:
     """``config`` with ``LOCK_TIMEOUT`` and ``STATEMENT_TIMEOUT`` in its sessions' startup
     options, before the connection's own ``options`` (or ``PGOPTIONS``), which win."""
     own = str(config.postgres.options.get("options") or os.environ.get("PGOPTIONS", ""))
     options = f"-c lock_timeout={LOCK_TIMEOUT} -c statement_timeout={STATEMENT_TIMEOUT} {own}".strip()
     return replace(config, postgres=replace(config.postgres, options={**config.postgres.options, "options": options}))
-
-
-class Interrupted(BaseException):
-    """The run was asked to end (C7, C9) while a cycle waited to retry: the cycle's failed
-    attempt has rolled back. A BaseException, so that no ``except Exception`` retries it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Waits:
-    """The SIGTERM flag, and the waits between retries (the claim's, a cycle's), which end
-    early on a SIGTERM, a stop request or a changed epoch (``stop``, once the run has one)."""
-
-    def __init__(self, poll_seconds: float) -> None:
-        self.poll_seconds = poll_seconds
-        self.terminated = False
-        self.stop: StopSignal | None = None
-
-    def on_sigterm(self, signum: int, frame: Any) -> None:
-        self.terminated = True
-
-    def pause(self, seconds: float) -> None:
-        """Sleeps ``seconds``, or raises ``Interrupted`` (``Fenced``) as soon as asked to end."""
-        end, polled = time.monotonic() + seconds, None
-        while True:
-            if self.terminated:
-                raise Interrupted(TERMINATED_MID_CYCLE)
-            now = time.monotonic()
-            if self.stop is not None and (polled is None or now - polled >= self.poll_seconds):
-                polled = now
-                reason = poll_stop(self.stop)
-                if reason:
-                    raise Interrupted(reason)
-            if now >= end:
-                return
-            time.sleep(min(end - now, _WAIT_SLICE_SECONDS))
-
-
-class Progress:
-    """The progress table's rows (``shared.ProgressRows``, as the Spark engine writes one per
-    batch): one per ``stop_poll_seconds`` at most, summing the cycles committed since the last, so
-    sensors and health read a continuous pipeline as they read a Spark one without a row per cycle."""
-
-    def __init__(self, config: PipelineConfig, run_id: str) -> None:
-        self.rows_table = ProgressRows(config.meta_schema, config.pipeline, run_id)
-        self._reset()
-
-    def _reset(self) -> None:
-        self.cycles, self.rows, self.last_batch = 0, 0, -1
-        self.starts: dict[TopicPartition, int] = {}
-        self.ends: dict[TopicPartition, int] = {}
-        self.since = time.monotonic()
-
-    def add(self, batch_id: int, cycle: Cycle, rows: int) -> None:
-        self.cycles, self.rows, self.last_batch = self.cycles + 1, self.rows + rows, batch_id
-        self.starts = {**cycle.starts, **self.starts}  # each partition's first start
-        self.ends.update(cycle.ends)
-
-    def record(self, conn: Any) -> None:
-        """Writes the row of the cycles since the last (none: nothing) and its EOS-PROGRESS line."""
-        if not self.cycles:
-            return
-        millis = round((time.monotonic() - self.since) * 1000)
-        table = self.rows_table
-        ends = offsets_to_json(self.ends)
-        table.write(conn, table.row(self.last_batch, self.rows, offsets_to_json(self.starts), ends,
-                                    {"cycles": self.cycles, "triggerExecution": millis}, millis))
-        table.announce(self.last_batch, self.rows, millis, ends, cycles=self.cycles)
-        self._reset()
 
 
 class ContinuousRun:
@@ -263,6 +189,9 @@ class ContinuousRun:
                                                             application_name="eos-stage"))
         # C13: staged ahead on threads unless each cycle is written as a prepared part.
         self.ahead = None if driver.prepared_parts else ApplyAhead(self.sink, driver.connect, notify=emit)
+        # C15: a whole mirror applied ahead holds its incomplete transactions in memory.
+        self.holds = None if self.ahead is None or mirror is None or mirror.transaction_topic() is None else \
+            TransactionHolds(mirror, config.continuous_max_bytes, self.held_in_database, emit)
         self.stop = driver.stop_signal()
         waits.stop = self.stop
 
@@ -276,8 +205,8 @@ class ContinuousRun:
                 self.commit(cycle)
             if time.monotonic() - looked_at < self.config.stop_poll_seconds:
                 continue  # a cycle past markers only is carried by the next one's range (C5)
-            if cycle.ends and not cycle.messages:
-                self.commit(cycle)  # C5: idle, past markers only
+            if not cycle.messages and (cycle.ends or (self.holds is not None and self.holds.overdue())):
+                self.commit(cycle)  # C5: idle, past markers only; C15: records held too long
             self.drain()
             looked_at = time.monotonic()
             reason = self.look_around()
@@ -335,13 +264,25 @@ class ContinuousRun:
         driver, batch_id, started = self.driver, self.batch_id, round(time.time(), 3)
         self.batch_id += 1
         self.reader.current.update(cycle.ends)
+        plan = None if self.holds is None else self.holds.plan(cycle.messages, cycle.starts, cycle.ends)
 
         def fill_stage(stage_name: str, keep_raw: bool) -> StageCount:
+            if plan is not None:
+                return plan.stage(lambda chunks, after: self.stage_sessions.copy(
+                    driver.spec, self.config.meta_schema, stage_name, chunks, after), keep_raw)
             return stage_batches(driver.dsn, driver.spec, self.config.meta_schema, stage_name, keep_raw,
                                  cycle.batches(as_messages=reads_messages(driver.spec)), self.stage_sessions)
 
         def apply(staged: StagedBatch | WrittenParts | None) -> None:
-            self.apply(batch_id, cycle, fill_stage, staged, started)
+            try:
+                self.apply(batch_id, cycle, fill_stage, staged, started, plan)
+            except BaseException:
+                if self.holds is not None:
+                    self.holds.failed.set()
+                raise
+            finally:
+                if plan is not None:
+                    plan.committed.set()
 
         if self.ahead is not None:
             self.ahead.hand_over(batch_id, fill_stage, apply)
@@ -349,22 +290,30 @@ class ContinuousRun:
             apply(self.write_as_part(batch_id, cycle) if driver.prepared_parts and cycle.messages else None)
 
     def apply(self, batch_id: int, cycle: Cycle, fill_stage: Callable[[str, bool], StageCount],
-              staged: StagedBatch | WrittenParts | None, started: float) -> None:
-        """Commits one cycle (on the applier thread when applying ahead) and tells of it."""
+              staged: StagedBatch | WrittenParts | None, started: float, plan: CyclePlan | None = None) -> None:
+        """Commits one cycle (on the applier thread when applying ahead) and tells of it: its range
+        as read, or as its plan moved it (C15)."""
+        starts, ends = (cycle.starts, cycle.ends) if plan is None else (plan.result().starts, plan.result().ends)
         try:
-            result = self.sink.process(batch_id, cycle.starts, cycle.ends, fill_stage, staged=staged)
+            result = self.sink.process(batch_id, starts, ends, fill_stage, staged=staged)
         except Exception as exc:
             if errors.classify(exc) == "transient" and not isinstance(exc, reconnect.OutageTooLong):
                 # 8's retries are spent: the error names the step and where
                 raise reconnect.OutageTooLong("cycle commit", self.where, self.config.transient_retry_seconds,
                                               exc) from exc
             raise
-        self.progress.add(batch_id, cycle, result.applied)
-        self.committed.update(cycle.ends)
+        self.progress.add(batch_id, starts, ends, result.applied)
+        self.committed.update(ends)
         # The end offsets: every partition's stored offset after this cycle, as a Spark batch's.
         batch_event(batch_id, result, {tp: o for tp, o in self.committed.items() if o != EARLIEST},
                     records=len(cycle.messages), bytes=cycle.bytes, started_at=started,
                     committed_at=round(time.time(), 3))
+
+    def held_in_database(self) -> bool:
+        """Whether ``held_changes`` holds records of the pipeline (C15)."""
+        config = self.config
+        return bool(self.stage_sessions.query(
+            lambda cur: holds_records(cur, config.meta_schema, config.pipeline)))
 
     def drain(self) -> None:
         """Waits until every cycle handed over has committed; raises the first one's failure."""
@@ -442,6 +391,25 @@ def claim_through_outages(start: Start, waits: Waits) -> Driver | None:
                                   on_retry=told)
 
 
+# The collector's thresholds (generation 0, 1, 2). A cycle allocates a few objects per record that
+# live until it commits (the record's tuple, its stage line, its group), hundreds of thousands a
+# second; at Python's default (700, 10, 10) a collection ran every few hundred records, and each
+# full one walked every cycle in memory: 8 % of a per_key mirror's time through a backlog, 12 % of
+# a whole one's (bench/cdc_throughput.py, two runs each way). Nothing the engine makes depends on
+# the collector but for reference cycles it leaves behind, which the thresholds still reach.
+GC_THRESHOLDS = (100_000, 50, 1000)
+
+
+def collect_garbage_less_often() -> None:
+    """Sets ``GC_THRESHOLDS``, and freezes what the process made before its first cycle (modules,
+    the definition), which no full collection then walks again."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run_continuous(config: PipelineConfig) -> int:
     """Runs the engine until stopped; returns the exit code (``run/entry.py``; or raises as every engine does)."""
     import_in_background("pandas")  # pyarrow's first array from Python objects imports it: not in a cycle
@@ -457,6 +425,7 @@ def run_continuous(config: PipelineConfig) -> int:
         consumer = open_cycle_consumer(config)
         try:
             engine = ContinuousRun(config, driver, consumer, waits)
+            collect_garbage_less_often()
             try:
                 reason = engine.run()
             finally:

@@ -110,10 +110,13 @@ BatchRun = Callable[[Any, bool, bool, dict], tuple[int, int]]
 class StageCount(NamedTuple):
     """What a stager reports of the records it staged: how many lines (``rows``; None: unknown),
     and, for a mirror of whole transactions, their transaction groups
-    (``cdc/transaction_groups.py``; None: not counted, so the apply counts the stage)."""
+    (``cdc/transaction_groups.py``; None: not counted, so the apply counts the stage), or
+    ``walked``: the stager decided the transactions itself (``engines/cycle_hold``), so the stage
+    holds exactly the records to apply now."""
 
     rows: int | None
     groups: list[Any] | None = None
+    walked: bool = False  # the stager walked the transactions: the stage holds what applies now
 
     @classmethod
     def of(cls, reported: StageCount | int | None) -> StageCount:
@@ -126,7 +129,7 @@ class StageCount(NamedTuple):
         counts = [cls.of(r) for r in reports]
         rows = None if any(c.rows is None for c in counts) else sum(c.rows or 0 for c in counts)
         groups = None if any(c.groups is None for c in counts) else [g for c in counts for g in c.groups or ()]
-        return cls(rows, groups)
+        return cls(rows, groups, walked=bool(counts) and all(c.walked for c in counts))
 
 
 class MirrorApply(Protocol):
@@ -139,6 +142,11 @@ class MirrorApply(Protocol):
 
     def staging_chunks(self, batches: Iterable[Any], keep_raw: bool, counter: Any = None) -> Iterator[bytes]:
         """``counter``: ``group_counter()``'s, which counts what the lines stage."""
+        ...
+
+    def lines_of(self, counter: Any = None) -> Callable[[Iterable[Any], bool], Iterator[str]]:
+        """What makes the stage lines of (topic, partition, offset, key, value) records, one per
+        record but those ``counter`` counts instead of staging."""
         ...
 
     def group_counter(self) -> Any:
@@ -158,9 +166,10 @@ class MirrorApply(Protocol):
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool, pipeline: str = "", staged_once: bool = False,
-                  groups: list[Any] | None = None) -> BatchRun:
+                  groups: list[Any] | None = None, walked: bool = False) -> BatchRun:
         """``staged_once``: the stage is known to hold each record once (no retried task's copies);
-        ``groups``: the stagers' transaction groups (``StageCount.groups``)."""
+        ``groups``: the stagers' transaction groups (``StageCount.groups``); ``walked``: the stage
+        holds exactly the records to apply (``StageCount.walked``)."""
         ...
 
     def transaction_topic(self) -> str | None:

@@ -346,7 +346,7 @@ class BatchSink:
                 count = StageCount.of(fill_stage(stage_name, record_by_record))
                 clock.lap("stage")
             prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record,
-                                           count.rows, count.groups)
+                                           count.rows, count.groups, count.walked)
             clock.lap("apply")
             records = prepared.applied + prepared.dead_lettered
             self._crash_point("before_commit", self._batches_this_run, records=records)

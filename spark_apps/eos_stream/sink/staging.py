@@ -199,15 +199,27 @@ class StageSessions:
         self._lock = threading.Lock()
         self._opened: list[PgConnection] = []
 
-    def copy(self, spec: PipelineSpec, meta_schema: str, stage_name: str, chunks: Iterator[bytes | memoryview]) -> None:
-        """COPYs the chunks into the stage, committed when the last chunk is in."""
+    def copy(self, spec: PipelineSpec, meta_schema: str, stage_name: str, chunks: Iterator[bytes | memoryview],
+             after: Callable[[Any, sql.Composed], None] | None = None) -> None:
+        """COPYs the chunks into the stage, committed when the last chunk is in, and after
+        ``after(cursor, stage)`` if given."""
         conn = self._session()
         try:
-            _copy_on(conn, spec, meta_schema, stage_name, chunks)
+            _copy_on(conn, spec, meta_schema, stage_name, chunks, after)
         except BaseException as exc:
             self._discard(conn)
             if isinstance(exc, psycopg2.Error):
                 raise StageCopyError(errors.tagged(exc)) from exc
+            raise
+
+    def query(self, run: Callable[[Any], Any]) -> Any:
+        """``run(cursor)``'s result, on this thread's session, in a transaction ended after it."""
+        conn = self._session()
+        try:
+            with conn, conn.cursor() as cur:
+                return run(cur)
+        except BaseException:
+            self._discard(conn)
             raise
 
     def _session(self) -> PgConnection:
@@ -291,10 +303,14 @@ def copy_from_chunks(cur, table: sql.Composable, columns: Iterable[str], chunks:
 
 
 def _copy_on(conn: PgConnection, spec: PipelineSpec, meta_schema: str, stage_name: str,
-             chunks: Iterator[bytes | memoryview]) -> None:
-    """COPYs the chunks into the stage on ``conn``, committed when the last chunk is in."""
+             chunks: Iterator[bytes | memoryview], after: Callable[[Any, sql.Composed], None] | None = None) -> None:
+    """COPYs the chunks into the stage on ``conn``, then runs ``after(cursor, stage)`` if given;
+    committed at the end."""
+    stage = stage_table(meta_schema, stage_name)
     with conn, conn.cursor() as cur:
-        copy_from_chunks(cur, stage_table(meta_schema, stage_name), [c for c, _ in stage_column_types(spec)], chunks)
+        copy_from_chunks(cur, stage, [c for c, _ in stage_column_types(spec)], chunks)
+        if after is not None:
+            after(cur, stage)
 
 
 def _copy(dsn_kwargs: dict[str, Any], spec: PipelineSpec, meta_schema: str, stage_name: str,

@@ -1,0 +1,310 @@
+"""A whole mirror's incomplete source transactions, held in memory between the continuous
+engine's cycles.
+
+A cycle rarely ends on a source transaction's boundary: its last transactions miss their END,
+or events of a partition read less far. Held in the database (``cdc/transactions_sql``), every
+such record is written into ``held_changes`` by one cycle and moved back by the next, a few
+hundred to a few thousand rows a cycle with all their columns. The continuous engine has each
+cycle's records in memory and commits cycles one after the other, so it walks them before they
+are staged (``transaction_walk.walk``, the same decision over the same groups) and stages only
+what applies:
+
+- the records at or above each partition's bound (the first event of a transaction not ready,
+  the first END waiting) are carried, with their stage lines and their groups, into the next
+  cycle's walk, which stages them when their transactions are complete;
+- the cycle stores, for each such partition, the offset of the first record it did not apply
+  (its bound), and starts the next cycle's range there: the stored offsets are a replay point
+  at a transaction boundary, and nothing is held in the database;
+- the stage then holds exactly the records to apply, and the batch's transaction only applies it
+  (``StageCount.walked``).
+
+Failure transitions (the continuous engine's C-transitions and the sink's hold as they are):
+
+H1. a crash, or a stop, with records held in memory: they were never applied and lie at or
+    above the stored offsets, so the rerun reads them again from Kafka.
+H2. a cycle that fails after it was planned (its staging, its commit, after retries): the
+    cycles after it never commit (A2), and the run fails; what it carried is lost with the
+    process, as in H1. A retry or an isolation of the cycle stages the same records again,
+    from its plan, without walking again.
+H3. the held records pass ``max_bytes`` of keys, values and lines, or the oldest has waited
+    ``HOLD_SECONDS`` (a transaction larger than memory allows, an END late or lost): that cycle
+    stages every record, the held ones included, and the database holds what waits
+    (``held_changes``, where the health check sees it). The cycles after it wait for the
+    previous cycle's commit, then look at ``held_changes``: while it holds records of the
+    pipeline they stage every record too, without applying ahead of that commit; once empty, the
+    engine holds in memory again.
+H4. ``held_changes`` holds records of the pipeline when the run starts (an earlier run's H3, or
+    the Spark engine's batches): as H3's later cycles.
+H5. the walk refuses the cycle (``TransactionError``): the plan raises it, every time it is
+    asked, and so do the plans after it; the cycle never commits and the run fails as it would
+    in the database.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_apps.eos_stream.cdc import transaction_walk, transactions_sql
+from spark_apps.eos_stream.cdc.mirror import KafkaRecord
+from spark_apps.eos_stream.cdc.pipeline import STAGE_CHUNK_CHARS, bounded_chunks
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
+from spark_apps.eos_stream.kafka.ranges import MessageChunk
+from spark_apps.eos_stream.records.spec import MirrorApply, StageCount
+
+# How long a record may wait in memory for its transaction (H3). An END follows its events within
+# milliseconds; past this the wait is worth a row in ``held_changes``, which the health check reads.
+HOLD_SECONDS = 5.0
+_NO_BOUND = 1 << 62
+_WAIT_SLICE_SECONDS = 0.05
+
+Item = tuple[KafkaRecord, str]  # a record and its stage line
+
+
+@dataclass
+class Held:
+    """What earlier cycles carried: records with their lines, in order per partition, and the
+    groups of the incomplete transactions and the waiting ENDs (``transaction_groups``' tuples).
+
+    :param starts: each partition's bound, the offset the last cycle stored for it.
+    :param reader_ends: each partition's end in the last cycle that read it: where it stores
+        once its held records apply, if no later cycle read it.
+    :param since: when the oldest was first held."""
+
+    items: list[Item] = field(default_factory=list)
+    groups: list[tuple] = field(default_factory=list)
+    starts: dict[TopicPartition, int] = field(default_factory=dict)
+    reader_ends: dict[TopicPartition, int] = field(default_factory=dict)
+    since: float | None = None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A cycle's stage and range: ``items`` the records it stages; ``groups`` their groups for
+    the database's walk, None when walked here (``walked``)."""
+
+    items: list[Item]
+    groups: list[tuple] | None
+    starts: dict[TopicPartition, int]
+    ends: dict[TopicPartition, int]
+    bound: dict[tuple[str, int], int] = field(default_factory=dict)  # each partition's first held offset
+
+    @property
+    def count(self) -> StageCount:
+        return StageCount(len(self.items), self.groups, walked=self.groups is None)
+
+    def chunks(self, mirror: MirrorApply, keep_raw: bool) -> Iterator[bytes]:
+        """The stage's COPY text: the lines made when planned, or made again with each record's
+        raw bytes (an isolated or dead-lettering attempt)."""
+        if not keep_raw:
+            return bounded_chunks((line for _, line in self.items), STAGE_CHUNK_CHARS)
+        lines = mirror.lines_of(mirror.group_counter())  # counts nothing used: the plan is made
+        return bounded_chunks(lines((record for record, _ in self.items), True), STAGE_CHUNK_CHARS)
+
+
+class TransactionHolds:
+    """One run's held records, and the plans of its cycles, made one after the other.
+
+    :param mirror: the pipeline's mirror (``transactions: whole``).
+    :param max_bytes: the held records' bound (H3).
+    :param held_in_database: whether ``held_changes`` holds records of the pipeline now (H3, H4).
+    :param notify: ``notify(event, **fields)`` for each cycle that holds or releases records."""
+
+    def __init__(self, mirror: MirrorApply, max_bytes: int, held_in_database: Callable[[], bool],
+                 notify: Callable[..., None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.mirror, self.max_bytes, self.notify, self.clock = mirror, max_bytes, notify, clock
+        self.held_in_database = held_in_database
+        self.held = Held()
+        self.in_database = held_in_database()
+        self.failed = threading.Event()  # set by the run once a cycle's commit failed
+        self._last: CyclePlan | None = None
+
+    def plan(self, messages: list[Any], starts: dict[TopicPartition, int],
+             ends: dict[TopicPartition, int]) -> CyclePlan:
+        """The plan of the cycle read next (made when first asked, after the previous one's)."""
+        self._last = CyclePlan(self, messages, starts, ends, self._last)
+        return self._last
+
+    def overdue(self) -> bool:
+        """Whether the oldest held record has waited past ``HOLD_SECONDS`` (the loop then commits
+        an empty cycle, so that an idle stream moves it to ``held_changes`` too: H3)."""
+        since = self.held.since
+        return since is not None and self.clock() - since > HOLD_SECONDS
+
+    def decide(self, held: Held, items: list[Item], groups: list[tuple], starts: dict[TopicPartition, int],
+               ends: dict[TopicPartition, int]) -> Planned:
+        """Walks the records ``held`` before and the cycle's (``items`` and ``groups`` hold both;
+        see the module), and keeps what waits in place of ``held``."""
+        self.held = Held()
+        starts = {**starts, **held.starts}
+        reader_ends = {**held.reader_ends, **ends}
+        if self.in_database:
+            return Planned(items, groups, starts, reader_ends)
+        walked = transaction_walk.walk(list(map(transaction_walk.Group._make, groups)))
+        bound = {(t, p): first for t, p, first, _ in walked.bounds}
+        applied, kept = _split(items, bound)
+        kept_groups = [g for g in groups if g[6] >= bound.get((g[0], g[1]), _NO_BOUND)]
+        size = sum(_size(item) for item in kept)
+        now = self.clock()
+        since = held.since if held.since is not None and _any_kept(held, bound) else now
+        if size > self.max_bytes or (kept_groups and now - since > HOLD_SECONDS):
+            self.in_database = True  # H3
+            self.notify("transactions_held_in_database", records=len(kept), bytes=size, max_bytes=self.max_bytes,
+                        seconds=round(now - since, 1), waiting=walked.waiting)
+            return Planned(items, groups, starts, reader_ends)
+        if kept_groups or held.groups:
+            released = len(_split(held.items, bound)[0])
+            self.notify("mirror_transactions", held=len(kept), held_bytes=size, held_in="memory", released=released,
+                        transactions_applied=walked.ready, waiting=walked.waiting)
+        if kept_groups:
+            self.held = Held(kept, kept_groups, dict(bound), {tp: reader_ends[tp] for tp in bound}, since)
+        return Planned(applied, None, starts, {**reader_ends, **bound}, bound)
+
+
+# Staging: COPYs the chunks, then runs the callable, if any, on its cursor and the stage, in its transaction.
+Copy = Callable[[Iterator[bytes], Callable[[Any, Any], None] | None], None]
+
+
+class CyclePlan:
+    """One cycle's plan, made once, after the previous cycle's: by its first staging, which
+    COPYs every record's line as it is made and then removes from the stage, in the same
+    transaction, what the walk holds; else (that staging failed) by its apply. ``committed`` is
+    set once the cycle's commit has ended."""
+
+    def __init__(self, holds: TransactionHolds, messages: list[Any], starts: dict[TopicPartition, int],
+                 ends: dict[TopicPartition, int], previous: CyclePlan | None) -> None:
+        self.holds, self.previous = holds, previous
+        self._cycle: tuple[list[Any], dict, dict] | None = (messages, starts, ends)
+        self._lock = threading.Lock()
+        self._planned: Planned | None = None
+        self._failure: BaseException | None = None
+        self.committed = threading.Event()
+
+    def stage(self, copy: Copy, keep_raw: bool) -> StageCount:
+        """Stages the cycle with ``copy`` (see the class); returns what it staged."""
+        with self._lock:
+            if self._planned is None and self._failure is None and not keep_raw:
+                self._stage_while_planning(copy)
+                assert self._planned is not None
+                return self._planned.count
+        planned = self.result()
+        copy(planned.chunks(self.holds.mirror, keep_raw), None)
+        return planned.count
+
+    def result(self) -> Planned:
+        """The plan; raises the walk's refusal (H5) or the previous plan's, each time. A failure
+        to look at ``held_changes`` is raised as it is, and the next call looks again."""
+        with self._lock:
+            if self._planned is None and self._failure is None:
+                held, items, counter = self._begin()
+                self._decide(held, list(items) + _read(self.holds.mirror.lines_of(counter), self._records()), counter)
+            return self._made()
+
+    def _stage_while_planning(self, copy: Copy) -> None:
+        """COPYs the held records' lines and the cycle's as they are made, then (``after``: the
+        COPY ended, its transaction open) walks and removes what is held from the stage. A
+        staging that fails before the walk leaves the plan unmade, and the held records as they were."""
+        held, items, counter = self._begin()
+        source = _Current(self._records())
+
+        def lines() -> Iterator[str]:
+            yield from (line for _, line in held.items)
+            for line in self.holds.mirror.lines_of(counter)(source, False):
+                items.append((source.current, line))
+                yield line
+
+        def after(cur: Any, stage: Any) -> None:
+            self._decide(held, items, counter)
+            planned = self._made()
+            if planned.bound:
+                cur.execute(*transactions_sql.remove_held(stage, planned.bound))
+
+        copy(bounded_chunks(lines(), STAGE_CHUNK_CHARS), after)
+
+    def _begin(self) -> tuple[Held, list[Item], Any]:
+        self._wait_for_previous()
+        if self.holds.in_database:
+            self.holds.in_database = self.holds.held_in_database()
+        held = self.holds.held
+        return held, list(held.items), self.holds.mirror.group_counter()
+
+    def _records(self) -> Iterator[KafkaRecord]:
+        assert self._cycle is not None
+        return MessageChunk(self._cycle[0]).records()
+
+    def _decide(self, held: Held, items: list[Item], counter: Any) -> None:
+        assert self._cycle is not None
+        _, starts, ends = self._cycle
+        try:
+            self._planned = self.holds.decide(held, items, held.groups + counter.groups(), starts, ends)
+        except Exception as exc:
+            self._failure = exc
+        self._cycle = None  # the messages are the plan's items now
+
+    def _made(self) -> Planned:
+        if self._failure is not None:
+            raise self._failure
+        assert self._planned is not None
+        return self._planned
+
+    def _wait_for_previous(self) -> None:
+        """The previous plan made (its held records are this one's), and in H3 and H4 its commit
+        ended, which may have emptied ``held_changes``."""
+        previous = self.previous
+        if previous is None:
+            return
+        previous.result()
+        while self.holds.in_database and not previous.committed.wait(_WAIT_SLICE_SECONDS):
+            if self.holds.failed.is_set():  # A2: a cycle before it failed, and no later one commits
+                raise RuntimeError("an earlier cycle failed; this one will not commit")
+        self.previous = None
+
+
+class _Current:
+    """Records that remember the one handed out last: ``resolved_staging_lines`` yields a
+    record's line before it takes the next record, so the line in hand is that record's."""
+
+    __slots__ = ("current", "records")
+
+    def __init__(self, records: Iterable[KafkaRecord]) -> None:
+        self.records = iter(records)
+        self.current: Any = None
+
+    def __iter__(self) -> _Current:
+        return self
+
+    def __next__(self) -> KafkaRecord:
+        self.current = next(self.records)
+        return self.current
+
+
+def _read(lines: Callable[[Iterable[KafkaRecord], bool], Iterator[str]], records: Iterable[KafkaRecord]
+          ) -> list[Item]:
+    """Each record that has a stage line, with it (the transaction topic's are counted, not staged)."""
+    source = _Current(records)
+    return [(source.current, line) for line in lines(source, False)]
+
+
+def _split(items: list[Item], bound: dict[tuple[str, int], int]) -> tuple[list[Item], list[Item]]:
+    """(applied, kept): the items below their partition's bound, and the others."""
+    if not bound:
+        return items, []
+    applied: list[Item] = []
+    kept: list[Item] = []
+    for item in items:
+        record = item[0]
+        (kept if record[2] >= bound.get((record[0], record[1]), _NO_BOUND) else applied).append(item)
+    return applied, kept
+
+
+def _any_kept(held: Held, bound: dict[tuple[str, int], int]) -> bool:
+    """Whether a group held before stays held (its transaction still incomplete)."""
+    return any(g[6] >= bound.get((g[0], g[1]), _NO_BOUND) for g in held.groups)
+
+
+def _size(item: Item) -> int:
+    (_, _, _, key, value), line = item
+    return len(key or b"") + len(value or b"") + len(line)
