@@ -147,9 +147,11 @@ class MirrorBatches:
         writer's count of the stage no longer tells). ``staged_once``: the writer's count of the
         stage, before the walk, found no copies, so the walk need not look for them. ``groups``:
         the stagers' count of the stage's transaction groups (``StageCount.groups``). ``walked``: the
-        stager decided the transactions (``engines/cycle_hold``): the stage is what applies now."""
+        stager decided the transactions (``engines/cycle_hold``): the stage is what applies now,
+        but for records below the stored offsets, skipped as in any batch."""
         whole, copies, released = self.definition.whole_transactions, 0, 0
-        if whole and not walked:
+        moved = whole and not walked  # the stage may hold records below the stored offsets now
+        if moved:
             done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied,
                                                      str(self.definition.transaction_topic()), staged_once,
                                                      groups)
@@ -168,7 +170,7 @@ class MirrorBatches:
         def run(cur: Any, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(mirror_sql.apply_mirror_statement(
                 targets, stage=stage, target_schema=target_schema, meta_schema=meta_schema,
-                skip_applied=skip_applied and not (whole or released), dedupe=copies > 0 if whole else dedupe,
+                skip_applied=skip_applied and not (moved or released), dedupe=copies > 0 if whole else dedupe,
                 only_range=only_range,
                 aggregates=aggregates), params)
             row = cur.fetchone()

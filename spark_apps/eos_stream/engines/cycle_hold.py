@@ -204,9 +204,10 @@ class CyclePlan:
             return self._made()
 
     def _stage_while_planning(self, copy: Copy) -> None:
-        """COPYs the held records' lines and the cycle's as they are made, then (``after``: the
-        COPY ended, its transaction open) walks and removes what is held from the stage. A
-        staging that fails before the walk leaves the plan unmade, and the held records as they were."""
+        """COPYs the held records' lines and the cycle's as they are made, walks once the last
+        chunk is sent, then (``after``: the COPY ended, its transaction open) removes what is held
+        from the stage. A staging that fails before the walk leaves the plan unmade, and the
+        held records as they were."""
         held, items, counter = self._begin()
         source = _Current(self._records())
 
@@ -216,13 +217,16 @@ class CyclePlan:
                 items.append((source.current, line))
                 yield line
 
+        def chunks() -> Iterator[bytes]:
+            yield from bounded_chunks(lines(), STAGE_CHUNK_CHARS)
+            self._decide(held, items, counter)  # while the database takes the last chunk
+
         def after(cur: Any, stage: Any) -> None:
-            self._decide(held, items, counter)
             planned = self._made()
             if planned.bound:
                 cur.execute(*transactions_sql.remove_held(stage, planned.bound))
 
-        copy(bounded_chunks(lines(), STAGE_CHUNK_CHARS), after)
+        copy(chunks(), after)
 
     def _begin(self) -> tuple[Held, list[Item], Any]:
         self._wait_for_previous()
