@@ -133,12 +133,12 @@ def test_cycles_apply_each_change_once_in_whole_transactions_and_store_the_first
         staged = _stage(plan, fail_copy=rng.random() < 0.2)
         planned = plan.result()
         assert planned.groups is None  # walked here, nothing for the database
-        lines = [line for _, line in planned.items]
+        applied = [record[:3] for record in planned.records]
         if staged is not None:
-            assert staged == lines
+            assert _coordinates(staged) == applied
         assert {tp: stored[tp] for tp in planned.starts if tp in stored} == {
             tp: o for tp, o in planned.starts.items() if tp in stored}  # each range starts at its stored offset
-        for coordinate in _coordinates(lines):
+        for coordinate in applied:
             assert coordinate not in applied_at, f"{coordinate} applied twice"
             applied_at[coordinate] = index
         stored.update(planned.ends)
@@ -215,7 +215,7 @@ def test_held_records_past_the_bound_or_too_old_go_to_the_database() -> None:
     small = TransactionHolds(_mirror(), max_bytes=100, held_in_database=lambda: False,
                              notify=lambda event, **fields: None)
     planned = small.plan(first, {}, halves).result()
-    assert planned.groups is not None and len(planned.items) == sum(1 for m in first if m.topic() != TX_TOPIC)
+    assert planned.groups is not None and len(planned.records) == sum(1 for m in first if m.topic() != TX_TOPIC)
     assert planned.ends == halves and small.in_database
 
     now = [0.0]
@@ -253,7 +253,30 @@ def test_a_retry_with_raw_bytes_stages_the_records_the_plan_applies() -> None:
     holds = TransactionHolds(_mirror(), max_bytes=1 << 30, held_in_database=lambda: False,
                              notify=lambda event, **fields: None)
     plan = holds.plan(messages, {}, {tp: 25 for tp in logs})
-    first = [line for _, line in plan.result().items]
-    again: list[str] = []
-    plan.stage(lambda chunks, after: again.extend(b"".join(chunks).decode().splitlines(keepends=True)), True)
-    assert _coordinates(again) == _coordinates(first) and again != first  # the same records, with their bytes
+    first = _stage(plan, fail_copy=False)
+    assert first is not None
+
+    def stage_again(keep_raw: bool) -> list[str]:
+        lines: list[str] = []
+        plan.stage(lambda chunks, after: lines.extend(b"".join(chunks).decode().splitlines(keepends=True)), keep_raw)
+        return lines
+
+    assert stage_again(False) == first  # a retry: the same lines, made again
+    raw = stage_again(True)
+    assert _coordinates(raw) == _coordinates(first) and raw != first  # the same records, with their bytes
+
+
+def test_a_failed_look_at_held_changes_leaves_the_walk_to_the_database() -> None:
+    """The first plan looks at ``held_changes`` (H4); unreachable, it stages every record for the
+    database's walk instead of failing the cycle, and tells why."""
+    first, logs = _first_halves(60, 5)
+    told: list[tuple[str, dict]] = []
+
+    def unreachable() -> bool:
+        raise ConnectionError("server closed the connection unexpectedly")
+
+    holds = TransactionHolds(_mirror(), max_bytes=1 << 30, held_in_database=unreachable,
+                             notify=lambda event, **fields: told.append((event, fields)))
+    planned = holds.plan(first, {}, {tp: len(log) // 2 for tp, log in logs.items()}).result()
+    assert planned.groups is not None and holds.in_database
+    assert told[0][0] == "held_changes_not_read" and "closed the connection" in told[0][1]["error"]

@@ -18,6 +18,9 @@ what applies:
 - the stage then holds exactly the records to apply, and the batch's transaction only applies it
   (``StageCount.walked``).
 
+The held records keep their stage lines; the applied ones do not (a retry makes them again), so
+what this adds to the engine's memory is the held records, at most ``max_bytes``.
+
 Failure transitions (the continuous engine's C-transitions and the sink's hold as they are):
 
 H1. a crash, or a stop, with records held in memory: they were never applied and lie at or
@@ -34,7 +37,9 @@ H3. the held records pass ``max_bytes`` of keys, values and lines, or the oldest
     pipeline they stage every record too, without applying ahead of that commit; once empty, the
     engine holds in memory again.
 H4. ``held_changes`` holds records of the pipeline when the run starts (an earlier run's H3, or
-    the Spark engine's batches): as H3's later cycles.
+    the Spark engine's batches): as H3's later cycles. The first cycle looks; a look that fails
+    (the database unreachable) leaves that cycle to the database's walk, which is right whatever
+    ``held_changes`` holds, and the cycle's staging or commit meets the outage as any cycle does.
 H5. the walk refuses the cycle (``TransactionError``): the plan raises it, every time it is
     asked, and so do the plans after it; the cycle never commits and the run fails as it would
     in the database.
@@ -83,10 +88,11 @@ class Held:
 
 @dataclass(frozen=True)
 class Planned:
-    """A cycle's stage and range: ``items`` the records it stages; ``groups`` their groups for
-    the database's walk, None when walked here (``walked``)."""
+    """A cycle's stage and range: ``records`` the records it stages (their lines are not kept:
+    a retry makes them again); ``groups`` their groups for the database's walk, None when walked
+    here (``walked``)."""
 
-    items: list[Item]
+    records: list[KafkaRecord]
     groups: list[tuple] | None
     starts: dict[TopicPartition, int]
     ends: dict[TopicPartition, int]
@@ -94,15 +100,12 @@ class Planned:
 
     @property
     def count(self) -> StageCount:
-        return StageCount(len(self.items), self.groups, walked=self.groups is None)
+        return StageCount(len(self.records), self.groups, walked=self.groups is None)
 
     def chunks(self, mirror: MirrorApply, keep_raw: bool) -> Iterator[bytes]:
-        """The stage's COPY text: the lines made when planned, or made again with each record's
-        raw bytes (an isolated or dead-lettering attempt)."""
-        if not keep_raw:
-            return bounded_chunks((line for _, line in self.items), STAGE_CHUNK_CHARS)
+        """The stage's COPY text, made again (a retry, or an isolation with each record's raw bytes)."""
         lines = mirror.lines_of(mirror.group_counter())  # counts nothing used: the plan is made
-        return bounded_chunks(lines((record for record, _ in self.items), True), STAGE_CHUNK_CHARS)
+        return bounded_chunks(lines(self.records, keep_raw), STAGE_CHUNK_CHARS)
 
 
 class TransactionHolds:
@@ -118,7 +121,7 @@ class TransactionHolds:
         self.mirror, self.max_bytes, self.notify, self.clock = mirror, max_bytes, notify, clock
         self.held_in_database = held_in_database
         self.held = Held()
-        self.in_database = held_in_database()
+        self.in_database = True  # not known until the first plan looks (H4)
         self.failed = threading.Event()  # set by the run once a cycle's commit failed
         self._last: CyclePlan | None = None
 
@@ -127,6 +130,15 @@ class TransactionHolds:
         """The plan of the cycle read next (made when first asked, after the previous one's)."""
         self._last = CyclePlan(self, messages, starts, ends, self._last)
         return self._last
+
+    def look_at_database(self) -> None:
+        """Whether ``held_changes`` still holds records of the pipeline (H3, H4). A failed look
+        (the database unreachable) leaves the walk to the database, which is right either way:
+        the cycle's staging or apply then meets the outage and retries it."""
+        try:
+            self.in_database = self.held_in_database()
+        except Exception as exc:
+            self.notify("held_changes_not_read", error=" ".join(str(exc).split())[:300])
 
     def overdue(self) -> bool:
         """Whether the oldest held record has waited past ``HOLD_SECONDS`` (the loop then commits
@@ -142,7 +154,7 @@ class TransactionHolds:
         starts = {**starts, **held.starts}
         reader_ends = {**held.reader_ends, **ends}
         if self.in_database:
-            return Planned(items, groups, starts, reader_ends)
+            return Planned(_records(items), groups, starts, reader_ends)
         walked = transaction_walk.walk(list(map(transaction_walk.Group._make, groups)))
         bound = {(t, p): first for t, p, first, _ in walked.bounds}
         applied, kept = _split(items, bound)
@@ -154,14 +166,14 @@ class TransactionHolds:
             self.in_database = True  # H3
             self.notify("transactions_held_in_database", records=len(kept), bytes=size, max_bytes=self.max_bytes,
                         seconds=round(now - since, 1), waiting=walked.waiting)
-            return Planned(items, groups, starts, reader_ends)
+            return Planned(_records(items), groups, starts, reader_ends)
         if kept_groups or held.groups:
             released = len(_split(held.items, bound)[0])
             self.notify("mirror_transactions", held=len(kept), held_bytes=size, held_in="memory", released=released,
                         transactions_applied=walked.ready, waiting=walked.waiting)
         if kept_groups:
             self.held = Held(kept, kept_groups, dict(bound), {tp: reader_ends[tp] for tp in bound}, since)
-        return Planned(applied, None, starts, {**reader_ends, **bound}, bound)
+        return Planned(_records(applied), None, starts, {**reader_ends, **bound}, bound)
 
 
 # Staging: COPYs the chunks, then runs the callable, if any, on its cursor and the stage, in its transaction.
@@ -195,8 +207,7 @@ class CyclePlan:
         return planned.count
 
     def result(self) -> Planned:
-        """The plan; raises the walk's refusal (H5) or the previous plan's, each time. A failure
-        to look at ``held_changes`` is raised as it is, and the next call looks again."""
+        """The plan; raises the walk's refusal (H5) or the previous plan's, each time."""
         with self._lock:
             if self._planned is None and self._failure is None:
                 held, items, counter = self._begin()
@@ -231,7 +242,7 @@ class CyclePlan:
     def _begin(self) -> tuple[Held, list[Item], Any]:
         self._wait_for_previous()
         if self.holds.in_database:
-            self.holds.in_database = self.holds.held_in_database()
+            self.holds.look_at_database()
         held = self.holds.held
         return held, list(held.items), self.holds.mirror.group_counter()
 
@@ -307,6 +318,10 @@ def _split(items: list[Item], bound: dict[tuple[str, int], int]) -> tuple[list[I
 def _any_kept(held: Held, bound: dict[tuple[str, int], int]) -> bool:
     """Whether a group held before stays held (its transaction still incomplete)."""
     return any(g[6] >= bound.get((g[0], g[1]), _NO_BOUND) for g in held.groups)
+
+
+def _records(items: list[Item]) -> list[KafkaRecord]:
+    return [record for record, _ in items]
 
 
 def _size(item: Item) -> int:
