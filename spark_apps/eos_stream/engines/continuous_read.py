@@ -75,19 +75,6 @@ def record_bytes(message: Any) -> int:
     return len(message.key() or b"") + len(message.value() or b"")
 
 
-def partition_reads(messages: list[Any]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, float]]:
-    """Each partition's end among ``messages`` (its last record's offset + 1) and its average
-    record bytes (``record_bytes``)."""
-    totals: dict[TopicPartition, list[int]] = {}
-    for message in messages:
-        total = totals.setdefault((message.topic(), message.partition()), [0, 0, 0])
-        total[0] = message.offset() + 1
-        total[1] += record_bytes(message)
-        total[2] += 1
-    return ({tp: end for tp, (end, _, _) in totals.items()},
-            {tp: size / count for tp, (_, size, count) in totals.items()})
-
-
 def poll_count(records_left: int, bytes_left: int, largest: int) -> int:
     """How many records one poll may ask for: no more than the records left, librdkafka's
     limit, and what fits in the bytes left at the largest record the reader has seen
@@ -165,6 +152,8 @@ class CycleReader:
         # paused while they reach ``carry_bytes``.
         self.lead_topic = lead_topic
         self.sizes: dict[TopicPartition, float] = {}  # each partition's average record bytes in its last cycle
+        # This cycle's reads of each partition: [its last record's offset + 1, bytes, records].
+        self.reads: dict[TopicPartition, list[int]] = {}
         self.spans: dict[TopicPartition, int] = {}  # each partition's lag when the backlog was first paced
         self.carried: dict[TopicPartition, list[Any]] = {}
         self.carried_bytes: dict[TopicPartition, int] = {}
@@ -191,6 +180,7 @@ class CycleReader:
 
         messages: list[Any] = []
         pace = self._pace() if self.lead_topic is not None else None
+        self.reads = {}
         size = self._take_carried(pace, messages)
         idle_until, deadline = time.monotonic() + max(idle_seconds, 0), None
         while len(messages) < self.max_records and size < self.max_bytes:
@@ -214,11 +204,10 @@ class CycleReader:
         partitions = [KafkaPartition(t, p) for t, p in sorted(self.current)]
         positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(partitions)}
         if self.lead_topic is not None:
-            ends, sizes = partition_reads(messages)
-            self.sizes.update(sizes)
+            self.sizes.update({tp: total / count for tp, (_, total, count) in self.reads.items()})
             # A partition sought back to fetch on reports no position until it fetches: the
             # records it gave (those carried to this cycle) end its range then.
-            positions.update({tp: max(end, positions.get(tp, end)) for tp, end in ends.items()})
+            positions.update({tp: max(end, positions.get(tp, end)) for tp, (end, _, _) in self.reads.items()})
             positions.update({tp: carried[0].offset() for tp, carried in self.carried.items()})
             self._fetch_carried_partitions()
         starts, ends = moved_ranges(self.current, positions)
@@ -280,6 +269,12 @@ class CycleReader:
             messages.append(message)
             weight = record_bytes(message)
             self.largest = max(self.largest, weight)
+            if self.lead_topic is not None:
+                read = self.reads.get(tp)
+                if read is None:
+                    self.reads[tp] = [offset + 1, weight, 1]
+                else:
+                    read[0], read[1], read[2] = offset + 1, read[1] + weight, read[2] + 1
             return weight
         self.carried.setdefault(tp, []).append(message)
         self.carried_bytes[tp] = self.carried_bytes.get(tp, 0) + record_bytes(message)

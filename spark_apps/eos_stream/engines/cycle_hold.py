@@ -5,9 +5,10 @@ A cycle rarely ends on a source transaction's boundary: its last transactions mi
 or events of a partition read less far. Held in the database (``cdc/transactions_sql``), every
 such record is written into ``held_changes`` by one cycle and moved back by the next, a few
 hundred to a few thousand rows a cycle with all their columns. The continuous engine has each
-cycle's records in memory and commits cycles one after the other, so it walks them before they
-are staged (``transaction_walk.walk``, the same decision over the same groups) and stages only
-what applies:
+cycle's records in memory and commits cycles one after the other, so it walks each cycle while
+it stages it (``transaction_walk.walk``, the same decision over the same groups: every line is
+COPYed as it is made, the walk runs once the last chunk is sent, and what waits is removed from
+the stage before the COPY commits):
 
 - the records at or above each partition's bound (the first event of a transaction not ready,
   the first END waiting) are carried, with their stage lines and their groups, into the next
