@@ -151,6 +151,7 @@ def test_a_partition_staged_twice_applies_once(stack: dict, unique_name: str) ->
     dedupes. Only a matching count lets it skip the dedupe's sort, which the
     second half shows by claiming the doubled count."""
     from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
+    from spark_apps.eos_stream.records.spec import StageCount
     from spark_apps.eos_stream.run import preflight
     from spark_apps.eos_stream.sink.modes import MODES
     from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
@@ -177,7 +178,8 @@ def test_a_partition_staged_twice_applies_once(stack: dict, unique_name: str) ->
     writer = BatchWriter(conn, LEDGER, mode, OffsetsStore(meta, pipeline), target, meta)
     try:
         for reported, applied in [(10, 10), (20, 20)]:
-            prepared = writer.prepare(stage, 0, {}, {("t", 0): 10}, record_by_record=False, staged_rows=reported)
+            prepared = writer.prepare(stage, 0, {}, {("t", 0): 10}, record_by_record=False,
+                                      staged=StageCount(reported))
             assert prepared.applied == applied, (reported, prepared.applied)
             conn.rollback()
     finally:

@@ -167,9 +167,10 @@ def _check_whole(logs: dict[tuple[str, int], list[Message]], applied_at: dict[tu
         if topic == TX_TOPIC:
             continue
         for m in log:
-            if m.value() is None:
+            value = m.value()
+            if value is None:
                 continue
-            tx = json.loads(m.value())["transaction"]["id"].split(":")[0]
+            tx = json.loads(value)["transaction"]["id"].split(":")[0]
             cycle_of_tx.setdefault(tx, set()).add(applied_at[(topic, partition, m.offset())])
     assert all(len(cycles) == 1 for cycles in cycle_of_tx.values()), "a transaction applied over two cycles"
     order = [next(iter(cycle_of_tx[tx])) for tx in sorted(cycle_of_tx, key=int)]

@@ -190,8 +190,9 @@ class ContinuousRun:
         # C13: staged ahead on threads unless each cycle is written as a prepared part.
         self.ahead = None if driver.prepared_parts else ApplyAhead(self.sink, driver.connect, notify=emit)
         # C15: a whole mirror applied ahead holds its incomplete transactions in memory.
-        self.holds = None if self.ahead is None or mirror is None or mirror.transaction_topic() is None else \
-            TransactionHolds(mirror, config.continuous_max_bytes, self.held_in_database, emit)
+        self.holds: TransactionHolds | None = None
+        if mirror is not None and mirror.transaction_topic() is not None and self.ahead is not None:
+            self.holds = TransactionHolds(mirror, config.continuous_max_bytes, self.held_in_database, emit)
         self.stop = driver.stop_signal()
         waits.stop = self.stop
 
@@ -293,7 +294,8 @@ class ContinuousRun:
               staged: StagedBatch | WrittenParts | None, started: float, plan: CyclePlan | None = None) -> None:
         """Commits one cycle (on the applier thread when applying ahead) and tells of it: its range
         as read, or as its plan moved it (C15)."""
-        starts, ends = (cycle.starts, cycle.ends) if plan is None else (plan.result().starts, plan.result().ends)
+        planned = None if plan is None else plan.result()
+        starts, ends = (cycle.starts, cycle.ends) if planned is None else (planned.starts, planned.ends)
         try:
             result = self.sink.process(batch_id, starts, ends, fill_stage, staged=staged)
         except Exception as exc:

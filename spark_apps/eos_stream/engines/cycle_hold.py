@@ -212,7 +212,8 @@ class CyclePlan:
         with self._lock:
             if self._planned is None and self._failure is None:
                 held, items, counter = self._begin()
-                self._decide(held, list(items) + _read(self.holds.mirror.lines_of(counter), self._records()), counter)
+                items += _with_lines(self.holds.mirror.lines_of(counter), self._records())
+                self._decide(held, items, counter)
             return self._made()
 
     def _stage_while_planning(self, copy: Copy) -> None:
@@ -221,13 +222,12 @@ class CyclePlan:
         from the stage. A staging that fails before the walk leaves the plan unmade, and the
         held records as they were."""
         held, items, counter = self._begin()
-        source = _Current(self._records())
 
         def lines() -> Iterator[str]:
             yield from (line for _, line in held.items)
-            for line in self.holds.mirror.lines_of(counter)(source, False):
-                items.append((source.current, line))
-                yield line
+            for item in _with_lines(self.holds.mirror.lines_of(counter), self._records()):
+                items.append(item)
+                yield item[1]
 
         def chunks() -> Iterator[bytes]:
             yield from bounded_chunks(lines(), STAGE_CHUNK_CHARS)
@@ -297,11 +297,13 @@ class _Current:
         return self.current
 
 
-def _read(lines: Callable[[Iterable[KafkaRecord], bool], Iterator[str]], records: Iterable[KafkaRecord]
-          ) -> list[Item]:
-    """Each record that has a stage line, with it (the transaction topic's are counted, not staged)."""
+def _with_lines(lines: Callable[[Iterable[KafkaRecord], bool], Iterator[str]], records: Iterable[KafkaRecord]
+                ) -> Iterator[Item]:
+    """Each record that has a stage line, with it, as the lines are made (the transaction topic's
+    records are counted, not staged)."""
     source = _Current(records)
-    return [(source.current, line) for line in lines(source, False)]
+    for line in lines(source, False):
+        yield source.current, line
 
 
 def _split(items: list[Item], bound: dict[tuple[str, int], int]) -> tuple[list[Item], list[Item]]:

@@ -345,8 +345,7 @@ class BatchSink:
                 stage = create_stage(self.conn, self.spec, self.meta_schema, stage_name)
                 count = StageCount.of(fill_stage(stage_name, record_by_record))
                 clock.lap("stage")
-            prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record,
-                                           count.rows, count.groups, count.walked)
+            prepared = self.writer.prepare(stage, batch_id, start_offsets, end_offsets, record_by_record, count)
             clock.lap("apply")
             records = prepared.applied + prepared.dead_lettered
             self._crash_point("before_commit", self._batches_this_run, records=records)

@@ -22,6 +22,8 @@ from spark_apps.eos_stream.sink.modes import DeliveryMode
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.state import fencing
 
+_UNKNOWN = StageCount(None)  # no stager's report: the rows unknown, no groups
+
 
 @dataclass(frozen=True)
 class StagedBatch:
@@ -92,37 +94,34 @@ class BatchWriter:
         start_offsets: Mapping[TopicPartition, int],
         end_offsets: Mapping[TopicPartition, int],
         record_by_record: bool,
-        staged_rows: int | None = None,
-        staged_groups: list[Any] | None = None,
-        walked: bool = False,
+        staged: StageCount = _UNKNOWN,
     ) -> PreparedBatch:
-        """:param staged_rows: the rows the successful staging tasks reported
-        (None: unknown, so a deduping mode dedupes).
-        :param staged_groups: a whole mirror's transaction groups, as its stagers counted them.
-        :param walked: its stager decided the transactions: the stage is what applies now."""
+        """:param staged: what the successful stagers reported: their rows (None: unknown, so a
+        deduping mode dedupes), a whole mirror's transaction groups as they counted them, and
+        whether they decided the transactions (``walked``: the stage is what applies now)."""
         params = {"pipeline": self.offsets.pipeline}
 
         def apply(cur) -> tuple[int, int]:
             # Counted only where copies matter (a deduping mode: every mirror's), and before a
             # mirror's batch_run, which may rewrite the stage (whole transactions). A walked stage
             # was made from one read of each record.
-            once = not record_by_record and self.mode.dedupe and (walked or self._staged_once(cur, stage, staged_rows))
-            run = self._batch_run(cur, stage, once, staged_groups, walked)
+            once = not record_by_record and self.mode.dedupe and (
+                staged.walked or self._staged_once(cur, stage, staged.rows))
+            run = self._batch_run(cur, stage, once, staged)
             if record_by_record:
                 return self._apply_each(cur, stage, params, run)
             return run(cur, self.mode.dedupe and not once, False, params)
 
         return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
 
-    def _batch_run(self, cur, stage: sql.Composed, staged_once: bool, groups: list[Any] | None = None,
-                   walked: bool = False) -> BatchRun:
+    def _batch_run(self, cur, stage: sql.Composed, staged_once: bool, staged: StageCount) -> BatchRun:
         """How this batch's transaction applies the stage: the spec's statement, or a mirror's
         (``PipelineSpec.mirror``, which first makes the batch's schema changes on ``cur``)."""
         if self.spec.mirror is not None:
             return self.spec.mirror.batch_run(cur, stage, target_schema=self.target_schema,
                                               meta_schema=self.meta_schema, skip_applied=self.mode.stores_offsets,
                                               pipeline=self.offsets.pipeline, staged_once=staged_once,
-                                              groups=groups, walked=walked)
+                                              groups=staged.groups, walked=staged.walked)
 
         def run(cur, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(self._statement(stage=stage, dedupe=dedupe, only_range=only_range), params)
