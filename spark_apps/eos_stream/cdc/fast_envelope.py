@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from spark_apps.eos_stream.cdc.known_schemas import KnownSchemas
 from spark_apps.eos_stream.cdc.values import FieldSchema
 
 OPS = ("c", "r", "u", "d")
@@ -115,6 +116,7 @@ class _SchemaCache:
 
 KEY_SCHEMAS = _SchemaCache(struct_fields)
 ROW_SCHEMAS = _SchemaCache(row_schema)
+_VALUE_SCHEMAS: KnownSchemas[dict[str, FieldSchema] | None] = KnownSchemas()
 
 
 class Read(NamedTuple):
@@ -144,9 +146,14 @@ def _key(key: bytes) -> tuple[dict[str, Any], dict[str, FieldSchema] | None] | N
 
 
 def _value(value: bytes) -> tuple[_Envelope, dict[str, FieldSchema] | None]:
+    known = _VALUE_SCHEMAS.payload(value)
+    if known is not None:
+        return _PLAIN_VALUE.decode(known[0]), known[1]
     try:
         wrapped = _VALUE.decode(value)
-        return wrapped.payload, ROW_SCHEMAS.get(wrapped.schema)
+        row_schema = ROW_SCHEMAS.get(wrapped.schema)
+        _VALUE_SCHEMAS.learn(value, bytes(wrapped.schema), row_schema)
+        return wrapped.payload, row_schema
     except msgspec.ValidationError:
         # No schema wrapper, or one whose payload is no envelope: an ``op`` is required below,
         # so a document of only ``schema`` and ``payload`` never passes as an envelope.

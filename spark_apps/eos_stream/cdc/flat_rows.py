@@ -37,6 +37,7 @@ import msgspec
 
 from spark_apps.eos_stream.cdc.definition import MirrorDefinition
 from spark_apps.eos_stream.cdc.fast_envelope import KEY_SCHEMAS, OPS, ROW_SCHEMAS, SchemaRefused
+from spark_apps.eos_stream.cdc.known_schemas import KnownSchemas
 from spark_apps.eos_stream.cdc.mirror import MirrorTarget
 from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
 from spark_apps.eos_stream.cdc.transactions import tx_part
@@ -84,6 +85,8 @@ _PLAIN_VALUE = msgspec.json.Decoder(_Envelope)
 _KEY = msgspec.json.Decoder(_WrappedKey)
 # How Connect's JSON converter begins a record with schemas (the schema, then the payload).
 _WITH_SCHEMA = b'{"schema":'
+_VALUE_SCHEMAS: KnownSchemas[Any] = KnownSchemas()
+_KEY_SCHEMAS: KnownSchemas[Any] = KnownSchemas()
 
 
 def _admitted(pg_type: str, schema: FieldSchema | None) -> Any:
@@ -220,23 +223,34 @@ class FlatLines:
         # misses decodes here to an envelope without ``op``: the reference path reads it.
         if not value.startswith(_WITH_SCHEMA):
             return _PLAIN_VALUE.decode(value), None
+        known = _VALUE_SCHEMAS.payload(value)
+        if known is not None:
+            return _PLAIN_VALUE.decode(known[0]), known[1]
         try:
             wrapped = _VALUE.decode(value)
         except msgspec.ValidationError:
             return _PLAIN_VALUE.decode(value), None
-        return wrapped.payload, ROW_SCHEMAS.get(wrapped.schema)
+        row_schema = ROW_SCHEMAS.get(wrapped.schema)
+        _VALUE_SCHEMAS.learn(value, bytes(wrapped.schema), row_schema)
+        return wrapped.payload, row_schema
 
     @staticmethod
     def _key(key: bytes) -> tuple[msgspec.Raw | bytes, Any]:
         # As for the value; a key with schemas the prefix misses fails the key's decoder (it
-        # admits exactly the key's columns), and the reference path reads the record.
+        # admits exactly the key's columns), and the reference path reads the record. A known
+        # schema's payload is checked later, by the plan's key decoder, as a raw one would be.
         if not key.startswith(_WITH_SCHEMA):
             return key, None
+        known = _KEY_SCHEMAS.payload(key)
+        if known is not None and known[0][:1] == b"{" and known[0][-1:] == b"}":
+            return known
         try:
             wrapped = _KEY.decode(key)
         except msgspec.ValidationError:
             return key, None
-        return wrapped.payload, KEY_SCHEMAS.get(wrapped.schema)
+        key_schema = KEY_SCHEMAS.get(wrapped.schema)
+        _KEY_SCHEMAS.learn(key, bytes(wrapped.schema), key_schema)
+        return wrapped.payload, key_schema
 
     def _row(self, plan: _Plan, raw: msgspec.Raw, placeholder_possible: bool) -> str | None:
         """The row's COPY cell; None for a JSON null."""
