@@ -248,35 +248,60 @@ _EMPTY_BODY = "\t" + "\t".join([_NULL] * (_BODY_CELLS + 3)) + "\n"
 _END_BODY = "\t".join([_NULL] * 4 + [END, _NULL, "{counts}"] + [_NULL] * (_BODY_CELLS - 6) + ["{tx}", _NULL]) + "\n"
 
 
-def _transaction_line(coordinates: str, value: bytes | None, mirrored: Callable[[str], bool]) -> str:
-    """The stage line of a transaction-topic record (``transactions``) after its coordinates'
-    cells: an END's op, its counts of the tables the mirror reads (``mirrored``; none of 0) as ``_after``,
-    and its transaction; a BEGIN's or a tombstone's cells empty. A table the connector captures
-    and the mirror does not would never bring its events: the mirror is whole over its own tables."""
+class _EndCounts:
+    """An END's events per table the mirror reads (``mirrored``; none of 0), as the stage's
+    ``_after`` cell, made once per distinct counts: a stream's ENDs repeat a few (a transaction
+    writes a table or two, a handful of rows). A table the connector captures and the mirror
+    does not would never bring its events: the mirror is whole over its own tables."""
+
+    __slots__ = ("known", "mirrored")
+
+    def __init__(self, mirrored: Callable[[str], bool]) -> None:
+        self.mirrored = mirrored
+        self.known: dict[tuple, str] = {}
+
+    def __call__(self, counts: Mapping[str, int]) -> str:
+        key = tuple(counts.items())
+        text = self.known.get(key)
+        if text is None:
+            if len(self.known) >= _MAX_END_COUNTS:
+                self.known.clear()
+            text = self.known[key] = transactions.counts_json(
+                {table: n for table, n in counts.items() if n and self.mirrored(table)})
+        return text
+
+
+_MAX_END_COUNTS = 4096
+
+
+def _transaction_record(value: bytes | None) -> transactions.TransactionRecord | None:
     try:
-        record = transactions.parse_transaction_record(value)
+        return transactions.parse_transaction_record(value)
     except ValueError as exc:
         raise EnvelopeError(str(exc)) from exc
+
+
+def _transaction_line(coordinates: str, value: bytes | None, end_counts: _EndCounts) -> str:
+    """The stage line of a transaction-topic record (``transactions``) after its coordinates'
+    cells: an END's op, its counts (``_EndCounts``) as ``_after``, and its transaction; a
+    BEGIN's or a tombstone's cells empty."""
+    record = _transaction_record(value)
     if record is None or record.status != END:
         return coordinates + _EMPTY_BODY
-    counts = transactions.counts_json({table: n for table, n in record.counts.items() if n and mirrored(table)})
-    return coordinates + "\t" + _END_BODY.format(counts=escape_copy(counts), tx=escape_copy(record.tx))
+    return coordinates + "\t" + _END_BODY.format(counts=escape_copy(end_counts(record.counts)),
+                                                  tx=escape_copy(record.tx))
 
 
 def _count_transaction_record(counter: GroupCounter, topic: str, partition: int, offset: int, value: bytes | None,
-                              mirrored: Callable[[str], bool]) -> None:
+                              end_counts: _EndCounts) -> None:
     """A transaction-topic record counted instead of staged (``transaction_groups``): an END as
     its group, a BEGIN or a tombstone as nothing. A record it cannot read raises ``EnvelopeError``
     and is staged, refused."""
-    try:
-        record = transactions.parse_transaction_record(value)
-    except ValueError as exc:
-        raise EnvelopeError(str(exc)) from exc
+    record = _transaction_record(value)
     if record is None or record.status != END:
         counter.skip()
         return
-    counter.end(topic, partition, offset, record.tx,
-                transactions.counts_json({table: n for table, n in record.counts.items() if n and mirrored(table)}))
+    counter.end(topic, partition, offset, record.tx, end_counts(record.counts))
 
 
 def _refused_cells(value: bytes | None, error: str) -> list[str | None]:
@@ -306,14 +331,15 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
     if keep_raw:
         flat = None
     escaped_transaction_topic = None if transaction_topic is None else escape_copy(transaction_topic)
+    end_counts = _EndCounts(mirrored)
     for topic, partition, offset, key, value in records:
         cells: list[str | bytes | None]
         try:
             if topic == transaction_topic:
                 if counter is not None:
-                    _count_transaction_record(counter, topic, partition, offset, value, mirrored)
+                    _count_transaction_record(counter, topic, partition, offset, value, end_counts)
                     continue
-                yield _transaction_line(f"{escaped_transaction_topic}\t{partition}\t{offset}", value, mirrored)
+                yield _transaction_line(f"{escaped_transaction_topic}\t{partition}\t{offset}", value, end_counts)
                 continue
             if flat is not None:
                 line = flat(topic, partition, offset, key, value)

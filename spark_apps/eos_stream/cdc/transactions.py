@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -60,14 +61,14 @@ def _payload(document: Any) -> Any:
     return document
 
 
-@dataclass(frozen=True)
-class TransactionRecord:
+class TransactionRecord(NamedTuple):
     """A BEGIN or END of the transaction topic. ``counts``: the END's events per
-    ``schema.table`` (``data_collections``); empty for a BEGIN."""
+    ``schema.table`` (``data_collections``); empty for a BEGIN. A named tuple: the topic brings
+    two a source transaction, each read where the changes are staged."""
 
     status: str
     tx: str
-    counts: Mapping[str, int] = field(default_factory=dict)
+    counts: Mapping[str, int] = MappingProxyType({})
 
     def counts_json(self) -> str:
         return counts_json(self.counts)

@@ -52,6 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from spark_apps.eos_stream.cdc import transaction_walk, transactions_sql
@@ -89,11 +90,13 @@ class Held:
 
 @dataclass(frozen=True)
 class Planned:
-    """A cycle's stage and range: ``records`` the records it stages (their lines are not kept:
-    a retry makes them again); ``groups`` their groups for the database's walk, None when walked
-    here (``walked``)."""
+    """A cycle's stage and range: ``records`` the records it applies (their lines are not kept:
+    a retry makes them again), ``rows`` the stage lines they make (the transaction topic's
+    records are counted, not staged); ``groups`` their groups for the database's walk, None
+    when walked here (``walked``)."""
 
     records: list[KafkaRecord]
+    rows: int
     groups: list[tuple] | None
     starts: dict[TopicPartition, int]
     ends: dict[TopicPartition, int]
@@ -101,7 +104,7 @@ class Planned:
 
     @property
     def count(self) -> StageCount:
-        return StageCount(len(self.records), self.groups, walked=self.groups is None)
+        return StageCount(self.rows, self.groups, walked=self.groups is None)
 
     def chunks(self, mirror: MirrorApply, keep_raw: bool) -> Iterator[bytes]:
         """The stage's COPY text, made again (a retry, or an isolation with each record's raw bytes)."""
@@ -147,19 +150,22 @@ class TransactionHolds:
         since = self.held.since
         return since is not None and self.clock() - since > HOLD_SECONDS
 
-    def decide(self, held: Held, items: list[Item], groups: list[tuple], starts: dict[TopicPartition, int],
-               ends: dict[TopicPartition, int]) -> Planned:
-        """Walks the records ``held`` before and the cycle's (``items`` and ``groups`` hold both;
-        see the module), and keeps what waits in place of ``held``."""
+    def decide(self, held: Held, records: list[KafkaRecord], lines: int, groups: list[tuple],
+               starts: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> Planned:
+        """Walks the records ``held`` before and the cycle's ``records`` (``groups`` counts both,
+        and ``lines`` their stage lines; see the module), and keeps what waits in place of ``held``."""
         self.held = Held()
         starts = {**starts, **held.starts}
         reader_ends = {**held.reader_ends, **ends}
         if self.in_database:
-            return Planned(_records(items), groups, starts, reader_ends)
+            return Planned(_records(held.items) + records, lines, groups, starts, reader_ends)
         walked = transaction_walk.walk(list(map(transaction_walk.Group._make, groups)))
         bound = {(t, p): first for t, p, first, _ in walked.bounds}
-        applied, kept = _split(items, bound)
+        released = [item for item in held.items if _below(item[0], bound)]
+        applied = [record for record in records if _below(record, bound)] if bound else records
         kept_groups = [g for g in groups if g[6] >= bound.get((g[0], g[1]), _NO_BOUND)]
+        kept = [item for item in held.items if not _below(item[0], bound)] + self._with_lines(
+            [record for record in records if not _below(record, bound)] if bound else [])
         size = sum(_size(item) for item in kept)
         now = self.clock()
         since = held.since if held.since is not None and _any_kept(held, bound) else now
@@ -167,14 +173,21 @@ class TransactionHolds:
             self.in_database = True  # H3
             self.notify("transactions_held_in_database", records=len(kept), bytes=size, max_bytes=self.max_bytes,
                         seconds=round(now - since, 1), waiting=walked.waiting)
-            return Planned(_records(items), groups, starts, reader_ends)
+            return Planned(_records(held.items) + records, lines, groups, starts, reader_ends)
         if kept_groups or held.groups:
-            released = len(_split(held.items, bound)[0])
-            self.notify("mirror_transactions", held=len(kept), held_bytes=size, held_in="memory", released=released,
-                        transactions_applied=walked.ready, waiting=walked.waiting)
+            self.notify("mirror_transactions", held=len(kept), held_bytes=size, held_in="memory",
+                        released=len(released), transactions_applied=walked.ready, waiting=walked.waiting)
         if kept_groups:
             self.held = Held(kept, kept_groups, dict(bound), {tp: reader_ends[tp] for tp in bound}, since)
-        return Planned(_records(applied), None, starts, {**reader_ends, **bound}, bound)
+        return Planned(_records(released) + applied, lines - len(kept), None, starts, {**reader_ends, **bound}, bound)
+
+    def _with_lines(self, records: list[KafkaRecord]) -> list[Item]:
+        """The change records among ``records`` with their stage lines, made again: the cycle's
+        lines went into its COPY as they were made, unpaired, and only the few records that wait
+        keep theirs (the transaction topic's are counted, in groups, and have none)."""
+        if not records:
+            return []
+        return list(_with_lines(self.mirror.lines_of(self.mirror.group_counter()), records))
 
 
 # Staging: COPYs the chunks, then runs the callable, if any, on its cursor and the stage, in its transaction.
@@ -211,9 +224,10 @@ class CyclePlan:
         """The plan; raises the walk's refusal (H5) or the previous plan's, each time."""
         with self._lock:
             if self._planned is None and self._failure is None:
-                held, items, counter = self._begin()
-                items += _with_lines(self.holds.mirror.lines_of(counter), self._records())
-                self._decide(held, items, counter)
+                held, records, counter = self._begin()
+                for _ in self.holds.mirror.lines_of(counter)(records, False):
+                    pass  # the groups are counted as the lines are made
+                self._decide(held, records, counter)
             return self._made()
 
     def _stage_while_planning(self, copy: Copy) -> None:
@@ -221,17 +235,12 @@ class CyclePlan:
         chunk is sent, then (``after``: the COPY ended, its transaction open) removes what is held
         from the stage. A staging that fails before the walk leaves the plan unmade, and the
         held records as they were."""
-        held, items, counter = self._begin()
-
-        def lines() -> Iterator[str]:
-            yield from (line for _, line in held.items)
-            for item in _with_lines(self.holds.mirror.lines_of(counter), self._records()):
-                items.append(item)
-                yield item[1]
+        held, records, counter = self._begin()
 
         def chunks() -> Iterator[bytes]:
-            yield from bounded_chunks(lines(), STAGE_CHUNK_CHARS)
-            self._decide(held, items, counter)  # while the database takes the last chunk
+            lines = chain((line for _, line in held.items), self.holds.mirror.lines_of(counter)(records, False))
+            yield from bounded_chunks(lines, STAGE_CHUNK_CHARS)
+            self._decide(held, records, counter)  # while the database takes the last chunk
 
         def after(cur: Any, stage: Any) -> None:
             planned = self._made()
@@ -240,25 +249,22 @@ class CyclePlan:
 
         copy(chunks(), after)
 
-    def _begin(self) -> tuple[Held, list[Item], Any]:
+    def _begin(self) -> tuple[Held, list[KafkaRecord], Any]:
         self._wait_for_previous()
         if self.holds.in_database:
             self.holds.look_at_database()
-        held = self.holds.held
-        return held, list(held.items), self.holds.mirror.group_counter()
-
-    def _records(self) -> Iterator[KafkaRecord]:
         assert self._cycle is not None
-        return MessageChunk(self._cycle[0]).records()
+        return self.holds.held, list(MessageChunk(self._cycle[0]).records()), self.holds.mirror.group_counter()
 
-    def _decide(self, held: Held, items: list[Item], counter: Any) -> None:
+    def _decide(self, held: Held, records: list[KafkaRecord], counter: Any) -> None:
         assert self._cycle is not None
         _, starts, ends = self._cycle
         try:
-            self._planned = self.holds.decide(held, items, held.groups + counter.groups(), starts, ends)
+            lines = len(held.items) + len(records) - counter.unstaged  # a line a record, but those counted
+            self._planned = self.holds.decide(held, records, lines, held.groups + counter.groups(), starts, ends)
         except Exception as exc:
             self._failure = exc
-        self._cycle = None  # the messages are the plan's items now
+        self._cycle = None  # the messages are the plan's records now
 
     def _made(self) -> Planned:
         if self._failure is not None:
@@ -306,16 +312,9 @@ def _with_lines(lines: Callable[[Iterable[KafkaRecord], bool], Iterator[str]], r
         yield source.current, line
 
 
-def _split(items: list[Item], bound: dict[tuple[str, int], int]) -> tuple[list[Item], list[Item]]:
-    """(applied, kept): the items below their partition's bound, and the others."""
-    if not bound:
-        return items, []
-    applied: list[Item] = []
-    kept: list[Item] = []
-    for item in items:
-        record = item[0]
-        (kept if record[2] >= bound.get((record[0], record[1]), _NO_BOUND) else applied).append(item)
-    return applied, kept
+def _below(record: KafkaRecord, bound: dict[tuple[str, int], int]) -> bool:
+    """Whether the record lies below its partition's bound: applied now, not held."""
+    return record[2] < bound.get((record[0], record[1]), _NO_BOUND)
 
 
 def _any_kept(held: Held, bound: dict[tuple[str, int], int]) -> bool:
