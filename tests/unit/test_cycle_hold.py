@@ -149,6 +149,39 @@ def test_cycles_apply_each_change_once_in_whole_transactions_and_store_the_first
     assert not holds.held.groups and stored == {tp: len(log) for tp, log in logs.items()}
 
 
+REFUSED = b"not a transaction record"
+
+
+def _with_refused_transaction_records(logs: dict[tuple[str, int], list[Message]], rng: random.Random
+                                      ) -> set[tuple[str, int, int]]:
+    """Records of the transaction topic no stager can read, put at random places in its log."""
+    values = [m.record[3:] for m in logs[(TX_TOPIC, 0)]]
+    for _ in range(6):
+        values.insert(rng.randrange(len(values)), (b'{"id":"x"}', REFUSED))
+    logs[(TX_TOPIC, 0)] = [Message((TX_TOPIC, 0, offset, *kv)) for offset, kv in enumerate(values)]
+    return {(TX_TOPIC, 0, offset) for offset, (_, value) in enumerate(values) if value == REFUSED}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_refused_record_of_the_transaction_topic_is_staged_once_even_while_transactions_wait(seed: int) -> None:
+    """A transaction-topic record the stager refuses has a stage line (it is dead-lettered), unlike
+    the BEGINs and ENDs it counts: one at or above the bound waits with its line, and is staged once."""
+    rng = random.Random(seed)
+    logs = _logs(300, seed)
+    refused = _with_refused_transaction_records(logs, rng)
+    holds = TransactionHolds(_mirror(), max_bytes=1 << 30, held_in_database=lambda: False,
+                             notify=lambda event, **fields: None)
+    staged: list[tuple[str, int, int]] = []
+    for messages, starts, ends in _cycles(logs, rng):
+        plan = holds.plan(messages, starts, ends)
+        planned = plan.result()
+        lines = [line for chunk in planned.chunks(holds.mirror, False) for line in chunk.decode().splitlines()]
+        assert planned.count.rows == len(lines)
+        staged += [c for c in _coordinates(lines) if c[0] == TX_TOPIC]
+        plan.committed.set()
+    assert sorted(staged) == sorted(refused)
+
+
 def _check_stored(logs: dict[tuple[str, int], list[Message]], stored: dict[tuple[str, int], int],
                   applied_at: dict[tuple[str, int, int], int]) -> None:
     """Below each stored offset every change is applied; at and above it none is."""

@@ -137,13 +137,16 @@ class _Plan:
 class FlatLines:
     """Stage lines of flat changes for one mirror definition (see the module)."""
 
-    def __init__(self, definition: MirrorDefinition, counter: GroupCounter | None = None) -> None:
-        """:param counter: a whole mirror's, which counts each line made in its transaction's group."""
+    def __init__(self, definition: MirrorDefinition, counter: GroupCounter | None = None,
+                 plans: dict[tuple[str, int, int], _Plan] | None = None) -> None:
+        """:param counter: a whole mirror's, which counts each line made in its transaction's group.
+        :param plans: the plans made before for ``definition``, shared: a plan's decoders are a
+            struct type each, made in milliseconds, and a stager is made for every cycle."""
         self.definition, self.counter = definition, counter
         text = definition.placeholder or DEFAULT_PLACEHOLDER
         # Debezium writes the placeholder as its text, or base64 of it in a bytes column.
         self.placeholder, self.placeholder_base64 = text.encode(), base64.b64encode(text.encode())
-        self.plans: dict[tuple[str, int, int], _Plan] = {}
+        self.plans: dict[tuple[str, int, int], _Plan] = {} if plans is None else plans
         self.last_plan: _Plan | None = None
         # Topic and source table names as COPY cells: a handful of each, escaped once.
         self.escaped: dict[str, str] = {}

@@ -82,6 +82,7 @@ class MirrorBatches:
 
     def __init__(self, definition: MirrorDefinition) -> None:
         self.definition = definition
+        self._flat_plans: dict = {}  # the fast path's plans, for every stager of this process
 
     def stage_column_types(self) -> list[tuple[str, str]]:
         return mirror.stage_column_types()
@@ -118,7 +119,7 @@ class MirrorBatches:
         """What makes the stage lines of (topic, partition, offset, key, value) records, one per
         record but the transaction topic's that ``counter`` counts instead (``staging_chunks``)."""
         resolve = patterns.Router(self.definition).resolve
-        flat = flat_rows.FlatLines(self.definition, counter).line
+        flat = flat_rows.FlatLines(self.definition, counter, self._flat_plans).line
         topic = transactions.transaction_topic(self.definition.topic_prefix)
 
         def lines(records: Iterable[mirror.KafkaRecord], keep_raw: bool) -> Iterator[str]:

@@ -151,9 +151,12 @@ class TransactionHolds:
         return since is not None and self.clock() - since > HOLD_SECONDS
 
     def decide(self, held: Held, records: list[KafkaRecord], lines: int, groups: list[tuple],
-               starts: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> Planned:
+               starts: dict[TopicPartition, int], ends: dict[TopicPartition, int],
+               lineless: str | None = None) -> Planned:
         """Walks the records ``held`` before and the cycle's ``records`` (``groups`` counts both,
-        and ``lines`` their stage lines; see the module), and keeps what waits in place of ``held``."""
+        and ``lines`` their stage lines; see the module), and keeps what waits in place of ``held``.
+        ``lineless``: a topic none of whose ``records`` has a line (the transaction topic's, all
+        counted: none refused)."""
         self.held = Held()
         starts = {**starts, **held.starts}
         reader_ends = {**held.reader_ends, **ends}
@@ -165,7 +168,7 @@ class TransactionHolds:
         applied = [record for record in records if _below(record, bound)] if bound else records
         kept_groups = [g for g in groups if g[6] >= bound.get((g[0], g[1]), _NO_BOUND)]
         kept = [item for item in held.items if not _below(item[0], bound)] + self._with_lines(
-            [record for record in records if not _below(record, bound)] if bound else [])
+            [record for record in records if not _below(record, bound) and record[0] != lineless] if bound else [])
         size = sum(_size(item) for item in kept)
         now = self.clock()
         since = held.since if held.since is not None and _any_kept(held, bound) else now
@@ -261,7 +264,10 @@ class CyclePlan:
         _, starts, ends = self._cycle
         try:
             lines = len(held.items) + len(records) - counter.unstaged  # a line a record, but those counted
-            self._planned = self.holds.decide(held, records, lines, held.groups + counter.groups(), starts, ends)
+            topic = self.holds.mirror.transaction_topic()
+            counted = sum(1 for record in records if record[0] == topic) == counter.unstaged
+            self._planned = self.holds.decide(held, records, lines, held.groups + counter.groups(), starts, ends,
+                                              topic if counted else None)
         except Exception as exc:
             self._failure = exc
         self._cycle = None  # the messages are the plan's records now
