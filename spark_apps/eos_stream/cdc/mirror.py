@@ -318,7 +318,8 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
                            records: Iterable[KafkaRecord],
                            keep_raw: bool, transaction_topic: str | None = None,
                            mirrored: Callable[[str], bool] = lambda table: True,
-                           flat: FlatLine | None = None, counter: GroupCounter | None = None) -> Iterator[str]:
+                           flat: FlatLine | None = None, counter: GroupCounter | None = None,
+                           aligned: bool = False) -> Iterator[str]:
     """One COPY line per Kafka record: a change's cells, a tombstone's empty line (so the
     stage still counts every record), a refused record's error with its raw bytes, a
     record whose target cannot be made, with the refusal for the driver (``TargetRefused``),
@@ -327,7 +328,8 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
     in meaning, faster; it is not used when ``keep_raw`` asks for every record's bytes.
     With a ``counter`` (a whole mirror's), every staged record is counted in its group, and
     the transaction topic's records are counted instead of staged (``transaction_groups``);
-    ``flat`` then counts the lines it makes."""
+    ``flat`` then counts the lines it makes. ``aligned``: each record counted instead of staged
+    yields an empty line, so that the lines pair with the records one to one."""
     if keep_raw:
         flat = None
     escaped_transaction_topic = None if transaction_topic is None else escape_copy(transaction_topic)
@@ -338,6 +340,8 @@ def resolved_staging_lines(resolve: Callable[[bytes | None, bytes | None], Resol
             if topic == transaction_topic:
                 if counter is not None:
                     _count_transaction_record(counter, topic, partition, offset, value, end_counts)
+                    if aligned:
+                        yield ""
                     continue
                 yield _transaction_line(f"{escaped_transaction_topic}\t{partition}\t{offset}", value, end_counts)
                 continue

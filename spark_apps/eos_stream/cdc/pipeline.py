@@ -44,9 +44,10 @@ from spark_apps.eos_stream.state.ddl import run_ddl
 STAGE_CHUNK_CHARS = 8 << 20
 
 
-def bounded_chunks(lines: Iterable[str], limit: int) -> Iterator[bytes]:
+def bounded_chunks(lines: Iterable[str], limit: int, made: list[str] | None = None) -> Iterator[bytes]:
     """``lines`` as UTF-8 chunks of whole lines, each of fewer than ``limit`` characters but
-    its last line; one empty chunk when there is no line (a batch's chunk, as before)."""
+    its last line; one empty chunk when there is no line (a batch's chunk, as before).
+    ``made``: gets every line, once its chunk is sent."""
     chunk: list[str] = []
     size, sent = 0, False
     for line in lines:
@@ -54,9 +55,13 @@ def bounded_chunks(lines: Iterable[str], limit: int) -> Iterator[bytes]:
         size += len(line)
         if size >= limit:
             yield "".join(chunk).encode()
+            if made is not None:
+                made += chunk
             chunk, size, sent = [], 0, True
     if chunk or not sent:
         yield "".join(chunk).encode()
+        if made is not None:
+            made += chunk
 
 
 def _records(batch: Any) -> Iterable[tuple[str, int, int, bytes | None, bytes | None]]:
@@ -114,17 +119,18 @@ class MirrorBatches:
         for batch in batches:
             yield from bounded_chunks(lines(_records(batch), keep_raw), STAGE_CHUNK_CHARS)
 
-    def lines_of(self, counter: transaction_groups.GroupCounter | None = None
+    def lines_of(self, counter: transaction_groups.GroupCounter | None = None, aligned: bool = False
                  ) -> Callable[[Iterable[mirror.KafkaRecord], bool], Iterator[str]]:
         """What makes the stage lines of (topic, partition, offset, key, value) records, one per
-        record but the transaction topic's that ``counter`` counts instead (``staging_chunks``)."""
+        record but the transaction topic's that ``counter`` counts instead (``staging_chunks``);
+        ``aligned``: an empty line for each of those, so that the lines pair with the records."""
         resolve = patterns.Router(self.definition).resolve
         flat = flat_rows.FlatLines(self.definition, counter, self._flat_plans).line
         topic = transactions.transaction_topic(self.definition.topic_prefix)
 
         def lines(records: Iterable[mirror.KafkaRecord], keep_raw: bool) -> Iterator[str]:
             return mirror.resolved_staging_lines(resolve, records, keep_raw, topic, self.definition.mirrors, flat,
-                                                 counter)
+                                                 counter, aligned)
 
         return lines
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -150,25 +150,26 @@ class TransactionHolds:
         since = self.held.since
         return since is not None and self.clock() - since > HOLD_SECONDS
 
-    def decide(self, held: Held, records: list[KafkaRecord], lines: int, groups: list[tuple],
-               starts: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-               lineless: str | None = None) -> Planned:
-        """Walks the records ``held`` before and the cycle's ``records`` (``groups`` counts both,
-        and ``lines`` their stage lines; see the module), and keeps what waits in place of ``held``.
-        ``lineless``: a topic none of whose ``records`` has a line (the transaction topic's, all
-        counted: none refused)."""
+    def decide(self, held: Held, records: list[KafkaRecord], lines: list[str], groups: list[tuple],
+               starts: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> Planned:
+        """Walks the records ``held`` before and the cycle's ``records`` (``groups`` counts both;
+        see the module), and keeps what waits in place of ``held``. ``lines``: each record's stage
+        line, empty for one counted instead of staged (the transaction topic's BEGINs and ENDs)."""
+        rows = len(held.items) + len(records) - lines.count("")
         self.held = Held()
         starts = {**starts, **held.starts}
         reader_ends = {**held.reader_ends, **ends}
         if self.in_database:
-            return Planned(_records(held.items) + records, lines, groups, starts, reader_ends)
+            return Planned(_records(held.items) + records, rows, groups, starts, reader_ends)
         walked = transaction_walk.walk(list(map(transaction_walk.Group._make, groups)))
         bound = {(t, p): first for t, p, first, _ in walked.bounds}
         released = [item for item in held.items if _below(item[0], bound)]
         applied = [record for record in records if _below(record, bound)] if bound else records
         kept_groups = [g for g in groups if g[6] >= bound.get((g[0], g[1]), _NO_BOUND)]
-        kept = [item for item in held.items if not _below(item[0], bound)] + self._with_lines(
-            [record for record in records if not _below(record, bound) and record[0] != lineless] if bound else [])
+        kept = [item for item in held.items if not _below(item[0], bound)]
+        if bound:  # a refused record of the transaction topic has a line, and waits with it
+            kept += [(record, line) for record, line in zip(records, lines, strict=True)
+                     if line and not _below(record, bound)]
         size = sum(_size(item) for item in kept)
         now = self.clock()
         since = held.since if held.since is not None and _any_kept(held, bound) else now
@@ -176,21 +177,13 @@ class TransactionHolds:
             self.in_database = True  # H3
             self.notify("transactions_held_in_database", records=len(kept), bytes=size, max_bytes=self.max_bytes,
                         seconds=round(now - since, 1), waiting=walked.waiting)
-            return Planned(_records(held.items) + records, lines, groups, starts, reader_ends)
+            return Planned(_records(held.items) + records, rows, groups, starts, reader_ends)
         if kept_groups or held.groups:
             self.notify("mirror_transactions", held=len(kept), held_bytes=size, held_in="memory",
                         released=len(released), transactions_applied=walked.ready, waiting=walked.waiting)
         if kept_groups:
             self.held = Held(kept, kept_groups, dict(bound), {tp: reader_ends[tp] for tp in bound}, since)
-        return Planned(_records(released) + applied, lines - len(kept), None, starts, {**reader_ends, **bound}, bound)
-
-    def _with_lines(self, records: list[KafkaRecord]) -> list[Item]:
-        """The change records among ``records`` with their stage lines, made again: the cycle's
-        lines went into its COPY as they were made, unpaired, and only the few records that wait
-        keep theirs (the transaction topic's are counted, in groups, and have none)."""
-        if not records:
-            return []
-        return list(_with_lines(self.mirror.lines_of(self.mirror.group_counter()), records))
+        return Planned(_records(released) + applied, rows - len(kept), None, starts, {**reader_ends, **bound}, bound)
 
 
 # Staging: COPYs the chunks, then runs the callable, if any, on its cursor and the stage, in its transaction.
@@ -228,9 +221,8 @@ class CyclePlan:
         with self._lock:
             if self._planned is None and self._failure is None:
                 held, records, counter = self._begin()
-                for _ in self.holds.mirror.lines_of(counter)(records, False):
-                    pass  # the groups are counted as the lines are made
-                self._decide(held, records, counter)
+                lines = list(self.holds.mirror.lines_of(counter, aligned=True)(records, False))
+                self._decide(held, records, lines, counter)
             return self._made()
 
     def _stage_while_planning(self, copy: Copy) -> None:
@@ -241,9 +233,10 @@ class CyclePlan:
         held, records, counter = self._begin()
 
         def chunks() -> Iterator[bytes]:
-            lines = chain((line for _, line in held.items), self.holds.mirror.lines_of(counter)(records, False))
-            yield from bounded_chunks(lines, STAGE_CHUNK_CHARS)
-            self._decide(held, records, counter)  # while the database takes the last chunk
+            made: list[str] = []  # every line sent, an empty one for each record counted instead
+            lines = self.holds.mirror.lines_of(counter, aligned=True)(records, False)
+            yield from bounded_chunks(chain((line for _, line in held.items), lines), STAGE_CHUNK_CHARS, made)
+            self._decide(held, records, made[len(held.items):], counter)  # while the database takes the last chunk
 
         def after(cur: Any, stage: Any) -> None:
             planned = self._made()
@@ -259,15 +252,11 @@ class CyclePlan:
         assert self._cycle is not None
         return self.holds.held, list(MessageChunk(self._cycle[0]).records()), self.holds.mirror.group_counter()
 
-    def _decide(self, held: Held, records: list[KafkaRecord], counter: Any) -> None:
+    def _decide(self, held: Held, records: list[KafkaRecord], lines: list[str], counter: Any) -> None:
         assert self._cycle is not None
         _, starts, ends = self._cycle
         try:
-            lines = len(held.items) + len(records) - counter.unstaged  # a line a record, but those counted
-            topic = self.holds.mirror.transaction_topic()
-            counted = sum(1 for record in records if record[0] == topic) == counter.unstaged
-            self._planned = self.holds.decide(held, records, lines, held.groups + counter.groups(), starts, ends,
-                                              topic if counted else None)
+            self._planned = self.holds.decide(held, records, lines, held.groups + counter.groups(), starts, ends)
         except Exception as exc:
             self._failure = exc
         self._cycle = None  # the messages are the plan's records now
@@ -289,33 +278,6 @@ class CyclePlan:
             if self.holds.failed.is_set():  # A2: a cycle before it failed, and no later one commits
                 raise RuntimeError("an earlier cycle failed; this one will not commit")
         self.previous = None
-
-
-class _Current:
-    """Records that remember the one handed out last: ``resolved_staging_lines`` yields a
-    record's line before it takes the next record, so the line in hand is that record's."""
-
-    __slots__ = ("current", "records")
-
-    def __init__(self, records: Iterable[KafkaRecord]) -> None:
-        self.records = iter(records)
-        self.current: Any = None
-
-    def __iter__(self) -> _Current:
-        return self
-
-    def __next__(self) -> KafkaRecord:
-        self.current = next(self.records)
-        return self.current
-
-
-def _with_lines(lines: Callable[[Iterable[KafkaRecord], bool], Iterator[str]], records: Iterable[KafkaRecord]
-                ) -> Iterator[Item]:
-    """Each record that has a stage line, with it, as the lines are made (the transaction topic's
-    records are counted, not staged)."""
-    source = _Current(records)
-    for line in lines(source, False):
-        yield source.current, line
 
 
 def _below(record: KafkaRecord, bound: dict[tuple[str, int], int]) -> bool:

@@ -144,9 +144,9 @@ class MirrorApply(Protocol):
         """``counter``: ``group_counter()``'s, which counts what the lines stage."""
         ...
 
-    def lines_of(self, counter: Any = None) -> Callable[[Iterable[Any], bool], Iterator[str]]:
+    def lines_of(self, counter: Any = None, aligned: bool = False) -> Callable[[Iterable[Any], bool], Iterator[str]]:
         """What makes the stage lines of (topic, partition, offset, key, value) records, one per
-        record but those ``counter`` counts instead of staging."""
+        record but those ``counter`` counts instead of staging (an empty one each if ``aligned``)."""
         ...
 
     def group_counter(self) -> Any:
