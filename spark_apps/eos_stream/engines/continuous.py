@@ -402,14 +402,22 @@ def claim_through_outages(start: Start, waits: Waits) -> Driver | None:
 GC_THRESHOLDS = (100_000, 50, 1000)
 
 
-def collect_garbage_less_often() -> None:
+# The interpreter lock's switch interval (Python's default 5 ms). The reader's polls release the
+# lock and want it back as soon as librdkafka returns, while a stager making lines holds it; each
+# of the reader's many returns waited up to the interval.
+SWITCH_SECONDS = 0.001
+
+
+def tune_the_interpreter() -> None:
     """Sets ``GC_THRESHOLDS``, and freezes what the process made before its first cycle (modules,
-    the definition), which no full collection then walks again."""
+    the definition), which no full collection then walks again; sets ``SWITCH_SECONDS``."""
     import gc
+    import sys
 
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(SWITCH_SECONDS)
 
 
 def run_continuous(config: PipelineConfig) -> int:
@@ -427,7 +435,7 @@ def run_continuous(config: PipelineConfig) -> int:
         consumer = open_cycle_consumer(config)
         try:
             engine = ContinuousRun(config, driver, consumer, waits)
-            collect_garbage_less_often()
+            tune_the_interpreter()
             try:
                 reason = engine.run()
             finally:
