@@ -248,6 +248,9 @@ _EMPTY_BODY = "\t" + "\t".join([_NULL] * (_BODY_CELLS + 3)) + "\n"
 _END_BODY = "\t".join([_NULL] * 4 + [END, _NULL, "{counts}"] + [_NULL] * (_BODY_CELLS - 6) + ["{tx}", _NULL]) + "\n"
 
 
+_MAX_END_COUNTS = 4096  # distinct counts remembered: a pipeline's ENDs repeat a few
+
+
 class _EndCounts:
     """An END's events per table the mirror reads (``mirrored``; none of 0), as the stage's
     ``_after`` cell, made once per distinct counts: a stream's ENDs repeat a few (a transaction
@@ -271,10 +274,10 @@ class _EndCounts:
         return text
 
 
-_MAX_END_COUNTS = 4096
-
 
 def _transaction_record(value: bytes | None) -> transactions.TransactionRecord | None:
+    """A transaction-topic record read (None: a tombstone); one it cannot read raises
+    ``EnvelopeError``, and is staged refused."""
     try:
         return transactions.parse_transaction_record(value)
     except ValueError as exc:
