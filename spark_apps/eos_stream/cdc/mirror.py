@@ -274,7 +274,6 @@ class _EndCounts:
         return text
 
 
-
 def _transaction_record(value: bytes | None) -> transactions.TransactionRecord | None:
     """A transaction-topic record read (None: a tombstone); one it cannot read raises
     ``EnvelopeError``, and is staged refused."""

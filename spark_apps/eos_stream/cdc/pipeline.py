@@ -87,7 +87,7 @@ class MirrorBatches:
 
     def __init__(self, definition: MirrorDefinition) -> None:
         self.definition = definition
-        self._flat_plans: dict = {}  # the fast path's plans, for every stager of this process
+        self._flat_plans: dict[tuple[str, int, int], Any] = {}  # the fast path's plans, for every stager here
 
     def stage_column_types(self) -> list[tuple[str, str]]:
         return mirror.stage_column_types()

@@ -32,10 +32,10 @@ TRANSACTION_RECORD_WEIGHT = 0.4
 
 def kind_of(op: str | None, refused: bool, tx: str | None) -> str:
     """A staged record's kind, as ``transactions_sql``'s ``_KIND`` gives it to a held one."""
+    if tx is not None and op != END:  # nearly every record: asked first
+        return CHANGE
     if op == END and not refused:
         return END
-    if tx is not None and op != END:
-        return CHANGE
     if op in _STREAMING_OPS and not refused:
         return UNTRACKED
     return FREE
@@ -53,12 +53,9 @@ class GroupCounter:
     def record(self, topic: str, partition: int, offset: int, op: str | None, refused: bool,
                tx: str | None, collection: str | None) -> None:
         """A staged record of a change topic (or a refused one of the transaction topic)."""
-        if tx is not None and op != END:  # kind_of's CHANGE, without the call: nearly every record
-            kind = CHANGE
-        else:
-            kind = kind_of(op, refused, tx)
-            if kind == FREE:
-                return
+        kind = kind_of(op, refused, tx)
+        if kind == FREE:
+            return
         key = (topic, partition, kind, tx, collection)
         found = self._counted.get(key)
         if found is None:

@@ -164,12 +164,16 @@ class TransactionHolds:
         walked = transaction_walk.walk(list(map(transaction_walk.Group._make, groups)))
         bound = {(t, p): first for t, p, first, _ in walked.bounds}
         released = [item for item in held.items if _below(item[0], bound)]
-        applied = [record for record in records if _below(record, bound)] if bound else records
-        kept_groups = [g for g in groups if g[6] >= bound.get((g[0], g[1]), _NO_BOUND)]
         kept = [item for item in held.items if not _below(item[0], bound)]
-        if bound:  # a refused record of the transaction topic has a line, and waits with it
-            kept += [(record, line) for record, line in zip(records, lines, strict=True)
-                     if line and not _below(record, bound)]
+        applied = records
+        if bound:  # one pass: a record applies, or waits with its line (a counted one has none)
+            applied = []
+            for record, line in zip(records, lines, strict=True):
+                if _below(record, bound):
+                    applied.append(record)
+                elif line:  # a refused record of the transaction topic has one
+                    kept.append((record, line))
+        kept_groups = [g for g in groups if g[6] >= bound.get((g[0], g[1]), _NO_BOUND)]
         size = sum(_size(item) for item in kept)
         now = self.clock()
         since = held.since if held.since is not None and _any_kept(held, bound) else now
