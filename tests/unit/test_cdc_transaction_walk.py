@@ -5,21 +5,22 @@ the stagers count them (``transaction_groups``)."""
 
 from __future__ import annotations
 
+import pickle
 import random
 from collections.abc import Iterable
 
 import pytest
 
-from spark_apps.eos_stream.cdc import transactions
+from spark_apps.eos_stream.cdc import transaction_groups, transactions
 from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
-from spark_apps.eos_stream.cdc.transaction_walk import Group, walk
+from spark_apps.eos_stream.cdc.transaction_walk import Group, Groups, walk
 from spark_apps.eos_stream.cdc.transactions import CHANGE, END, FREE, Candidate, TransactionError, plan
 
 TX = "app.transaction"
 TOPICS = ("app.public.a", "app.public.b")
 
 
-def groups_of(candidates: Iterable[Candidate]) -> list[Group]:
+def groups_of(candidates: Iterable[Candidate]) -> Groups:
     """The count statement's groups: per partition, kind, transaction and table, an END alone."""
     found: dict[tuple, list[Candidate]] = {}
     for c in candidates:
@@ -32,10 +33,10 @@ def groups_of(candidates: Iterable[Candidate]) -> list[Group]:
         counts = transactions.counts_json(members[0].counts) if kind == END else None
         made.append(Group(topic, partition, kind, tx, collection, len(offsets), min(offsets), max(offsets),
                           counts, staged=len(offsets), staged_once=len(offsets)))
-    return made
+    return Groups.of(made)
 
 
-def counted_groups(candidates: Iterable[Candidate], rng: random.Random) -> list[Group]:
+def counted_groups(candidates: Iterable[Candidate], rng: random.Random) -> Groups:
     """The stagers' groups (``transaction_groups.GroupCounter``): the candidates staged by two
     tasks, each partition's records split between them where a random cut falls, as balanced
     shares split a range; the groups of both joined, as the driver joins its tasks' reports."""
@@ -52,7 +53,7 @@ def counted_groups(candidates: Iterable[Candidate], rng: random.Random) -> list[
                 task.end(*c.coordinate, str(c.tx), transactions.counts_json(c.counts))
             else:
                 task.record(*c.coordinate, op[c.kind], False, c.tx, c.collection)
-    return [Group._make(g) for g in tasks[0].groups() + tasks[1].groups()]
+    return Groups.joined([tasks[0].groups(), tasks[1].groups()])
 
 
 def _history(rng: random.Random, count: int, lose_ends: float) -> dict[tuple[str, int], list[Candidate]]:
@@ -128,6 +129,25 @@ def test_a_streaming_change_without_a_transaction_is_refused_at_its_coordinates(
 
 
 def test_copies_and_records_held_before_are_summed_from_the_groups() -> None:
-    groups = [Group(TOPICS[0], 0, FREE, None, None, 3, 0, 2, staged=5, staged_once=3, held=1)]
+    groups = Groups.of([Group(TOPICS[0], 0, FREE, None, None, 3, 0, 2, staged=5, staged_once=3, held=1)])
     decided = walk(groups)
     assert (decided.copies, decided.held_before, decided.bounds) == (2, 1, [])
+
+
+def test_the_stagers_groups_at_or_above_the_stored_offsets_stand_and_a_straddling_one_voids_the_count() -> None:
+    below, at, above = (Group(TOPICS[0], 0, CHANGE, tx, "public.a", 2, first, first + 1)
+                        for tx, first in (("1", 3), ("2", 5), ("3", 8)))
+    stored = {(TOPICS[0], 0): 5}
+    assert transaction_groups.applicable(Groups.of([below, at, above]), stored) == Groups.of([at, above])
+    assert transaction_groups.applicable(Groups.of([above]), {}) == Groups.of([above])
+    straddling = below._replace(last=5)  # its last record at the stored offset: not applied yet
+    assert transaction_groups.applicable(Groups.of([straddling, at]), stored) is None
+
+
+def test_groups_pickle_as_their_columns_and_read_back_as_rows() -> None:
+    rows = [Group(TOPICS[0], 1, CHANGE, "9", "public.a", 2, 4, 6, None, 2, 2, 0),
+            Group(TX, 0, END, "9", None, 1, 3, 3, '{"public.a":2}', 0, 0, 0)]
+    groups = Groups.of(rows)
+    assert pickle.loads(pickle.dumps(groups)) == groups and list(groups) == rows
+    assert list(groups.of_kind(END)) == rows[1:] and len(Groups()) == 0
+    assert list(groups.at_or_above({(TOPICS[0], 1): 5, (TX, 0): 3}, missing=0)) == rows[1:]

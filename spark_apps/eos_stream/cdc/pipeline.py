@@ -35,6 +35,7 @@ from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.events import emit
 from spark_apps.eos_stream.kafka.ranges import MessageChunk
 from spark_apps.eos_stream.records import batch_lines
+from spark_apps.eos_stream.records.columns import Columns
 from spark_apps.eos_stream.records.spec import BatchRun, PipelineSpec, SpecError, read_mirror_section
 from spark_apps.eos_stream.state.ddl import run_ddl
 
@@ -145,7 +146,7 @@ class MirrorBatches:
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool, pipeline: str = "", staged_once: bool = False,
-                  groups: list[Any] | None = None, walked: bool = False) -> BatchRun:
+                  groups: Columns | None = None, walked: bool = False) -> BatchRun:
         """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
         apply of the stage (or of one isolated range of it) to the targets they leave. A mirror
         of whole transactions first rewrites the stage to the records it applies now

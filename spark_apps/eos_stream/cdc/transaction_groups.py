@@ -17,9 +17,9 @@ walk refuses); FREE records (snapshot reads, tombstones) tell the walk nothing a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from spark_apps.eos_stream.cdc.transaction_walk import Group
+from spark_apps.eos_stream.cdc.transaction_walk import Groups
 from spark_apps.eos_stream.cdc.transactions import CHANGE, END, FREE, UNTRACKED
 
 _STREAMING_OPS = frozenset(("c", "u", "d"))
@@ -76,25 +76,27 @@ class GroupCounter:
         """A BEGIN or a tombstone of the transaction topic, not staged."""
         self.unstaged += 1
 
-    def groups(self) -> list[tuple]:
-        """The groups counted so far, each as the tuple of a :class:`Group`'s fields (the staged
-        ones' ``staged`` and ``staged_once`` their events). Plain tuples: a Spark task pickles
-        them back to the driver, and pickle handles a tuple in C but a named tuple in Python
-        (cloudpickle's ``reducer_override`` for each): 35 ms a batch to unpickle 18,000 groups."""
-        made = [(t, p, kind, tx, collection, n, first, last, None, n, n, 0)
-                for (t, p, kind, tx, collection), (n, first, last) in self._counted.items()]
-        return made + self._ends
+    def groups(self) -> Groups:
+        """The groups counted so far (the staged ones' ``staged`` and ``staged_once`` their events)."""
+        counted = len(self._counted)
+        if not counted:
+            return Groups.of(self._ends)
+        topics, partitions, kinds, txs, collections = map(list, zip(*self._counted, strict=True))
+        events, firsts, lasts = map(list, zip(*self._counted.values(), strict=True))
+        made = Groups((topics, partitions, kinds, txs, collections, events, firsts, lasts, [None] * counted,
+                       list(events), list(events), [0] * counted))
+        return Groups.joined([made, Groups.of(self._ends)])
 
 
-def applicable(groups: Iterable[Group], stored: Mapping[tuple[str, int], int]) -> list[Group] | None:
+def applicable(groups: Groups, stored: Mapping[tuple[str, int], int]) -> Groups | None:
     """The groups at or above the ``stored`` offsets (``{(topic, partition): next offset}``): an
     earlier batch applied, or holds, what lies below. None when a group straddles a stored offset:
     only the stage's records can then be counted (a batch re-read partly, by another engine)."""
-    kept = []
-    for g in groups:
-        below = stored.get((g.topic, g.partition), 0)
-        if g.first >= below:
-            kept.append(g)
-        elif g.last >= below:
+    topics, partitions, _, _, _, _, firsts, lasts = groups.columns[:8]
+    keep = []
+    for topic, partition, first, last in zip(topics, partitions, firsts, lasts, strict=True):
+        below = stored.get((topic, partition), 0)
+        if first < below <= last:
             return None
-    return kept
+        keep.append(first >= below)
+    return groups if all(keep) else groups.where(keep)

@@ -19,13 +19,13 @@ such a pass yields, and joins planned for a handful of rows ran as nested loops 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import NamedTuple
 
 from spark_apps.eos_stream.cdc import transactions
 from spark_apps.eos_stream.cdc.transactions import CHANGE, END, UNTRACKED, TransactionError
+from spark_apps.eos_stream.records.columns import Columns
 
 Bound = tuple[str, int, int, bool]  # topic, partition, first held offset, ENDs only
 
@@ -54,6 +54,31 @@ class Group(NamedTuple):
     held: int = 0
 
 
+class Groups(Columns):
+    """A batch's groups (:class:`Group` rows) as columns: tens of thousands, about three a source
+    transaction of a few changes; the walk reads the columns it needs as they are."""
+
+    __slots__ = ()
+    WIDTH = len(Group._fields)
+
+    @classmethod
+    def cast(cls, counted: Columns) -> Groups:
+        """Groups of a stage's count (``records.spec.StageCount``: its columns, not copied)."""
+        return counted if isinstance(counted, Groups) else cls(counted.columns if len(counted) else None)
+
+    def __iter__(self) -> Iterator[Group]:
+        return map(Group._make, super().__iter__())
+
+    def of_kind(self, kind: str) -> Groups:
+        return self.where(k == kind for k in self.columns[2])
+
+    def at_or_above(self, bound: Mapping[tuple[str, int], int], missing: int) -> Groups:
+        """The groups whose first record is at or above their partition's ``bound`` (``missing``
+        for a partition without one)."""
+        topic, partition, first = self.columns[0], self.columns[1], self.columns[6]
+        return self.where(f >= bound.get((t, p), missing) for t, p, f in zip(topic, partition, first, strict=True))
+
+
 @dataclass
 class Walk:
     """What the batch applies and holds: ``bounds`` for ``transactions_sql.move_statement``."""
@@ -65,12 +90,13 @@ class Walk:
     held_before: int = 0  # records held by earlier batches
 
 
-def _seen(groups: Iterable[Group]) -> dict[str, dict[str | None, int]]:
+def _seen(groups: Groups) -> dict[str, dict[str | None, int]]:
     seen: dict[str, dict[str | None, int]] = {}
-    for g in groups:
-        if g.kind == CHANGE and g.tx is not None:
-            per_table = seen.setdefault(g.tx, {})
-            per_table[g.collection] = per_table.get(g.collection, 0) + g.events
+    _, _, kinds, txs, collections, events = groups.columns[:6]
+    for kind, tx, collection, n in zip(kinds, txs, collections, events, strict=True):
+        if kind == CHANGE and tx is not None:
+            per_table = seen.setdefault(tx, {})
+            per_table[collection] = per_table.get(collection, 0) + n
     return seen
 
 
@@ -79,64 +105,84 @@ def _expected(counts: str | None) -> dict[str | None, int]:
     return {table: n for table, n in tables.items() if n}
 
 
-def _check_counts(ends: list[Group], seen: dict[str, dict[str | None, int]]) -> list[bool]:
+End = tuple[str, int, int, str, str | None]  # an END's topic, partition, offset, transaction and counts
+
+
+def _ends(groups: Groups) -> list[End]:
+    """The ENDs, in the transaction topic's order."""
+    topics, partitions, kinds, txs, _, _, firsts, _, counts = groups.columns[:9]
+    return sorted((topic, partition, first, str(tx), count) for topic, partition, kind, tx, first, count
+                  in zip(topics, partitions, kinds, txs, firsts, counts, strict=True) if kind == END)
+
+
+def _check_counts(ends: list[End], seen: dict[str, dict[str | None, int]]) -> list[bool]:
     """Whether each END's transaction is complete; refuses one with more events than it counts.
     An END's counts are read once per distinct text (a batch's ENDs repeat a few)."""
     read: dict[str | None, dict[str | None, int]] = {}
     complete = []
-    for end in ends:
-        expected = read.get(end.counts)
+    for _, _, _, tx, counts in ends:
+        expected = read.get(counts)
         if expected is None:
-            expected = read[end.counts] = _expected(end.counts)
-        got = seen.get(str(end.tx), {})
+            expected = read[counts] = _expected(counts)
+        got = seen.get(tx, {})
         if got == expected:
             complete.append(True)
             continue
         extra = sorted(str(t) for t, n in got.items() if n > expected.get(t, 0))
         if extra:
-            raise TransactionError(transactions.impossible_message(end.tx, ", ".join(extra)))
+            raise TransactionError(transactions.impossible_message(tx, ", ".join(extra)))
         complete.append(False)
     return complete
 
 
-def _refuse_misordered(changes: list[Group], ready: set[str], blocking: dict[tuple[str, int], Group]) -> None:
+def _blocking(groups: Groups, ready: set[str]) -> dict[tuple[str, int], tuple[int, str | None]]:
+    """Per partition, the first offset of an event of a transaction not ready, and that transaction."""
+    blocking: dict[tuple[str, int], tuple[int, str | None]] = {}
+    topics, partitions, kinds, txs, _, _, firsts = groups.columns[:7]
+    for topic, partition, kind, tx, first in zip(topics, partitions, kinds, txs, firsts, strict=True):
+        if kind == CHANGE and tx not in ready:
+            here = blocking.get((topic, partition))
+            if here is None or first < here[0]:
+                blocking[(topic, partition)] = (first, tx)
+    return blocking
+
+
+def _refuse_misordered(groups: Groups, ready: set[str], blocking: dict[tuple[str, int], tuple[int, str | None]]
+                       ) -> None:
     """A ready transaction's event behind a held event of its partition: an END lost, or change
     topics out of commit order (``transactions.misordered_message``)."""
     if not blocking:
         return
-    behind = sorted((g for g in changes if g.tx in ready and (g.topic, g.partition) in blocking
-                     and g.last > blocking[(g.topic, g.partition)].first),
-                    key=lambda g: (str(g.tx), g.topic, g.partition, g.last))
+    topics, partitions, kinds, txs, _, _, _, lasts = groups.columns[:8]
+    behind = sorted((str(tx), topic, partition, last)
+                    for topic, partition, kind, tx, last in zip(topics, partitions, kinds, txs, lasts, strict=True)
+                    if kind == CHANGE and tx in ready and (topic, partition) in blocking
+                    and last > blocking[(topic, partition)][0])
     if behind:
-        g = behind[0]
-        earlier = blocking[(g.topic, g.partition)].tx
-        raise TransactionError(transactions.misordered_message(g.tx, (g.topic, g.partition, g.last), earlier))
+        tx, topic, partition, last = behind[0]
+        raise TransactionError(transactions.misordered_message(tx, (topic, partition, last),
+                                                               blocking[(topic, partition)][1]))
 
 
-def walk(groups: list[Group]) -> Walk:
+def walk(groups: Groups) -> Walk:
     """The walk (see the module) over one batch's groups.
 
     :raises TransactionError: an END counting fewer events than arrived, a complete transaction
         behind a held record of its partition, or a streaming change without transaction metadata."""
-    ends = sorted((g for g in groups if g.kind == END), key=attrgetter("topic", "partition", "first"))
-    changes = [g for g in groups if g.kind == CHANGE]
+    ends = _ends(groups)
     complete = _check_counts(ends, _seen(groups))
     stop = next((i for i, done in enumerate(complete) if not done), len(ends))
-    ready = {str(e.tx) for e in ends[:stop]}
-    blocking: dict[tuple[str, int], Group] = {}
-    for g in changes:
-        here = blocking.get((g.topic, g.partition))
-        if g.tx not in ready and (here is None or g.first < here.first):
-            blocking[(g.topic, g.partition)] = g
-    _refuse_misordered(changes, ready, blocking)
-    untracked = sorted((g.topic, g.partition, g.first) for g in groups if g.kind == UNTRACKED)
+    ready = {tx for _, _, _, tx, _ in ends[:stop]}
+    blocking = _blocking(groups, ready)
+    _refuse_misordered(groups, ready, blocking)
+    untracked = sorted((g.topic, g.partition, g.first) for g in groups.of_kind(UNTRACKED))
     if untracked:
         raise TransactionError(transactions.untracked_message(untracked[0]))
     waiting_from: dict[tuple[str, int], int] = {}
-    for e in ends[stop:]:
-        waiting_from.setdefault((e.topic, e.partition), e.first)
-    bounds = ([(t, p, g.first, False) for (t, p), g in sorted(blocking.items())]
+    for topic, partition, first, _, _ in ends[stop:]:
+        waiting_from.setdefault((topic, partition), first)
+    bounds = ([(t, p, first, False) for (t, p), (first, _) in sorted(blocking.items())]
               + [(t, p, first, True) for (t, p), first in sorted(waiting_from.items())])
-    return Walk(bounds, len(ready), [str(e.tx) for e in ends[stop:stop + 5]],
-                copies=sum(map(attrgetter("staged"), groups)) - sum(map(attrgetter("staged_once"), groups)),
-                held_before=sum(map(attrgetter("held"), groups)))
+    staged, staged_once, held = groups.columns[9:]
+    return Walk(bounds, len(ready), [tx for _, _, _, tx, _ in ends[stop:stop + 5]],
+                copies=sum(staged) - sum(staged_once), held_before=sum(held))

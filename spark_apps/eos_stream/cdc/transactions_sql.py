@@ -39,6 +39,7 @@ from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import transaction_groups, transaction_walk, transactions
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
+from spark_apps.eos_stream.records.columns import Columns
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.state import meta_tables
 
@@ -133,15 +134,14 @@ def drop_transaction_records_statement(stage: sql.Composable) -> sql.Composed:
 
 def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str,
                      skip_applied: bool, transaction_topic: str, staged_once: bool = False,
-                     groups: list[tuple] | None = None) -> dict[str, Any]:
+                     groups: Columns | None = None) -> dict[str, Any]:
     """Rewrites the stage to the records this batch applies (see the module), on ``cur``, in the
     batch's transaction; returns what it did, for the batch's event. ``copies``: the stage held a
     record twice (a retried task), so the apply must dedupe; released records never repeat a
     staged one (they are below the stored offsets, the stage's records at or above them).
     ``staged_once``: the writer counted no copies in the stage, so none are looked for.
-    ``groups``: the stagers' count of the stage (``transaction_groups``: each a ``Group``'s
-    fields), whose transaction-topic records they did not stage; None: the stage holds every
-    record, and is counted here.
+    ``groups``: the stagers' count of the stage (``transaction_groups``), whose transaction-topic
+    records they did not stage; None: the stage holds every record, and is counted here.
 
     :raises transactions.TransactionError: an END counting fewer events than arrived, a
         complete transaction behind a held record of its partition, or a streaming change
@@ -149,7 +149,7 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     params: dict[str, Any] = {"pipeline": pipeline, "transaction_topic": transaction_topic}
     if skip_applied:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
-    staged = None if groups is None else list(map(transaction_walk.Group._make, groups))
+    staged = None if groups is None else transaction_walk.Groups.cast(groups)
     candidates, ends, stage_counted = _candidates(cur, stage, meta_schema, params, staged, skip_applied, staged_once)
     walked = transaction_walk.walk(candidates)
     params.update(_move_params(walked.bounds, ends))
@@ -163,8 +163,8 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
 
 
 def _candidates(cur: Any, stage: sql.Composable, meta_schema: str, params: dict[str, Any],
-                staged: list[transaction_walk.Group] | None, skip_applied: bool, staged_once: bool
-                ) -> tuple[list[transaction_walk.Group], list[transaction_walk.Group], bool]:
+                staged: transaction_walk.Groups | None, skip_applied: bool, staged_once: bool
+                ) -> tuple[transaction_walk.Groups, transaction_walk.Groups, bool]:
     """The walk's groups: the held records' counted here, and the stage's as its stagers counted
     them (those at or above the stored offsets), or counted here when that count cannot stand
     (``transaction_groups.applicable``) or there is none. Also the stagers' ENDs (never staged),
@@ -173,14 +173,15 @@ def _candidates(cur: Any, stage: sql.Composable, meta_schema: str, params: dict[
     stored = OffsetsStore(meta_schema, params["pipeline"]).load(cur.connection) if read_stored else {}
     counted = None if staged is None else transaction_groups.applicable(staged, stored)
     cur.execute(count_statement(stage if counted is None else None, meta_schema, copies=not staged_once), params)
-    found = list(map(transaction_walk.Group._make, cur.fetchall()))
+    found = transaction_walk.Groups.of(cur.fetchall())
     if counted is not None:
-        return found + counted, [g for g in counted if g.kind == transactions.END], False
-    ends = transaction_groups.applicable([g for g in staged or () if g.kind == transactions.END], stored) or []
-    return found + ends, ends, True
+        return transaction_walk.Groups.joined([found, counted]), counted.of_kind(transactions.END), False
+    ends = transaction_groups.applicable(staged.of_kind(transactions.END), stored) if staged is not None else None
+    ends = ends if ends is not None else transaction_walk.Groups()
+    return transaction_walk.Groups.joined([found, ends]), ends, True
 
 
-def _move_params(bounds: list[transaction_walk.Bound], ends: list[transaction_walk.Group]) -> dict[str, list]:
+def _move_params(bounds: list[transaction_walk.Bound], ends: transaction_walk.Groups) -> dict[str, list]:
     """``move_statement``'s arrays: the walk's bounds, and the ENDs the stagers counted that
     the bounds hold (not in the stage: they go to ``held_changes`` as they are)."""
     bound_of = {(t, p): first for t, p, first, _ in bounds}

@@ -58,6 +58,7 @@ from typing import Any
 from spark_apps.eos_stream.cdc import transaction_walk, transactions_sql
 from spark_apps.eos_stream.cdc.mirror import KafkaRecord
 from spark_apps.eos_stream.cdc.pipeline import STAGE_CHUNK_CHARS, bounded_chunks
+from spark_apps.eos_stream.cdc.transaction_walk import Groups
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import MessageChunk
 from spark_apps.eos_stream.records.spec import MirrorApply, StageCount
@@ -74,7 +75,7 @@ Item = tuple[KafkaRecord, str]  # a record and its stage line
 @dataclass
 class Held:
     """What earlier cycles carried: records with their lines, in order per partition, and the
-    groups of the incomplete transactions and the waiting ENDs (``transaction_groups``' tuples).
+    groups of the incomplete transactions and the waiting ENDs (``transaction_walk.Groups``).
 
     :param starts: each partition's bound, the offset the last cycle stored for it.
     :param reader_ends: each partition's end in the last cycle that read it: where it stores
@@ -82,7 +83,7 @@ class Held:
     :param since: when the oldest was first held."""
 
     items: list[Item] = field(default_factory=list)
-    groups: list[tuple] = field(default_factory=list)
+    groups: Groups = field(default_factory=Groups)
     starts: dict[TopicPartition, int] = field(default_factory=dict)
     reader_ends: dict[TopicPartition, int] = field(default_factory=dict)
     since: float | None = None
@@ -97,7 +98,7 @@ class Planned:
 
     records: list[KafkaRecord]
     rows: int
-    groups: list[tuple] | None
+    groups: Groups | None
     starts: dict[TopicPartition, int]
     ends: dict[TopicPartition, int]
     bound: dict[tuple[str, int], int] = field(default_factory=dict)  # each partition's first held offset
@@ -150,7 +151,7 @@ class TransactionHolds:
         since = self.held.since
         return since is not None and self.clock() - since > HOLD_SECONDS
 
-    def decide(self, held: Held, records: list[KafkaRecord], lines: list[str], groups: list[tuple],
+    def decide(self, held: Held, records: list[KafkaRecord], lines: list[str], groups: Groups,
                starts: dict[TopicPartition, int], ends: dict[TopicPartition, int]) -> Planned:
         """Walks the records ``held`` before and the cycle's ``records`` (``groups`` counts both;
         see the module), and keeps what waits in place of ``held``. ``lines``: each record's stage
@@ -161,7 +162,7 @@ class TransactionHolds:
         reader_ends = {**held.reader_ends, **ends}
         if self.in_database:
             return Planned(_records(held.items) + records, rows, groups, starts, reader_ends)
-        walked = transaction_walk.walk(list(map(transaction_walk.Group._make, groups)))
+        walked = transaction_walk.walk(groups)
         bound = {(t, p): first for t, p, first, _ in walked.bounds}
         released = [item for item in held.items if _below(item[0], bound)]
         kept = [item for item in held.items if not _below(item[0], bound)]
@@ -173,7 +174,7 @@ class TransactionHolds:
                     applied.append(record)
                 elif line:  # a refused record of the transaction topic has one
                     kept.append((record, line))
-        kept_groups = [g for g in groups if g[6] >= bound.get((g[0], g[1]), _NO_BOUND)]
+        kept_groups = groups.at_or_above(bound, _NO_BOUND)
         size = sum(_size(item) for item in kept)
         now = self.clock()
         since = held.since if held.since is not None and _any_kept(held, bound) else now
@@ -260,7 +261,8 @@ class CyclePlan:
         assert self._cycle is not None
         _, starts, ends = self._cycle
         try:
-            self._planned = self.holds.decide(held, records, lines, held.groups + counter.groups(), starts, ends)
+            groups = Groups.joined([held.groups, counter.groups()])
+            self._planned = self.holds.decide(held, records, lines, groups, starts, ends)
         except Exception as exc:
             self._failure = exc
         self._cycle = None  # the messages are the plan's records now
@@ -291,7 +293,7 @@ def _below(record: KafkaRecord, bound: dict[tuple[str, int], int]) -> bool:
 
 def _any_kept(held: Held, bound: dict[tuple[str, int], int]) -> bool:
     """Whether a group held before stays held (its transaction still incomplete)."""
-    return any(g[6] >= bound.get((g[0], g[1]), _NO_BOUND) for g in held.groups)
+    return len(held.groups.at_or_above(bound, _NO_BOUND)) > 0
 
 
 def _records(items: list[Item]) -> list[KafkaRecord]:

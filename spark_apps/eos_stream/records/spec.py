@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from spark_apps.eos_stream.records.columns import Columns
+
 # PostgreSQL types the record parser knows how to validate and encode for COPY.
 SUPPORTED_TYPES = ("text", "bigint", "integer", "numeric", "double precision", "boolean", "timestamptz")
 
@@ -115,7 +117,7 @@ class StageCount(NamedTuple):
     holds exactly the records to apply now."""
 
     rows: int | None
-    groups: list[Any] | None = None
+    groups: Columns | None = None
     walked: bool = False  # the stager walked the transactions: the stage holds what applies now
 
     @classmethod
@@ -128,7 +130,8 @@ class StageCount(NamedTuple):
         """The reports of a batch's tasks as one: their rows summed (unknown if one is), their groups joined."""
         counts = [cls.of(r) for r in reports]
         rows = None if any(c.rows is None for c in counts) else sum(c.rows or 0 for c in counts)
-        groups = None if any(c.groups is None for c in counts) else [g for c in counts for g in c.groups or ()]
+        parts = [c.groups for c in counts if c.groups is not None]
+        groups = Columns.joined(parts) if len(parts) == len(counts) else None
         return cls(rows, groups, walked=bool(counts) and all(c.walked for c in counts))
 
 
@@ -166,7 +169,7 @@ class MirrorApply(Protocol):
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool, pipeline: str = "", staged_once: bool = False,
-                  groups: list[Any] | None = None, walked: bool = False) -> BatchRun:
+                  groups: Columns | None = None, walked: bool = False) -> BatchRun:
         """``staged_once``: the stage is known to hold each record once (no retried task's copies);
         ``groups``: the stagers' transaction groups (``StageCount.groups``); ``walked``: the stage
         holds exactly the records to apply (``StageCount.walked``)."""

@@ -21,6 +21,7 @@ from psycopg2.extensions import connection as PgConnection
 from spark_apps.eos_stream import errors
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records import batch_lines
+from spark_apps.eos_stream.records.columns import Columns
 from spark_apps.eos_stream.records.parsing import staging_columns, staging_lines
 from spark_apps.eos_stream.records.spec import PipelineSpec, SpecSource, StageCount
 
@@ -258,7 +259,7 @@ def range_stager(dsn_kwargs: dict[str, Any], spec_source: SpecSource, meta_schem
     def stage(ranges: Iterable[kafka_ranges.OffsetRange]) -> Iterator[StageCount]:
         share = list(ranges)
         if not share:
-            yield StageCount(0, [])
+            yield StageCount(0, Columns())
             return  # an empty task opens no connection
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         try:
