@@ -187,11 +187,7 @@ class CycleReader:
             polled_at = time.monotonic()
             limit = deadline if deadline is not None else min(idle_until, polled_at + _IDLE_POLL_SECONDS)
             count = poll_count(self.max_records - len(messages), self.max_bytes - size, self.largest)
-            for message in self.consumer.consume(count, timeout=max(limit - polled_at, 0)):
-                if message.error() is None:
-                    size += self._offer(message, pace, messages)
-                else:
-                    self._on_error(message)
+            size += self._offer_polled(self.consumer.consume(count, timeout=max(limit - polled_at, 0)), pace, messages)
             if messages:
                 self.outage.ok()
                 if deadline is None:  # the poll that found the first record counts
@@ -236,7 +232,7 @@ class CycleReader:
         """Offers the records earlier cycles refused, in order, before any new one, and lets the
         partitions they no longer fill fetch; returns the bytes of those taken."""
         carried, self.carried, self.carried_bytes = self.carried, {}, {}
-        size = sum(self._offer(message, pace, messages) for records in carried.values() for message in records)
+        size = sum(self._offer_run(tp, records, pace, messages) for tp, records in carried.items())
         self._fetch_carried_partitions()
         return size
 
@@ -256,36 +252,77 @@ class CycleReader:
             self.consumer.pause([KafkaPartition(*tp)])
             self.paused[tp] = self.carried[tp][-1].offset() + 1
 
-    def _offer(self, message: Any, pace: Pace | None, messages: list[Any]) -> int:
-        """Takes ``message`` into the cycle (returns its bytes) unless a paced cycle is past its
-        partition's share, or its partition already has records carried: then it is carried to
-        the next cycle, in order."""
-        tp, offset = (message.topic(), message.partition()), message.offset()
-        carried = self.carried.get(tp)
-        if carried is not None and offset <= carried[-1].offset():
-            raise RuntimeError(f"{tp[0]}[{tp[1]}]: the consumer went back to offset {offset} after "
-                               f"{carried[-1].offset()}: refusing a cycle that would repeat records")
-        if carried is None and (pace is None or pace.admits(tp, offset)):
-            messages.append(message)
-            weight = record_bytes(message)
-            self.largest = max(self.largest, weight)
+    def _offer_polled(self, polled: list[Any], pace: Pace | None, messages: list[Any]) -> int:
+        """Offers a poll's records in order (``_offer_runs``) and hands each error on, where it
+        came; returns the bytes taken."""
+        size, start = 0, 0
+        for index, message in enumerate(polled):
+            if message.error() is not None:
+                size += self._offer_runs(polled[start:index], pace, messages)
+                self._on_error(message)
+                start = index + 1
+        return size + self._offer_runs(polled[start:] if start else polled, pace, messages)
+
+    def _offer_runs(self, records: list[Any], pace: Pace | None, messages: list[Any]) -> int:
+        """Offers ``records`` a run of one partition's at a time (``_offer_run``): a paced cycle's
+        bookkeeping record by record was a fifth of a whole mirror's continuous engine."""
+        if not records:
+            return 0
+        size, first = 0, 0
+        topic, partition = records[0].topic(), records[0].partition()
+        for index in range(1, len(records)):
+            message = records[index]
+            if message.partition() != partition or message.topic() != topic:
+                size += self._offer_run((topic, partition), records[first:index], pace, messages)
+                topic, partition, first = message.topic(), message.partition(), index
+        return size + self._offer_run((topic, partition), records[first:] if first else records, pace, messages)
+
+    def _offer_run(self, tp: TopicPartition, run: list[Any], pace: Pace | None, messages: list[Any]) -> int:
+        """Takes ``run`` (records of partition ``tp``, in order) into the cycle (returns their
+        bytes) up to the partition's share in a paced cycle; carries the rest to the next cycle,
+        in order, and all of them when the partition already has records carried."""
+        taken = 0
+        if tp not in self.carried:
+            taken = len(run) if pace is None else pace.take(tp, len(run))
+        weight = 0
+        if taken:
+            took = run if taken == len(run) else run[:taken]
+            messages.extend(took)
+            weights = list(map(record_bytes, took))
+            weight = sum(weights)
+            self.largest = max(self.largest, max(weights))
             if self.lead_topic is not None:
                 read = self.reads.get(tp)
+                end = took[-1].offset() + 1
                 if read is None:
-                    self.reads[tp] = [offset + 1, weight, 1]
+                    self.reads[tp] = [end, weight, taken]
                 else:
-                    read[0], read[1], read[2] = offset + 1, read[1] + weight, read[2] + 1
-            return weight
-        self.carried.setdefault(tp, []).append(message)
-        self.carried_bytes[tp] = self.carried_bytes.get(tp, 0) + record_bytes(message)
-        if tp in self.paused:
-            self.paused[tp] = offset + 1
-        elif self.carried_bytes[tp] >= self.carry_bytes:
+                    read[0], read[1], read[2] = end, read[1] + weight, read[2] + taken
+        if taken < len(run):
+            if pace is not None and tp not in self.carried:
+                pace.stop(tp, run[taken].offset())
+            self._carry(tp, run[taken:])
+        return weight
+
+    def _carry(self, tp: TopicPartition, rest: list[Any]) -> None:
+        """Carries ``rest`` to the next cycle after the partition's records carried before, and
+        pauses the partition's fetches once its carried records reach ``carry_bytes``."""
+        carried = self.carried.setdefault(tp, [])
+        last = carried[-1].offset() if carried else None
+        for message in rest:
+            offset = message.offset()
+            if last is not None and offset <= last:
+                raise RuntimeError(f"{tp[0]}[{tp[1]}]: the consumer went back to offset {offset} after "
+                                   f"{last}: refusing a cycle that would repeat records")
+            last = offset
+        carried += rest
+        self.carried_bytes[tp] = self.carried_bytes.get(tp, 0) + sum(map(record_bytes, rest))
+        if tp not in self.paused and self.carried_bytes[tp] >= self.carry_bytes:
             from confluent_kafka import TopicPartition as KafkaPartition
 
             self.consumer.pause([KafkaPartition(*tp)])
-            self.paused[tp] = offset + 1
-        return 0
+        if tp in self.paused or self.carried_bytes[tp] >= self.carry_bytes:
+            self.paused[tp] = rest[-1].offset() + 1
 
     def _on_error(self, message: Any) -> None:
         from confluent_kafka import KafkaException

@@ -123,6 +123,22 @@ class Pace:
         self.taken[tp] = taken + 1
         return True
 
+    def take(self, tp: TopicPartition, records: int) -> int:
+        """How many of the partition's next ``records`` the cycle takes, as ``admits`` would
+        one by one; the caller then ``stop``s the partition at the first it did not take."""
+        if tp in self.stopped_at:
+            return 0
+        taken = self.taken.get(tp, 0)
+        limit = self.limits.get(tp)
+        count = records if limit is None else max(0, min(records, limit - taken))
+        if count:
+            self.taken[tp] = taken + count
+        return count
+
+    def stop(self, tp: TopicPartition, offset: int) -> None:
+        """The partition's first record the cycle did not take (after ``take``)."""
+        self.stopped_at.setdefault(tp, offset)
+
     def filled(self) -> bool:
         """Whether every paced partition has given the cycle its share (or its whole lag): a
         paced cycle waits for that rather than ending on the linger, which a backlog's fetches,
