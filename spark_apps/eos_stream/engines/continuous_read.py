@@ -22,9 +22,11 @@ what a partition fetched past its share is carried to the next cycle (C14).
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from spark_apps.eos_stream.engines import cycle_pace
@@ -308,13 +310,11 @@ class CycleReader:
         """Carries ``rest`` to the next cycle after the partition's records carried before, and
         pauses the partition's fetches once its carried records reach ``carry_bytes``."""
         carried = self.carried.setdefault(tp, [])
-        last = carried[-1].offset() if carried else None
-        for message in rest:
-            offset = message.offset()
-            if last is not None and offset <= last:
-                raise RuntimeError(f"{tp[0]}[{tp[1]}]: the consumer went back to offset {offset} after "
-                                   f"{last}: refusing a cycle that would repeat records")
-            last = offset
+        offsets = [m.offset() for m in carried[-1:] + rest]
+        if not all(map(operator.lt, offsets, offsets[1:])):
+            last, offset = next((a, b) for a, b in pairwise(offsets) if a >= b)
+            raise RuntimeError(f"{tp[0]}[{tp[1]}]: the consumer went back to offset {offset} after "
+                               f"{last}: refusing a cycle that would repeat records")
         carried += rest
         self.carried_bytes[tp] = self.carried_bytes.get(tp, 0) + sum(map(record_bytes, rest))
         if tp not in self.paused and self.carried_bytes[tp] >= self.carry_bytes:
