@@ -22,6 +22,24 @@ psql_super() {  # $1 database, $2... psql options; SQL on stdin, as the cluster'
     -p "$EOS_PG_PORT" -U "$EOS_PG_USER" -d "$1" "${@:2}"
 }
 
+# The SCRAM-SHA-256 verifier of the password in file $1, as PostgreSQL stores it (RFC 5803:
+# iterations, salt, StoredKey, ServerKey). ALTER ROLE ... PASSWORD takes a verifier as it is, so
+# the password itself never reaches the server, whose log would show the statement whenever
+# statement logging is on.
+scram_verifier() {
+  "$EOS_VENV/bin/python" - "$1" <<'PY'
+import base64, hashlib, hmac, os, sys
+
+password = open(sys.argv[1], encoding="utf-8").read().rstrip("\n").encode()
+salt, iterations = os.urandom(16), 4096
+salted = hashlib.pbkdf2_hmac("sha256", password, salt, iterations)
+stored = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+server = hmac.new(salted, b"Server Key", "sha256").digest()
+b64 = lambda raw: base64.b64encode(raw).decode()
+print(f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}")
+PY
+}
+
 ensure_cdc_source() {
   local wal_level
   wal_level=$(psql_super postgres -tA <<< "SHOW wal_level")
@@ -33,13 +51,16 @@ ensure_cdc_source() {
   exists=$(psql_super postgres -tA <<< "SELECT 1 FROM pg_database WHERE datname = '$EOS_SOURCE_PG_DB'")
   [ "$exists" = 1 ] || PGPASSWORD="$EOS_PG_PASSWORD" "$(pg_bin)/createdb" -h "$EOS_BIND_HOST" \
     -p "$EOS_PG_PORT" -U "$EOS_PG_USER" "$EOS_SOURCE_PG_DB"
-  # The password travels on psql's stdin, never on a command line. The role may replicate and
-  # read every table (pg_read_all_data: Debezium's initial snapshot), and nothing else.
+  # Only the password's SCRAM verifier travels, on psql's stdin, never on a command line. The
+  # role may replicate and read every table (pg_read_all_data: Debezium's initial snapshot), and
+  # nothing else.
+  local verifier
+  verifier=$(scram_verifier "$EOS_SOURCE_PG_PASSWORD_FILE") || die "could not hash the CDC source role's password"
   psql_super "$EOS_SOURCE_PG_DB" <<SQL || die "could not set up the CDC source role $EOS_SOURCE_PG_USER"
 SET client_min_messages = warning;
 \\set role '$EOS_SOURCE_PG_USER'
 \\set publication '$EOS_SOURCE_PUBLICATION'
-\\set password '$(cat "$EOS_SOURCE_PG_PASSWORD_FILE")'
+\\set password '$verifier'
 SELECT format('CREATE ROLE %I', :'role') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \\gexec
 SELECT format('ALTER ROLE %I WITH LOGIN REPLICATION PASSWORD %L', :'role', :'password') \\gexec
 SELECT format('GRANT pg_read_all_data TO %I', :'role') \\gexec
