@@ -1,4 +1,5 @@
-"""Small helpers around the real local Kafka broker for integration tests."""
+"""Small helpers around the real local Kafka broker for integration tests, and a consumed
+record as confluent-kafka hands it out, for unit tests of what reads records."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import IsolationLevel, TopicPartition
@@ -130,3 +132,28 @@ def python_admin_only() -> Iterator[dict]:
 
         mp.setattr(kafka_admin.KafkaAdminClient, "__init__", counting_init)
         yield seen
+
+
+@dataclass(frozen=True)
+class ConsumedMessage:
+    """A consumed record as confluent-kafka hands it out (its accessors only), without an error."""
+
+    record: tuple[str, int, int, bytes | None, bytes | None]  # topic, partition, offset, key, value
+
+    def topic(self) -> str:
+        return self.record[0]
+
+    def partition(self) -> int:
+        return self.record[1]
+
+    def offset(self) -> int:
+        return self.record[2]
+
+    def key(self) -> bytes | None:
+        return self.record[3]
+
+    def value(self) -> bytes | None:
+        return self.record[4]
+
+    def error(self) -> None:
+        return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -22,31 +21,10 @@ from spark_apps.eos_stream.cdc.pipeline import mirror_spec
 from spark_apps.eos_stream.cdc.transactions import TransactionError
 from spark_apps.eos_stream.engines import cycle_hold
 from spark_apps.eos_stream.engines.cycle_hold import CyclePlan, TransactionHolds
+from tests.helpers.kafka import ConsumedMessage as Message
 
 PREFIX = "app"
 TX_TOPIC = f"{PREFIX}.transaction"
-
-
-@dataclass
-class Message:
-    """A consumed record as confluent-kafka hands it out (its accessors only)."""
-
-    record: tuple[str, int, int, bytes | None, bytes | None]
-
-    def topic(self) -> str:
-        return self.record[0]
-
-    def partition(self) -> int:
-        return self.record[1]
-
-    def offset(self) -> int:
-        return self.record[2]
-
-    def key(self) -> bytes | None:
-        return self.record[3]
-
-    def value(self) -> bytes | None:
-        return self.record[4]
 
 
 def _mirror() -> Any:

@@ -14,35 +14,13 @@ import pytest
 
 from spark_apps.eos_stream.engines.continuous_read import CycleReader, record_bytes
 from spark_apps.eos_stream.engines.cycle_pace import Pace
+from tests.helpers.kafka import ConsumedMessage
 
 PARTITIONS = (("app.public.t", 0), ("app.public.t", 1), ("app.transaction", 0))
 
 
-@dataclass(frozen=True)
-class Message:
-    _topic: str
-    _partition: int
-    _offset: int
-    _value: bytes
-    _key: bytes | None = b"k"
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def error(self) -> None:
-        return None
+def _message(tp: tuple[str, int], offset: int, value: bytes) -> ConsumedMessage:
+    return ConsumedMessage((*tp, offset, b"k", value))
 
 
 @dataclass
@@ -97,7 +75,7 @@ def _reader() -> CycleReader:
     return reader
 
 
-def _polls(rng: random.Random) -> list[list[Message]]:
+def _polls(rng: random.Random) -> list[list[ConsumedMessage]]:
     """Polls of runs of each partition's records, in offset order within a partition."""
     next_offset = dict.fromkeys(PARTITIONS, 0)
     polls = []
@@ -106,7 +84,7 @@ def _polls(rng: random.Random) -> list[list[Message]]:
         for _ in range(rng.randint(0, 5)):
             tp = rng.choice(PARTITIONS)
             for _ in range(rng.randint(1, 8)):
-                poll.append(Message(*tp, next_offset[tp], b"v" * rng.randint(0, 60)))
+                poll.append(_message(tp, next_offset[tp], b"v" * rng.randint(0, 60)))
                 next_offset[tp] += 1
         polls.append(poll)
     return polls
@@ -151,19 +129,19 @@ def test_runs_are_offered_as_the_records_one_by_one(seed: int) -> None:
 def test_a_consumer_that_went_back_behind_a_carried_record_is_refused() -> None:
     reader = _reader()
     pace = Pace({PARTITIONS[0]: 1}, {PARTITIONS[0]: 5})
-    reader._offer_polled([Message(*PARTITIONS[0], offset, b"v") for offset in (0, 1, 2)], pace, [])
+    reader._offer_polled([_message(PARTITIONS[0], offset, b"v") for offset in (0, 1, 2)], pace, [])
     with pytest.raises(RuntimeError, match=r"went back to offset 2 after 2"):
-        reader._offer_polled([Message(*PARTITIONS[0], 2, b"v")], pace, [])
+        reader._offer_polled([_message(PARTITIONS[0], 2, b"v")], pace, [])
     with pytest.raises(RuntimeError, match=r"went back to offset 3 after 4"):
-        reader._offer_polled([Message(*PARTITIONS[0], 4, b"v"), Message(*PARTITIONS[0], 3, b"v")], pace, [])
+        reader._offer_polled([_message(PARTITIONS[0], 4, b"v"), _message(PARTITIONS[0], 3, b"v")], pace, [])
 
 
 def test_a_partition_pauses_once_its_carried_records_reach_carry_bytes_and_fetches_on_from_the_last() -> None:
     reader, tp = _reader(), PARTITIONS[2]  # carry_bytes 300: three records of 100 bytes
     pace = Pace({tp: 0}, {tp: 5})
-    reader._offer_polled([Message(*tp, offset, b"v" * 99) for offset in (0, 1)], pace, [])
+    reader._offer_polled([_message(tp, offset, b"v" * 99) for offset in (0, 1)], pace, [])
     assert not reader.paused and pace.stopped_at == {tp: 0}
-    reader._offer_polled([Message(*tp, 2, b"v" * 99)], pace, [])
+    reader._offer_polled([_message(tp, 2, b"v" * 99)], pace, [])
     assert reader.paused == {tp: 3} and reader.consumer.paused == [tp] and reader.carried_bytes == {tp: 300}
-    reader._offer_polled([Message(*tp, 3, b"v" * 99)], pace, [])  # fetched before the pause took
+    reader._offer_polled([_message(tp, 3, b"v" * 99)], pace, [])  # fetched before the pause took
     assert reader.paused == {tp: 4} and reader.consumer.paused == [tp]

@@ -72,11 +72,15 @@ class Groups(Columns):
     def of_kind(self, kind: str) -> Groups:
         return self.where(k == kind for k in self.columns[2])
 
-    def at_or_above(self, bound: Mapping[tuple[str, int], int], missing: int) -> Groups:
-        """The groups whose first record is at or above their partition's ``bound`` (``missing``
-        for a partition without one)."""
+    def reaching(self, bound: Mapping[tuple[str, int], int], missing: int) -> Iterator[bool]:
+        """For each group, whether its first record is at or above its partition's ``bound``
+        (``missing`` for a partition without one)."""
         topic, partition, first = self.columns[0], self.columns[1], self.columns[6]
-        return self.where(f >= bound.get((t, p), missing) for t, p, f in zip(topic, partition, first, strict=True))
+        return (f >= bound.get((t, p), missing) for t, p, f in zip(topic, partition, first, strict=True))
+
+    def at_or_above(self, bound: Mapping[tuple[str, int], int], missing: int) -> Groups:
+        """The groups ``reaching`` their partition's bound."""
+        return self.where(self.reaching(bound, missing))
 
 
 @dataclass

@@ -283,9 +283,8 @@ class CycleReader:
         """Takes ``run`` (records of partition ``tp``, in order) into the cycle (returns their
         bytes) up to the partition's share in a paced cycle; carries the rest to the next cycle,
         in order, and all of them when the partition already has records carried."""
-        taken = 0
-        if tp not in self.carried:
-            taken = len(run) if pace is None else pace.take(tp, len(run))
+        carrying = tp in self.carried
+        taken = 0 if carrying else len(run) if pace is None else pace.take(tp, len(run))
         weight = 0
         if taken:
             took = run if taken == len(run) else run[:taken]
@@ -301,7 +300,7 @@ class CycleReader:
                 else:
                     read[0], read[1], read[2] = end, read[1] + weight, read[2] + taken
         if taken < len(run):
-            if pace is not None and tp not in self.carried:
+            if pace is not None and not carrying:
                 pace.stop(tp, run[taken].offset())
             self._carry(tp, run[taken:])
         return weight

@@ -293,7 +293,7 @@ def _below(record: KafkaRecord, bound: dict[tuple[str, int], int]) -> bool:
 
 def _any_kept(held: Held, bound: dict[tuple[str, int], int]) -> bool:
     """Whether a group held before stays held (its transaction still incomplete)."""
-    return len(held.groups.at_or_above(bound, _NO_BOUND)) > 0
+    return any(held.groups.reaching(bound, _NO_BOUND))
 
 
 def _records(items: list[Item]) -> list[KafkaRecord]:

@@ -110,22 +110,10 @@ class Pace:
         # where the partition's next cycle must start.
         self.stopped_at: dict[TopicPartition, int] = {}
 
-    def admits(self, tp: TopicPartition, offset: int) -> bool:
-        """Whether the cycle takes this record; once it refuses one of a partition, it refuses
-        every later one of it (the partition's range stays whole)."""
-        if tp in self.stopped_at:
-            return False
-        taken = self.taken.get(tp, 0)
-        limit = self.limits.get(tp)
-        if limit is not None and taken >= limit:
-            self.stopped_at[tp] = offset
-            return False
-        self.taken[tp] = taken + 1
-        return True
-
     def take(self, tp: TopicPartition, records: int) -> int:
-        """How many of the partition's next ``records`` the cycle takes, as ``admits`` would
-        one by one; the caller then ``stop``s the partition at the first it did not take."""
+        """How many of the partition's next ``records`` the cycle takes; the caller then
+        ``stop``s the partition at the first it did not take. Once it refused one record of a
+        partition, it takes no later one (the partition's range stays whole)."""
         if tp in self.stopped_at:
             return 0
         taken = self.taken.get(tp, 0)
@@ -138,6 +126,13 @@ class Pace:
     def stop(self, tp: TopicPartition, offset: int) -> None:
         """The partition's first record the cycle did not take (after ``take``)."""
         self.stopped_at.setdefault(tp, offset)
+
+    def admits(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether the cycle takes this one record (``take`` and ``stop`` for one)."""
+        if self.take(tp, 1):
+            return True
+        self.stop(tp, offset)
+        return False
 
     def filled(self) -> bool:
         """Whether every paced partition has given the cycle its share (or its whole lag): a
