@@ -209,6 +209,23 @@ class _WrappedTransaction(msgspec.Struct, forbid_unknown_fields=True):
 
 _TRANSACTION = msgspec.json.Decoder(_WrappedTransaction)
 _PLAIN_TRANSACTION = msgspec.json.Decoder(_TransactionPayload)
+# The transaction topic's schema texts: two (a BEGIN's and an END's are one), four fifths of a record.
+_TRANSACTION_SCHEMAS: KnownSchemas[None] = KnownSchemas()
+
+
+def _transaction_payload(value: bytes) -> _TransactionPayload:
+    known = _TRANSACTION_SCHEMAS.payload(value)
+    if known is not None:
+        try:
+            return _PLAIN_TRANSACTION.decode(known[0])
+        except msgspec.ValidationError:  # not one JSON value: decoded whole, for the verdict
+            pass
+    try:
+        wrapped = _TRANSACTION.decode(value)
+    except msgspec.ValidationError:  # no schema wrapper: the payload itself
+        return _PLAIN_TRANSACTION.decode(value)
+    _TRANSACTION_SCHEMAS.learn(value, bytes(wrapped.schema), None)
+    return wrapped.payload
 
 
 def transaction_record(value: bytes) -> tuple[str, str, dict[str, int]] | None:
@@ -217,18 +234,14 @@ def transaction_record(value: bytes) -> tuple[str, str, dict[str, int]] | None:
     give its verdict in its words): anything mistyped, a count below 0, an id that is no string.
     A record with schemas is mostly its schema, skipped here as raw bytes."""
     try:
-        try:
-            payload = _TRANSACTION.decode(value).payload
-        except msgspec.ValidationError:  # no schema wrapper: the payload itself
-            payload = _PLAIN_TRANSACTION.decode(value)
+        payload = _transaction_payload(value)
     except (msgspec.MsgspecError, UnicodeError, RecursionError, ValueError):
         return None
-    if payload.status not in ("BEGIN", "END"):
-        return None
+    if payload.status != "END":
+        return (payload.status, payload.id, {}) if payload.status == "BEGIN" else None
     counts: dict[str, int] = {}
-    if payload.status == "END":
-        for entry in payload.data_collections or ():
-            if entry.event_count < 0:
-                return None
-            counts[entry.data_collection] = counts.get(entry.data_collection, 0) + entry.event_count
+    for entry in payload.data_collections or ():
+        if entry.event_count < 0:
+            return None
+        counts[entry.data_collection] = counts.get(entry.data_collection, 0) + entry.event_count
     return payload.status, payload.id, counts

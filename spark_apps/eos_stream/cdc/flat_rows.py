@@ -213,7 +213,10 @@ class FlatLines:
         tx_id = None if not tx or tx.get("id") is None else tx_part(tx.get("id"))
         tx_cell = _NULL if tx_id is None else tx_id if tx_id.isdigit() else escape_copy(tx_id)  # PostgreSQL's: digits
         if self.counter is not None:
-            self.counter.record(topic, partition, offset, op, False, tx_id, table)
+            if tx_id is not None:
+                self.counter.change(topic, partition, offset, tx_id, table)
+            else:
+                self.counter.record(topic, partition, offset, op, False, tx_id, table)
         # The cells of mirror.STAGE_COLUMNS, in one format: no tuple, no join.
         return (f"{self._escape(topic)}\t{partition}\t{offset}\t\\N\t\\N\t\\N\t{plan.table}\t{op}\t"
                 f"{escape_copy(key_text.decode())}\t{_NULL if after is None else after}\t[]\t"

@@ -17,6 +17,9 @@ walk refuses); FREE records (snapshot reads, tombstones) tell the walk nothing a
 
 from __future__ import annotations
 
+import itertools
+import operator
+from collections import Counter
 from collections.abc import Mapping
 
 from spark_apps.eos_stream.cdc.transaction_walk import Groups
@@ -43,17 +46,34 @@ def kind_of(op: str | None, refused: bool, tx: str | None) -> str:
 
 class GroupCounter:
     """The groups of the records one stager stages (one Spark task, one cycle, one replay batch),
-    and how many of its records it did not stage (the transaction topic's)."""
+    and how many of its records it did not stage (the transaction topic's).
+
+    A change of a transaction, nearly every record, is appended to its lane (topic, partition
+    and table): its transaction and offset, two appends. :meth:`groups` counts a lane's
+    transactions and finds their first and last offsets in C (``Counter``, ``dict(zip(...))``),
+    where a dictionary update per record, each with its own key, was a third of the counting."""
 
     def __init__(self) -> None:
+        self._lanes: dict[tuple[str, int, str | None], tuple[list[str], list[int]]] = {}
         self._counted: dict[tuple[str, int, str, str | None, str | None], list[int]] = {}
         self._ends: list[tuple] = []
         self.unstaged = 0
+
+    def change(self, topic: str, partition: int, offset: int, tx: str, collection: str | None) -> None:
+        """A staged change of transaction ``tx`` (kind ``CHANGE``), as :meth:`record` counts it."""
+        lane = self._lanes.get((topic, partition, collection))
+        if lane is None:
+            lane = self._lanes[(topic, partition, collection)] = ([], [])
+        lane[0].append(tx)
+        lane[1].append(offset)
 
     def record(self, topic: str, partition: int, offset: int, op: str | None, refused: bool,
                tx: str | None, collection: str | None) -> None:
         """A staged record of a change topic (or a refused one of the transaction topic)."""
         kind = kind_of(op, refused, tx)
+        if kind == CHANGE:
+            self.change(topic, partition, offset, str(tx), collection)
+            return
         if kind == FREE:
             return
         key = (topic, partition, kind, tx, collection)
@@ -78,14 +98,34 @@ class GroupCounter:
 
     def groups(self) -> Groups:
         """The groups counted so far (the staged ones' ``staged`` and ``staged_once`` their events)."""
+        parts = [_lane_groups(*lane, txs, offsets) for lane, (txs, offsets) in self._lanes.items()]
         counted = len(self._counted)
-        if not counted:
-            return Groups.of(self._ends)
-        topics, partitions, kinds, txs, collections = map(list, zip(*self._counted, strict=True))
-        events, firsts, lasts = map(list, zip(*self._counted.values(), strict=True))
-        made = Groups((topics, partitions, kinds, txs, collections, events, firsts, lasts, [None] * counted,
-                       list(events), list(events), [0] * counted))
-        return Groups.joined([made, Groups.of(self._ends)])
+        if counted:
+            topics, partitions, kinds, txs, collections = map(list, zip(*self._counted, strict=True))
+            events, firsts, lasts = map(list, zip(*self._counted.values(), strict=True))
+            parts.append(Groups((topics, partitions, kinds, txs, collections, events, firsts, lasts,
+                                 [None] * counted, list(events), list(events), [0] * counted)))
+        return Groups.joined([*parts, Groups.of(self._ends)])
+
+
+def _lane_groups(topic: str, partition: int, collection: str | None, txs: list[str], offsets: list[int]) -> Groups:
+    """The groups of one lane: per transaction its events, first and last offset. A partition's
+    records come in offset order, so a transaction's first offset is where it first occurs and
+    its last where it last does; a lane out of order (none is expected) is counted the slow way."""
+    if all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+        events = Counter(txs)
+        firsts = dict(zip(reversed(txs), reversed(offsets), strict=True))
+        lasts = dict(zip(txs, offsets, strict=True))
+    else:
+        events, firsts, lasts = Counter(txs), {}, {}
+        for tx, offset in zip(txs, offsets, strict=True):
+            firsts[tx], lasts[tx] = min(firsts.get(tx, offset), offset), max(lasts.get(tx, offset), offset)
+    ids = list(events)
+    n = len(ids)
+    counts = list(events.values())
+    return Groups(([topic] * n, [partition] * n, [CHANGE] * n, ids, [collection] * n, counts,
+                   list(map(firsts.__getitem__, ids)), list(map(lasts.__getitem__, ids)), [None] * n,
+                   list(counts), list(counts), [0] * n))
 
 
 def applicable(groups: Groups, stored: Mapping[tuple[str, int], int]) -> Groups | None:

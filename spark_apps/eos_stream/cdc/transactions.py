@@ -88,10 +88,10 @@ def parse_transaction_record(value: bytes | None) -> TransactionRecord | None:
     if value is None:
         return None
     read = fast_envelope.transaction_record(value)
-    tx = None if read is None else tx_part(read[1])
+    tx = None if read is None else read[1].partition(":")[0]  # tx_part of the string msgspec vouched for
     if read is None or not tx:
         return _parse_with_json(value)
-    return TransactionRecord(read[0], tx, read[2])
+    return TransactionRecord(read[0], tx, read[2]) if read[2] else TransactionRecord(read[0], tx)
 
 
 def _parse_with_json(value: bytes) -> TransactionRecord:
