@@ -299,11 +299,14 @@ def _count_transaction_record(counter: GroupCounter, topic: str, partition: int,
     """A transaction-topic record counted instead of staged (``transaction_groups``): an END as
     its group, a BEGIN or a tombstone as nothing. A record it cannot read raises ``EnvelopeError``
     and is staged, refused."""
-    record = _transaction_record(value)
-    if record is None or record.status != END:
+    read: tuple[str, str, Mapping[str, int]] | None = (
+        None if value is None else transactions.fast_transaction_record(value))
+    if read is None:  # a tombstone, or a record the reference reading judges
+        read = _transaction_record(value)
+    if read is None or read[0] != END:
         counter.skip()
         return
-    counter.end(topic, partition, offset, record.tx, end_counts(record.counts))
+    counter.end(topic, partition, offset, read[1], end_counts(read[2]))
 
 
 def _refused_cells(value: bytes | None, error: str) -> list[str | None]:

@@ -87,11 +87,18 @@ def parse_transaction_record(value: bytes | None) -> TransactionRecord | None:
     :raises ValueError: not a BEGIN or END of Debezium's transaction topic (the message says why)."""
     if value is None:
         return None
+    read = fast_transaction_record(value)
+    if read is None:
+        return _parse_with_json(value)
+    return TransactionRecord(*read) if read[2] else TransactionRecord(read[0], read[1])
+
+
+def fast_transaction_record(value: bytes) -> tuple[str, str, Mapping[str, int]] | None:
+    """(status, txId, events per table) of a BEGIN or END ``fast_envelope`` vouches for, as
+    :func:`parse_transaction_record` reads it; None when that reading must judge the record."""
     read = fast_envelope.transaction_record(value)
     tx = None if read is None else read[1].partition(":")[0]  # tx_part of the string msgspec vouched for
-    if read is None or not tx:
-        return _parse_with_json(value)
-    return TransactionRecord(read[0], tx, read[2]) if read[2] else TransactionRecord(read[0], tx)
+    return (read[0], tx, read[2]) if read is not None and tx else None
 
 
 def _parse_with_json(value: bytes) -> TransactionRecord:

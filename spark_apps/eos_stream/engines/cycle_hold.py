@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, compress
 from typing import Any
 
 from spark_apps.eos_stream.cdc import transaction_walk, transactions_sql
@@ -167,13 +167,12 @@ class TransactionHolds:
         released = [item for item in held.items if _below(item[0], bound)]
         kept = [item for item in held.items if not _below(item[0], bound)]
         applied = records
-        if bound:  # one pass: a record applies, or waits with its line (a counted one has none)
-            applied = []
-            for record, line in zip(records, lines, strict=True):
-                if _below(record, bound):
-                    applied.append(record)
-                elif line:  # a refused record of the transaction topic has one
-                    kept.append((record, line))
+        if bound:  # a record applies, or waits with its line (a counted one has none)
+            below = _below_each(records, bound)
+            applied = list(compress(records, below))
+            # A refused record of the transaction topic has a line; the others counted have none.
+            kept += [(record, line) for record, line, now in zip(records, lines, below, strict=True)
+                     if not now and line]
         kept_groups = groups.at_or_above(bound, _NO_BOUND)
         size = sum(_size(item) for item in kept)
         now = self.clock()
@@ -289,6 +288,12 @@ class CyclePlan:
 def _below(record: KafkaRecord, bound: dict[tuple[str, int], int]) -> bool:
     """Whether the record lies below its partition's bound: applied now, not held."""
     return record[2] < bound.get((record[0], record[1]), _NO_BOUND)
+
+
+def _below_each(records: list[KafkaRecord], bound: dict[tuple[str, int], int]) -> list[bool]:
+    """``_below`` of each record, in one comprehension (a cycle's tens of thousands)."""
+    get = bound.get
+    return [offset < get((topic, partition), _NO_BOUND) for topic, partition, offset, _, _ in records]
 
 
 def _any_kept(held: Held, bound: dict[tuple[str, int], int]) -> bool:
