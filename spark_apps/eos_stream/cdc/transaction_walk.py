@@ -28,6 +28,7 @@ from spark_apps.eos_stream.cdc.transactions import CHANGE, END, UNTRACKED, Trans
 from spark_apps.eos_stream.records.columns import Columns
 
 Bound = tuple[str, int, int, bool]  # topic, partition, first held offset, ENDs only
+NO_BOUND = 1 << 62  # the bound of a partition the walk holds nothing of: above every offset
 
 
 class Group(NamedTuple):

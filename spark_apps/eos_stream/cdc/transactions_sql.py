@@ -181,14 +181,11 @@ def _candidates(cur: Any, stage: sql.Composable, meta_schema: str, params: dict[
     return transaction_walk.Groups.joined([found, ends]), ends, True
 
 
-_NO_BOUND = 1 << 62  # a partition without a bound holds nothing
-
-
 def _move_params(bounds: list[transaction_walk.Bound], ends: transaction_walk.Groups) -> dict[str, list]:
     """``move_statement``'s arrays: the walk's bounds, and the ENDs the stagers counted that
     the bounds hold (not in the stage: they go to ``held_changes`` as they are)."""
     bound_of = {(t, p): first for t, p, first, _ in bounds}
-    held_ends = ends.at_or_above(bound_of, _NO_BOUND) if bound_of else transaction_walk.Groups()
+    held_ends = ends.at_or_above(bound_of, transaction_walk.NO_BOUND) if bound_of else transaction_walk.Groups()
     topics, partitions, _, txs, _, _, firsts, _, counts = held_ends.columns[:9]
     return {"topics": [b[0] for b in bounds], "partitions": [b[1] for b in bounds], "offsets": [b[2] for b in bounds],
             "ends_only": [b[3] for b in bounds], "end_topics": topics, "end_partitions": partitions,

@@ -58,7 +58,7 @@ from typing import Any
 from spark_apps.eos_stream.cdc import transaction_walk, transactions_sql
 from spark_apps.eos_stream.cdc.mirror import KafkaRecord
 from spark_apps.eos_stream.cdc.pipeline import STAGE_CHUNK_CHARS, bounded_chunks
-from spark_apps.eos_stream.cdc.transaction_walk import Groups
+from spark_apps.eos_stream.cdc.transaction_walk import NO_BOUND, Groups
 from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import MessageChunk
 from spark_apps.eos_stream.records.spec import MirrorApply, StageCount
@@ -66,7 +66,6 @@ from spark_apps.eos_stream.records.spec import MirrorApply, StageCount
 # How long a record may wait in memory for its transaction (H3). An END follows its events within
 # milliseconds; past this the wait is worth a row in ``held_changes``, which the health check reads.
 HOLD_SECONDS = 5.0
-_NO_BOUND = 1 << 62
 _WAIT_SLICE_SECONDS = 0.05
 
 Item = tuple[KafkaRecord, str]  # a record and its stage line
@@ -173,7 +172,7 @@ class TransactionHolds:
             # A refused record of the transaction topic has a line; the others counted have none.
             kept += [(record, line) for record, line, now in zip(records, lines, below, strict=True)
                      if not now and line]
-        kept_groups = groups.at_or_above(bound, _NO_BOUND)
+        kept_groups = groups.at_or_above(bound, NO_BOUND)
         size = sum(_size(item) for item in kept)
         now = self.clock()
         since = held.since if held.since is not None and _any_kept(held, bound) else now
@@ -287,18 +286,18 @@ class CyclePlan:
 
 def _below(record: KafkaRecord, bound: dict[tuple[str, int], int]) -> bool:
     """Whether the record lies below its partition's bound: applied now, not held."""
-    return record[2] < bound.get((record[0], record[1]), _NO_BOUND)
+    return record[2] < bound.get((record[0], record[1]), NO_BOUND)
 
 
 def _below_each(records: list[KafkaRecord], bound: dict[tuple[str, int], int]) -> list[bool]:
     """``_below`` of each record, in one comprehension (a cycle's tens of thousands)."""
     get = bound.get
-    return [offset < get((topic, partition), _NO_BOUND) for topic, partition, offset, _, _ in records]
+    return [offset < get((topic, partition), NO_BOUND) for topic, partition, offset, _, _ in records]
 
 
 def _any_kept(held: Held, bound: dict[tuple[str, int], int]) -> bool:
     """Whether a group held before stays held (its transaction still incomplete)."""
-    return any(held.groups.reaching(bound, _NO_BOUND))
+    return any(held.groups.reaching(bound, NO_BOUND))
 
 
 def _records(items: list[Item]) -> list[KafkaRecord]:
