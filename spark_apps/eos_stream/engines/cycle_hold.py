@@ -163,8 +163,9 @@ class TransactionHolds:
             return Planned(_records(held.items) + records, rows, groups, starts, reader_ends)
         walked = transaction_walk.walk(groups)
         bound = {(t, p): first for t, p, first, _ in walked.bounds}
-        released = [item for item in held.items if _below(item[0], bound)]
-        kept = [item for item in held.items if not _below(item[0], bound)]
+        held_below = _below_each(_records(held.items), bound)
+        released = list(compress(held.items, held_below))
+        kept = [item for item, now in zip(held.items, held_below, strict=True) if not now]
         applied = records
         if bound:  # a record applies, or waits with its line (a counted one has none)
             below = _below_each(records, bound)
@@ -284,13 +285,9 @@ class CyclePlan:
         self.previous = None
 
 
-def _below(record: KafkaRecord, bound: dict[tuple[str, int], int]) -> bool:
-    """Whether the record lies below its partition's bound: applied now, not held."""
-    return record[2] < bound.get((record[0], record[1]), NO_BOUND)
-
-
 def _below_each(records: list[KafkaRecord], bound: dict[tuple[str, int], int]) -> list[bool]:
-    """``_below`` of each record, in one comprehension (a cycle's tens of thousands)."""
+    """Whether each record lies below its partition's bound: applied now, not held. One
+    comprehension: a cycle has tens of thousands."""
     get = bound.get
     return [offset < get((topic, partition), NO_BOUND) for topic, partition, offset, _, _ in records]
 
