@@ -52,8 +52,9 @@ ensure_cdc_source() {
   [ "$exists" = 1 ] || PGPASSWORD="$EOS_PG_PASSWORD" "$(pg_bin)/createdb" -h "$EOS_BIND_HOST" \
     -p "$EOS_PG_PORT" -U "$EOS_PG_USER" "$EOS_SOURCE_PG_DB"
   # Only the password's SCRAM verifier travels, on psql's stdin, never on a command line. The
-  # role may replicate and read every table (pg_read_all_data: Debezium's initial snapshot), and
-  # nothing else.
+  # role may replicate and read the source's tables (Debezium's initial snapshot), those the
+  # cluster's superuser makes later too, and nothing else: not pg_read_all_data, which reads the
+  # catalogs' secrets too (pg_authid's password hashes), and which an older setup granted.
   local verifier
   verifier=$(scram_verifier "$EOS_SOURCE_PG_PASSWORD_FILE") || die "could not hash the CDC source role's password"
   psql_super "$EOS_SOURCE_PG_DB" <<SQL || die "could not set up the CDC source role $EOS_SOURCE_PG_USER"
@@ -63,7 +64,13 @@ SET client_min_messages = warning;
 \\set password '$verifier'
 SELECT format('CREATE ROLE %I', :'role') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \\gexec
 SELECT format('ALTER ROLE %I WITH LOGIN REPLICATION PASSWORD %L', :'role', :'password') \\gexec
-SELECT format('GRANT pg_read_all_data TO %I', :'role') \\gexec
+SELECT format('REVOKE pg_read_all_data FROM %I', :'role') FROM pg_auth_members m
+  WHERE m.roleid = 'pg_read_all_data'::regrole AND m.member = :'role'::regrole \\gexec
+SELECT format('GRANT USAGE ON SCHEMA %I TO %I', nspname, :'role'),
+       format('GRANT SELECT ON ALL TABLES IN SCHEMA %I TO %I', nspname, :'role')
+  FROM pg_namespace WHERE nspname <> 'information_schema' AND nspname !~ '^pg_' \\gexec
+SELECT format('ALTER DEFAULT PRIVILEGES FOR ROLE %I GRANT USAGE ON SCHEMAS TO %I', current_user, :'role'),
+       format('ALTER DEFAULT PRIVILEGES FOR ROLE %I GRANT SELECT ON TABLES TO %I', current_user, :'role') \\gexec
 -- FOR ALL TABLES needs a superuser, so the publication is made here rather than by Debezium
 -- (its publication.autocreate.mode is disabled in the connectors this project creates).
 SELECT format('CREATE PUBLICATION %I FOR ALL TABLES', :'publication')

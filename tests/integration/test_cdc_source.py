@@ -204,3 +204,39 @@ def check_health(hook: KafkaConnectHook, name: str, slot: str, source: Source) -
     ok, message, recorded = run_check(connector_check)
     assert not ok and not recorded["ok"]
     assert f"connector '{name}' does not exist" in message, message
+
+
+def test_the_cdc_role_reads_the_source_tables_and_not_the_roles_password_hashes(stack: dict[str, str]) -> None:
+    """Debezium's role may replicate and read the source's tables (its initial snapshot), those
+    made after ``stack.sh start`` too, and nothing else: not ``pg_authid``, whose password hashes
+    ``pg_read_all_data`` would let it read."""
+    import psycopg2
+    from psycopg2 import errors, sql
+
+    schema, table = f"cdc_grants_{time.time_ns()}", "readable"
+    place = sql.Identifier(schema, table)
+    superuser = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], user=stack["EOS_PG_USER"],
+                                 password=stack["EOS_PG_PASSWORD"], dbname=stack["EOS_SOURCE_PG_DB"])
+    superuser.autocommit = True
+    with open(stack["EOS_SOURCE_PG_PASSWORD_FILE"]) as secret:
+        password = secret.read().strip()
+    cdc = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], user=stack["EOS_SOURCE_PG_USER"],
+                           password=password, dbname=stack["EOS_SOURCE_PG_DB"])
+    cdc.autocommit = True
+    try:
+        with superuser.cursor() as cur:
+            cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+            cur.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(place))
+            cur.execute(sql.SQL("INSERT INTO {} VALUES (1)").format(place))
+        with cdc.cursor() as cur:
+            cur.execute(sql.SQL("SELECT id FROM {}").format(place))
+            assert cur.fetchall() == [(1,)]
+            with pytest.raises(errors.InsufficientPrivilege):
+                cur.execute("SELECT rolname, rolpassword FROM pg_authid")
+            cur.execute("SELECT pg_has_role(current_user, 'pg_read_all_data', 'MEMBER')")
+            assert cur.fetchone() == (False,)
+    finally:
+        cdc.close()
+        with superuser.cursor() as cur:
+            cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        superuser.close()
