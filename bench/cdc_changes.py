@@ -152,13 +152,17 @@ class ChangeStream:
 
     :param schemas: the JSON converter's ``schemas.enable``.
     :param transaction_changes: the largest source transaction; sizes from 1 to it, as many of each.
+    :param begins: the transaction topic's BEGINs written (False: its ENDs only, as a connector
+        transform that drops the BEGINs would leave it; the changes are the same either way).
     """
 
     def __init__(self, tables: int, changes: int, *, prefix: str, schema: str = "public", seed: int = 35,
-                 schemas: bool = False, transaction_metadata: bool = False, transaction_changes: int = 8) -> None:
+                 schemas: bool = False, transaction_metadata: bool = False, transaction_changes: int = 8,
+                 begins: bool = True) -> None:
         self.tables = [_Table(name) for name in table_names(tables)]
         self.changes, self.prefix, self.schema, self.schemas = changes, prefix, schema, schemas
         self.transaction_metadata, self.transaction_changes = transaction_metadata, transaction_changes
+        self.begins = begins
         self.random = random.Random(seed)
         self.counts = {"c": 0, "u": 0, "d": 0, "tombstones": 0, "transactions": 0}
         self._lsn, self._tx, self._clock_us = 30_000_000, 700, int(EPOCH.timestamp() * 1_000_000)
@@ -265,7 +269,7 @@ class ChangeStream:
             size = min(self.random.randint(1, self.transaction_changes), self.changes - made)
             key_head, key_tail, value_head, value_tail = self._wrappers[table.name]
             topic = topic_of(self.prefix, self.schema, table.name)
-            if self.transaction_metadata:
+            if self.transaction_metadata and self.begins:
                 yield self._transaction_record("BEGIN", table.name, size)
             for index in range(size):
                 for _, key, value in self._change(table, order=index + 1):
