@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 from airflow_provider_eos.hooks.kafka_connect import KafkaConnectHook
 from airflow_provider_eos.operators.cdc_health import ConnectorHealthCheckOperator, ReplicationSlotCheckOperator
 from airflow_provider_eos.utils.debezium_config import postgres_connector_config
-from tests.helpers.cdc_source import Source, drop_slot, pause_connector, wait_until, write_source
+from tests.helpers.cdc_source import Source, drop_slot, pause_connector, source_connection, wait_until, write_source
 
 CONNECT_CONN = "eos_cdc_connect_test"
 SOURCE_CONN = "eos_cdc_source_test"
@@ -215,9 +215,7 @@ def test_the_cdc_role_reads_the_source_tables_and_not_the_roles_password_hashes(
 
     schema, table = f"cdc_grants_{time.time_ns()}", "readable"
     place = sql.Identifier(schema, table)
-    superuser = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], user=stack["EOS_PG_USER"],
-                                 password=stack["EOS_PG_PASSWORD"], dbname=stack["EOS_SOURCE_PG_DB"])
-    superuser.autocommit = True
+    superuser = source_connection(stack)
     with open(stack["EOS_SOURCE_PG_PASSWORD_FILE"]) as secret:
         password = secret.read().strip()
     cdc = psycopg2.connect(host=stack["EOS_PG_HOST"], port=stack["EOS_PG_PORT"], user=stack["EOS_SOURCE_PG_USER"],
