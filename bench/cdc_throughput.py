@@ -249,7 +249,7 @@ def bench_tables(args: argparse.Namespace, stack: dict[str, str], tables: int, t
     tag = time.strftime("%H%M%S")
     stream = ChangeStream(tables, args.changes, prefix=f"cdcb{tag}n{tables}", seed=args.seed, schemas=args.schemas,
                           transaction_metadata=any(f.endswith("_whole") for f in args.figures),
-                          transaction_changes=args.transaction_changes, begins=not args.no_begins)
+                          transaction_changes=args.transaction_changes, begins=args.begins)
     started = time.perf_counter()
     produced = produce(stack, stream, args.partitions)
     print(json.dumps({"tables": tables, "produced": produced, "seconds": round(time.perf_counter() - started, 1)}),
@@ -325,9 +325,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--transaction-changes", type=int, default=8,
                         help="source transactions of 1 to this many changes, as many of each size")
-    parser.add_argument("--no-begins", action="store_true",
-                        help="the transaction topic without its BEGINs (as a connector transform dropping them "
-                             "would leave it): what reading them costs the _whole figures")
+    parser.add_argument("--begins", action="store_true",
+                        help="the transaction topic with its BEGINs, as a connector without the BEGINs' filter "
+                             "writes it (postgres_connector_config's drops them): what reading them costs the "
+                             "_whole figures")
     parser.add_argument("--figures", default=",".join(DEFAULT_FIGURES), type=lambda text: text.split(","))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cdc_throughput.json"))
     parser.add_argument("--jdbc-batch", type=int, default=JDBC_BATCH,
@@ -354,7 +355,7 @@ def main() -> None:
               "changes": args.changes, "max_offsets_per_trigger": args.batch, "partitions_per_topic": args.partitions,
               "converter": f"JsonConverter, schemas.enable={str(args.schemas).lower()}", "runs": args.runs,
               "seed": args.seed, "transaction_changes": f"1-{args.transaction_changes}",
-              "transaction_begins": not args.no_begins, "tables": by_tables}
+              "transaction_begins": args.begins, "tables": by_tables}
     if "peer_jdbc" in args.figures:
         report["jdbc_batch"] = args.jdbc_batch
     if "1" in by_tables and "20" in by_tables:

@@ -8,7 +8,8 @@
 #      .local/connect-plugins/debezium-postgres (Debezium's PostgreSQL connector),
 #      .local/connect-plugins/debezium-jdbc (Debezium's JDBC sink, the benchmark's peer),
 #      with a project-local Maven repository in .local/m2; resolved in the
-#      background while step 3 runs.
+#      background while step 3 runs. Then .local/connect-plugins/eos-connect, the
+#      project's own Connect predicate, compiled from connect/ with javac.
 #   3. .venv with `pip install -c constraints.txt -e .[dev,spark]`.
 # Each step is skipped when already done (pip and Maven steps are keyed by a
 # hash of their inputs). One line of output per step; details go to
@@ -51,7 +52,7 @@ python_ok() { command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ens
 
 # ---------------------------------------------------------------- 1. Debian packages
 missing=()
-java_ok || missing+=(openjdk-17-jdk-headless)
+java_ok && command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 pg_major_ok || missing+=(postgresql postgresql-client)
 command -v ps >/dev/null 2>&1 || missing+=(procps)
@@ -116,6 +117,32 @@ fetch_jars() {  # $1 name, $2 pom, $3 destination dir, $4... extra Maven args
   echo "$hash" > "$marker"
 }
 
+# The project's own Connect plugin (connect/): the predicate that drops Debezium's transaction
+# BEGINs (docs/cdc.md). Compiled against the worker's connect-api, in a plugin folder of its own
+# with its ServiceLoader manifest (the worker finds plugins by manifest only).
+build_connect_plugin() {
+  local src="$EOS_ROOT/connect" dest="$EOS_CONNECT_PLUGIN_PATH/eos-connect"
+  local hash marker="$marker_dir/eos-connect.sha" build="$EOS_STATE_DIR/eos-connect-build"
+  hash=$( (find "$src" -type f -print0 | sort -z | xargs -0 cat; cat "$EOS_CONNECT_LIBS"/connect-api-*.jar) \
+    | sha256sum | cut -c1-16)
+  if [ "$(cat "$marker" 2>/dev/null)" = "$hash" ] && [ -f "$dest/eos-connect.jar" ]; then
+    step "eos-connect plugin up to date ($dest)"; return
+  fi
+  step "building the eos-connect plugin into $dest"
+  local classpath
+  classpath=$(ls "$EOS_CONNECT_LIBS"/connect-api-*.jar "$EOS_CONNECT_LIBS"/kafka-clients-*.jar | paste -sd:)
+  rm -rf "$build"; mkdir -p "$build/classes" "$dest"
+  find "$src/src" -name '*.java' -print0 | xargs -0 javac --release 17 -Xlint:all -Werror \
+      -cp "$classpath" -d "$build/classes" > "$build/javac.log" 2>&1 \
+    || { tail_log "$build/javac.log"; die "javac failed on connect/ (see $build/javac.log)"; }
+  cp -r "$src/META-INF" "$build/classes/"
+  jar --create --file "$build/eos-connect.jar" -C "$build/classes" . \
+    || die "jar failed to package connect/"
+  mv "$build/eos-connect.jar" "$dest/eos-connect.jar"
+  rm -rf "$build"
+  echo "$hash" > "$marker"
+}
+
 fetch_all_jars() {
   fetch_jars kafka-libs "$EOS_ROOT/scripts/maven/kafka-broker.pom.xml" "$EOS_KAFKA_LIBS" -DincludeScope=runtime
   fetch_jars spark-jars "$EOS_ROOT/scripts/maven/spark-kafka-connector.pom.xml" "$EOS_SPARK_JARS_DIR" -U -DincludeScope=runtime
@@ -130,6 +157,7 @@ fetch_all_jars() {
   # it with the others; a connector of it exists only while the benchmark runs one.
   fetch_jars debezium-jdbc "$EOS_ROOT/scripts/maven/debezium-jdbc.pom.xml" \
     "$EOS_CONNECT_PLUGIN_PATH/debezium-jdbc" -DincludeScope=runtime
+  build_connect_plugin
 }
 
 # Maven's downloads run while pip installs (they share nothing but the network): on a fresh
@@ -166,4 +194,4 @@ fi
 trap - EXIT
 cat "$jars_out"
 
-step "done ($(ls "$EOS_KAFKA_LIBS" | wc -l) kafka jars, $(ls "$EOS_SPARK_JARS_DIR" | wc -l) spark jars, $(ls "$EOS_CONNECT_LIBS" | wc -l) connect jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" | wc -l) debezium jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-jdbc" | wc -l) jdbc sink jars, $("$EOS_VENV/bin/python" --version))"
+step "done ($(ls "$EOS_KAFKA_LIBS" | wc -l) kafka jars, $(ls "$EOS_SPARK_JARS_DIR" | wc -l) spark jars, $(ls "$EOS_CONNECT_LIBS" | wc -l) connect jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-postgres" | wc -l) debezium jars, $(ls "$EOS_CONNECT_PLUGIN_PATH/debezium-jdbc" | wc -l) jdbc sink jars, the eos-connect plugin, $("$EOS_VENV/bin/python" --version))"

@@ -159,6 +159,8 @@ start_connect() {
     || die "Kafka Connect's jars are missing in $EOS_CONNECT_LIBS: run scripts/install.sh (it fetches them with Maven)"
   ls "$EOS_CONNECT_PLUGIN_PATH"/debezium-postgres/debezium-connector-postgres-*.jar >/dev/null 2>&1 \
     || die "Debezium's jars are missing in $EOS_CONNECT_PLUGIN_PATH/debezium-postgres: run scripts/install.sh"
+  [ -f "$EOS_CONNECT_PLUGIN_PATH/eos-connect/eos-connect.jar" ] \
+    || die "the project's Connect plugin is missing in $EOS_CONNECT_PLUGIN_PATH/eos-connect: run scripts/install.sh"
   port_open "$EOS_KAFKA_PORT" || die "kafka is not running on $EOS_BIND_HOST:$EOS_KAFKA_PORT: run scripts/stack.sh start first"
   require_free_port "$EOS_CONNECT_PORT" "kafka connect" EOS_CONNECT_PORT
   write_connect_config

@@ -8,8 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 
+# The project's Connect predicate (connect/, built by scripts/install.sh into the worker's plugin path).
+TRANSACTION_BEGIN_PREDICATE = "eos.connect.RecordIsTransactionBegin"
+
+
 def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot: str, tables: list[str],
-                              **extra: Any) -> dict[str, Any]:
+                              *, drop_transaction_begins: bool = True, **extra: Any) -> dict[str, Any]:
     """The connector's config, capturing ``tables`` (``schema.table``) into topics
     ``<topic_prefix>.<schema>.<table>``.
 
@@ -17,7 +21,12 @@ def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot
         (``EOS_PG_HOST``, ``EOS_PG_PORT``, ``EOS_SOURCE_PG_DB``, ``EOS_SOURCE_PG_USER``,
         ``EOS_SOURCE_PUBLICATION``, ``EOS_CONNECT_SOURCE_SECRETS``).
     :param slot: the replication slot the connector creates and holds.
-    :param extra: more connector settings, winning over these.
+    :param drop_transaction_begins: drop the transaction topic's BEGIN records before they are
+        written (Connect's ``Filter`` with the project's ``eos.connect.RecordIsTransactionBegin``
+        predicate, which the worker must have in its plugin path). A mirror reads only the ENDs;
+        the BEGINs cost it reading time. False for a worker without the plugin.
+    :param extra: more connector settings, winning over these (a ``transforms`` of your own
+        replaces the BEGINs' filter: name ``dropTransactionBegins`` in it to keep it).
     """
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -49,5 +58,19 @@ def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot
         "topic.creation.transaction.include": re.escape(f"{topic_prefix}.transaction"),
         "topic.creation.transaction.partitions": 1,
         "topic.creation.transaction.replication.factor": 1,
+        **(begins_filter(f"{topic_prefix}.transaction") if drop_transaction_begins else {}),
         **extra,
+    }
+
+
+def begins_filter(transaction_topic: str) -> dict[str, str]:
+    """Connector settings that drop ``transaction_topic``'s BEGIN records. Debezium counts each
+    transaction's events before any transform, so every END still counts them all."""
+    return {
+        "transforms": "dropTransactionBegins",
+        "transforms.dropTransactionBegins.type": "org.apache.kafka.connect.transforms.Filter",
+        "transforms.dropTransactionBegins.predicate": "transactionBegin",
+        "predicates": "transactionBegin",
+        "predicates.transactionBegin.type": TRANSACTION_BEGIN_PREDICATE,
+        "predicates.transactionBegin.topic": transaction_topic,
     }

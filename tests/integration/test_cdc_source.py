@@ -1,8 +1,9 @@
 """The change-data-capture source on the real stack: Kafka Connect (scripts/stack.sh start-connect)
 runs Debezium's PostgreSQL connector, created through KafkaConnectHook with pgoutput, an initial
 snapshot and exactly-once delivery required; multi-row transactions on the source arrive as
-Debezium envelopes in Kafka transactions. Then the health checks: a paused and a deleted
-connector, and a replication slot held back while the connector is paused, each fail naming them."""
+Debezium envelopes in Kafka transactions, and their ENDs (no BEGINs) in the transaction topic.
+Then the health checks: a paused and a deleted connector, and a replication slot held back while
+the connector is paused, each fail naming them."""
 
 from __future__ import annotations
 
@@ -58,6 +59,28 @@ def read_changes(bootstrap: str, topic: str, count: int, timeout: float = 120.0)
     finally:
         consumer.close()
     assert len(records) == count, f"{len(records)} of {count} records within {timeout:.0f}s: {records}"
+    return records
+
+
+def transaction_records(bootstrap: str, topic: str, counted: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The transaction topic's records (payloads) from its start, read_committed, until ``counted``
+    of them count events and nothing more arrives for 3 s. Other tests' source transactions may
+    add empty ones (count 0): pgoutput publishes every table of the source database."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-test-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    consumer.subscribe([topic])
+    records: list[dict[str, Any]] = []
+    deadline, quiet_until = time.monotonic() + timeout, 0.0
+    try:
+        while time.monotonic() < min(deadline, quiet_until or deadline):
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error() and msg.value() is not None:
+                records.append(json.loads(msg.value())["payload"])
+                if sum(1 for r in records if r["event_count"]) >= counted:
+                    quiet_until = time.monotonic() + 3.0
+    finally:
+        consumer.close()
     return records
 
 
@@ -131,6 +154,12 @@ def test_debezium_changes_arrive_exactly_once_and_health_checks_name_what_is_wro
         # transactions: each commit marker takes an offset, so the log is longer than its records.
         assert len({e["source"]["txId"] for e in envelopes if e}) == 2
         assert high_watermark(bootstrap, topic) > 3 + 8
+        # The transaction topic holds each source transaction's END, counting its 3 events, and
+        # no BEGIN: the connector config's filter drops them before they are written.
+        transactions = transaction_records(bootstrap, f"{schema}.transaction", counted=2)
+        assert [r["status"] for r in transactions if r["status"] != "END"] == []
+        assert [(r["event_count"], r["data_collections"][0]["data_collection"])
+                for r in transactions if r["event_count"]] == [(3, f"{schema}.accounts")] * 2
 
         check_health(hook, name, slot, source)
     finally:

@@ -225,3 +225,21 @@ def test_the_connector_config_writes_the_transaction_topic_in_one_partition() ->
     assert re.fullmatch(config[f"topic.creation.{group}.include"], TX)
     assert not re.fullmatch(config[f"topic.creation.{group}.include"], DATA)
     assert config[f"topic.creation.{group}.partitions"] == 1
+
+
+def test_the_connector_config_drops_the_transaction_topics_begins_unless_told_not_to() -> None:
+    from airflow_provider_eos.utils.debezium_config import TRANSACTION_BEGIN_PREDICATE, postgres_connector_config
+
+    source = dict.fromkeys(("EOS_PG_HOST", "EOS_PG_PORT", "EOS_SOURCE_PG_USER", "EOS_CONNECT_SOURCE_SECRETS",
+                            "EOS_SOURCE_PG_DB", "EOS_SOURCE_PUBLICATION"), "x")
+    config = postgres_connector_config(source, "app", "slot", ["public.accounts"])
+    [transform] = config["transforms"].split(",")
+    assert config[f"transforms.{transform}.type"] == "org.apache.kafka.connect.transforms.Filter"
+    predicate = config[f"transforms.{transform}.predicate"]
+    assert config["predicates"] == predicate
+    assert config[f"predicates.{predicate}.type"] == TRANSACTION_BEGIN_PREDICATE
+    assert config[f"predicates.{predicate}.topic"] == TX
+
+    kept = postgres_connector_config(source, "app", "slot", ["public.accounts"], drop_transaction_begins=False)
+    assert not any(key.startswith(("transforms", "predicates")) for key in kept)
+    assert kept["provide.transaction.metadata"] == "true"
