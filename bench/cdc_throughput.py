@@ -289,8 +289,10 @@ def continuous_records(figure: str, stream: ChangeStream, produced: dict[str, in
 
 def change_records(stream: ChangeStream, produced: dict[str, int]) -> int:
     """The records of the change topics, which a ``per_key`` run reads: without the transaction
-    topic's BEGIN and END of each source transaction, when the stream has one."""
-    return produced["records"] - (2 * produced["transactions"] if stream.transaction_topic() else 0)
+    topic's END (and BEGIN, when the stream writes them) of each source transaction, when the
+    stream has one."""
+    per_transaction = 2 if stream.begins else 1
+    return produced["records"] - (per_transaction * produced["transactions"] if stream.transaction_topic() else 0)
 
 
 def tables_result(produced: dict[str, int], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

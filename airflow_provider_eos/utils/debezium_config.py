@@ -7,7 +7,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-
 # The project's Connect predicate (connect/, built by scripts/install.sh into the worker's plugin path).
 TRANSACTION_BEGIN_PREDICATE = "eos.connect.RecordIsTransactionBegin"
 

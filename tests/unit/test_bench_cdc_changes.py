@@ -110,8 +110,8 @@ def test_the_stream_is_reproducible() -> None:
 def test_a_per_key_run_waits_for_the_change_topics_records_only() -> None:
     from bench.cdc_throughput import change_records
 
-    for metadata in (True, False):
-        stream = ChangeStream(2, 300, prefix="t", seed=5, transaction_metadata=metadata)
+    for metadata, begins in ((True, True), (True, False), (False, True)):
+        stream = ChangeStream(2, 300, prefix="t", seed=5, transaction_metadata=metadata, begins=begins)
         records = list(stream.records())
         changes = sum(1 for topic, _key, _value in records if topic != stream.transaction_topic())
         assert change_records(stream, {"records": len(records), **stream.counts}) == changes
