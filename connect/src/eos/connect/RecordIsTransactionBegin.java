@@ -16,8 +16,8 @@ import org.apache.kafka.connect.transforms.predicates.Predicate;
  * <p>A mirror with whole transactions needs only the END records: an END names its transaction
  * and counts its events per table, and every change event names its transaction. A BEGIN says
  * nothing the END does not, yet with source transactions of a few changes it is about one record
- * in seven that the mirror reads. Debezium counts a transaction's events before any transform, so dropping BEGINs leaves
- * every END's counts true.
+ * in seven that the mirror reads. Debezium counts a transaction's events before any transform,
+ * so dropping BEGINs leaves every END's counts true.
  *
  * <p>Only records of the configured {@code topic} can match; on it, a record matches when its
  * value is a {@link Struct} whose {@code status} is {@code BEGIN}. Anything else (an END, a
