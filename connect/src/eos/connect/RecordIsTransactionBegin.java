@@ -31,7 +31,8 @@ public class RecordIsTransactionBegin<R extends ConnectRecord<R>> implements Pre
     private static final ConfigDef CONFIG_DEF = new ConfigDef().define(
             TOPIC_CONFIG, ConfigDef.Type.STRING, ConfigDef.NO_DEFAULT_VALUE,
             new ConfigDef.NonEmptyString(), ConfigDef.Importance.HIGH,
-            "Debezium's transaction topic (<topic.prefix>.transaction): only its BEGIN records match.");
+            "Debezium's transaction topic (<topic.prefix>.transaction): "
+                    + "only its BEGIN records match.");
 
     private String topic;
 
