@@ -123,8 +123,9 @@ fetch_jars() {  # $1 name, $2 pom, $3 destination dir, $4... extra Maven args
 build_connect_plugin() {
   local src="$EOS_ROOT/connect" dest="$EOS_CONNECT_PLUGIN_PATH/eos-connect"
   local hash marker="$marker_dir/eos-connect.sha" build="$EOS_STATE_DIR/eos-connect-build"
-  hash=$( (find "$src" -type f -print0 | sort -z | xargs -0 cat; cat "$EOS_CONNECT_LIBS"/connect-api-*.jar) \
-    | sha256sum | cut -c1-16)
+  local sources
+  mapfile -d '' sources < <(find "$src" -type f -print0 | sort -z)
+  hash=$(inputs_hash "${sources[@]}" "$EOS_CONNECT_LIBS"/connect-api-*.jar)
   if [ "$(cat "$marker" 2>/dev/null)" = "$hash" ] && [ -f "$dest/eos-connect.jar" ]; then
     step "eos-connect plugin up to date ($dest)"; return
   fi

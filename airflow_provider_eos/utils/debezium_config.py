@@ -27,6 +27,7 @@ def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot
     :param extra: more connector settings, winning over these (a ``transforms`` of your own
         replaces the BEGINs' filter: name ``dropTransactionBegins`` in it to keep it).
     """
+    transaction_topic = f"{topic_prefix}.transaction"
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": 1,
@@ -54,10 +55,10 @@ def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot
         # there are its records in the source's commit order (the app refuses more).
         "provide.transaction.metadata": "true",
         "topic.creation.groups": "transaction",
-        "topic.creation.transaction.include": re.escape(f"{topic_prefix}.transaction"),
+        "topic.creation.transaction.include": re.escape(transaction_topic),
         "topic.creation.transaction.partitions": 1,
         "topic.creation.transaction.replication.factor": 1,
-        **(begins_filter(f"{topic_prefix}.transaction") if drop_transaction_begins else {}),
+        **(begins_filter(transaction_topic) if drop_transaction_begins else {}),
         **extra,
     }
 

@@ -37,13 +37,19 @@ def connections(connect: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 
-def read_changes(bootstrap: str, topic: str, count: int, timeout: float = 120.0) -> list[tuple[Any, Any]]:
-    """``count`` records of ``topic`` from its start, read_committed: (key payload, value) pairs,
-    value None for a tombstone, else the envelope's payload."""
+def committed_reader(bootstrap: str, topic: str) -> Consumer:
+    """A consumer of ``topic`` from its start, in a group of its own, read_committed."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-test-{time.time_ns()}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "isolation.level": "read_committed"})
     consumer.subscribe([topic])
+    return consumer
+
+
+def read_changes(bootstrap: str, topic: str, count: int, timeout: float = 120.0) -> list[tuple[Any, Any]]:
+    """``count`` records of ``topic`` from its start, read_committed: (key payload, value) pairs,
+    value None for a tombstone, else the envelope's payload."""
+    consumer = committed_reader(bootstrap, topic)
     records: list[tuple[Any, Any]] = []
     deadline = time.monotonic() + timeout
     try:
@@ -66,10 +72,7 @@ def transaction_records(bootstrap: str, topic: str, counted: int, timeout: float
     """The transaction topic's records (payloads) from its start, read_committed, until ``counted``
     of them count events and nothing more arrives for 3 s. Other tests' source transactions may
     add empty ones (count 0): pgoutput publishes every table of the source database."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-test-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
-    consumer.subscribe([topic])
+    consumer = committed_reader(bootstrap, topic)
     records: list[dict[str, Any]] = []
     deadline, quiet_until = time.monotonic() + timeout, 0.0
     try:

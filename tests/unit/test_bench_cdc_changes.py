@@ -134,8 +134,9 @@ def test_without_begins_the_changes_are_the_same_and_the_transaction_topic_holds
     def stream(begins: bool) -> ChangeStream:
         return ChangeStream(2, 500, prefix="nb", schemas=True, transaction_metadata=True, begins=begins)
 
-    with_begins, without = list(stream(True).records()), list(stream(False).records())
-    topic = stream(False).transaction_topic()
+    ends_only = stream(False)
+    with_begins, without = list(stream(True).records()), list(ends_only.records())
+    topic = ends_only.transaction_topic()
     assert [r for r in with_begins if r[0] != topic] == [r for r in without if r[0] != topic]
     statuses = Counter(json.loads(value or b"{}")["payload"]["status"] for t, _, value in without if t == topic)
     assert statuses == Counter({"END": sum(1 for t, _, v in with_begins if t == topic and b'"BEGIN"' in (v or b""))})

@@ -212,14 +212,17 @@ def test_the_transaction_topic_must_exist_with_one_partition() -> None:
     assert "ran with transactions: per_key" in str(transaction_topic_problem(TX, {TX: [0], DATA: [0]}, {(DATA, 0): 5}))
 
 
+# The source settings postgres_connector_config reads, as stack.env names them.
+CONNECTOR_SOURCE = dict.fromkeys(("EOS_PG_HOST", "EOS_PG_PORT", "EOS_SOURCE_PG_USER", "EOS_CONNECT_SOURCE_SECRETS",
+                                  "EOS_SOURCE_PG_DB", "EOS_SOURCE_PUBLICATION"), "x")
+
+
 def test_the_connector_config_writes_the_transaction_topic_in_one_partition() -> None:
     import re
 
     from airflow_provider_eos.utils.debezium_config import postgres_connector_config
 
-    source = dict.fromkeys(("EOS_PG_HOST", "EOS_PG_PORT", "EOS_SOURCE_PG_USER", "EOS_CONNECT_SOURCE_SECRETS",
-                            "EOS_SOURCE_PG_DB", "EOS_SOURCE_PUBLICATION"), "x")
-    config = postgres_connector_config(source, "app", "slot", ["public.accounts"])
+    config = postgres_connector_config(CONNECTOR_SOURCE, "app", "slot", ["public.accounts"])
     assert config["provide.transaction.metadata"] == "true"
     group = config["topic.creation.groups"]
     assert re.fullmatch(config[f"topic.creation.{group}.include"], TX)
@@ -230,9 +233,7 @@ def test_the_connector_config_writes_the_transaction_topic_in_one_partition() ->
 def test_the_connector_config_drops_the_transaction_topics_begins_unless_told_not_to() -> None:
     from airflow_provider_eos.utils.debezium_config import TRANSACTION_BEGIN_PREDICATE, postgres_connector_config
 
-    source = dict.fromkeys(("EOS_PG_HOST", "EOS_PG_PORT", "EOS_SOURCE_PG_USER", "EOS_CONNECT_SOURCE_SECRETS",
-                            "EOS_SOURCE_PG_DB", "EOS_SOURCE_PUBLICATION"), "x")
-    config = postgres_connector_config(source, "app", "slot", ["public.accounts"])
+    config = postgres_connector_config(CONNECTOR_SOURCE, "app", "slot", ["public.accounts"])
     [transform] = config["transforms"].split(",")
     assert config[f"transforms.{transform}.type"] == "org.apache.kafka.connect.transforms.Filter"
     predicate = config[f"transforms.{transform}.predicate"]
@@ -240,6 +241,7 @@ def test_the_connector_config_drops_the_transaction_topics_begins_unless_told_no
     assert config[f"predicates.{predicate}.type"] == TRANSACTION_BEGIN_PREDICATE
     assert config[f"predicates.{predicate}.topic"] == TX
 
-    kept = postgres_connector_config(source, "app", "slot", ["public.accounts"], drop_transaction_begins=False)
+    kept = postgres_connector_config(CONNECTOR_SOURCE, "app", "slot", ["public.accounts"],
+                                     drop_transaction_begins=False)
     assert not any(key.startswith(("transforms", "predicates")) for key in kept)
     assert kept["provide.transaction.metadata"] == "true"
