@@ -49,14 +49,23 @@ from bench.common import git_commit, load_average, machine  # noqa: E402
 from spark_apps.eos_stream.cdc import envelope, patterns  # noqa: E402
 from spark_apps.eos_stream.cdc.definition import parse_mirror  # noqa: E402
 from spark_apps.eos_stream.cdc.pipeline import MirrorBatches  # noqa: E402
+from spark_apps.eos_stream.cdc.transactions import PER_KEY, TRANSACTION_MODES  # noqa: E402
 
 PREFIX = "bench"
 
 
-def make_records(changes: int, schemas: bool) -> list[tuple[str, int, int, bytes, bytes | None]]:
-    """(topic, partition, offset, key, value) of ``changes`` changes and their tombstones."""
-    stream = ChangeStream(1, changes, prefix=PREFIX, schemas=schemas)
-    return [(topic, 0, offset, key, value) for offset, (topic, key, value) in enumerate(stream.records())]
+def make_records(changes: int, schemas: bool, transactions: str | None = None
+                 ) -> list[tuple[str, int, int, bytes, bytes | None]]:
+    """(topic, partition, offset, key, value) of ``changes`` changes and their tombstones.
+    ``transactions``: the changes carry Debezium's transaction metadata, as a whole mirror's
+    connector writes them; with ``whole`` the transaction topic's ENDs are among the records
+    (what a ``whole`` mirror reads), with ``per_key`` they are not (a ``per_key`` mirror does not)."""
+    stream = ChangeStream(1, changes, prefix=PREFIX, schemas=schemas, transaction_metadata=transactions is not None,
+                          begins=False)
+    records = [(topic, 0, offset, key, value) for offset, (topic, key, value) in enumerate(stream.records())]
+    if transactions == PER_KEY:
+        records = [r for r in records if r[0] != stream.transaction_topic()]
+    return records
 
 
 def arrow_batches(records: list[tuple], size: int) -> list[Any]:
@@ -68,15 +77,18 @@ def arrow_batches(records: list[tuple], size: int) -> list[Any]:
                                        schema=schema) for i in range(0, len(records), size)]
 
 
-def batches_of_definition() -> MirrorBatches:
-    return MirrorBatches(parse_mirror({"topic_prefix": PREFIX, "tables": [
+def batches_of_definition(transactions: str | None = None) -> MirrorBatches:
+    return MirrorBatches(parse_mirror({"topic_prefix": PREFIX, "transactions": transactions or PER_KEY, "tables": [
         {"source": "public.t00", "key": ["id"], "columns": dict(COLUMNS)}]}))
 
 
-def stages(records: list[tuple], batches: list[Any]) -> dict[str, Callable[[], int]]:
-    """Each stage as a function over every record, returning a count that keeps its work alive."""
-    mirror = batches_of_definition()
+def stages(records: list[tuple], batches: list[Any], transactions: str | None = None
+           ) -> dict[str, Callable[[], int]]:
+    """Each stage as a function over every record, returning a count that keeps its work alive.
+    A ``whole`` mirror's ``stage`` counts the records' transaction groups as its stagers do."""
+    mirror = batches_of_definition(transactions)
     router = patterns.Router(mirror.definition)
+    records = [r for r in records if r[0] != mirror.transaction_topic()]  # only ``stage`` reads the ENDs
 
     def json_only() -> int:
         return sum(envelope._json(v, "value") is not None and envelope._json(k, "key") is not None
@@ -89,7 +101,8 @@ def stages(records: list[tuple], batches: list[Any]) -> dict[str, Callable[[], i
         return sum(router.resolve(k, v) is not None for _, _, _, k, v in records)
 
     def stage() -> int:
-        return sum(len(chunk) for chunk in mirror.staging_chunks(batches, keep_raw=False))
+        return sum(len(chunk) for chunk in mirror.staging_chunks(batches, keep_raw=False,
+                                                                  counter=mirror.group_counter()))
 
     return {"json": json_only, "envelope": envelope_only, "resolve": resolve, "stage": stage}
 
@@ -136,6 +149,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5_000, help="records per Arrow batch")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--schemas", choices=("on", "off"), default="on")
+    parser.add_argument("--transactions", choices=TRANSACTION_MODES,
+                        help="the changes carry transaction metadata, and the mirror applies them so (a whole "
+                             "mirror's records include the transaction topic's ENDs); unset: no metadata")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--label", default="", help="what this tree is, in the results")
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/cdc_decode.json")
@@ -144,9 +160,9 @@ def main() -> None:
     if args.baseline is not None:
         side_by_side(args)
         return
-    records = make_records(args.changes, args.schemas == "on")
+    records = make_records(args.changes, args.schemas == "on", args.transactions)
     batches = arrow_batches(records, args.batch)
-    run = stages(records, batches)
+    run = stages(records, batches, args.transactions)
     if args.profile:
         profile = cProfile.Profile()
         profile.runcall(run["stage"])
@@ -167,6 +183,7 @@ def main() -> None:
               "label": args.label, "machine": machine(), "load_average": {"start": load_at_start,
                                                                          "end": load_average()},
               "records": len(records), "changes": args.changes, "schemas": args.schemas,
+              "transactions": args.transactions,
               "mean_record_bytes": round(size / len(records)), "batch": args.batch, "runs": args.runs,
               "seconds": seconds, "cpu_seconds": cpu_seconds, "records_per_second": rates,
               "records_per_cpu_second": cpu_rates}

@@ -11,6 +11,7 @@ import pytest
 
 from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter, kind_of
 from spark_apps.eos_stream.cdc.transactions import FREE
+from spark_apps.eos_stream.cdc.transactions_sql import reads_below
 
 TOPICS = ("app.public.a", "app.public.b")
 Record = tuple[str, int, int, str, bool, str | None, str | None]
@@ -70,3 +71,16 @@ def test_the_lanes_count_what_one_update_a_record_counts(seed: int) -> None:
             counter.record(topic, partition, offset, op, refused, tx, collection)
     assert as_found(counter) == reference(records)
     assert as_found(counter) == reference(records), "asking twice gives the same groups"
+
+
+@pytest.mark.parametrize(("starts", "stored", "below"), [
+    ({("t", 0): 5, ("t", 1): 9}, {("t", 0): 5, ("t", 1): 9}, False),  # every batch after the one that stored
+    ({("t", 0): 5}, {("t", 0): 5, ("u", 0): 3}, False),  # a partition the batch does not read
+    ({("t", 0): 5, ("v", 0): 0}, {("t", 0): 5}, False),  # a partition never applied
+    ({("t", 0): 4, ("t", 1): 9}, {("t", 0): 5, ("t", 1): 9}, True),  # read again from below
+    ({("t", 0): -2}, {("t", 0): 5}, True),  # Kafka's earliest: where it lies is not known here
+    (None, {}, True),  # starts not known
+])
+def test_a_batch_reads_below_the_stored_offsets_only_when_a_range_starts_below_them(
+        starts: dict | None, stored: dict, below: bool) -> None:
+    assert reads_below(starts, stored) is below

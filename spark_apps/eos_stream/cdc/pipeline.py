@@ -33,6 +33,7 @@ from spark_apps.eos_stream.cdc import (
 from spark_apps.eos_stream.cdc.definition import MirrorDefinition, parse_mirror
 from spark_apps.eos_stream.cdc.mirror import MirrorError, MirrorTarget
 from spark_apps.eos_stream.events import emit
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.kafka.ranges import MessageChunk
 from spark_apps.eos_stream.records import batch_lines
 from spark_apps.eos_stream.records.columns import Columns
@@ -146,7 +147,8 @@ class MirrorBatches:
 
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool, pipeline: str = "", staged_once: bool = False,
-                  groups: Columns | None = None, walked: bool = False) -> BatchRun:
+                  groups: Columns | None = None, walked: bool = False,
+                  starts: Mapping[TopicPartition, int] | None = None) -> BatchRun:
         """Makes the batch's schema changes on ``cur`` (its transaction), then returns the
         apply of the stage (or of one isolated range of it) to the targets they leave. A mirror
         of whole transactions first rewrites the stage to the records it applies now
@@ -156,13 +158,14 @@ class MirrorBatches:
         stage, before the walk, found no copies, so the walk need not look for them. ``groups``:
         the stagers' count of the stage's transaction groups (``StageCount.groups``). ``walked``: the
         stager decided the transactions (``engines/cycle_hold``): the stage is what applies now,
-        but for records below the stored offsets, skipped as in any batch."""
+        but for records below the stored offsets, skipped as in any batch. ``starts``: where the
+        batch's ranges start (None: not known), which tells whether it may hold records below them."""
         whole, copies, released = self.definition.whole_transactions, 0, 0
         moved = whole and not walked  # the stage may hold records below the stored offsets now
         if moved:
             done = transactions_sql.hold_and_release(cur, stage, meta_schema, pipeline, skip_applied,
                                                      str(self.definition.transaction_topic()), staged_once,
-                                                     groups)
+                                                     groups, starts)
             copies = done.pop("copies")
             if done["held"] or done["released"]:
                 emit("mirror_transactions", **done)

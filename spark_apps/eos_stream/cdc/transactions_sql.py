@@ -33,12 +33,14 @@ No temporary table: a ``two_phase`` batch must PREPARE, which a temporary table 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from psycopg2 import sql
 
 from spark_apps.eos_stream.cdc import transaction_groups, transaction_walk, transactions
 from spark_apps.eos_stream.cdc.mirror import STAGE_COLUMNS
+from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.records.columns import Columns
 from spark_apps.eos_stream.sink.offsets_store import OffsetsStore
 from spark_apps.eos_stream.state import meta_tables
@@ -134,7 +136,8 @@ def drop_transaction_records_statement(stage: sql.Composable) -> sql.Composed:
 
 def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline: str,
                      skip_applied: bool, transaction_topic: str, staged_once: bool = False,
-                     groups: Columns | None = None) -> dict[str, Any]:
+                     groups: Columns | None = None, starts: Mapping[TopicPartition, int] | None = None
+                     ) -> dict[str, Any]:
     """Rewrites the stage to the records this batch applies (see the module), on ``cur``, in the
     batch's transaction; returns what it did, for the batch's event. ``copies``: the stage held a
     record twice (a retried task), so the apply must dedupe; released records never repeat a
@@ -142,15 +145,21 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
     ``staged_once``: the writer counted no copies in the stage, so none are looked for.
     ``groups``: the stagers' count of the stage (``transaction_groups``), whose transaction-topic
     records they did not stage; None: the stage holds every record, and is counted here.
+    ``starts``: where the batch's ranges start; when none starts below its stored offset (every
+    batch but one read again), nothing in the stage lies below them, and neither the stage nor
+    its groups are searched for such records (None: not known, so they are).
 
     :raises transactions.TransactionError: an END counting fewer events than arrived, a
         complete transaction behind a held record of its partition, or a streaming change
         without transaction metadata; the batch's transaction then rolls back."""
     params: dict[str, Any] = {"pipeline": pipeline, "transaction_topic": transaction_topic}
-    if skip_applied:
+    stored = OffsetsStore(meta_schema, pipeline).load(cur.connection) if skip_applied else {}
+    read_again = skip_applied and reads_below(starts, stored)
+    if read_again:
         cur.execute(skip_applied_statement(stage, meta_schema), params)
     staged = None if groups is None else transaction_walk.Groups.cast(groups)
-    candidates, ends, stage_counted = _candidates(cur, stage, meta_schema, params, staged, skip_applied, staged_once)
+    below = stored if read_again else None
+    candidates, ends, stage_counted = _candidates(cur, stage, meta_schema, params, staged, below, staged_once)
     walked = transaction_walk.walk(candidates)
     params.update(_move_params(walked.bounds, ends))
     cur.execute(move_statement(stage, meta_schema), params)
@@ -162,16 +171,22 @@ def hold_and_release(cur: Any, stage: sql.Composable, meta_schema: str, pipeline
             "copies": copies, "transactions_applied": walked.ready, "waiting": walked.waiting}
 
 
+def reads_below(starts: Mapping[TopicPartition, int] | None, stored: Mapping[TopicPartition, int]) -> bool:
+    """Whether a batch starting at ``starts`` may stage records below the ``stored`` offsets
+    (a batch read again, or ``starts`` not known)."""
+    return starts is None or any(start < stored.get(tp, start) for tp, start in starts.items())
+
+
 def _candidates(cur: Any, stage: sql.Composable, meta_schema: str, params: dict[str, Any],
-                staged: transaction_walk.Groups | None, skip_applied: bool, staged_once: bool
-                ) -> tuple[transaction_walk.Groups, transaction_walk.Groups, bool]:
+                staged: transaction_walk.Groups | None, below: Mapping[TopicPartition, int] | None,
+                staged_once: bool) -> tuple[transaction_walk.Groups, transaction_walk.Groups, bool]:
     """The walk's groups: the held records' counted here, and the stage's as its stagers counted
-    them (those at or above the stored offsets), or counted here when that count cannot stand
+    them (those at or above the stored offsets ``below``, when the stage may hold records below
+    them: None when it cannot), or counted here when that count cannot stand
     (``transaction_groups.applicable``) or there is none. Also the stagers' ENDs (never staged),
     and whether the stage was counted here."""
-    read_stored = staged is not None and skip_applied
-    stored = OffsetsStore(meta_schema, params["pipeline"]).load(cur.connection) if read_stored else {}
-    counted = None if staged is None else transaction_groups.applicable(staged, stored)
+    stored = below or {}
+    counted = None if staged is None else staged if below is None else transaction_groups.applicable(staged, stored)
     cur.execute(count_statement(stage if counted is None else None, meta_schema, copies=not staged_once), params)
     found = transaction_walk.Groups.of(cur.fetchall())
     if counted is not None:

@@ -107,21 +107,22 @@ class BatchWriter:
             # was made from one read of each record.
             once = not record_by_record and self.mode.dedupe and (
                 staged.walked or self._staged_once(cur, stage, staged.rows))
-            run = self._batch_run(cur, stage, once, staged)
+            run = self._batch_run(cur, stage, once, staged, start_offsets)
             if record_by_record:
                 return self._apply_each(cur, stage, params, run)
             return run(cur, self.mode.dedupe and not once, False, params)
 
         return self._in_batch_transaction(batch_id, start_offsets, end_offsets, apply)
 
-    def _batch_run(self, cur, stage: sql.Composed, staged_once: bool, staged: StageCount) -> BatchRun:
+    def _batch_run(self, cur, stage: sql.Composed, staged_once: bool, staged: StageCount,
+                   starts: Mapping[TopicPartition, int]) -> BatchRun:
         """How this batch's transaction applies the stage: the spec's statement, or a mirror's
         (``PipelineSpec.mirror``, which first makes the batch's schema changes on ``cur``)."""
         if self.spec.mirror is not None:
             return self.spec.mirror.batch_run(cur, stage, target_schema=self.target_schema,
                                               meta_schema=self.meta_schema, skip_applied=self.mode.stores_offsets,
                                               pipeline=self.offsets.pipeline, staged_once=staged_once,
-                                              groups=staged.groups, walked=staged.walked)
+                                              groups=staged.groups, walked=staged.walked, starts=starts)
 
         def run(cur, dedupe: bool, only_range: bool, params: dict) -> tuple[int, int]:
             cur.execute(self._statement(stage=stage, dedupe=dedupe, only_range=only_range), params)
