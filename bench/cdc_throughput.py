@@ -30,9 +30,13 @@ over 20. Every figure reads the same topics with ``availableNow``, ``maxOffsetsP
 Runs alternate (``bench.common.in_turn``), each into a fresh target schema. Two clocks, both
 ``time.time()`` of this machine: **launch** (spark-submit started, to the last batch's commit:
 what a user waits for) and **batches** (the first batch's start to the last batch's commit:
-the JVM's and the session's start left out). A figure is a rate of changes (tombstones not
-counted) over a clock; each run's target is compared with the stream's final rows first, and
-a run whose target differs stops the bench: no speed is reported for a wrong mirror.
+the JVM's and the session's start left out); and the machine's **busy CPU seconds** within the
+batches' window (``bench.cpu_share.MachineBusy``: every process's, the stack's included). A
+figure is a rate of changes (tombstones not counted) over a clock; each run's target is
+compared with the stream's final rows first, and a run whose target differs stops the bench: no
+speed is reported for a wrong mirror. With a ``_whole`` figure and its ``per_key`` one,
+``whole_cost`` gives what whole transactions cost on each clock, also as the median of each
+round's own cost.
 
 Writes bench/results/cdc_throughput.json and prints a table.
 """
@@ -66,6 +70,7 @@ from bench.common import (  # noqa: E402
     local_stack,
     machine,
 )
+from bench.cpu_share import MachineBusy  # noqa: E402
 from bench.harness import (  # noqa: E402
     continuous_until_read,
     pg_connect,
@@ -154,10 +159,10 @@ def check_target(stack: dict[str, str], schema: str, expected: dict[str, dict[in
 
 # --- one run of each figure --------------------------------------------------
 
-def _clocks(launched: float, batches: list[dict[str, Any]]) -> dict[str, float]:
+def _clocks(launched: float, batches: list[dict[str, Any]], busy: MachineBusy) -> dict[str, float]:
     first, last = min(b["started_at"] for b in batches), max(b["committed_at"] for b in batches)
     return {"launch_seconds": round(last - launched, 3), "batch_seconds": round(last - first, 3),
-            "batches": len(batches)}
+            "batch_busy_cpu_seconds": round(busy.between(first, last), 3), "batches": len(batches)}
 
 
 def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
@@ -171,6 +176,7 @@ def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected:
     config = pipeline_config(stack, tmp, label, topics=topics, spec=None,
                              mirror=mirror_definition(stream, transactions)["mirror"],
                              max_offsets_per_trigger=batch)
+    busy = MachineBusy()
     launched = time.time()
     run = (start_app(config, tmp, label=label, root=root) if records is None
            else start_continuous(config, tmp, label=label, root=root))
@@ -179,6 +185,8 @@ def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected:
     except subprocess.TimeoutExpired:
         run.kill()
         raise SystemExit(f"mirror did not finish in 30 minutes:\n{run.log()[-3000:]}") from None
+    finally:
+        busy.stop()
     events = run.events("batch")
     if code != 0 or not events:
         raise SystemExit(f"mirror failed ({code}):\n{run.log()[-3000:]}")
@@ -189,7 +197,7 @@ def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected:
     drop_schemas(conn, config["target_schema"], config["meta_schema"])
     conn.close()
     timings = [e.get("timings_ms", {}) for e in events]
-    return {**_clocks(launched, events),
+    return {**_clocks(launched, events, busy),
             "timings_ms": {k: sum(t.get(k, 0) for t in timings) for k in sorted({k for t in timings for k in t})}}
 
 
@@ -206,9 +214,11 @@ def run_peer(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: d
     path.write_text(json.dumps(config))
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PGPASSWORD": stack["EOS_PG_PASSWORD"]}
+    busy = MachineBusy()
     launched = time.time()
     done = subprocess.run([*spark_submit("local[2]", stack["EOS_SPARK_JARS"]), "--py-files", str(PEER), str(PEER),
                            str(path)], capture_output=True, text=True, env=env, cwd=tmp, timeout=1800, check=False)
+    busy.stop()
     batches = [json.loads(line[len("PEER-BATCH "):]) for line in done.stdout.splitlines()
                if line.startswith("PEER-BATCH ")]
     if done.returncode != 0 or not batches:
@@ -217,14 +227,16 @@ def run_peer(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: d
     conn = pg_connect(stack)
     drop_schemas(conn, schema)
     conn.close()
-    return _clocks(launched, batches)
+    return _clocks(launched, batches, busy)
 
 
 # --- the report --------------------------------------------------------------
 
 def summarize(runs: list[dict[str, Any]], changes: int) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": runs}
-    for clock in ("launch", "batch"):
+    for clock in ("launch", "batch", "batch_busy_cpu"):
+        if not all(f"{clock}_seconds" in r for r in runs):
+            continue  # a peer's runs, or runs logged before the bench had this clock
         rates = [changes / r[f"{clock}_seconds"] for r in runs]
         out[f"{clock}_changes_per_second"] = {"median": round(statistics.median(rates)), "min": round(min(rates)),
                                               "max": round(max(rates))}
@@ -298,7 +310,30 @@ def change_records(stream: ChangeStream, produced: dict[str, int]) -> int:
 def tables_result(produced: dict[str, int], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     changes = produced["c"] + produced["u"] + produced["d"]
     figures = {f: summarize(r, changes) for f, r in runs.items() if r}
-    return {"produced": produced, "figures": figures, "ratios": ratios(figures)}
+    return {"produced": produced, "figures": figures, "ratios": ratios(figures), "whole_cost": whole_costs(runs)}
+
+
+def whole_costs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per pair of a ``_whole`` figure and its ``per_key`` one (a baseline's too), on each clock:
+    what whole transactions cost, ``1 - whole rate / per_key rate``, of the figures' medians, and
+    the median of each round's own cost (run i of both figures, run in the same round: the load
+    of the minutes they shared falls on both)."""
+    out: dict[str, Any] = {}
+    for whole, whole_runs in runs.items():
+        per_key = whole.replace("_whole", "")
+        if "_whole" not in whole or not runs.get(per_key) or not whole_runs:
+            continue
+        costs: dict[str, Any] = {}
+        for clock in ("batch", "batch_busy_cpu"):
+            key = f"{clock}_seconds"
+            pairs = [(p[key], w[key]) for p, w in zip(runs[per_key], whole_runs, strict=False) if key in p and key in w]
+            if pairs:
+                of_medians = 1 - statistics.median(p for p, _ in pairs) / statistics.median(w for _, w in pairs)
+                costs[clock] = {"of_medians": round(of_medians, 3),
+                                "median_of_rounds": round(statistics.median(1 - p / w for p, w in pairs), 3),
+                                "rounds": len(pairs)}
+        out[whole] = costs
+    return out
 
 
 def tables_from_log(path: Path) -> dict[str, dict[str, Any]]:
@@ -367,12 +402,14 @@ def main() -> None:
             for figure in args.figures if figure in by_tables["20"]["figures"] and figure in by_tables["1"]["figures"]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n{'tables':<8}{'figure':<14}{'launch changes/s':>18}{'batch changes/s':>18}")
+    print(f"\n{'tables':<8}{'figure':<26}{'launch changes/s':>18}{'batch changes/s':>18}{'per busy CPU-s':>16}")
     for tables, result in by_tables.items():
         for figure, f in result["figures"].items():
-            print(f"{tables:<8}{figure:<14}{f['launch_changes_per_second']['median']:>18}"
-                  f"{f['batch_changes_per_second']['median']:>18}")
+            cpu = f.get("batch_busy_cpu_changes_per_second", {}).get("median", "")
+            print(f"{tables:<8}{figure:<26}{f['launch_changes_per_second']['median']:>18}"
+                  f"{f['batch_changes_per_second']['median']:>18}{cpu:>16}")
         print(json.dumps(result["ratios"]))
+        print(json.dumps(result.get("whole_cost", {})))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,40 @@ def _sample(app: int) -> dict[str, float]:
     return totals
 
 
+class MachineBusy:
+    """The whole machine's busy CPU seconds over time, sampled every ``interval`` seconds on
+    ``time.time()``'s clock (the app's batch events' clock) until :meth:`stop`; :meth:`between`
+    gives the busy seconds within a window. On a machine whose cores the pipeline saturates, a
+    rate of changes per busy CPU second moves less than one per wall second when other guests
+    of the host slow every process alike."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.samples: list[tuple[float, float]] = [(time.time(), _machine_busy())]
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._done.wait(interval):
+            self.samples.append((time.time(), _machine_busy()))
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self.samples.append((time.time(), _machine_busy()))
+
+    def _at(self, moment: float) -> float:
+        """Busy seconds at ``moment``, linear between the samples around it."""
+        before = max((s for s in self.samples if s[0] <= moment), default=self.samples[0])
+        after = min((s for s in self.samples if s[0] >= moment), default=self.samples[-1])
+        if after[0] <= before[0]:
+            return before[1]
+        return before[1] + (after[1] - before[1]) * (moment - before[0]) / (after[0] - before[0])
+
+    def between(self, start: float, end: float) -> float:
+        return self._at(end) - self._at(start)
+
+
 class CpuShare:
     """Samples while the app runs; ``result()`` gives each owner's share of all cores
     over the warm window, and the window's length.

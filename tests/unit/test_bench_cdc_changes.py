@@ -140,3 +140,27 @@ def test_without_begins_the_changes_are_the_same_and_the_transaction_topic_holds
     assert [r for r in with_begins if r[0] != topic] == [r for r in without if r[0] != topic]
     statuses = Counter(json.loads(value or b"{}")["payload"]["status"] for t, _, value in without if t == topic)
     assert statuses == Counter({"END": sum(1 for t, _, v in with_begins if t == topic and b'"BEGIN"' in (v or b""))})
+
+
+def test_the_whole_cost_pairs_each_round_and_leaves_a_figure_without_its_per_key_one_out() -> None:
+    from bench.cdc_throughput import whole_costs
+
+    def run(batch: float, cpu: float) -> dict[str, float]:
+        return {"batch_seconds": batch, "batch_busy_cpu_seconds": cpu}
+
+    costs = whole_costs({"mirror": [run(10, 18), run(20, 20)], "mirror_whole": [run(11, 20), run(20, 25)],
+                         "mirror_continuous_whole": [run(5, 9)]})
+    assert costs == {"mirror_whole": {
+        "batch": {"of_medians": round(1 - 15 / 15.5, 3), "median_of_rounds": round((1 - 10 / 11) / 2, 3), "rounds": 2},
+        "batch_busy_cpu": {"of_medians": round(1 - 19 / 22.5, 3), "median_of_rounds": round((0.1 + 0.2) / 2, 3),
+                           "rounds": 2}}}
+
+
+def test_the_machines_busy_seconds_between_two_moments_are_read_between_its_samples() -> None:
+    from bench.cpu_share import MachineBusy
+
+    busy = MachineBusy(interval=60)
+    busy.stop()
+    busy.samples = [(100.0, 5.0), (102.0, 7.0), (104.0, 11.0)]
+    assert busy.between(101.0, 103.0) == pytest.approx(9.0 - 6.0)
+    assert busy.between(90.0, 110.0) == pytest.approx(11.0 - 5.0)  # outside the samples: their ends
