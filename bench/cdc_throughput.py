@@ -167,10 +167,11 @@ def _clocks(launched: float, batches: list[dict[str, Any]], busy: MachineBusy) -
 
 def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected: dict[str, dict[int, tuple]],
                batch: int, label: str, transactions: str = "per_key", records: int | None = None,
-               root: Path = ROOT) -> dict[str, Any]:
+               root: Path = ROOT, commits: bool = False) -> dict[str, Any]:
     """The mirror pipeline of the checkout at ``root``; with ``transactions`` ``whole`` it also
     reads the transaction topic; with ``records`` (all the topics hold) it runs on the continuous
-    engine."""
+    engine. ``commits``: the result has each batch's commit time with the change topics' records
+    read through it (``cdc_together``)."""
     whole = transactions == "whole"
     topics = stream.topics() + ([str(stream.transaction_topic())] if whole else [])
     config = pipeline_config(stack, tmp, label, topics=topics, spec=None,
@@ -197,6 +198,11 @@ def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected:
     drop_schemas(conn, config["target_schema"], config["meta_schema"])
     conn.close()
     timings = [e.get("timings_ms", {}) for e in events]
+    if commits:
+        change_topics = set(stream.topics())
+        return {"commits": [(e["committed_at"], sum(int(n) for topic, ends in json.loads(e["end_offsets"]).items()
+                                                     if topic in change_topics for n in ends.values()))
+                            for e in events]}
     return {**_clocks(launched, events, busy),
             "timings_ms": {k: sum(t.get(k, 0) for t in timings) for k in sorted({k for t in timings for k in t})}}
 

@@ -164,3 +164,13 @@ def test_the_machines_busy_seconds_between_two_moments_are_read_between_its_samp
     busy.samples = [(100.0, 5.0), (102.0, 7.0), (104.0, 11.0)]
     assert busy.between(101.0, 103.0) == pytest.approx(9.0 - 6.0)
     assert busy.between(90.0, 110.0) == pytest.approx(11.0 - 5.0)  # outside the samples: their ends
+
+
+def test_together_the_rates_are_taken_over_the_window_both_mirrors_run_warm() -> None:
+    from bench.cdc_together import progress_at, window_rates
+
+    per_key = [(10.0, 100), (12.0, 300), (14.0, 500), (15.0, 600)]  # 100 a second
+    whole = [(11.0, 90), (13.0, 270), (15.0, 450), (17.0, 600)]  # 90 a second
+    assert progress_at(per_key, 11.0) == 200 and progress_at(per_key, 9.0) == 100 and progress_at(whole, 20.0) == 600
+    measured = window_rates({"per_key": per_key, "whole": whole})
+    assert measured == {"window_seconds": 4.0, "rates": {"per_key": 100, "whole": 90}, "cost": 0.1}

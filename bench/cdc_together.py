@@ -1,0 +1,124 @@
+"""What whole source transactions cost, with the ``per_key`` mirror and the ``whole`` one
+running at the same time, on the same change topics, each into its own schemas:
+
+    .venv/bin/python bench/cdc_together.py --changes 1000000 --rounds 3 [--engine continuous]
+
+On a shared host the machine's speed drifts by a third within minutes, and the CPU seconds
+with it (``bench/cdc_throughput.py``'s busy clock tracks its wall clock), so two runs one after
+the other compare two machines. Two mirrors running together see the same machine at every
+moment; each gets about half of it. A round starts both (which one first alternates by
+round), then compares their rates over the window in which both run warm: from the later of
+their first commits to the earlier of their last. A mirror's progress at a moment is the change
+topics' records read through its last commit, linear between commits; its rate is its progress
+over the window; the cost is ``1 - whole rate / per_key rate``. The ENDs the ``whole`` mirror
+reads are its extra work, not counted as progress. Each mirror's target is compared with the
+stream's final rows; a round with a wrong mirror stops the bench.
+
+This measures the work a change costs each mode under contention, not a mirror's speed alone:
+``cdc_throughput`` gives that. Writes ``--out`` (JSON) and prints each round's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.cdc_changes import ChangeStream  # noqa: E402
+from bench.cdc_throughput import continuous_records, produce, run_mirror  # noqa: E402
+from bench.common import git_commit, load_average, local_stack, machine  # noqa: E402
+
+Commits = list[tuple[float, int]]  # (commit time, the change topics' records read through it)
+MODES = ("per_key", "whole")
+
+
+def progress_at(commits: Commits, moment: float) -> float:
+    """Records read through ``moment``: linear between the commits around it."""
+    before = max((c for c in commits if c[0] <= moment), default=commits[0])
+    after = min((c for c in commits if c[0] >= moment), default=commits[-1])
+    if after[0] <= before[0]:
+        return float(before[1])
+    return before[1] + (after[1] - before[1]) * (moment - before[0]) / (after[0] - before[0])
+
+
+def window_rates(runs: dict[str, Commits]) -> dict[str, Any]:
+    """Each mode's rate (records a second) over the window both run warm (see the module)."""
+    start = max(commits[0][0] for commits in runs.values())
+    end = min(commits[-1][0] for commits in runs.values())
+    if end <= start:
+        raise SystemExit(f"no window in which both mirrors ran warm: {start} to {end}")
+    rates = {mode: (progress_at(c, end) - progress_at(c, start)) / (end - start) for mode, c in runs.items()}
+    return {"window_seconds": round(end - start, 3), "rates": {m: round(r) for m, r in rates.items()},
+            "cost": round(1 - rates["whole"] / rates["per_key"], 3)}
+
+
+def one_round(args: argparse.Namespace, stack: dict[str, str], tmp: Path, stream: ChangeStream,
+              produced: dict[str, int], index: int) -> dict[str, Any]:
+    expected = stream.final_rows()
+    results: dict[str, dict[str, Any]] = {}
+    failures: list[BaseException] = []
+
+    def run(mode: str) -> None:
+        figure = "mirror_continuous" if args.engine == "continuous" else "mirror"
+        figure += "_whole" if mode == "whole" else ""
+        label = f"{stream.prefix}r{index}{mode.replace('_', '')}"
+        try:
+            results[mode] = run_mirror(stack, tmp, stream, expected, args.batch, label, mode,
+                                       continuous_records(figure, stream, produced), commits=True)
+        except BaseException as exc:  # a SystemExit of a wrong target too: re-raised in the main thread
+            failures.append(exc)
+
+    order = MODES if index % 2 == 0 else MODES[::-1]
+    threads = [threading.Thread(target=run, args=(mode,)) for mode in order]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return {"first": order[0], "load_average": load_average(),
+            **window_rates({mode: [tuple(c) for c in results[mode]["commits"]] for mode in MODES})}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=50_000, help="maxOffsetsPerTrigger (records)")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--engine", choices=("spark", "continuous"), default="spark")
+    parser.add_argument("--transaction-changes", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=35)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/cdc_together.json")
+    args = parser.parse_args()
+    stack = local_stack()
+    tmp = Path("/tmp") / f"eos-cdc-together-{time.strftime('%H%M%S')}"
+    tmp.mkdir(parents=True)
+    stream = ChangeStream(1, args.changes, prefix=f"cdct{time.strftime('%H%M%S')}", seed=args.seed, schemas=True,
+                          transaction_metadata=True, transaction_changes=args.transaction_changes, begins=False)
+    produced = produce(stack, stream, args.partitions)
+    rounds = []
+    for index in range(args.rounds):
+        rounds.append(one_round(args, stack, tmp, stream, produced, index))
+        print(json.dumps({"round": index, **rounds[-1]}), flush=True)
+    report = {"command": " ".join(["bench/cdc_together.py", *sys.argv[1:]]), "code": git_commit(ROOT),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
+              "engine": args.engine, "changes": args.changes, "max_offsets_per_trigger": args.batch,
+              "transaction_changes": f"1-{args.transaction_changes}", "transaction_begins": False,
+              "converter": "JsonConverter, schemas.enable=true", "produced": produced, "rounds": rounds,
+              "median_cost": statistics.median(r["cost"] for r in rounds)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"whole transactions' cost, {args.engine}: {[r['cost'] for r in rounds]}, median {report['median_cost']}")
+
+
+if __name__ == "__main__":
+    main()
