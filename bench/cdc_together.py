@@ -15,7 +15,9 @@ reads are its extra work, not counted as progress. Each mirror's target is compa
 stream's final rows; a round with a wrong mirror stops the bench.
 
 This measures the work a change costs each mode under contention, not a mirror's speed alone:
-``cdc_throughput`` gives that. Writes ``--out`` (JSON) and prints each round's cost.
+``cdc_throughput`` gives that. With ``--baseline DIR`` (a checkout of another commit) the pair
+is that checkout's ``whole`` mirror and this one's, and the cost is this build's against it
+(negative: faster). Writes ``--out`` (JSON) and prints each round's cost.
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ from bench.cdc_throughput import continuous_records, produce, run_mirror  # noqa
 from bench.common import git_commit, load_average, local_stack, machine  # noqa: E402
 
 Commits = list[tuple[float, int]]  # (commit time, the change topics' records read through it)
-MODES = ("per_key", "whole")
+Contender = tuple[str, str, Path]  # its name, its ``transactions``, the checkout it runs
+BASELINE = "whole@baseline"
+
+
+def contenders(baseline: Path | None) -> list[Contender]:
+    """The pair a round runs, the reference first."""
+    if baseline is None:
+        return [("per_key", "per_key", ROOT), ("whole", "whole", ROOT)]
+    return [(BASELINE, "whole", baseline), ("whole", "whole", ROOT)]
 
 
 def progress_at(commits: Commits, moment: float) -> float:
@@ -50,14 +60,16 @@ def progress_at(commits: Commits, moment: float) -> float:
 
 
 def window_rates(runs: dict[str, Commits]) -> dict[str, Any]:
-    """Each mode's rate (records a second) over the window both run warm (see the module)."""
+    """Each contender's rate (records a second) over the window both run warm (see the module),
+    and the cost of the second against the first."""
     start = max(commits[0][0] for commits in runs.values())
     end = min(commits[-1][0] for commits in runs.values())
     if end <= start:
         raise SystemExit(f"no window in which both mirrors ran warm: {start} to {end}")
-    rates = {mode: (progress_at(c, end) - progress_at(c, start)) / (end - start) for mode, c in runs.items()}
+    rates = {name: (progress_at(c, end) - progress_at(c, start)) / (end - start) for name, c in runs.items()}
+    first, second = list(runs)
     return {"window_seconds": round(end - start, 3), "rates": {m: round(r) for m, r in rates.items()},
-            "cost": round(1 - rates["whole"] / rates["per_key"], 3)}
+            "cost": round(1 - rates[second] / rates[first], 3)}
 
 
 def one_round(args: argparse.Namespace, stack: dict[str, str], tmp: Path, stream: ChangeStream,
@@ -66,26 +78,29 @@ def one_round(args: argparse.Namespace, stack: dict[str, str], tmp: Path, stream
     results: dict[str, dict[str, Any]] = {}
     failures: list[BaseException] = []
 
-    def run(mode: str) -> None:
+    pair = contenders(args.baseline)
+
+    def run(contender: Contender) -> None:
+        name, mode, root = contender
         figure = "mirror_continuous" if args.engine == "continuous" else "mirror"
         figure += "_whole" if mode == "whole" else ""
-        label = f"{stream.prefix}r{index}{mode.replace('_', '')}"
+        label = f"{stream.prefix}r{index}{name.replace('_', '').replace('@', '')}"
         try:
-            results[mode] = run_mirror(stack, tmp, stream, expected, args.batch, label, mode,
-                                       continuous_records(figure, stream, produced), commits=True)
+            results[name] = run_mirror(stack, tmp, stream, expected, args.batch, label, mode,
+                                       continuous_records(figure, stream, produced), root, commits=True)
         except BaseException as exc:  # a SystemExit of a wrong target too: re-raised in the main thread
             failures.append(exc)
 
-    order = MODES if index % 2 == 0 else MODES[::-1]
-    threads = [threading.Thread(target=run, args=(mode,)) for mode in order]
+    order = pair if index % 2 == 0 else pair[::-1]
+    threads = [threading.Thread(target=run, args=(contender,)) for contender in order]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if failures:
         raise failures[0]
-    return {"first": order[0], "load_average": load_average(),
-            **window_rates({mode: [tuple(c) for c in results[mode]["commits"]] for mode in MODES})}
+    return {"first": order[0][0], "load_average": load_average(),
+            **window_rates({name: [tuple(c) for c in results[name]["commits"]] for name, _, _ in pair})}
 
 
 def main() -> None:
@@ -98,6 +113,8 @@ def main() -> None:
     parser.add_argument("--transaction-changes", type=int, default=8)
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/cdc_together.json")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout of another commit: its whole mirror against this one's")
     args = parser.parse_args()
     stack = local_stack()
     tmp = Path("/tmp") / f"eos-cdc-together-{time.strftime('%H%M%S')}"
@@ -110,6 +127,7 @@ def main() -> None:
         rounds.append(one_round(args, stack, tmp, stream, produced, index))
         print(json.dumps({"round": index, **rounds[-1]}), flush=True)
     report = {"command": " ".join(["bench/cdc_together.py", *sys.argv[1:]]), "code": git_commit(ROOT),
+              "baseline_code": git_commit(args.baseline) if args.baseline else None,
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
               "engine": args.engine, "changes": args.changes, "max_offsets_per_trigger": args.batch,
               "transaction_changes": f"1-{args.transaction_changes}", "transaction_begins": False,
@@ -117,7 +135,8 @@ def main() -> None:
               "median_cost": statistics.median(r["cost"] for r in rounds)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"whole transactions' cost, {args.engine}: {[r['cost'] for r in rounds]}, median {report['median_cost']}")
+    pair = " against ".join(name for name, _, _ in contenders(args.baseline)[::-1])
+    print(f"{pair}, {args.engine}: costs {[r['cost'] for r in rounds]}, median {report['median_cost']}")
 
 
 if __name__ == "__main__":
