@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from spark_apps.eos_stream.kafka.partitions import TopicPartition
 from spark_apps.eos_stream.records.columns import Columns
 
 # PostgreSQL types the record parser knows how to validate and encode for COPY.
@@ -171,11 +170,11 @@ class MirrorApply(Protocol):
     def batch_run(self, cur: Any, stage: Any, *, target_schema: str, meta_schema: str,
                   skip_applied: bool, pipeline: str = "", staged_once: bool = False,
                   groups: Columns | None = None, walked: bool = False,
-                  starts: Mapping[TopicPartition, int] | None = None) -> BatchRun:
+                  starts: Mapping[tuple[str, int], int] | None = None) -> BatchRun:
         """``staged_once``: the stage is known to hold each record once (no retried task's copies);
         ``groups``: the stagers' transaction groups (``StageCount.groups``); ``walked``: the stage
         holds exactly the records to apply (``StageCount.walked``); ``starts``: where the batch's
-        ranges start (None: not known)."""
+        ranges start, per (topic, partition) (None: not known)."""
         ...
 
     def transaction_topic(self) -> str | None:
