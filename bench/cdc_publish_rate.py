@@ -49,7 +49,7 @@ from bench.cdc_snapshot import (  # noqa: E402
     start_mirror,
     verify_mirror,
 )
-from bench.common import CONNECT_CONN, load_average  # noqa: E402
+from bench.common import CONNECT_CONN, end_offsets_sum, load_average  # noqa: E402
 from bench.harness import AppRun, source_connection, topics_exist, wait_until  # noqa: E402
 
 TRANSACTION_ROWS = 5000
@@ -84,11 +84,6 @@ def _change_source(source: Source) -> int:
     return changes
 
 
-def _offsets_sum(batch: dict[str, Any]) -> int:
-    """The sum of a batch's end offsets (its event's nested JSON of topic, partition and offset)."""
-    return sum(offset for partitions in json.loads(batch["end_offsets"]).values() for offset in partitions.values())
-
-
 def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: Path) -> dict[str, Any]:
     hook = KafkaConnectHook(kafka_connect_conn_id=CONNECT_CONN)
     tmp.mkdir(parents=True)
@@ -112,7 +107,7 @@ def one_run(stack: dict[str, str], args: argparse.Namespace, engine: str, tmp: P
         published, end = offsets.published_at(), offsets.total()
         launched = time.time()
         run, config = start_mirror(stack, source, engine, args.batch, tmp)
-        committed = batch_committed_at(run, "the mirror at the topic's end", lambda b, _: _offsets_sum(b) >= end)
+        committed = batch_committed_at(run, "the mirror at the topic's end", lambda b, _: end_offsets_sum(b) >= end)
         events = verify_mirror(stack, source, run, config)
     finally:
         finish_run(stack, hook, source, run, config)

@@ -64,6 +64,7 @@ from bench.cdc_jdbc_peer import create_tables, run_jdbc_peer  # noqa: E402
 from bench.common import (  # noqa: E402
     connect_stack,
     drop_schemas,
+    end_offsets_sum,
     git_commit,
     in_turn,
     load_average,
@@ -200,9 +201,7 @@ def run_mirror(stack: dict[str, str], tmp: Path, stream: ChangeStream, expected:
     timings = [e.get("timings_ms", {}) for e in events]
     if commits:
         change_topics = set(stream.topics())
-        return {"commits": [(e["committed_at"], sum(int(n) for topic, ends in json.loads(e["end_offsets"]).items()
-                                                     if topic in change_topics for n in ends.values()))
-                            for e in events]}
+        return {"commits": [(e["committed_at"], end_offsets_sum(e, change_topics)) for e in events]}
     return {**_clocks(launched, events, busy),
             "timings_ms": {k: sum(t.get(k, 0) for t in timings) for k in sorted({k for t in timings for k in t})}}
 

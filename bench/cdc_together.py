@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cdc_changes import ChangeStream  # noqa: E402
 from bench.cdc_throughput import continuous_records, produce, run_mirror  # noqa: E402
-from bench.common import git_commit, load_average, local_stack, machine  # noqa: E402
+from bench.common import git_commit, linear_at, load_average, local_stack, machine  # noqa: E402
 
 Commits = list[tuple[float, int]]  # (commit time, the change topics' records read through it)
 Contender = tuple[str, str, Path]  # its name, its ``transactions``, the checkout it runs
@@ -50,15 +50,6 @@ def contenders(baseline: Path | None) -> list[Contender]:
     return [(BASELINE, "whole", baseline), ("whole", "whole", ROOT)]
 
 
-def progress_at(commits: Commits, moment: float) -> float:
-    """Records read through ``moment``: linear between the commits around it."""
-    before = max((c for c in commits if c[0] <= moment), default=commits[0])
-    after = min((c for c in commits if c[0] >= moment), default=commits[-1])
-    if after[0] <= before[0]:
-        return float(before[1])
-    return before[1] + (after[1] - before[1]) * (moment - before[0]) / (after[0] - before[0])
-
-
 def window_rates(runs: dict[str, Commits]) -> dict[str, Any]:
     """Each contender's rate (records a second) over the window both run warm (see the module),
     and the cost of the second against the first."""
@@ -66,7 +57,7 @@ def window_rates(runs: dict[str, Commits]) -> dict[str, Any]:
     end = min(commits[-1][0] for commits in runs.values())
     if end <= start:
         raise SystemExit(f"no window in which both mirrors ran warm: {start} to {end}")
-    rates = {name: (progress_at(c, end) - progress_at(c, start)) / (end - start) for name, c in runs.items()}
+    rates = {name: (linear_at(c, end) - linear_at(c, start)) / (end - start) for name, c in runs.items()}
     first, second = list(runs)
     return {"window_seconds": round(end - start, 3), "rates": {m: round(r) for m, r in rates.items()},
             "cost": round(1 - rates[second] / rates[first], 3)}

@@ -4,12 +4,13 @@ one fresh ledger topic to read, and how a side-by-side bench runs two checkouts 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,23 @@ def git_commit(tree: Path) -> str:
         return "unknown"
     changed = subprocess.run(["git", "-C", str(tree), "diff", "--quiet", "HEAD", "--"], capture_output=True)
     return f"{commit}-dirty" if changed.returncode == 1 else commit
+
+
+def end_offsets_sum(batch: dict[str, Any], topics: Collection[str] | None = None) -> int:
+    """The sum of a ``batch`` event's end offsets (its nested JSON of topic, partition and
+    offset), over ``topics`` only when given."""
+    return sum(offset for topic, partitions in json.loads(batch["end_offsets"]).items()
+               if topics is None or topic in topics for offset in partitions.values())
+
+
+def linear_at(samples: Sequence[tuple[float, float]], moment: float) -> float:
+    """The value at ``moment`` of (time, value) ``samples`` in time order: linear between the
+    samples around it, the first's or the last's outside them."""
+    before = max((s for s in samples if s[0] <= moment), default=samples[0])
+    after = min((s for s in samples if s[0] >= moment), default=samples[-1])
+    if after[0] <= before[0]:
+        return float(before[1])
+    return before[1] + (after[1] - before[1]) * (moment - before[0]) / (after[0] - before[0])
 
 
 def load_average() -> list[float]:

@@ -167,10 +167,18 @@ def test_the_machines_busy_seconds_between_two_moments_are_read_between_its_samp
 
 
 def test_together_the_rates_are_taken_over_the_window_both_mirrors_run_warm() -> None:
-    from bench.cdc_together import progress_at, window_rates
+    from bench.cdc_together import window_rates
+    from bench.common import linear_at
 
     per_key = [(10.0, 100), (12.0, 300), (14.0, 500), (15.0, 600)]  # 100 a second
     whole = [(11.0, 90), (13.0, 270), (15.0, 450), (17.0, 600)]  # 90 a second
-    assert progress_at(per_key, 11.0) == 200 and progress_at(per_key, 9.0) == 100 and progress_at(whole, 20.0) == 600
+    assert linear_at(per_key, 11.0) == 200 and linear_at(per_key, 9.0) == 100 and linear_at(whole, 20.0) == 600
     measured = window_rates({"per_key": per_key, "whole": whole})
     assert measured == {"window_seconds": 4.0, "rates": {"per_key": 100, "whole": 90}, "cost": 0.1}
+
+
+def test_a_batchs_end_offsets_sum_over_every_topic_or_the_ones_named() -> None:
+    from bench.common import end_offsets_sum
+
+    batch = {"end_offsets": json.dumps({"app.public.t00": {"0": 25, "1": 24}, "app.transaction": {"0": 9}})}
+    assert end_offsets_sum(batch) == 58 and end_offsets_sum(batch, {"app.public.t00"}) == 49
