@@ -7,6 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from spark_apps.eos_stream.cdc.transactions import transaction_topic as topic_of
+
 # The project's Connect predicate (connect/, built by scripts/install.sh into the worker's plugin path).
 TRANSACTION_BEGIN_PREDICATE = "eos.connect.RecordIsTransactionBegin"
 
@@ -27,7 +29,7 @@ def postgres_connector_config(source: Mapping[str, str], topic_prefix: str, slot
     :param extra: more connector settings, winning over these (a ``transforms`` of your own
         replaces the BEGINs' filter: name ``dropTransactionBegins`` in it to keep it).
     """
-    transaction_topic = f"{topic_prefix}.transaction"
+    transaction_topic = topic_of(topic_prefix)
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": 1,
