@@ -26,8 +26,8 @@ PACKAGES = ("airflow_provider_eos", "spark_apps", "bench")
 STREAM = "spark_apps.eos_stream"
 # The stream's packages, lowest first: a module imports only from its own package or a lower one
 # (same rank: neither imports the other). app.py, the spark-submit entry, is above them all.
-LAYERS = {"kafka": 0, "records": 0, "events": 0, "known_keys": 0, "errors": 1, "state": 1, "sink": 2, "cdc": 3,
-          "run": 3, "audit": 4, "engines": 4, "app": 5}
+LAYERS = {"kafka": 0, "records": 0, "events": 0, "known_keys": 0, "collector": 0, "errors": 1, "state": 1,
+          "sink": 2, "cdc": 3, "run": 3, "audit": 4, "engines": 4, "app": 5}
 ENGINES_PACKAGE = f"{STREAM}.engines"
 ENGINES = {"the Spark engine": f"{ENGINES_PACKAGE}.spark", "the continuous engine": f"{ENGINES_PACKAGE}.continuous",
            "the direct replay": f"{ENGINES_PACKAGE}.direct_replay"}

@@ -128,7 +128,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from spark_apps.eos_stream import errors
+from spark_apps.eos_stream import collector, errors
 from spark_apps.eos_stream.cdc.transactions_sql import holds_records
 from spark_apps.eos_stream.engines.continuous_progress import Progress
 from spark_apps.eos_stream.engines.continuous_read import Cycle, CycleReader, is_kafka_weather
@@ -393,15 +393,6 @@ def claim_through_outages(start: Start, waits: Waits) -> Driver | None:
                                   on_retry=told)
 
 
-# The collector's thresholds (generation 0, 1, 2). A cycle allocates a few objects per record that
-# live until it commits (the record's tuple, its stage line, its group), hundreds of thousands a
-# second; at Python's default (700, 10, 10) a collection ran every few hundred records, and each
-# full one walked every cycle in memory: 8 % of a per_key mirror's time through a backlog, 12 % of
-# a whole one's (bench/cdc_throughput.py, two runs each way). Nothing the engine makes depends on
-# the collector but for reference cycles it leaves behind, which the thresholds still reach.
-GC_THRESHOLDS = (100_000, 50, 1000)
-
-
 # The interpreter lock's switch interval (Python's default 5 ms). The reader's polls release the
 # lock and want it back as soon as librdkafka returns, while a stager making lines holds it; each
 # of the reader's many returns waited up to the interval.
@@ -409,14 +400,11 @@ SWITCH_SECONDS = 0.001
 
 
 def tune_the_interpreter() -> None:
-    """Sets ``GC_THRESHOLDS``, and freezes what the process made before its first cycle (modules,
-    the definition), which no full collection then walks again; sets ``SWITCH_SECONDS``."""
-    import gc
+    """Tunes the collector (``collector.tune``: after what the process made before its first
+    cycle, the modules and the definition) and sets ``SWITCH_SECONDS``."""
     import sys
 
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    collector.tune()
     sys.setswitchinterval(SWITCH_SECONDS)
 
 

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from spark_apps.eos_stream import errors
+from spark_apps.eos_stream import collector, errors
 from spark_apps.eos_stream.engines.shared import batch_event, poll_stop
 from spark_apps.eos_stream.engines.spark_progress import ProgressRecorder, RowsRead
 from spark_apps.eos_stream.engines.start import begin
@@ -150,6 +150,7 @@ class StreamRun:
         self.dsn, self.starting, self.log_bounds = driver.dsn, driver.starting, driver.log_bounds
         self._start_spark()
         query = self._start_query()
+        collector.tune()  # the batches' walks and applies allocate per record, as the tasks do
         return self._watch(query)
 
     def _start_spark(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from spark_apps.eos_stream import errors
+from spark_apps.eos_stream import collector, errors
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records import aggregate_deltas, batch_lines
 from spark_apps.eos_stream.records.parsing import RecordError, parse_record
@@ -178,9 +178,11 @@ def part_writer(dsn_kwargs: dict[str, Any], spec_source: SpecSource, target_sche
         context = TaskContext.get()
         attempt = context.taskAttemptId() if context is not None else 0
         started = time.perf_counter()
+        spec = spec_source.load()
+        collector.tune()  # once per Python worker, after its spec
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         try:
-            result = write_part(dsn_kwargs, spec_source.load(), target_schema, f"{prefix}{index}:{attempt}",
+            result = write_part(dsn_kwargs, spec, target_schema, f"{prefix}{index}:{attempt}",
                                 consumer, share)
             # The task's own time: the write job's wall time less this is Spark's scheduling.
             yield {**result, "ms": round((time.perf_counter() - started) * 1000)}

@@ -18,7 +18,7 @@ import psycopg2
 from psycopg2 import sql
 from psycopg2.extensions import connection as PgConnection
 
-from spark_apps.eos_stream import errors
+from spark_apps.eos_stream import collector, errors
 from spark_apps.eos_stream.kafka import ranges as kafka_ranges
 from spark_apps.eos_stream.records import batch_lines
 from spark_apps.eos_stream.records.columns import Columns
@@ -261,9 +261,11 @@ def range_stager(dsn_kwargs: dict[str, Any], spec_source: SpecSource, meta_schem
         if not share:
             yield StageCount(0, Columns())
             return  # an empty task opens no connection
+        spec = spec_source.load()
+        collector.tune()  # once per Python worker, after its spec
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         try:
-            yield stage_ranges(dsn_kwargs, spec_source.load(), meta_schema, stage_name, keep_raw, consumer, share)
+            yield stage_ranges(dsn_kwargs, spec, meta_schema, stage_name, keep_raw, consumer, share)
         except BaseException:
             kafka_ranges.drop_worker_consumer(kafka_settings)  # a failed read may leave it mid-fetch
             raise
@@ -281,6 +283,7 @@ def worker_warmer(spec_source: SpecSource,
         spec_source.load()
         consumer = kafka_ranges.worker_consumer(kafka_settings)
         consumer.list_topics(timeout=10)  # its bootstrap and metadata, which a first fetch waits for
+        collector.tune()  # after the spec and the consumer: no full collection walks them again
         yield 0
 
     return warm
