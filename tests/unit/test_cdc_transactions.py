@@ -85,6 +85,65 @@ def test_the_fast_reader_of_a_transaction_record_agrees_with_the_reference(value
         assert fast_envelope.transaction_record(value) is not None and isinstance(read, transactions.TransactionRecord)
 
 
+def _as_connect_writes(payload: object) -> bytes:
+    """A transaction record with its schema, compact, as Connect's JSON converter writes it."""
+    return json.dumps({"schema": {"type": "struct", "fields": [], "name": "tx"}, "payload": payload},
+                      separators=(",", ":")).encode()
+
+
+def _collections(*entries: tuple[object, object]) -> list[dict[str, object]]:
+    return [{"data_collection": t, "event_count": n} for t, n in entries]
+
+
+_HEAD_CASES = [
+    {"status": "END", "id": "571:9", "data_collections": _collections(("public.a", 2), ("public.b", 1))},
+    {"status": "END", "id": "571:9", "data_collections": _collections(("public.a", 1), ("public.a", 2))},
+    {"status": "END", "id": "572:9", "data_collections": _collections(("public.a", 0), ("other.skip", 4))},
+    {"status": "END", "id": "573:9", "data_collections": []},
+    {"status": "BEGIN", "id": "574:9", "data_collections": None},
+    {"status": "BEGIN", "id": "575:9", "data_collections": "not a list"},
+    {"status": "END", "id": "576:9", "data_collections": None},
+    {"status": "END", "id": "577:9", "data_collections": _collections(("public.a", -1))},
+    {"status": "END", "id": "578:9", "data_collections": _collections(("public.a", True))},
+    {"status": "END", "id": "579:9", "data_collections": "not a list"},
+    {"status": "END", "id": 580, "data_collections": []},
+    {"status": "END", "id": ":9", "data_collections": []},
+    {"status": "COMMIT", "id": "581:9"},
+    {"status": "END"},
+]
+
+
+@pytest.mark.parametrize("payload", _HEAD_CASES)
+def test_a_counted_transaction_record_agrees_with_the_reference_reading(payload: dict) -> None:
+    """A whole mirror's stager counts a BEGIN or an END from its head (``fast_envelope.transaction_head``,
+    its ``data_collections`` text read once per text), or gives the verdict of the reference reading:
+    the same group, skip or refusal, with the tables the mirror does not read left out."""
+    from spark_apps.eos_stream.cdc import fast_envelope
+    from spark_apps.eos_stream.cdc.envelope import EnvelopeError
+    from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
+
+    def mirrored(table: str) -> bool:
+        return not table.startswith("other.")
+
+    fast_envelope.transaction_record(_as_connect_writes(_HEAD_CASES[0]))  # its schema prefix, now known
+    value = _as_connect_writes(payload)
+    counted, expected = GroupCounter(), GroupCounter()
+    try:
+        reference = transactions._parse_with_json(value)
+    except ValueError:
+        with pytest.raises(EnvelopeError):
+            mirror._count_transaction_record(counted, TX, 0, 7, value, mirror._EndCounts(mirrored))
+        return
+    mirror._count_transaction_record(counted, TX, 0, 7, value, mirror._EndCounts(mirrored))
+    if reference.status == END:
+        expected.end(TX, 0, 7, reference.tx, mirror._EndCounts(mirrored)(reference.counts))
+    else:
+        expected.skip()
+    assert list(counted.groups()) == list(expected.groups()) and counted.unstaged == expected.unstaged == 1
+    if _HEAD_CASES.index(payload) < 6:  # Debezium's own: counted from the head
+        assert fast_envelope.transaction_head(value) is not None
+
+
 def _change(op: str, key: int, tx: str | None, schemas: bool = False, lsn: int = 5) -> tuple[bytes, bytes]:
     payload = {"op": op, "before": None, "after": {"id": key, "owner": "x", "balance": "1"},
                "source": {"schema": "public", "table": "accounts", "txId": 7, "snapshot": "false"},

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from spark_apps.eos_stream.cdc import transactions
+from spark_apps.eos_stream.cdc import fast_envelope, transactions
 from spark_apps.eos_stream.cdc.envelope import Change, EnvelopeError
 from spark_apps.eos_stream.cdc.pg_types import TypeNameError, check_pg_type, event_type
 from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
@@ -257,11 +257,23 @@ class _EndCounts:
     writes a table or two, a handful of rows). A table the connector captures and the mirror
     does not would never bring its events: the mirror is whole over its own tables."""
 
-    __slots__ = ("known", "mirrored")
+    __slots__ = ("known", "mirrored", "texts")
 
     def __init__(self, mirrored: Callable[[str], bool]) -> None:
         self.mirrored = mirrored
         self.known: dict[tuple, str] = {}
+        self.texts: dict[bytes, str | None] = {}  # data_collections' JSON text: its cell, None if unread
+
+    def of_text(self, text: bytes) -> str | None:
+        """The cell of an END's ``data_collections`` text (``fast_envelope.transaction_head``),
+        read once per distinct text; None when only the whole record's reading can judge it."""
+        if text in self.texts:
+            return self.texts[text]
+        if len(self.texts) >= _MAX_END_COUNTS:
+            self.texts.clear()
+        counts = fast_envelope.event_counts_of_text(text)
+        cell = self.texts[text] = None if counts is None else self(counts)
+        return cell
 
     def __call__(self, counts: Mapping[str, int]) -> str:
         key = tuple(counts.items())
@@ -299,6 +311,16 @@ def _count_transaction_record(counter: GroupCounter, topic: str, partition: int,
     """A transaction-topic record counted instead of staged (``transaction_groups``): an END as
     its group, a BEGIN or a tombstone as nothing. A record it cannot read raises ``EnvelopeError``
     and is staged, refused."""
+    head = None if value is None else fast_envelope.transaction_head(value)
+    if head is not None:  # Debezium's own BEGINs and ENDs, nearly always
+        status, tx = head[0], head[1].partition(":")[0]  # transactions.tx_part of a string
+        cell = end_counts.of_text(head[2]) if status == END and tx else None
+        if cell is not None:
+            counter.end(topic, partition, offset, tx, cell)
+            return
+        if status == "BEGIN" and tx:
+            counter.skip()
+            return
     read: tuple[str, str, Mapping[str, int]] | None = (
         None if value is None else transactions.fast_transaction_record(value))
     if read is None:  # a tombstone, or a record the reference reading judges
