@@ -1,5 +1,6 @@
 """Python's cyclic garbage collector, tuned once in each process that reads and stages records:
-the continuous engine, the Spark driver, and the Spark Python workers that run the batches' tasks.
+every engine's (the Spark driver and the Spark Python workers that run its batches' tasks, the
+continuous engine, the direct replay).
 
 A batch allocates a few objects per record that live until it commits (the record's tuple, its
 stage line, its transaction group): hundreds of thousands a second. At Python's default

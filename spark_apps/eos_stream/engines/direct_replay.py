@@ -57,6 +57,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from spark_apps.eos_stream import collector
 from spark_apps.eos_stream.engines.shared import batch_event, write_one_part
 from spark_apps.eos_stream.engines.start import EARLIEST, Driver, begin, import_in_background, open_consumer
 from spark_apps.eos_stream.kafka.client_logs import with_python_logging
@@ -146,6 +147,7 @@ def replay(config: PipelineConfig) -> int:
     # One consumer reads every batch of every partition in turn; the Spark engine's tasks have a
     # shallower prefetch, for ranges nobody reads on from.
     consumer = open_consumer(config, "eos-replay")
+    collector.tune()  # after the spec and the claim, before the first batch
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))
