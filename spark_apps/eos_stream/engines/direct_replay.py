@@ -147,7 +147,9 @@ def replay(config: PipelineConfig) -> int:
     # One consumer reads every batch of every partition in turn; the Spark engine's tasks have a
     # shallower prefetch, for ranges nobody reads on from.
     consumer = open_consumer(config, "eos-replay")
-    collector.tune()  # after the spec and the claim, before the first batch
+    # After the spec and the claim, before the first batch; in an Airflow task (the provider runs the
+    # replay in the task's own process, launchers/in_process.py), for the rest of that process.
+    collector.tune()
     try:
         sink = driver.sink()
         bounds = partition_bounds(config, list(driver.starting))
