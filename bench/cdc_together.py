@@ -14,6 +14,12 @@ over the window; the cost is ``1 - whole rate / per_key rate``. The ENDs the ``w
 reads are its extra work, not counted as progress. Each mirror's target is compared with the
 stream's final rows; a round with a wrong mirror stops the bench.
 
+The rates also depend on how the scheduler shares the cores between the two, so each round
+also gives each mirror's CPU (its processes and its PostgreSQL backends: ``bench.pair_cpu``) per
+change record read in the same window, and the **work cost**, ``1 - per_key's CPU a record /
+whole's``: the rate cost of a mirror that has the machine to itself and keeps it busy, with the
+drift taken out as for the rates (the broker's work for each is not in it).
+
 This measures the work a change costs each mode under contention, not a mirror's speed alone:
 ``cdc_throughput`` gives that. With ``--baseline DIR`` (a checkout of another commit) the pair
 is that checkout's ``whole`` mirror and this one's, and the cost is this build's against it
@@ -37,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bench.cdc_changes import ChangeStream  # noqa: E402
 from bench.cdc_throughput import continuous_records, produce, run_mirror  # noqa: E402
 from bench.common import git_commit, linear_at, load_average, local_stack, machine  # noqa: E402
+from bench.pair_cpu import PairCpu  # noqa: E402
 
 Commits = list[tuple[float, int]]  # (commit time, the change topics' records read through it)
 Contender = tuple[str, str, Path]  # its name, its ``transactions``, the checkout it runs
@@ -53,14 +60,34 @@ def contenders(baseline: Path | None) -> list[Contender]:
 def window_rates(runs: dict[str, Commits]) -> dict[str, Any]:
     """Each contender's rate (records a second) over the window both run warm (see the module),
     and the cost of the second against the first."""
-    start = max(commits[0][0] for commits in runs.values())
-    end = min(commits[-1][0] for commits in runs.values())
-    if end <= start:
-        raise SystemExit(f"no window in which both mirrors ran warm: {start} to {end}")
+    start, end = warm_window(runs)
     rates = {name: (linear_at(c, end) - linear_at(c, start)) / (end - start) for name, c in runs.items()}
     first, second = list(runs)
     return {"window_seconds": round(end - start, 3), "rates": {m: round(r) for m, r in rates.items()},
             "cost": round(1 - rates[second] / rates[first], 3)}
+
+
+def warm_window(runs: dict[str, Commits]) -> tuple[float, float]:
+    """From the later of the contenders' first commits to the earlier of their last."""
+    start = max(commits[0][0] for commits in runs.values())
+    end = min(commits[-1][0] for commits in runs.values())
+    if end <= start:
+        raise SystemExit(f"no window in which both mirrors ran warm: {start} to {end}")
+    return start, end
+
+
+def window_work(runs: dict[str, Commits], cpu: PairCpu, labels: dict[str, str]) -> dict[str, Any]:
+    """Each contender's CPU (its processes and PostgreSQL backends, ``bench.pair_cpu``) per change
+    record read in the warm window, its share of the window's cores, and the work cost: ``1 -
+    first's CPU a record / second's``, the cost in rate of the second on a machine of its own, where
+    a pipeline that keeps the cores busy runs at the rate its CPU a record allows."""
+    start, end = warm_window(runs)
+    seconds = {name: cpu.between(labels[name], start, end) for name in runs}
+    per_record = {name: seconds[name] / (linear_at(c, end) - linear_at(c, start)) for name, c in runs.items()}
+    first, second = list(runs)
+    return {"cpu_us_per_record": {m: round(v * 1e6, 1) for m, v in per_record.items()},
+            "cores": {m: round(v / (end - start), 2) for m, v in seconds.items()},
+            "work_cost": round(1 - per_record[first] / per_record[second], 3)}
 
 
 def one_round(args: argparse.Namespace, stack: dict[str, str], tmp: Path, stream: ChangeStream,
@@ -70,12 +97,13 @@ def one_round(args: argparse.Namespace, stack: dict[str, str], tmp: Path, stream
     failures: list[BaseException] = []
 
     pair = contenders(args.baseline)
+    labels = {name: f"{stream.prefix}r{index}{name.replace('_', '').replace('@', '')}" for name, _, _ in pair}
 
     def run(contender: Contender) -> None:
         name, mode, root = contender
         figure = "mirror_continuous" if args.engine == "continuous" else "mirror"
         figure += "_whole" if mode == "whole" else ""
-        label = f"{stream.prefix}r{index}{name.replace('_', '').replace('@', '')}"
+        label = labels[name]
         try:
             results[name] = run_mirror(stack, tmp, stream, expected, args.batch, label, mode,
                                        continuous_records(figure, stream, produced), root, commits=True)
@@ -84,14 +112,17 @@ def one_round(args: argparse.Namespace, stack: dict[str, str], tmp: Path, stream
 
     order = pair if index % 2 == 0 else pair[::-1]
     threads = [threading.Thread(target=run, args=(contender,)) for contender in order]
+    cpu = PairCpu(labels.values(), int(stack["EOS_PG_PORT"]))
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    cpu.stop()
     if failures:
         raise failures[0]
-    return {"first": order[0][0], "load_average": load_average(),
-            **window_rates({name: [tuple(c) for c in results[name]["commits"]] for name, _, _ in pair})}
+    runs = {name: [tuple(c) for c in results[name]["commits"]] for name, _, _ in pair}
+    return {"first": order[0][0], "load_average": load_average(), **window_rates(runs),
+            **window_work(runs, cpu, labels)}
 
 
 def main() -> None:
@@ -123,11 +154,13 @@ def main() -> None:
               "engine": args.engine, "changes": args.changes, "max_offsets_per_trigger": args.batch,
               "transaction_changes": f"1-{args.transaction_changes}", "transaction_begins": False,
               "converter": "JsonConverter, schemas.enable=true", "produced": produced, "rounds": rounds,
-              "median_cost": statistics.median(r["cost"] for r in rounds)}
+              "median_cost": statistics.median(r["cost"] for r in rounds),
+              "median_work_cost": statistics.median(r["work_cost"] for r in rounds)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     pair = " against ".join(name for name, _, _ in contenders(args.baseline)[::-1])
-    print(f"{pair}, {args.engine}: costs {[r['cost'] for r in rounds]}, median {report['median_cost']}")
+    print(f"{pair}, {args.engine}: costs {[r['cost'] for r in rounds]}, median {report['median_cost']}; "
+          f"work costs {[r['work_cost'] for r in rounds]}, median {report['median_work_cost']}")
 
 
 if __name__ == "__main__":

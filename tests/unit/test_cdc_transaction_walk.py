@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import pytest
 
-from spark_apps.eos_stream.cdc import transaction_groups, transactions
+from spark_apps.eos_stream.cdc import transaction_groups, transactions, transactions_sql
 from spark_apps.eos_stream.cdc.transaction_groups import GroupCounter
-from spark_apps.eos_stream.cdc.transaction_walk import Group, Groups, walk
+from spark_apps.eos_stream.cdc.transaction_walk import NO_BOUND, Group, Groups, walk
 from spark_apps.eos_stream.cdc.transactions import CHANGE, END, FREE, Candidate, TransactionError, plan
 
 TX = "app.transaction"
@@ -151,3 +151,13 @@ def test_groups_pickle_as_their_columns_and_read_back_as_rows() -> None:
     assert pickle.loads(pickle.dumps(groups)) == groups and list(groups) == rows
     assert list(groups.of_kind(END)) == rows[1:] and len(Groups()) == 0
     assert list(groups.at_or_above({(TOPICS[0], 1): 5, (TX, 0): 3}, missing=0)) == rows[1:]
+
+
+def test_the_move_checks_first_the_lowest_bound_a_stage_record_can_meet() -> None:
+    """``stage_floor``: an ENDs-only bound counts only when the stage holds the transaction
+    topic's ENDs (the stagers count them instead); no bound at all, none can be met."""
+    bounds = [(TOPICS[0], 0, 70, False), (TOPICS[1], 1, 40, False), (TX, 0, 9, True)]
+    ends = Groups()
+    assert transactions_sql._move_params(bounds, ends, stage_holds_ends=False)["stage_floor"] == 40
+    assert transactions_sql._move_params(bounds, ends, stage_holds_ends=True)["stage_floor"] == 9
+    assert transactions_sql._move_params(bounds[2:], ends, stage_holds_ends=False)["stage_floor"] == NO_BOUND

@@ -71,7 +71,12 @@ class Groups(Columns):
         return map(Group._make, super().__iter__())
 
     def of_kind(self, kind: str) -> Groups:
-        return self.where(k == kind for k in self.columns[2])
+        return self.at(self.indexes_of_kind(kind))
+
+    def indexes_of_kind(self, kind: str) -> list[int]:
+        """The indexes of the groups of ``kind``: a comparison a group, in a list comprehension
+        (a batch has tens of thousands of groups, and the walk looks for a kind several times)."""
+        return [i for i, k in enumerate(self.columns[2]) if k == kind] if self.columns else []
 
     def reaching(self, bound: Mapping[tuple[str, int], int], missing: int) -> Iterator[bool]:
         """For each group, whether its first record is at or above its partition's ``bound``
@@ -159,9 +164,10 @@ def _refuse_misordered(groups: Groups, ready: set[str], blocking: dict[tuple[str
     if not blocking:
         return
     topics, partitions, kinds, txs, _, _, _, lasts = groups.columns[:8]
+    floor = min(first for first, _ in blocking.values())  # no group ending at or below it is behind one
     behind = sorted((str(tx), topic, partition, last)
                     for topic, partition, kind, tx, last in zip(topics, partitions, kinds, txs, lasts, strict=True)
-                    if kind == CHANGE and tx in ready and (topic, partition) in blocking
+                    if last > floor and kind == CHANGE and tx in ready and (topic, partition) in blocking
                     and last > blocking[(topic, partition)][0])
     if behind:
         tx, topic, partition, last = behind[0]
@@ -180,7 +186,8 @@ def walk(groups: Groups) -> Walk:
     ready = {tx for _, _, _, tx, _ in ends[:stop]}
     blocking = _blocking(groups, ready)
     _refuse_misordered(groups, ready, blocking)
-    untracked = sorted((g.topic, g.partition, g.first) for g in groups.of_kind(UNTRACKED))
+    topics, partitions, firsts = groups.columns[0], groups.columns[1], groups.columns[6]
+    untracked = sorted((topics[i], partitions[i], firsts[i]) for i in groups.indexes_of_kind(UNTRACKED))
     if untracked:
         raise TransactionError(transactions.untracked_message(untracked[0]))
     waiting_from: dict[tuple[str, int], int] = {}

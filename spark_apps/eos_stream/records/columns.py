@@ -45,8 +45,11 @@ class Columns:
 
     def where(self: _Self, keep: Iterable[bool]) -> _Self:
         """The rows for which ``keep`` is true, in order."""
-        kept = [i for i, wanted in enumerate(keep) if wanted]
-        return type(self)(tuple([column[i] for i in kept] for column in self.columns))
+        return self.at([i for i, wanted in enumerate(keep) if wanted])
+
+    def at(self: _Self, rows: list[int]) -> _Self:
+        """The rows at the indexes ``rows``, in their order."""
+        return type(self)(tuple(list(map(column.__getitem__, rows)) for column in self.columns))
 
     def __reduce__(self) -> tuple[type, tuple[tuple[list, ...]]]:
         return type(self), (self.columns,)
