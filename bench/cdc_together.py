@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bench.cdc_changes import ChangeStream  # noqa: E402
 from bench.cdc_throughput import continuous_records, produce, run_mirror  # noqa: E402
 from bench.common import git_commit, linear_at, load_average, local_stack, machine  # noqa: E402
-from bench.pair_cpu import PairCpu  # noqa: E402
+from bench.pair_cpu import OTHER, PairCpu  # noqa: E402
 
 Commits = list[tuple[float, int]]  # (commit time, the change topics' records read through it)
 Contender = tuple[str, str, Path]  # its name, its ``transactions``, the checkout it runs
@@ -85,8 +85,9 @@ def window_work(runs: dict[str, Commits], cpu: PairCpu, labels: dict[str, str]) 
     seconds = {name: cpu.between(labels[name], start, end) for name in runs}
     per_record = {name: seconds[name] / (linear_at(c, end) - linear_at(c, start)) for name, c in runs.items()}
     first, second = list(runs)
+    other = cpu.between(OTHER, start, end)
     return {"cpu_us_per_record": {m: round(v * 1e6, 1) for m, v in per_record.items()},
-            "cores": {m: round(v / (end - start), 2) for m, v in seconds.items()},
+            "cores": {m: round(v / (end - start), 2) for m, v in {**seconds, "other_postgres": other}.items()},
             "work_cost": round(1 - per_record[first] / per_record[second], 3)}
 
 

@@ -11,7 +11,8 @@ what each one's work was: every ``interval`` seconds it reads /proc and counts, 
   (``ss``), each at the CPU it had when last seen: a backend that ends loses at most an
   interval's CPU, on either side alike.
 
-The broker's work for each app is not counted: it serves both from one process. A label is
+The broker's work for each app is not counted: it serves both from one process. Backends of
+no labelled client count as :data:`OTHER` (a large figure there means a match was missed). A label is
 matched longest first, so ``...r0whole`` never counts the processes of ``...r0wholebaseline``.
 Linux only.
 """
@@ -28,27 +29,28 @@ from bench.common import linear_at
 from bench.cpu_share import _TICKS, _processes
 
 _SS_USER = re.compile(r'pid=(\d+)')
+_TRIES = 10
+OTHER = "other PostgreSQL backends"  # the label of backends of no labelled client (the bench's own...)
 
 
 def _backend_clients(port: int) -> dict[int, int]:
     """PostgreSQL backend pid -> the pid of its client, for TCP connections to ``port``."""
     listed = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True).stdout
-    servers: dict[int, int] = {}  # client port -> backend pid
+    servers: list[tuple[int, int]] = []  # (client port, a server process holding the socket)
     clients: dict[int, int] = {}  # client port -> client pid
     for line in listed.splitlines():
         fields = line.split()
         if len(fields) < 5:
             continue
-        local, peer, users = fields[2], fields[3], " ".join(fields[4:])
-        owner = _SS_USER.search(users)
-        if owner is None:
-            continue
-        local_port, peer_port = int(local.rsplit(":", 1)[1]), int(peer.rsplit(":", 1)[1])
+        # A socket just accepted is held by the postmaster too, until it closes its copy: every
+        # process listed is one of the connection's ends.
+        owners = [int(pid) for pid in _SS_USER.findall(" ".join(fields[4:]))]
+        local_port, peer_port = int(fields[2].rsplit(":", 1)[1]), int(fields[3].rsplit(":", 1)[1])
         if local_port == port:
-            servers[peer_port] = int(owner.group(1))
-        elif peer_port == port:
-            clients[local_port] = int(owner.group(1))
-    return {backend: clients[client_port] for client_port, backend in servers.items() if client_port in clients}
+            servers += [(peer_port, pid) for pid in owners]
+        elif peer_port == port and owners:
+            clients[local_port] = owners[0]
+    return {backend: clients[client_port] for client_port, backend in servers if client_port in clients}
 
 
 def _backend_cpu(pid: int) -> float | None:
@@ -73,8 +75,10 @@ class PairCpu:
         self._pg_port = pg_port
         self._owner: dict[int, str | None] = {}  # pid -> label (None: none), decided once a pid
         self._backends: dict[int, tuple[str, float]] = {}  # backend pid -> (label, CPU when last seen)
-        self._unrelated: set[int] = set()  # PostgreSQL processes that serve no labelled app
-        self.samples: dict[str, list[tuple[float, float]]] = {label: [] for label in self._labels}
+        # PostgreSQL processes not matched to a labelled client yet: a backend is looked for in
+        # ``_TRIES`` samples (its client may not be listed yet), then taken to serve none.
+        self._unmatched: dict[int, int] = {}
+        self.samples: dict[str, list[tuple[float, float]]] = {label: [] for label in [*self._labels, OTHER]}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
         self._thread.start()
@@ -100,20 +104,24 @@ class PairCpu:
 
     def _sample(self) -> None:
         processes = _processes()
-        totals = dict.fromkeys(self._labels, 0.0)
+        totals = dict.fromkeys([*self._labels, OTHER], 0.0)
         for pid, (_, comm, cpu) in processes.items():
             if comm == "postgres":
                 continue
             # Each living process counts itself; an ended one is in its parent's reaped children's.
             if (label := self._label_of(pid, processes)) is not None:
                 totals[label] += cpu
-        new_backends = {pid for pid, (_, comm, _) in processes.items()
-                        if comm == "postgres" and pid not in self._backends and pid not in self._unrelated}
+        new_backends = {pid for pid, (parent, comm, _) in processes.items()  # the postmaster's children
+                        if comm == "postgres" and processes.get(parent, (0, "", 0.0))[1] == "postgres"
+                        and pid not in self._backends and self._unmatched.get(pid, 0) < _TRIES}
         if new_backends:
             for backend, client in _backend_clients(self._pg_port).items():
                 if backend in new_backends and (label := self._label_of(client, processes)) is not None:
                     self._backends[backend] = (label, 0.0)
-            self._unrelated |= new_backends - set(self._backends)
+            for backend in new_backends - set(self._backends):
+                self._unmatched[backend] = self._unmatched.get(backend, 0) + 1
+                if self._unmatched[backend] == _TRIES:
+                    self._backends[backend] = (OTHER, 0.0)
         for backend, (label, last) in list(self._backends.items()):
             now = _backend_cpu(backend)
             if now is not None:
