@@ -35,7 +35,13 @@ OTHER = "other PostgreSQL backends"  # the label of backends of no labelled clie
 
 def _backend_clients(port: int) -> dict[int, int]:
     """PostgreSQL backend pid -> the pid of its client, for TCP connections to ``port``."""
-    listed = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True).stdout
+    return backend_clients(subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
+                                          text=True).stdout, port)
+
+
+def backend_clients(listed: str, port: int) -> dict[int, int]:
+    """Server pid -> the pid of its client, from ``ss -tnpH state established``'s lines, for the
+    connections to ``port`` whose both ends are listed."""
     servers: list[tuple[int, int]] = []  # (client port, a server process holding the socket)
     clients: dict[int, int] = {}  # client port -> client pid
     for line in listed.splitlines():

@@ -1,0 +1,21 @@
+"""The bench's match of PostgreSQL backends to their clients (``bench.pair_cpu``), on ``ss`` lines."""
+
+from __future__ import annotations
+
+from bench.pair_cpu import backend_clients
+
+LISTED = """\
+0      0      127.0.0.1:15432 127.0.0.1:40100 users:(("postgres",pid=900,fd=9),("postgres",pid=911,fd=9))
+0      0      127.0.0.1:40100 127.0.0.1:15432 users:(("python",pid=500,fd=12))
+0      0      127.0.0.1:15432 127.0.0.1:40200 users:(("postgres",pid=912,fd=9))
+0      0      [::ffff:127.0.0.1]:34768 [::ffff:127.0.0.1]:19093 users:(("java",pid=5883,fd=148))
+0      0      127.0.0.1:15432 127.0.0.1:40300 users:(("postgres",pid=913,fd=9))
+0      0      127.0.0.1:40300 127.0.0.1:15432 users:(("java",pid=600,fd=40))
+"""
+
+
+def test_each_server_process_of_a_listed_connection_is_matched_to_its_client() -> None:
+    # 900, the postmaster, still holds the socket it accepted beside its backend 911: both are
+    # listed (pair_cpu never takes the postmaster for a backend); 912's client is not listed.
+    assert backend_clients(LISTED, 15432) == {900: 500, 911: 500, 913: 600}
+    assert backend_clients(LISTED, 5432) == {}
