@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 
 from bench.common import linear_at
-from bench.cpu_share import _TICKS, _processes
+from bench.cpu_share import _processes
 
 _SS_USER = re.compile(r'pid=(\d+)')
 _TRIES = 10
@@ -57,16 +57,6 @@ def backend_clients(listed: str, port: int) -> dict[int, int]:
         elif peer_port == port and owners:
             clients[local_port] = owners[0]
     return {backend: clients[client_port] for client_port, backend in servers if client_port in clients}
-
-
-def _backend_cpu(pid: int) -> float | None:
-    """A backend's own CPU seconds (it has no children), or None once it has ended."""
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 class PairCpu:
@@ -129,10 +119,9 @@ class PairCpu:
                 if self._unmatched[backend] == _TRIES:
                     self._backends[backend] = (OTHER, 0.0)
         for backend, (label, last) in list(self._backends.items()):
-            now = _backend_cpu(backend)
-            if now is not None:
-                self._backends[backend] = (label, now)
-                last = now
+            if backend in processes:  # a backend reaps no children: its count is its own CPU
+                last = processes[backend][2]
+                self._backends[backend] = (label, last)
             totals[label] += last
         now = time.time()
         for label, cpu in totals.items():
