@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg2.extensions import connection as PgConnection
 
@@ -188,9 +188,45 @@ def _close(conns: list[PgConnection]) -> None:
             conn.close()
 
 
+class _Claimed(NamedTuple):
+    epoch: int
+    in_doubt: list[dict[str, str]]  # the batches a dead driver left prepared, committed now
+    parts: dict[str, list[str]]  # its prepared parts, committed or rolled back now
+
+
+class _ResumePoint(NamedTuple):
+    starting: dict[TopicPartition, int]  # each partition's stored offset, else EARLIEST
+    log_bounds: dict[TopicPartition, tuple[int, int]]  # the logs' bounds, checked against them
+    stages_dropped: int  # stale staging tables of a crashed driver
+    stored: dict[TopicPartition, int]
+
+
 def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_id: str, laps: Stopwatch,
            conn: PgConnection, guard_conn: PgConnection, control_conn: PgConnection) -> Driver | None:
-    """``claim``'s steps, on its three sessions."""
+    """``claim``'s steps, on its three sessions: the pipeline fenced and locked, then its resume point."""
+    claimed = _fence_and_lock(config, mode, run_id, laps, conn, guard_conn, control_conn)
+    if claimed is None:
+        return None
+    if config.create_targets:
+        preflight.create_targets(conn, spec, config.target_schema, mode)
+    preflight.check_targets(conn, spec, config.target_schema, mode)
+    laps.lap("targets")
+    resume = _resume_point(config, spec, mode, laps, conn)
+    write_parts, why = preflight.prepared_parts(conn, spec, mode)
+    emit("resume", stored_offsets=offsets_to_json(resume.stored), stale_stages_dropped=resume.stages_dropped,
+         in_doubt_committed=[t["gid"] for t in claimed.in_doubt], parts_committed=claimed.parts["committed"],
+         parts_rolled_back=claimed.parts["rolled_back"], epoch=claimed.epoch,
+         write_path="prepared_parts" if write_parts else "staged", write_path_reason=why,
+         claim_ms={**laps.laps, "rest": laps.lap("rest")})
+    return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, claimed.epoch, resume.starting,
+                  write_parts, log_bounds=resume.log_bounds)
+
+
+def _fence_and_lock(config: PipelineConfig, mode: DeliveryMode, run_id: str, laps: Stopwatch, conn: PgConnection,
+                    guard_conn: PgConnection, control_conn: PgConnection
+                    ) -> _Claimed | None:
+    """The pipeline claimed for this driver: (its epoch, the in-doubt batches committed, the
+    prepared parts resolved), or None when a stop was requested (the driver then exits)."""
     describe = config.postgres.describe()
     control_conn.autocommit = True  # polled from the main thread while the sink's transaction runs on another
     preflight.check_two_phase(conn, mode, describe)
@@ -229,10 +265,13 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
     if honour_stop and (reason := stop_requested(control_conn, config.meta_schema, config.pipeline)):
         emit("stopped", reason=reason, before_first_batch=True)
         return None
-    if config.create_targets:
-        preflight.create_targets(conn, spec, config.target_schema, mode)
-    preflight.check_targets(conn, spec, config.target_schema, mode)
-    laps.lap("targets")
+    return _Claimed(epoch, in_doubt, resolved_parts)
+
+
+def _resume_point(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, laps: Stopwatch,
+                  conn: PgConnection) -> _ResumePoint:
+    """Where each partition starts (its stored offset, else the earliest), the logs' bounds
+    checked against them, the stale stages dropped, and the stored offsets."""
     # A subscription by pattern reads every topic it matches now (a topic created later is read
     # from its first offset: Spark's source starts a partition it discovers at the earliest).
     partitions = preflight.kafka_partitions(config.kafka_bootstrap, config.topics, config.librdkafka_options(),
@@ -253,12 +292,5 @@ def _claim(config: PipelineConfig, spec: PipelineSpec, mode: DeliveryMode, run_i
         bounds = lost_data.check_stored_offsets(config.pipeline, config.kafka_bootstrap,
                                                 config.librdkafka_options(), stored, sorted(starting))
         laps.lap("log_bounds")
-    write_parts, why = preflight.prepared_parts(conn, spec, mode)
-    emit("resume", stored_offsets=offsets_to_json(stored), stale_stages_dropped=dropped,
-         in_doubt_committed=[t["gid"] for t in in_doubt], parts_committed=resolved_parts["committed"],
-         parts_rolled_back=resolved_parts["rolled_back"], epoch=epoch,
-         write_path="prepared_parts" if write_parts else "staged", write_path_reason=why,
-         claim_ms={**laps.laps, "rest": laps.lap("rest")})
-    return Driver(config, spec, mode, run_id, conn, guard_conn, control_conn, epoch, starting, write_parts,
-                  log_bounds=bounds)
+    return _ResumePoint(starting, bounds, dropped, stored)
 
