@@ -11,8 +11,10 @@ what each one's work was: every ``interval`` seconds it reads /proc and counts, 
   (``ss``), each at the CPU it had when last seen: a backend that ends loses at most an
   interval's CPU, on either side alike.
 
-The broker's work for each app is not counted: it serves both from one process. Backends of
-no labelled client count as :data:`OTHER` (a large figure there means a match was missed). A label is
+The broker's work for each app is not counted: it serves both from one process. PostgreSQL's
+processes of no labelled client count as :data:`OTHER`: its own (the WAL writer, the checkpointer,
+autovacuum's workers), which serve every client, and a backend whose client was not matched;
+:meth:`PairCpu.other_processes` says which of them worked. A label is
 matched longest first, so ``...r0whole`` never counts the processes of ``...r0wholebaseline``.
 Linux only.
 """
@@ -24,13 +26,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 from bench.common import linear_at
 from bench.cpu_share import _processes
 
 _SS_USER = re.compile(r'pid=(\d+)')
 _TRIES = 10
-OTHER = "other PostgreSQL backends"  # the label of backends of no labelled client (the bench's own...)
+OTHER = "other PostgreSQL backends"  # the label of PostgreSQL's processes of no labelled client
+UNMATCHED = "a client's backend, the client not matched"  # other_processes' title of one
 
 
 def _backend_clients(port: int) -> dict[int, int]:
@@ -74,6 +78,7 @@ class PairCpu:
         # PostgreSQL processes not matched to a labelled client yet: a backend is looked for in
         # ``_TRIES`` samples (its client may not be listed yet), then taken to serve none.
         self._unmatched: dict[int, int] = {}
+        self._other_titles: dict[int, tuple[str, float]] = {}  # OTHER's processes: title, CPU when taken
         self.samples: dict[str, list[tuple[float, float]]] = {label: [] for label in [*self._labels, OTHER]}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
@@ -118,6 +123,7 @@ class PairCpu:
                 self._unmatched[backend] = self._unmatched.get(backend, 0) + 1
                 if self._unmatched[backend] == _TRIES:
                     self._backends[backend] = (OTHER, 0.0)
+                    self._other_titles[backend] = (_title(backend), processes[backend][2])
         for backend, (label, last) in list(self._backends.items()):
             if backend in processes:  # a backend reaps no children: its count is its own CPU
                 last = processes[backend][2]
@@ -136,6 +142,25 @@ class PairCpu:
         self._done.set()
         self._thread.join()
 
+    def other_processes(self) -> dict[str, float]:
+        """The CPU seconds of :data:`OTHER`'s processes from when each was taken for one to when it
+        was last seen, by process title (PostgreSQL's ``postgres: walwriter``, ``postgres:
+        autovacuum worker eos``...; :data:`UNMATCHED` for a client's backend), largest first."""
+        by_title: dict[str, float] = {}
+        for pid, (title, taken) in self._other_titles.items():
+            by_title[title] = by_title.get(title, 0.0) + self._backends[pid][1] - taken
+        return {title: round(cpu, 2) for title, cpu in sorted(by_title.items(), key=lambda kv: -kv[1]) if cpu >= 0.01}
+
     def between(self, label: str, start: float, end: float) -> float:
         """``label``'s CPU seconds from ``start`` to ``end`` (``time.time()``), linear between samples."""
         return linear_at(self.samples[label], end) - linear_at(self.samples[label], start)
+
+
+def _title(pid: int, proc: Path = Path("/proc")) -> str:
+    """A PostgreSQL process's title: its kind (``postgres: walwriter``), :data:`UNMATCHED` for a
+    client's backend (``postgres: user database host(port) state``)."""
+    try:
+        title = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").strip()
+    except OSError:
+        return "ended before it was read"
+    return UNMATCHED if "(" in title else title
