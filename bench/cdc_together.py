@@ -126,13 +126,12 @@ def one_round(args: argparse.Namespace, stack: dict[str, str], tmp: Path, stream
     for thread in threads:
         thread.join()
     cpu.stop()
-    other_processes = cpu.other_processes()
     if failures:
         raise failures[0]
     runs = {name: [tuple(c) for c in results[name]["commits"]] for name, _, _ in pair}
     # What other_postgres was, over the whole round: PostgreSQL's own processes or a missed match.
     return {"first": order[0][0], "load_average": load_average(), **window_rates(runs),
-            **window_work(runs, cpu, labels), "other_postgres_processes": other_processes}
+            **window_work(runs, cpu, labels), "other_postgres_processes": cpu.other_processes()}
 
 
 def main() -> None:

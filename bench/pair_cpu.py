@@ -89,10 +89,7 @@ class PairCpu:
         found: str | None = None
         while pid > 1 and pid in processes and pid not in self._owner:
             chain.append(pid)
-            try:
-                command = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-            except OSError:
-                command = ""
+            command = _command_line(pid) or ""
             found = next((label for label in self._labels if label in command), None)
             if found is not None:
                 break
@@ -156,11 +153,19 @@ class PairCpu:
         return linear_at(self.samples[label], end) - linear_at(self.samples[label], start)
 
 
+def _command_line(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """A process's command line as /proc gives it (arguments separated by NULs), or None once it has ended."""
+    try:
+        return (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+
+
 def _title(pid: int, proc: Path = Path("/proc")) -> str:
     """A PostgreSQL process's title: its kind (``postgres: walwriter``), :data:`UNMATCHED` for a
     client's backend (``postgres: user database host(port) state``)."""
-    try:
-        title = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ").strip()
-    except OSError:
+    command = _command_line(pid, proc)
+    if command is None:
         return "ended before it was read"
+    title = command.replace("\0", " ").strip()
     return UNMATCHED if "(" in title else title
